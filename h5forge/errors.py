@@ -1,0 +1,75 @@
+"""Exception types raised by h5forge.
+
+Every error subclasses a built-in type so callers can catch what they already know
+(``ValueError``, ``ImportError``), and carries a message that names the value found,
+what was allowed, and how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "ChecksumError",
+    "EmptyDatasetError",
+    "H5ForgeError",
+    "IntegrityError",
+    "MissingExtraError",
+    "TooManyBadImagesError",
+    "UnsafeArchiveError",
+    "UnsealedFileError",
+]
+
+
+class H5ForgeError(Exception):
+    """Base class of every error h5forge raises on purpose."""
+
+
+class IntegrityError(H5ForgeError, ValueError):
+    """A file, sample or transfer does not match what it claims to be.
+
+    Attributes:
+        failures: one line per failing check (sample index, expected and actual values).
+    """
+
+    def __init__(self, message: str, failures: Sequence[str] = ()) -> None:
+        self.failures = list(failures)
+        if self.failures:
+            shown = self.failures[:20]
+            more = len(self.failures) - len(shown)
+            message = message + "\n  - " + "\n  - ".join(shown)
+            if more:
+                message += f"\n  ... and {more} more"
+        super().__init__(message)
+
+
+class UnsealedFileError(IntegrityError):
+    """The file is a ``.partial``, was never sealed, or has an unknown format version."""
+
+
+class ChecksumError(IntegrityError):
+    """A downloaded or published byte stream does not have the expected digest."""
+
+
+class TooManyBadImagesError(H5ForgeError, ValueError):
+    """More inputs were quarantined than ``max_bad_fraction`` allows.
+
+    Attributes:
+        quarantined: ``(path, reason)`` for every quarantined input.
+    """
+
+    def __init__(self, message: str, quarantined: Sequence[tuple[str, str]] = ()) -> None:
+        self.quarantined = list(quarantined)
+        super().__init__(message)
+
+
+class EmptyDatasetError(H5ForgeError, ValueError):
+    """The source holds no usable image, or a class folder holds none."""
+
+
+class UnsafeArchiveError(H5ForgeError, ValueError):
+    """An archive member would escape the staging folder or exceeds a safety cap."""
+
+
+class MissingExtraError(H5ForgeError, ImportError):
+    """An optional dependency is needed for the requested feature (message names the extra)."""
