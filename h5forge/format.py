@@ -1,0 +1,210 @@
+"""The h5forge file format, version 1: the one module that knows names and layout.
+
+``docs/FORMAT.md`` is the normative description; this module mirrors it and a test checks that
+every dataset and attribute the writer produces is listed in both places.
+
+A file holds one of three storages for its images:
+
+* ``array``: decoded pixels, fixed size, ``/images`` is ``(N, H, W, C) uint8`` with one sample per
+  chunk;
+* ``blob``: ``/images`` is one contiguous ``(B,) uint8`` dataset; sample ``i`` is
+  ``images[offsets[i]:offsets[i + 1]]``. Used for encoded images and for decoded images of
+  varying size (``/shapes`` gives each sample's ``(H, W, C)``).
+
+In both, ``/byte_ranges[i] = (file_offset, nbytes)`` says where sample ``i``'s stored bytes lie in
+the file, so a reader can fetch a sample with one ``pread`` or one HTTP range request without
+walking HDF5 metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "ATTR_DESCRIPTIONS",
+    "DATASET_DESCRIPTIONS",
+    "DIGEST_ALGORITHM",
+    "DIGEST_SIZE",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "PARTIAL_SUFFIX",
+    "Header",
+    "Storage",
+]
+
+FORMAT_NAME = "h5forge"
+FORMAT_VERSION = 1
+PARTIAL_SUFFIX = ".partial"
+DIGEST_ALGORITHM = "sha256"
+DIGEST_SIZE = 32
+
+Storage = Literal["array", "blob"]
+
+# Dataset and attribute names. Writer, verifier and reader use only these constants.
+IMAGES = "images"
+OFFSETS = "offsets"
+SHAPES = "shapes"
+BYTE_RANGES = "byte_ranges"
+LABELS = "labels"
+CLASSES = "classes"
+SPLITS = "splits"
+SPLIT_NAMES = "split_names"
+PATHS = "paths"
+DIGESTS = "digests"
+QUARANTINE_PATHS = "quarantine/paths"
+QUARANTINE_REASONS = "quarantine/reasons"
+
+A_FORMAT = "format"
+A_VERSION = "format_version"
+A_H5FORGE_VERSION = "h5forge_version"
+A_CREATED_AT = "created_at"
+A_LAYOUT = "layout"
+A_STORAGE = "storage"
+A_ENCODING = "encoding"
+A_MODE = "mode"
+A_CONFIG_JSON = "config_json"
+A_CONFIG_SHA256 = "config_sha256"
+A_SOURCE_URL = "source_url"
+A_SOURCE_SHA256 = "source_sha256"
+A_NUM_SAMPLES = "num_samples"
+A_NUM_CLASSES = "num_classes"
+A_NUM_QUARANTINED = "num_quarantined"
+A_DIGEST_ALGORITHM = "digest_algorithm"
+A_COMPRESSION = "compression"
+A_SEALED = "sealed"
+
+#: Every dataset the writer may create, with its normative description (FORMAT.md mirrors it).
+DATASET_DESCRIPTIONS: dict[str, str] = {
+    IMAGES: "array storage: (N, H, W, C) uint8, chunks (1, H, W, C); "
+    "blob storage: (B,) uint8, contiguous",
+    OFFSETS: "blob storage only: (N + 1,) uint64, sample i is images[offsets[i]:offsets[i+1]]",
+    SHAPES: "blob storage only: (N, 3) uint32, decoded (H, W, C) of each sample",
+    BYTE_RANGES: "(N, 2) uint64, absolute (file offset, byte count) of each sample's stored bytes",
+    LABELS: "(N,) int64, class index 0..K-1",
+    CLASSES: "(K,) UTF-8 string, class names sorted; label i is classes[i]",
+    SPLITS: "(N,) uint8, index into split_names",
+    SPLIT_NAMES: "(S,) UTF-8 string, split names; [''] when the source has no splits",
+    PATHS: "(N,) UTF-8 string, source path of each sample relative to the dataset root",
+    DIGESTS: "(N, 32) uint8, sha256 of each sample's stored bytes (uncompressed)",
+    QUARANTINE_PATHS: "(Q,) UTF-8 string, source paths that were not packed",
+    QUARANTINE_REASONS: "(Q,) UTF-8 string, why each quarantined path was not packed",
+}
+
+#: Every root attribute the writer writes, with its normative description.
+ATTR_DESCRIPTIONS: dict[str, str] = {
+    A_FORMAT: "string, always 'h5forge'",
+    A_VERSION: "int, format version (1)",
+    A_H5FORGE_VERSION: "string, version of h5forge that wrote the file",
+    A_CREATED_AT: "string, UTC creation time, ISO 8601",
+    A_LAYOUT: "string, 'decoded' (raw pixels) or 'encoded' (image file bytes)",
+    A_STORAGE: "string, 'array' or 'blob'",
+    A_ENCODING: "string, 'raw' for decoded; 'original', 'jpeg', 'png' or 'webp' for encoded",
+    A_MODE: "string, 'RGB' (C=3) or 'L' (C=1)",
+    A_CONFIG_JSON: "string, the preprocessing configuration as canonical JSON",
+    A_CONFIG_SHA256: "string, sha256 hex digest of config_json",
+    A_SOURCE_URL: "string, where the source came from (credentials redacted); '' if unknown",
+    A_SOURCE_SHA256: "string, sha256 hex of the source archive; '' if unknown",
+    A_NUM_SAMPLES: "int, N",
+    A_NUM_CLASSES: "int, K",
+    A_NUM_QUARANTINED: "int, Q",
+    A_DIGEST_ALGORITHM: "string, always 'sha256'",
+    A_COMPRESSION: "string, HDF5 filter on /images: 'none', 'gzip-<level>', 'lzf', ...",
+    A_SEALED: "bool, written last, after verification; a file without it is not valid",
+}
+
+REQUIRED_DATASETS: dict[Storage, tuple[str, ...]] = {
+    "array": (IMAGES, BYTE_RANGES, LABELS, CLASSES, SPLITS, SPLIT_NAMES, PATHS, DIGESTS,
+              QUARANTINE_PATHS, QUARANTINE_REASONS),
+    "blob": (IMAGES, OFFSETS, SHAPES, BYTE_RANGES, LABELS, CLASSES, SPLITS, SPLIT_NAMES, PATHS,
+             DIGESTS, QUARANTINE_PATHS, QUARANTINE_REASONS),
+}
+
+
+@dataclass(frozen=True)
+class Header:
+    """The root attributes a reader needs before touching any sample."""
+
+    format_version: int
+    layout: str
+    storage: Storage
+    encoding: str
+    mode: str
+    num_samples: int
+    num_classes: int
+    num_quarantined: int
+    compression: str
+    sealed: bool
+
+    @property
+    def channels(self) -> int:
+        """Number of channels of a decoded sample (3 for RGB, 1 for L)."""
+        return 1 if self.mode == "L" else 3
+
+
+def _as_str(value: object) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def read_header(attrs: object, *, where: str) -> Header:
+    """Parse and check the root attributes (an ``h5py.AttributeManager``).
+
+    Raises:
+        UnsealedFileError: not an h5forge file, an unknown version, or not sealed (the message
+            says which).
+    """
+    from h5forge.errors import UnsealedFileError
+
+    a = attrs  # h5py AttributeManager; typed loosely to keep h5py out of this module's API
+    get = a.get  # type: ignore[attr-defined]
+    name = get(A_FORMAT)
+    if name is None or _as_str(name) != FORMAT_NAME:
+        raise UnsealedFileError(
+            f"{where} is not an h5forge file: root attribute {A_FORMAT!r} is {name!r}, "
+            f"expected {FORMAT_NAME!r}; pack it with `h5forge pack`"
+        )
+    version = int(get(A_VERSION, -1))
+    if version != FORMAT_VERSION:
+        raise UnsealedFileError(
+            f"{where} has format version {version}, this h5forge reads version "
+            f"{FORMAT_VERSION} only; upgrade h5forge or re-pack the file"
+        )
+    sealed = bool(get(A_SEALED, False))
+    storage = _as_str(get(A_STORAGE, ""))
+    if storage not in ("array", "blob"):
+        raise UnsealedFileError(f"{where}: root attribute storage={storage!r}, "
+                                "expected 'array' or 'blob'")
+    return Header(
+        format_version=version,
+        layout=_as_str(get(A_LAYOUT, "")),
+        storage=storage,  # type: ignore[arg-type]
+        encoding=_as_str(get(A_ENCODING, "")),
+        mode=_as_str(get(A_MODE, "RGB")),
+        num_samples=int(get(A_NUM_SAMPLES, -1)),
+        num_classes=int(get(A_NUM_CLASSES, -1)),
+        num_quarantined=int(get(A_NUM_QUARANTINED, 0)),
+        compression=_as_str(get(A_COMPRESSION, "none")),
+        sealed=sealed,
+    )
+
+
+def require_sealed(header: Header, *, where: str) -> None:
+    """Raise ``UnsealedFileError`` unless the header carries the ``sealed`` attribute."""
+    from h5forge.errors import UnsealedFileError
+
+    if not header.sealed:
+        raise UnsealedFileError(
+            f"{where} is not sealed: the writer did not finish (interrupted, or verification "
+            "failed), so its contents are not trustworthy; re-run the pack"
+        )
+
+
+def refuse_partial(url: str) -> None:
+    """Raise ``UnsealedFileError`` for a ``*.partial`` path."""
+    from h5forge.errors import UnsealedFileError
+
+    if url.endswith(PARTIAL_SUFFIX):
+        raise UnsealedFileError(
+            f"{url} is a {PARTIAL_SUFFIX} file: a pack in progress or one that was interrupted; "
+            "open the finished file (without the suffix) or re-run the pack"
+        )

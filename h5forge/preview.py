@@ -1,0 +1,58 @@
+"""A labelled grid of sample images from an h5forge file, as PNG."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from typing import Any
+
+import fsspec
+import numpy as np
+from PIL import Image, ImageDraw
+
+__all__ = ["render_preview", "write_preview"]
+
+_LABEL_H = 14
+
+
+def render_preview(url: str, *, n: int = 16, tile: int = 96,
+                   storage_options: dict[str, Any] | None = None) -> Image.Image:
+    """Render ``n`` evenly spaced samples of the file as a grid, each captioned with its class.
+
+    Raises:
+        ValueError: ``n`` or ``tile`` is not positive.
+    """
+    from h5forge.dataset import H5ImageDataset
+
+    if n < 1 or tile < 8:
+        raise ValueError(f"n={n} must be >= 1 and tile={tile} >= 8")
+    ds = H5ImageDataset(url, storage_options=storage_options)
+    try:
+        count = min(n, len(ds))
+        picks = np.linspace(0, len(ds) - 1, count).round().astype(int).tolist() if count else []
+        cols = max(1, math.ceil(math.sqrt(count)))
+        rows = max(1, math.ceil(count / cols))
+        grid = Image.new("RGB", (cols * tile, rows * (tile + _LABEL_H)), "white")
+        draw = ImageDraw.Draw(grid)
+        for k, (img, label) in enumerate(ds.__getitems__(picks)):
+            arr = img.permute(1, 2, 0).numpy()
+            pic = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr).convert("RGB")
+            pic.thumbnail((tile, tile))
+            x, y = (k % cols) * tile, (k // cols) * (tile + _LABEL_H)
+            grid.paste(pic, (x + (tile - pic.width) // 2, y + (tile - pic.height) // 2))
+            draw.text((x + 2, y + tile), ds.classes[label][:16], fill="black")
+        return grid
+    finally:
+        ds.close()
+
+
+def write_preview(url: str, png_url: str | os.PathLike[str], *, n: int = 16, tile: int = 96,
+                  storage_options: dict[str, Any] | None = None) -> str:
+    """Write :func:`render_preview` as PNG to ``png_url`` (local path or fsspec URL)."""
+    buf = io.BytesIO()
+    render_preview(url, n=n, tile=tile, storage_options=storage_options).save(buf, "PNG")
+    out = os.fspath(png_url)
+    with fsspec.open(out, "wb", **(storage_options or {})) as f:
+        f.write(buf.getvalue())
+    return out

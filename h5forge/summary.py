@@ -1,0 +1,54 @@
+"""A JSON-ready summary of an h5forge file: attributes, counts per split and class, quarantine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from h5forge import format as fmt
+from h5forge.access import load_index, open_h5, url_to_fs
+
+__all__ = ["summarize"]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def summarize(url: str, *, storage_options: dict[str, Any] | None = None,
+              max_quarantined: int = 50) -> dict[str, Any]:
+    """Summarise the file at ``url`` (sealed or not — the summary says which).
+
+    Returns:
+        ``attributes`` (root attributes), ``bytes``, ``counts`` (split -> class -> n),
+        ``quarantined`` (first ``max_quarantined`` (path, reason) pairs), ``image_shape``.
+    """
+    fs, path = url_to_fs(url, storage_options)
+    with open_h5(url, storage_options) as h5:
+        idx = load_index(h5, where=url, require_sealed=False)
+        attrs = {k: _plain(v) for k, v in sorted(h5.attrs.items()) if k != fmt.A_CONFIG_JSON}
+        counts: dict[str, dict[str, int]] = {}
+        for code, split in enumerate(idx.split_names):
+            labels = idx.labels[idx.split_codes == code]
+            per = np.bincount(labels, minlength=len(idx.classes)) if len(labels) else []
+            counts[split] = {c: int(n) for c, n in zip(idx.classes, per, strict=False) if n}
+        q_paths = h5[fmt.QUARANTINE_PATHS].asstr()[:max_quarantined].tolist()
+        q_reasons = h5[fmt.QUARANTINE_REASONS].asstr()[:max_quarantined].tolist()
+        images = h5[fmt.IMAGES]
+        return {
+            "url": url,
+            "bytes": int(fs.size(path)),
+            "sealed": idx.header.sealed,
+            "attributes": attrs,
+            "config": _plain(h5.attrs.get(fmt.A_CONFIG_JSON, "")),
+            "image_shape": list(idx.image_shape) if idx.image_shape else "variable",
+            "images_dataset": {"shape": list(images.shape), "chunks": images.chunks,
+                               "compression": images.compression},
+            "counts": counts,
+            "quarantined": [list(p) for p in zip(q_paths, q_reasons, strict=True)],
+        }

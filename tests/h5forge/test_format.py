@@ -1,0 +1,58 @@
+"""docs/FORMAT.md, h5forge/format.py and what the writer writes must agree, field by field."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import h5py
+import pytest
+
+from h5forge import format as fmt
+from h5forge.writer import PackResult
+
+FORMAT_MD = Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md"
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"## {heading}")
+    nxt = text.find("\n## ", start + 1)
+    return text[start: nxt if nxt != -1 else None]
+
+
+def _documented() -> tuple[set[str], set[str]]:
+    text = FORMAT_MD.read_text(encoding="utf-8")
+    datasets = set(re.findall(r"^\| `/([\w/]+)` \|", _section(text, "Datasets"), re.M))
+    attrs = set(re.findall(r"^\| `(\w+)` \|", _section(text, "Root attributes"), re.M))
+    return datasets, attrs
+
+
+def _written(path: str) -> tuple[set[str], set[str]]:
+    names: set[str] = set()
+    with h5py.File(path) as h5:
+        h5.visititems(lambda name, obj: names.add(name) if isinstance(obj, h5py.Dataset) else None)
+        attrs = set(h5.attrs)
+        for name in names:
+            assert not h5[name].attrs, f"/{name} carries attributes FORMAT.md does not define"
+    return names, attrs
+
+
+def test_doc_and_module_list_the_same_fields() -> None:
+    datasets, attrs = _documented()
+    assert datasets == set(fmt.DATASET_DESCRIPTIONS)
+    assert attrs == set(fmt.ATTR_DESCRIPTIONS)
+
+
+@pytest.mark.parametrize("which", ["packed_decoded", "packed_encoded"])
+def test_writer_writes_only_documented_fields(which: str, request: pytest.FixtureRequest) -> None:
+    result: PackResult = request.getfixturevalue(which)
+    datasets, attrs = _written(result.path)
+    doc_datasets, doc_attrs = _documented()
+    assert datasets <= doc_datasets, f"undocumented datasets: {datasets - doc_datasets}"
+    assert attrs == doc_attrs, f"undocumented {attrs - doc_attrs}, missing {doc_attrs - attrs}"
+    with h5py.File(result.path) as h5:
+        storage = h5.attrs["storage"]
+        assert set(fmt.REQUIRED_DATASETS[storage]) == datasets
+        assert h5.attrs["format"] == fmt.FORMAT_NAME
+        assert h5.attrs["format_version"] == fmt.FORMAT_VERSION
+        assert h5.attrs["sealed"]

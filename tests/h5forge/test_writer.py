@@ -1,0 +1,177 @@
+"""Pack round trips: pixels, bytes, labels, splits, compression, atomicity."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from PIL import Image, ImageOps
+
+from h5forge.dataset import H5ImageDataset
+from h5forge.demo import write_image_folder
+from h5forge.errors import EmptyDatasetError, MissingExtraError, TooManyBadImagesError
+from h5forge.images import ImageConfig
+from h5forge.writer import PackResult, pack
+
+
+def _pillow_resize(path: Path, h: int, w: int) -> np.ndarray:
+    """Independent expectation: EXIF transpose, RGB, bilinear resize to exactly (h, w)."""
+    with Image.open(path) as im:
+        im = ImageOps.exif_transpose(im).convert("RGB")
+        return np.asarray(im.resize((w, h), Image.BILINEAR))
+
+
+def _tree_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_decoded_round_trip_matches_pillow(split_tree: Path, packed_decoded: PackResult) -> None:
+    ds = H5ImageDataset(packed_decoded.path)
+    with h5py.File(packed_decoded.path) as h5:
+        paths = h5["paths"].asstr()[()].tolist()
+    assert len(ds) == len(_tree_files(split_tree)) == packed_decoded.num_samples
+    for i, rel in enumerate(paths):
+        image, label = ds[i]
+        assert image.dtype.is_floating_point is False and tuple(image.shape) == (3, 32, 48)
+        want = _pillow_resize(split_tree / rel, 32, 48)
+        got = image.permute(1, 2, 0).numpy()
+        # JPEG draft decoding may differ from a full decode by rounding; PNGs are exact.
+        tol = 0 if rel.endswith(".png") else 12
+        assert np.abs(got.astype(int) - want.astype(int)).mean() <= tol, rel
+        assert ds.classes[label] == rel.split("/")[1]
+
+
+def test_labels_classes_and_splits_follow_the_folder(split_tree: Path,
+                                                     packed_decoded: PackResult) -> None:
+    assert packed_decoded.classes == ("cat", "dog", "eel")
+    with h5py.File(packed_decoded.path) as h5:
+        paths = h5["paths"].asstr()[()].tolist()
+        splits = [h5["split_names"].asstr()[c] for c in h5["splits"][()]]
+        labels = h5["labels"][()].tolist()
+    assert paths == sorted(paths, key=lambda p: (p.split("/")[0] != "train", p))
+    for rel, split, label in zip(paths, splits, labels, strict=True):
+        s, cls, _ = rel.split("/")
+        assert (split, packed_decoded.classes[label]) == (s, cls)
+    train = H5ImageDataset(packed_decoded.path, split="train")
+    val = H5ImageDataset(packed_decoded.path, split="val")
+    assert len(train) + len(val) == packed_decoded.num_samples
+    assert train.class_to_idx == {"cat": 0, "dog": 1, "eel": 2}
+    assert packed_decoded.counts["train"] == {"cat": 6, "dog": 6, "eel": 6}
+
+
+def test_encoded_original_keeps_source_bytes(split_tree: Path, packed_encoded: PackResult) -> None:
+    with h5py.File(packed_encoded.path) as h5:
+        assert h5["images"].chunks is None  # contiguous blob
+        offsets = h5["offsets"][()]
+        blob = h5["images"]
+        for i, rel in enumerate(h5["paths"].asstr()[()]):
+            stored = blob[offsets[i]:offsets[i + 1]].tobytes()
+            assert stored == (split_tree / rel).read_bytes()
+            assert bytes(h5["digests"][i]) == hashlib.sha256(stored).digest()
+    ds = H5ImageDataset(packed_encoded.path)
+    image, _ = ds[0]
+    assert image.dtype.is_floating_point is False and image.shape[0] == 3
+
+
+def test_variable_size_decoded_uses_blob_with_shapes(split_tree: Path, tmp_path: Path) -> None:
+    res = pack(split_tree, tmp_path / "var.h5", image=ImageConfig(resize="none", size=None),
+               workers=1)
+    ds = H5ImageDataset(res.path)
+    with h5py.File(res.path) as h5:
+        assert h5.attrs["storage"] == "blob" and h5.attrs["layout"] == "decoded"
+        shapes = h5["shapes"][()]
+        paths = h5["paths"].asstr()[()].tolist()
+    for i in (0, len(ds) - 1):
+        image, _ = ds[i]
+        assert tuple(image.shape) == (3, shapes[i][0], shapes[i][1])
+        with Image.open(split_tree / paths[i]) as im:
+            want = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+        if paths[i].endswith(".png"):
+            np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), want)
+
+
+@pytest.mark.parametrize(("compression", "level", "fletcher32"), [
+    ("gzip", 1, False), ("lzf", None, False), ("blosc-lz4", None, False), ("zstd", 3, True),
+    ("none", None, True),
+])
+def test_compression_reads_back_identical(split_tree: Path, packed_decoded: PackResult,
+                                          tmp_path: Path, compression: str, level: int | None,
+                                          fletcher32: bool) -> None:
+    res = pack(split_tree, tmp_path / "c.h5", image=ImageConfig(resize="resize", size=(32, 48)),
+               compression=compression, compression_level=level, fletcher32=fletcher32,
+               workers=1)
+    plain = H5ImageDataset(packed_decoded.path)
+    comp = H5ImageDataset(res.path)
+    idx = list(range(len(plain)))
+    for (a, la), (b, lb) in zip(plain.__getitems__(idx), comp.__getitems__(idx), strict=True):
+        assert la == lb
+        assert bool((a == b).all())
+
+
+def test_missing_plugin_names_the_extra(split_tree: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "hdf5plugin", None)  # import now raises ImportError
+    with pytest.raises(MissingExtraError, match=r"h5forge\[plugins\]"):
+        pack(split_tree, tmp_path / "z.h5", compression="zstd")
+    assert not list(tmp_path.iterdir())
+
+
+def test_existing_output_is_kept_unless_overwrite(packed_decoded: PackResult, split_tree: Path,
+                                                  tmp_path: Path) -> None:
+    out = tmp_path / "x.h5"
+    out.write_bytes(b"precious")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        pack(split_tree, out)
+    assert out.read_bytes() == b"precious"
+
+
+def test_too_many_bad_images_fails_and_leaves_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_image_folder(src, classes=("a", "b"), per_class=3, seed=1, size=(20, 20))
+    (src / "a" / "broken.jpg").write_bytes(b"")
+    (src / "b" / "junk.png").write_bytes(os.urandom(300))
+    out = tmp_path / "o" / "x.h5"
+    with pytest.raises(TooManyBadImagesError, match="2 of 8") as info:
+        pack(src, out, max_bad_fraction=0.1, workers=1)
+    assert {p for p, _ in info.value.quarantined} == {"a/broken.jpg", "b/junk.png"}
+    assert not out.exists() and not list(out.parent.glob("*.partial*"))
+    res = pack(src, out, max_bad_fraction=0.25, workers=1)
+    assert res.num_samples == 6 and res.num_quarantined == 2
+    with h5py.File(out) as h5:
+        assert sorted(h5["quarantine/paths"].asstr()[()]) == ["a/broken.jpg", "b/junk.png"]
+        assert all(h5["quarantine/reasons"].asstr()[()])
+
+
+def test_class_losing_every_image_is_an_error(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_image_folder(src, classes=("a",), per_class=3, seed=1, size=(20, 20))
+    (src / "b").mkdir()
+    (src / "b" / "empty.jpg").write_bytes(b"")
+    with pytest.raises(EmptyDatasetError, match="'b'"):
+        pack(src, tmp_path / "x.h5", max_bad_fraction=1.0, workers=1)
+
+
+def test_killed_pack_never_leaves_the_final_name(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_image_folder(src, classes=("a", "b"), per_class=150, seed=2, size=(120, 160),
+                       formats=("png",))
+    out = tmp_path / "killed.h5"
+    code = ("import sys; from h5forge.writer import pack; from h5forge.images import ImageConfig;"
+            f"pack({str(src)!r}, {str(out)!r}, image=ImageConfig(resize='none', size=None),"
+            " workers=1)")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not Path(str(out) + ".partial").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()
