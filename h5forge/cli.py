@@ -82,7 +82,8 @@ def pack(
     src: Annotated[Path, typer.Argument(help="dataset root: ImageFolder, or manifest's folder")],
     out: Annotated[Path, typer.Argument(help="the .h5 file to write")],
     manifest: Annotated[Path | None, typer.Option(help="CSV/JSONL with path,label[,split]")] = None,
-    layout: Annotated[Layout, typer.Option(help="decoded pixels or encoded bytes")] = Layout.decoded,
+    layout: Annotated[Layout, typer.Option(help="decoded pixels or encoded bytes")]
+    = Layout.decoded,
     encoding: Annotated[Encoding, typer.Option(help="encoded layout only")] = Encoding.original,
     quality: Annotated[int, typer.Option(min=1, max=100, help="jpeg/webp quality")] = 90,
     resize: Annotated[Resize, typer.Option(help="resize policy")] = Resize.shorter_side,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -197,10 +197,10 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         if idx.header.layout == "decoded":
             return [np.frombuffer(b, np.uint8).reshape(tuple(idx.shapes[r]))
                     for b, r in zip(raw, rows, strict=True)]
-        from h5forge.images import decode_stored
+        from h5forge.images import Encoding, decode_stored
 
         return [decode_stored(bytes(b), tuple(int(x) for x in idx.shapes[r]), layout="encoded",
-                              encoding=idx.header.encoding, mode=idx.header.mode)
+                              encoding=cast(Encoding, idx.header.encoding), mode=idx.header.mode)
                 for b, r in zip(raw, rows, strict=True)]
 
     def _check(self, bufs: Sequence[Any], rows: list[int], st: _State) -> None:

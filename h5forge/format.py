@@ -19,7 +19,7 @@ walking HDF5 metadata.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast, get_args
 
 __all__ = [
     "ATTR_DESCRIPTIONS",
@@ -40,6 +40,9 @@ DIGEST_ALGORITHM = "sha256"
 DIGEST_SIZE = 32
 
 Storage = Literal["array", "blob"]
+LayoutName = Literal["decoded", "encoded"]
+EncodingName = Literal["raw", "original", "jpeg", "png", "webp"]
+ModeName = Literal["RGB", "L"]
 
 # Dataset and attribute names. Writer, verifier and reader use only these constants.
 IMAGES = "images"
@@ -126,10 +129,10 @@ class Header:
     """The root attributes a reader needs before touching any sample."""
 
     format_version: int
-    layout: str
+    layout: LayoutName
     storage: Storage
-    encoding: str
-    mode: str
+    encoding: EncodingName
+    mode: ModeName
     num_samples: int
     num_classes: int
     num_quarantined: int
@@ -174,12 +177,20 @@ def read_header(attrs: object, *, where: str) -> Header:
     if storage not in ("array", "blob"):
         raise UnsealedFileError(f"{where}: root attribute storage={storage!r}, "
                                 "expected 'array' or 'blob'")
+    layout, encoding, mode = (_as_str(get(A_LAYOUT, "")), _as_str(get(A_ENCODING, "")),
+                              _as_str(get(A_MODE, "")))
+    for attr, value, allowed in ((A_LAYOUT, layout, get_args(LayoutName)),
+                                 (A_ENCODING, encoding, get_args(EncodingName)),
+                                 (A_MODE, mode, get_args(ModeName))):
+        if value not in allowed:
+            raise UnsealedFileError(f"{where}: root attribute {attr}={value!r}, expected one of "
+                                    f"{allowed}; the file is damaged or not written by h5forge")
     return Header(
         format_version=version,
-        layout=_as_str(get(A_LAYOUT, "")),
-        storage=storage,  # type: ignore[arg-type]
-        encoding=_as_str(get(A_ENCODING, "")),
-        mode=_as_str(get(A_MODE, "RGB")),
+        layout=cast(LayoutName, layout),
+        storage=cast(Storage, storage),
+        encoding=cast(EncodingName, encoding),
+        mode=cast(ModeName, mode),
         num_samples=int(get(A_NUM_SAMPLES, -1)),
         num_classes=int(get(A_NUM_CLASSES, -1)),
         num_quarantined=int(get(A_NUM_QUARANTINED, 0)),

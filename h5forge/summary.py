@@ -35,7 +35,7 @@ def summarize(url: str, *, storage_options: dict[str, Any] | None = None,
         counts: dict[str, dict[str, int]] = {}
         for code, split in enumerate(idx.split_names):
             labels = idx.labels[idx.split_codes == code]
-            per = np.bincount(labels, minlength=len(idx.classes)) if len(labels) else []
+            per: Any = np.bincount(labels, minlength=len(idx.classes)) if len(labels) else []
             counts[split] = {c: int(n) for c, n in zip(idx.classes, per, strict=False) if n}
         q_paths = h5[fmt.QUARANTINE_PATHS].asstr()[:max_quarantined].tolist()
         q_reasons = h5[fmt.QUARANTINE_REASONS].asstr()[:max_quarantined].tolist()

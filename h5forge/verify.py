@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import h5py
 import numpy as np
@@ -95,7 +95,8 @@ def _layout(h5: h5py.File, idx: AssetIndex, file_size: int, fails: list[str]) ->
             images.id.chunk_iter(record)
     else:
         offsets = h5[fmt.OFFSETS][()].astype(np.uint64)
-        if len(offsets) != n + 1 or offsets[0] != 0 or np.any(np.diff(offsets.astype(np.int64)) < 0):
+        steps = np.diff(offsets.astype(np.int64))
+        if len(offsets) != n + 1 or offsets[0] != 0 or np.any(steps < 0):
             fails.append("/offsets must start at 0 and never decrease")
             return
         if int(offsets[-1]) != images.shape[0]:
@@ -151,7 +152,7 @@ def _stream(url: str, storage_options: dict[str, Any] | None, ranges: list[tuple
 def _check_samples(url: str, storage_options: dict[str, Any] | None, h5_digests: np.ndarray,
                    idx: AssetIndex, chosen: list[int], filtered_reader: Callable[[int], bytes]
                    | None, fails: list[str], on_bytes: Callable[[int], None]) -> str:
-    from h5forge.images import decode_stored
+    from h5forge.images import Encoding, decode_stored
 
     hdr = idx.header
 
@@ -164,7 +165,8 @@ def _check_samples(url: str, storage_options: dict[str, Any] | None, h5_digests:
         if hdr.layout == "encoded":
             shape = tuple(int(x) for x in idx.shapes[i]) if idx.shapes is not None else None
             try:
-                arr = decode_stored(data, shape, layout=hdr.layout, encoding=hdr.encoding,
+                arr = decode_stored(data, shape, layout=hdr.layout,
+                                    encoding=cast(Encoding, hdr.encoding),
                                     mode=hdr.mode)
             except (OSError, ValueError, SyntaxError) as e:
                 fails.append(f"sample {i}: encoded bytes do not decode: {e}")

@@ -39,9 +39,11 @@ def test_pack_verify_inspect(small_tree: Path, tmp_path: Path) -> None:
     r = _cli("inspect", str(out), "--preview", str(png), "--n", "4")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout[: r.stdout.rindex("}") + 1])
-    assert info["counts"] == {"": {"x": 4, "y": 4}} and info["sealed"] is True
+    assert info["counts"] == {"": {"x": 4, "y": 4}}
+    assert info["sealed"] is True
     with Image.open(png) as im:
-        assert im.format == "PNG" and im.width >= 2 * 16
+        assert im.format == "PNG"
+        assert im.width >= 2 * 16
 
 
 def test_integrity_failure_exits_1(small_tree: Path, tmp_path: Path) -> None:
@@ -51,7 +53,8 @@ def test_integrity_failure_exits_1(small_tree: Path, tmp_path: Path) -> None:
         h5["labels"][0] = 7
     r = _cli("verify", str(out))
     assert r.returncode == 1
-    assert "label 7 out of range" in r.stderr and "Traceback" not in r.stderr
+    assert "label 7 out of range" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("args", [

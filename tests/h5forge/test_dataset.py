@@ -39,7 +39,8 @@ def test_dataloader_workers_read_every_sample_once(method: str, which: str,
             for i, image, label in batch:
                 seen[i] += 1
                 assert label == labels[i]
-                assert image.dtype == torch.uint8 and image.shape[0] == 3
+                assert image.dtype == torch.uint8
+                assert image.shape[0] == 3
         assert seen == Counter(range(len(ds)))
 
 
@@ -52,14 +53,16 @@ def test_batched_reads_with_getitems(packed_decoded: PackResult) -> None:
     total = 0
     for _epoch in range(2):
         for images, targets in loader:
-            assert images.dtype == torch.uint8 and tuple(images.shape[1:]) == (3, 32, 48)
+            assert images.dtype == torch.uint8
+            assert tuple(images.shape[1:]) == (3, 32, 48)
             assert all(0 <= t < 3 for t in targets.tolist())
             total += len(targets)
     assert total == 2 * len(labels)
     items = ds.__getitems__([5, 1, 5, -1])
     for (a, la), i in zip(items, [5, 1, 5, len(ds) - 1], strict=True):
         b, lb = ds[i]
-        assert la == lb == labels[i] and bool((a == b).all())
+        assert la == lb == labels[i]
+        assert bool((a == b).all())
 
 
 def test_pickles_as_url_and_options_only(packed_decoded: PackResult) -> None:
@@ -69,7 +72,8 @@ def test_pickles_as_url_and_options_only(packed_decoded: PackResult) -> None:
     assert set(state) == {"url", "split", "transform", "target_transform", "storage_options",
                           "verify_reads"}
     clone = pickle.loads(pickle.dumps(ds))
-    assert len(clone) == len(ds) and clone.classes == ds.classes
+    assert len(clone) == len(ds)
+    assert clone.classes == ds.classes
     assert bool((clone[3][0] == ds[3][0]).all())
 
 
@@ -77,7 +81,8 @@ def test_transforms_apply_after_decoding(packed_decoded: PackResult) -> None:
     ds = H5ImageDataset(packed_decoded.path, transform=lambda t: t.float() / 255,
                         target_transform=lambda y: y + 100)
     image, label = ds[0]
-    assert image.dtype == torch.float32 and float(image.max()) <= 1.0
+    assert image.dtype == torch.float32
+    assert float(image.max()) <= 1.0
     assert label >= 100
 
 

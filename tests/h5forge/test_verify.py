@@ -32,7 +32,8 @@ def test_good_file_verifies(which: str, request: pytest.FixtureRequest) -> None:
     assert report.sha256 == hashlib.sha256(data).hexdigest()
     assert report.bytes == len(data)
     assert report.num_samples == result.num_samples == report.checked_samples
-    assert report.num_classes == 3 and report.format_version == 1
+    assert report.num_classes == 3
+    assert report.format_version == 1
 
 
 @pytest.mark.parametrize("which", ["packed_decoded", "packed_encoded"])
@@ -102,7 +103,8 @@ def test_every_failing_check_is_listed(packed_decoded: PackResult, copy_of) -> N
         verify(path)
     text = str(info.value)
     assert "label 12 out of range: file declares 3 classes (0..2) in /labels[3]" in text
-    assert "/labels[7]" in text and "config_sha256" in text
+    assert "/labels[7]" in text
+    assert "config_sha256" in text
 
 
 def test_sampled_verify_checks_a_seeded_subset(packed_decoded: PackResult) -> None:

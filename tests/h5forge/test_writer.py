@@ -40,7 +40,8 @@ def test_decoded_round_trip_matches_pillow(split_tree: Path, packed_decoded: Pac
     assert len(ds) == len(_tree_files(split_tree)) == packed_decoded.num_samples
     for i, rel in enumerate(paths):
         image, label = ds[i]
-        assert image.dtype.is_floating_point is False and tuple(image.shape) == (3, 32, 48)
+        assert image.dtype.is_floating_point is False
+        assert tuple(image.shape) == (3, 32, 48)
         want = _pillow_resize(split_tree / rel, 32, 48)
         got = image.permute(1, 2, 0).numpy()
         # JPEG draft decoding may differ from a full decode by rounding; PNGs are exact.
@@ -78,7 +79,8 @@ def test_encoded_original_keeps_source_bytes(split_tree: Path, packed_encoded: P
             assert bytes(h5["digests"][i]) == hashlib.sha256(stored).digest()
     ds = H5ImageDataset(packed_encoded.path)
     image, _ = ds[0]
-    assert image.dtype.is_floating_point is False and image.shape[0] == 3
+    assert image.dtype.is_floating_point is False
+    assert image.shape[0] == 3
 
 
 def test_variable_size_decoded_uses_blob_with_shapes(split_tree: Path, tmp_path: Path) -> None:
@@ -86,7 +88,8 @@ def test_variable_size_decoded_uses_blob_with_shapes(split_tree: Path, tmp_path:
                workers=1)
     ds = H5ImageDataset(res.path)
     with h5py.File(res.path) as h5:
-        assert h5.attrs["storage"] == "blob" and h5.attrs["layout"] == "decoded"
+        assert h5.attrs["storage"] == "blob"
+        assert h5.attrs["layout"] == "decoded"
         shapes = h5["shapes"][()]
         paths = h5["paths"].asstr()[()].tolist()
     for i in (0, len(ds) - 1):
@@ -142,9 +145,11 @@ def test_too_many_bad_images_fails_and_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(TooManyBadImagesError, match="2 of 8") as info:
         pack(src, out, max_bad_fraction=0.1, workers=1)
     assert {p for p, _ in info.value.quarantined} == {"a/broken.jpg", "b/junk.png"}
-    assert not out.exists() and not list(out.parent.glob("*.partial*"))
+    assert not out.exists()
+    assert not list(out.parent.glob("*.partial*"))
     res = pack(src, out, max_bad_fraction=0.25, workers=1)
-    assert res.num_samples == 6 and res.num_quarantined == 2
+    assert res.num_samples == 6
+    assert res.num_quarantined == 2
     with h5py.File(out) as h5:
         assert sorted(h5["quarantine/paths"].asstr()[()]) == ["a/broken.jpg", "b/junk.png"]
         assert all(h5["quarantine/reasons"].asstr()[()])

@@ -1,0 +1,82 @@
+"""Private content-addressed download cache used by ``fetch``.
+
+An entry is a folder named by sha256(canonical URL, expected digest) holding ``blob`` and
+``meta.json``. The canonical URL carries no credentials or signatures, so a re-signed URL of the
+same object finds the same entry. Only entries fetched with an expected digest are reused, and
+only after the blob is re-hashed: a corrupt cache can cost a download, never a wrong dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+from h5forge.errors import ChecksumError
+from h5forge.redact import canonical_url
+from h5forge.storage import sha256_file
+
+__all__: list[str] = []
+
+log = logging.getLogger("h5forge.sources")
+
+
+def check_digest(expected: str, actual: str, shown: str) -> None:
+    """Raise ChecksumError naming both digests when ``expected`` is set and differs."""
+    if expected and actual != expected:
+        raise ChecksumError(
+            f"sha256 mismatch for {shown!r}: expected {expected}, got {actual}; nothing was "
+            "extracted and any download was deleted — check the URL and the published checksum",
+            [f"sha256 expected={expected} actual={actual}"],
+        )
+
+
+def cached_download(
+    cache: Path,
+    url: str,
+    expected: str,
+    shown: str,
+    get: Callable[[Path], tuple[str, int]],
+) -> tuple[Path, str, bool]:
+    """Return ``(blob path, sha256, hit)``, calling ``get(part_path)`` only on a miss.
+
+    ``get`` writes the file and returns ``(sha256, size)``. A digest mismatch deletes the
+    partial download and raises :class:`ChecksumError`; the entry is published (renamed) only
+    after the check passes, with ``meta.json`` written last.
+    """
+    key = hashlib.sha256(f"{canonical_url(url)}\n{expected}".encode()).hexdigest()[:40]
+    entry = cache / key
+    blob = entry / "blob"
+    if _hit(entry, expected):
+        return blob, expected, True
+    entry.mkdir(parents=True, exist_ok=True)
+    part = entry / f"blob.part-{secrets.token_hex(6)}"
+    try:
+        digest, size = get(part)
+        check_digest(expected, digest, shown)
+        os.replace(part, blob)
+    finally:
+        part.unlink(missing_ok=True)
+    tmp = entry / f"meta.json.tmp-{secrets.token_hex(6)}"
+    tmp.write_text(json.dumps({"source_url": shown, "sha256": digest, "bytes": size}))
+    os.replace(tmp, entry / "meta.json")
+    return blob, digest, False
+
+
+def _hit(entry: Path, expected: str) -> bool:
+    blob, meta = entry / "blob", entry / "meta.json"
+    if not (expected and blob.is_file() and meta.is_file()):
+        return False
+    try:
+        recorded = json.loads(meta.read_text()).get("sha256")
+    except ValueError:
+        recorded = None
+    if recorded == expected == sha256_file(blob):
+        log.info("cache hit: %s", entry)
+        return True
+    log.warning("cache entry %s does not match sha256 %s; downloading again", entry, expected)
+    return False

@@ -1,0 +1,85 @@
+"""Private helpers shared by extraction and fetching: member-name checks and staging folders.
+
+A staging folder is created next to its destination (same filesystem, so the final rename is
+atomic), filled, then renamed into place. Anything that goes wrong removes the staging folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+__all__: list[str] = []
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def split_member_name(name: str) -> tuple[str, ...] | str:
+    """Split an archive member or object key into safe relative path parts.
+
+    Returns the parts (empty tuple for the root itself), or a string saying why the name is
+    unsafe: absolute, a drive letter, a ``..`` component, or a NUL byte. Backslashes count as
+    separators so that a name that is harmless here cannot escape on Windows.
+    """
+    if "\x00" in name:
+        return "contains a NUL byte"
+    if is_absolute_name(name):
+        return "is an absolute path"
+    parts = tuple(p for p in re.split(r"[/\\]", name) if p not in ("", "."))
+    if ".." in parts:
+        return "has a '..' component"
+    return parts
+
+
+def is_absolute_name(name: str) -> bool:
+    """Whether ``name`` is absolute here or on Windows (leading separator or drive letter)."""
+    return name.startswith(("/", "\\")) or bool(_DRIVE.match(name))
+
+
+def is_within(root: str, path: str) -> bool:
+    """Whether ``path`` (already resolved) is ``root`` or lies below it."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def new_staging(dest: Path) -> Path:
+    """Create and return a fresh, empty staging folder next to ``dest``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.with_name(f"{dest.name}.staging-{secrets.token_hex(6)}")
+    staging.mkdir()
+    return staging
+
+
+def discard(path: Path) -> None:
+    """Remove a staging folder (symlinks inside are removed, never followed)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def commit(staging: Path, dest: Path, *, replace: bool) -> None:
+    """Rename ``staging`` to ``dest``.
+
+    An empty ``dest`` folder is replaced silently. A non-empty one is replaced only with
+    ``replace=True``: it is renamed aside first, so ``dest`` is never a mix of old and new.
+
+    Raises:
+        FileExistsError: ``dest`` exists, is not an empty folder, and ``replace`` is False.
+    """
+    if dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
+        dest.rmdir()
+    if not (dest.exists() or dest.is_symlink()):
+        os.rename(staging, dest)
+        return
+    if not replace:
+        raise FileExistsError(
+            f"destination {str(dest)!r} already exists and is not empty; "
+            "remove it or choose a new folder"
+        )
+    old = dest.with_name(f"{dest.name}.old-{secrets.token_hex(6)}")
+    os.rename(dest, old)
+    os.rename(staging, dest)
+    discard(old)

@@ -1,0 +1,302 @@
+"""Publish a finished file to any fsspec URL, verified, with its manifest as the commit marker.
+
+A published asset is two objects: ``NAME.h5`` and ``NAME.h5.manifest.json``. The manifest
+(sha256, size, counts, format version, creation time, redacted source) is written last, after
+the file has been read back from the destination and matched byte for byte, so a consumer that
+finds a manifest can trust the file next to it. When replacing, the old manifest is removed
+first, so no reader ever sees a manifest that disagrees with its file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import logging
+import os
+import posixpath
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from h5forge.errors import ChecksumError
+from h5forge.redact import REDACTED, is_sensitive_key, redact_storage_options, redact_url
+
+__all__ = [
+    "FORMAT_NAME",
+    "MANIFEST_SUFFIX",
+    "PublishResult",
+    "manifest_url",
+    "publish",
+    "read_manifest",
+    "sha256_file",
+]
+
+log = logging.getLogger(__name__)
+
+MANIFEST_SUFFIX = ".manifest.json"
+FORMAT_NAME = "h5forge"
+# Used when ``extra`` carries no "format_version"; the writer passes the file's real version.
+_DEFAULT_FORMAT_VERSION = 1
+_COMPUTED = frozenset({"format", "sha256", "bytes", "created_at"})
+_CHUNK = 8 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What ``publish`` did. URLs are redacted.
+
+    Attributes:
+        url: the published file.
+        manifest_url: its manifest sidecar.
+        sha256: hex digest of the file, verified at the destination.
+        bytes: size of the file.
+        unchanged: the destination already held this exact asset; nothing was written.
+    """
+
+    url: str
+    manifest_url: str
+    sha256: str
+    bytes: int
+    unchanged: bool
+
+
+def sha256_file(
+    path_or_url: str | os.PathLike[str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    chunk: int = _CHUNK,
+) -> str:
+    """Stream a local or remote file through sha256 in ``chunk``-byte reads.
+
+    Args:
+        path_or_url: local path or fsspec URL.
+        storage_options: passed to fsspec.
+        chunk: bytes per read.
+
+    Returns:
+        The hex digest.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk={chunk} must be >= 1 byte")
+    fs, path = fsspec.core.url_to_fs(os.fspath(path_or_url), **dict(storage_options or {}))
+    return _digest(fs, path, chunk)
+
+
+def _digest(fs: Any, path: str, chunk: int = _CHUNK) -> str:
+    digest = hashlib.sha256()
+    with fs.open(path, "rb", block_size=chunk) as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def manifest_url(url: str) -> str:
+    """The manifest sidecar of ``url``: ``url + ".manifest.json"`` (before any query string)."""
+    if "://" in url and "?" in url:
+        base, _, query = url.partition("?")
+        return f"{base}{MANIFEST_SUFFIX}?{query}"
+    return url + MANIFEST_SUFFIX
+
+
+def read_manifest(url: str, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Read and check the manifest of the asset at ``url`` (or of the manifest URL itself).
+
+    Raises:
+        FileNotFoundError: no manifest, i.e. the asset was never (completely) published.
+        ValueError: the manifest is not valid JSON or lacks format, sha256 or bytes.
+    """
+    target = url if url.endswith(MANIFEST_SUFFIX) else manifest_url(url)
+    fs, path = fsspec.core.url_to_fs(target, **dict(storage_options or {}))
+    manifest = _load(fs, path, redact_url(target))
+    if manifest is None:
+        raise FileNotFoundError(
+            f"no manifest at {redact_url(target)!r}: the asset is not published (the manifest "
+            "is written last, after the file is verified); publish it again"
+        )
+    return manifest
+
+
+def _load(fs: Any, path: str, shown: str) -> dict[str, Any] | None:
+    fs.invalidate_cache(path)
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"manifest {shown!r} is not valid JSON: {exc}") from exc
+    if not (
+        isinstance(data, dict)
+        and data.get("format") == FORMAT_NAME
+        and isinstance(data.get("sha256"), str)
+        and _SHA256.fullmatch(data["sha256"])
+        and isinstance(data.get("bytes"), int)
+    ):
+        raise ValueError(
+            f"manifest {shown!r} is not an h5forge manifest: need format={FORMAT_NAME!r}, "
+            "a 64-hex sha256 and an integer bytes"
+        )
+    return data
+
+
+def publish(
+    local_file: str | os.PathLike[str],
+    dest_url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    extra: Mapping[str, Any] | None = None,
+) -> PublishResult:
+    """Copy ``local_file`` to ``dest_url``, verify it there, then write its manifest.
+
+    Local destinations get a temporary name in the same folder, fsync, then rename. Other
+    stores get a direct upload (the manifest, not the object, is the commit marker). Either
+    way the destination is read back — size and a streamed sha256 — before the manifest is
+    written.
+
+    Args:
+        local_file: the finished, sealed file.
+        dest_url: where to publish it (local path or fsspec URL).
+        storage_options: passed to fsspec; never recorded.
+        overwrite: replace a destination that holds different content.
+        extra: more manifest fields: ``counts``, ``format_version``, ``source`` (a URL,
+            redacted before recording) and any JSON-serialisable metadata (strings redacted).
+
+    Returns:
+        A :class:`PublishResult`; ``unchanged`` when the same asset was already there.
+
+    Raises:
+        FileExistsError: different content is published at ``dest_url`` and ``overwrite``
+            is False.
+        ChecksumError: the read-back differs from the local file (the bad object is deleted).
+        FileNotFoundError: ``local_file`` does not exist.
+        ValueError: an argument is invalid.
+    """
+    local = os.fspath(local_file)
+    fields = _check_args(local, dest_url, extra)
+    fs, path = fsspec.core.url_to_fs(dest_url, **dict(storage_options or {}))
+    mpath = path + MANIFEST_SUFFIX
+    shown, mshown = redact_url(dest_url), redact_url(manifest_url(dest_url))
+    sha, size = sha256_file(local), os.path.getsize(local)
+    result = PublishResult(shown, mshown, sha, size, unchanged=False)
+
+    old = _load(fs, mpath, mshown)
+    fs.invalidate_cache(path)
+    if fs.exists(path):
+        if old and old["sha256"] == sha and old["bytes"] == size == fs.size(path):
+            log.info("%s already published with sha256 %s; nothing to do", shown, sha)
+            return PublishResult(shown, mshown, sha, size, unchanged=True)
+        if not overwrite:
+            if old is None and fs.size(path) == size and _digest(fs, path) == sha:
+                # Same bytes without a manifest: an interrupted publish. Just commit it.
+                _put(fs, mpath, data=_manifest(sha, size, fields))
+                return result
+            found = old["sha256"] if old else "unknown (no manifest)"
+            raise FileExistsError(
+                f"{shown!r} already exists with different content (sha256 {found}, "
+                f"publishing {sha}); pass overwrite=True to replace it"
+            )
+    if old is not None or fs.exists(mpath):
+        fs.rm_file(mpath)  # first: a reader must never pair the old manifest with a new file
+    _put(fs, path, local=local)
+    _read_back(fs, path, sha, size, shown)
+    _put(fs, mpath, data=_manifest(sha, size, fields))  # last: the commit marker
+    log.info("published %s (%d bytes, sha256 %s)", shown, size, sha)
+    return result
+
+
+def _check_args(local: str, dest_url: str, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not os.path.isfile(local):
+        raise FileNotFoundError(f"local_file {local!r} does not exist or is not a file")
+    if not dest_url or dest_url.endswith(MANIFEST_SUFFIX):
+        raise ValueError(
+            f"dest_url={redact_url(dest_url)!r} is not a file URL: pass the asset's URL "
+            f"(e.g. s3://bucket/data.h5), not empty or a *{MANIFEST_SUFFIX}"
+        )
+    fields = dict(extra or {})
+    reserved = sorted(_COMPUTED & fields.keys())
+    if reserved:
+        raise ValueError(f"extra sets {reserved}, which publish computes itself; remove them")
+    try:
+        json.dumps(fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"extra is not JSON-serialisable: {exc}") from exc
+    return fields
+
+
+def _manifest(sha: str, size: int, fields: dict[str, Any]) -> bytes:
+    """The manifest JSON; every recorded string goes through redaction first."""
+    counts = fields.pop("counts", {}) if "counts" in fields else {}
+    scrubbed = redact_storage_options({k: v for k, v in fields.items() if k != "source"})
+    manifest: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": fields.get("format_version", _DEFAULT_FORMAT_VERSION),
+        "sha256": sha,
+        "bytes": size,
+        "counts": counts,  # class names may look like secret keys ("key"): kept verbatim
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": redact_url(str(fields.get("source", ""))),
+    }
+    for key, value in scrubbed.items():
+        manifest.setdefault(key, REDACTED if is_sensitive_key(key) else value)
+    return json.dumps(manifest, indent=2, sort_keys=True).encode()
+
+
+def _put(fs: Any, path: str, *, local: str | None = None, data: bytes | None = None) -> None:
+    """Write a file: temp + fsync + rename where the store has real renames, else upload."""
+    if not isinstance(fs, LocalFileSystem):
+        if local is not None:
+            fs.put_file(local, path)
+        else:
+            fs.pipe_file(path, data)
+        fs.invalidate_cache(path)
+        return
+    parent, name = posixpath.split(path)
+    fs.makedirs(parent, exist_ok=True)
+    tmp = posixpath.join(parent, f".{name}.tmp-{secrets.token_hex(6)}")
+    try:
+        src: IO[bytes]
+        with (
+            open(local, "rb") if local else io.BytesIO(data or b"") as src,
+            fs.open(tmp, "wb") as out,
+        ):
+            while block := src.read(_CHUNK):
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        fs.mv(tmp, path)
+    finally:
+        if fs.exists(tmp):
+            fs.rm_file(tmp)
+    fd = os.open(parent, os.O_RDONLY)  # persist the rename itself
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_back(fs: Any, path: str, sha: str, size: int, shown: str) -> None:
+    """Compare the destination's size and streamed sha256 with the local file's."""
+    fs.invalidate_cache(path)
+    found_size = fs.size(path)
+    found_sha = _digest(fs, path) if found_size == size else "(not read: size differs)"
+    if found_size != size or found_sha != sha:
+        fs.rm_file(path)
+        raise ChecksumError(
+            f"read-back of {shown!r} does not match the local file: expected sha256 {sha} and "
+            f"{size} bytes, found {found_sha} and {found_size} bytes; the object was deleted, "
+            "publish again",
+            [
+                f"sha256 expected={sha} actual={found_sha}",
+                f"bytes expected={size} actual={found_size}",
+            ],
+        )

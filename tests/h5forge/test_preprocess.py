@@ -1,0 +1,148 @@
+"""Tests for h5forge.preprocess: order, bounded work in flight, clean shutdown."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from h5forge.demo import write_image_folder
+from h5forge.images import ImageConfig, Processed, Quarantined, process_file
+from h5forge.preprocess import iter_processed
+from tests.fixtures.images import BadImages
+
+CFG = ImageConfig(size=(16, 16))
+
+
+def _inputs(image_folder: Path, bad_images: BadImages) -> list[str]:
+    good = sorted(str(p) for p in image_folder.rglob("*.*"))
+    bad = sorted(str(p) for p in bad_images.folder.iterdir())
+    mixed = [p for pair in zip(good, bad, strict=False) for p in pair]
+    return mixed + good[len(bad):] + bad[len(good):]
+
+
+def _new_children(before: set[int | None]) -> list[multiprocessing.process.BaseProcess]:
+    return [p for p in multiprocessing.active_children() if p.pid not in before]
+
+
+def test_results_come_in_input_order(image_folder: Path, bad_images: BadImages) -> None:
+    paths = _inputs(image_folder, bad_images)
+    assert len(paths) == 29
+    results = list(iter_processed(paths, CFG, workers=2))
+    assert [r.index for r in results] == list(range(len(paths)))
+    assert results == [process_file(i, p, CFG) for i, p in enumerate(paths)]
+    assert sum(isinstance(r, Quarantined) for r in results) == 6
+    assert list(iter_processed([Path(p) for p in paths], CFG, workers=1)) == results
+
+
+def test_tiny_inputs_run_in_process(image_folder: Path) -> None:
+    paths = sorted(str(p) for p in image_folder.rglob("*.jpg"))[:3]
+    before = {p.pid for p in multiprocessing.active_children()}
+    results = list(iter_processed(paths, CFG, workers=4))
+    assert [r.index for r in results] == [0, 1, 2]
+    assert all(isinstance(r, Processed) for r in results)
+    assert not _new_children(before)
+    assert list(iter_processed([], CFG)) == []
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"workers": 0}, "workers=0 must be an int >= 1"),
+    ({"workers": True}, "workers=True"),
+    ({"window": 0}, "window=0 must be an int >= 1"),
+    ({"window": 2.5}, "window=2.5"),
+])
+def test_bad_arguments_fail_before_any_work(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        iter_processed(["never-read.jpg"], CFG, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+@pytest.mark.timeout(60)
+def test_work_in_flight_never_exceeds_the_window(tmp_path: Path) -> None:
+    # Every input is a named pipe: a worker that starts on input i blocks opening it until the
+    # feeder thread sees the waiting reader and writes the image. The feeder thus learns which
+    # inputs were started, and when, without relying on timing for correctness.
+    src = write_image_folder(tmp_path / "src", classes=("a",), per_class=1, size=(12, 12),
+                             formats=("png",))[0]
+    data = src.read_bytes()
+    n, window = 40, 8
+    fifos = [str(tmp_path / f"{i:03d}.png") for i in range(n)]
+    for f in fifos:
+        os.mkfifo(f)
+    consumed = [0]
+    started: list[int] = []
+    violations: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def feeder() -> None:
+        waiting = set(range(n))
+        while waiting and not done.is_set():
+            for i in sorted(waiting):
+                try:
+                    fd = os.open(fifos[i], os.O_WRONLY | os.O_NONBLOCK)
+                except OSError as e:
+                    if e.errno != errno.ENXIO:  # ENXIO: nobody is reading this pipe yet
+                        raise
+                    continue
+                if i >= consumed[0] + window:
+                    violations.append((i, consumed[0]))
+                os.set_blocking(fd, True)
+                os.write(fd, data)
+                os.close(fd)
+                started.append(i)
+                waiting.discard(i)
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=feeder, daemon=True)
+    thread.start()
+    it = iter_processed(fifos, CFG, workers=2, window=window)
+    try:
+        assert next(it).index == 0
+        consumed[0] = 1
+        time.sleep(1.0)  # consumer paused: an unbounded pool would start everything now
+        assert 1 <= len(started) <= window
+        for expected, r in enumerate(it, start=1):
+            assert r.index == expected
+            assert isinstance(r, Processed)
+            consumed[0] += 1
+    finally:
+        done.set()
+        thread.join(10)
+    assert consumed[0] == n
+    assert sorted(started) == list(range(n))
+    assert violations == []
+
+
+def test_closing_early_stops_the_workers(image_folder: Path) -> None:
+    paths = sorted(str(p) for p in image_folder.rglob("*.*")) * 4
+    before = {p.pid for p in multiprocessing.active_children()}
+    it = iter_processed(paths, CFG, workers=2, window=4)
+    assert [next(it).index, next(it).index] == [0, 1]
+    workers = _new_children(before)
+    assert workers
+    it.close()
+    assert not any(p.is_alive() for p in workers)
+    assert not _new_children(before)
+
+
+def test_consumer_error_stops_the_workers(image_folder: Path) -> None:
+    paths = sorted(str(p) for p in image_folder.rglob("*.*")) * 4
+    before = {p.pid for p in multiprocessing.active_children()}
+    workers: list[multiprocessing.process.BaseProcess] = []
+
+    def consume() -> None:
+        for r in iter_processed(paths, CFG, workers=2):
+            workers.extend(_new_children(before))
+            if r.index == 3:
+                raise KeyError("consumer failed")
+
+    with pytest.raises(KeyError, match="consumer failed"):
+        consume()
+    assert workers
+    assert not any(p.is_alive() for p in workers)
+    assert not _new_children(before)
