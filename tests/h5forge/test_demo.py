@@ -56,7 +56,9 @@ def test_write_image_folder(tmp_path: Path) -> None:
             assert 10 <= img.height <= 20
             assert 30 <= img.width <= 40
     fixed = write_image_folder(tmp_path / "fixed", classes=("x",), per_class=2, size=(7, 9))
-    assert [Image.open(p).size for p in fixed] == [(9, 7), (9, 7)]
+    for p in fixed:
+        with Image.open(p) as img:
+            assert img.size == (9, 7)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -115,5 +117,6 @@ def test_demo_archive_contents(demo_archive: Path, tmp_path: Path) -> None:
     assert sorted(bad) == ["train/amber/broken_zero.jpg", "val/cobalt/broken_truncated.png"]
     assert bad["train/amber/broken_zero.jpg"] == "zero-byte file"
     assert bad["val/cobalt/broken_truncated.png"].startswith("truncated image")
-    sizes = {Image.open(s.path).size for s in cat.samples if s.relpath.endswith("_0000.jpg")}
-    assert all(64 <= w <= 160 and 64 <= h <= 160 for w, h in sizes)
+    for s in cat.samples[::25]:
+        with Image.open(s.path) as img:
+            assert 64 <= min(img.size) <= max(img.size) <= 160

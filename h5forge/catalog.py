@@ -1,0 +1,292 @@
+"""Find the samples of a dataset: an ImageFolder tree or a CSV/JSONL manifest -> :class:`Catalog`.
+
+ImageFolder: ``root/<class>/<file>``, or ``root/<split>/<class>/<file>`` when every top-level
+folder is a split name (``train``, ``val``, ``validation``, ``test``). Files below a class folder
+are found recursively. Hidden entries (name starts with ``.``), files without an image extension,
+broken links, files outside a class folder and directories already visited below the same class
+folder (symlink loops) are skipped and counted in :attr:`Catalog.skipped`. Symlinks to files and
+folders are followed.
+
+Manifest: see :func:`discover`.
+
+Order is deterministic: by split (in ``SPLIT_NAMES`` order), then class, then relpath (code
+point order); labels index the sorted class names.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from h5forge.errors import EmptyDatasetError
+
+__all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Catalog", "Sample", "discover"]
+
+IMAGE_EXTENSIONS: frozenset[str] = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
+SPLIT_NAMES = ("train", "val", "validation", "test")
+_INT = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One source image.
+
+    Attributes:
+        path: absolute local path of the source file.
+        relpath: POSIX path relative to the dataset root (what the file records).
+        label: class index, ``0..K-1``.
+        split: split name, ``""`` when the dataset has no splits.
+    """
+
+    path: str
+    relpath: str
+    label: int
+    split: str
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Every sample of a dataset, in a deterministic order.
+
+    Attributes:
+        root: absolute dataset root; relpaths are relative to it (the manifest's folder for a
+            manifest).
+        samples: sorted by split order, class, relpath.
+        classes: class names; label ``i`` is ``classes[i]``.
+        splits: split names present, in ``SPLIT_NAMES`` order; ``()`` when there are none.
+        skipped: reason -> number of entries left out.
+    """
+
+    root: str
+    samples: tuple[Sample, ...]
+    classes: tuple[str, ...]
+    splits: tuple[str, ...]
+    skipped: dict[str, int]
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """``{split: {class: samples}}``; the split is ``""`` when there are none."""
+        out: dict[str, dict[str, int]] = {}
+        for s in self.samples:
+            per_class = out.setdefault(s.split, {})
+            per_class[self.classes[s.label]] = per_class.get(self.classes[s.label], 0) + 1
+        return out
+
+
+def discover(root: str | os.PathLike[str], *,
+             manifest: str | os.PathLike[str] | None = None) -> Catalog:
+    """Build the catalog of an ImageFolder tree or of a manifest.
+
+    A manifest is CSV with a header ``path,label[,split]`` (other columns are ignored) or JSONL
+    (``.jsonl``/``.ndjson``) with objects holding ``path``, ``label`` and optionally ``split``.
+    Paths are POSIX, relative to the manifest's folder, and may not leave it. Labels are class
+    names (strings) or class indices: JSON integers, or CSV labels that are all decimal digits.
+    Names are sorted to give indices; indices ``0..max`` are kept as given and the classes are
+    named ``"0"``, ``"1"``, ... Manifest entries are used as listed (no extension filter).
+
+    Args:
+        root: the ImageFolder root; with ``manifest``, the folder a relative manifest path is
+            resolved against.
+        manifest: path of a CSV or JSONL manifest, or None for an ImageFolder.
+
+    Returns:
+        The catalog.
+
+    Raises:
+        FileNotFoundError: ``root``, the manifest or a file it lists does not exist.
+        NotADirectoryError: ``root`` is not a folder.
+        ValueError: mixed split/class top-level folders, or a malformed manifest line.
+        EmptyDatasetError: no image at all, or a class folder without an image.
+    """
+    base = Path(os.path.abspath(root))
+    if not base.exists():
+        raise FileNotFoundError(f"dataset root {str(base)!r} does not exist")
+    if not base.is_dir():
+        raise NotADirectoryError(f"dataset root {str(base)!r} is not a folder; give the folder "
+                                 "that holds the class (or split) folders")
+    if manifest is not None:
+        return _from_manifest(base / manifest)
+    return _from_folder(base)
+
+
+def _from_folder(root: Path) -> Catalog:
+    skipped: Counter[str] = Counter()
+    top = _subdirs(root, skipped)
+    if not top:
+        raise EmptyDatasetError(f"no class folders in {str(root)!r}; expected root/<class>/<file> "
+                                "or root/<split>/<class>/<file>, or pass a manifest")
+    split_dirs = [n for n in top if n in SPLIT_NAMES]
+    if split_dirs and len(split_dirs) != len(top):
+        others = [n for n in top if n not in SPLIT_NAMES]
+        raise ValueError(
+            f"{str(root)!r} mixes split folders {split_dirs} with class folders {others}; put "
+            f"every class under a split folder ({', '.join(SPLIT_NAMES)}) or rename the splits")
+    splits = tuple(s for s in SPLIT_NAMES if s in split_dirs)
+    found: list[tuple[str, str, str, str]] = []  # (split, class, relpath, path)
+    for split in splits or ("",):
+        folder = root / split if split else root
+        class_names = _subdirs(folder, skipped) if split else top
+        if split and not class_names:
+            raise EmptyDatasetError(f"split folder {str(folder)!r} holds no class folder")
+        for cls in class_names:
+            files = _walk(folder / cls, skipped)
+            if not files:
+                raise EmptyDatasetError(f"class folder {str(folder / cls)!r} holds no image file "
+                                        f"({', '.join(sorted(IMAGE_EXTENSIONS))}); add images "
+                                        "or remove the folder")
+            prefix = f"{split}/{cls}" if split else cls
+            found += [(split, cls, f"{prefix}/{rel}", str(folder / cls / rel)) for rel in files]
+    classes = tuple(sorted({cls for _, cls, _, _ in found}))
+    return _catalog(root, found, classes, splits, skipped)
+
+
+def _subdirs(folder: Path, skipped: Counter[str]) -> list[str]:
+    names = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                skipped["hidden"] += 1
+            elif entry.is_dir():
+                _check_utf8(entry.name, folder)
+                names.append(entry.name)
+            elif entry.is_file():
+                skipped["outside-class-folder"] += 1
+            else:
+                skipped["broken-link-or-special-file"] += 1
+    return sorted(names)
+
+
+def _walk(class_dir: Path, skipped: Counter[str]) -> list[str]:
+    """Relative POSIX paths of the image files below ``class_dir``, following symlinks."""
+    seen = {os.path.realpath(class_dir)}
+    stack = [""]
+    files = []
+    while stack:
+        rel = stack.pop()
+        with os.scandir(class_dir / rel) as entries:
+            for entry in entries:
+                name = f"{rel}/{entry.name}" if rel else entry.name
+                if entry.name.startswith("."):
+                    skipped["hidden"] += 1
+                elif entry.is_dir():
+                    real = os.path.realpath(entry.path)
+                    if real in seen:
+                        skipped["revisited-folder"] += 1  # a symlink loop or a second link
+                    else:
+                        seen.add(real)
+                        stack.append(name)
+                elif not entry.is_file():
+                    skipped["broken-link-or-special-file"] += 1
+                elif os.path.splitext(entry.name)[1].lower() not in IMAGE_EXTENSIONS:
+                    skipped["not-an-image-extension"] += 1
+                elif not _is_utf8(name):
+                    skipped["name-not-utf8"] += 1
+                else:
+                    files.append(name)
+    return sorted(files)
+
+
+def _from_manifest(path: Path) -> Catalog:
+    if not path.is_file():
+        raise FileNotFoundError(f"manifest {str(path)!r} does not exist")
+    rows = list(_read_jsonl(path) if path.suffix.lower() in (".jsonl", ".ndjson")
+                else _read_csv(path))
+    if not rows:
+        raise EmptyDatasetError(f"manifest {str(path)!r} lists no sample")
+    folder = path.parent
+    has_split = rows[0][3] is not None
+    by_index = all(isinstance(r[2], int) for r in rows)
+    if not by_index and any(isinstance(r[2], int) for r in rows):
+        raise ValueError(f"manifest {str(path)!r} mixes integer and string labels; use one kind")
+    found: list[tuple[str, str, str, str]] = []
+    seen: dict[str, int] = {}
+    for line, rel, label, split in rows:
+        where = f"{path}:{line}"
+        if (split is not None) != has_split:
+            raise ValueError(f"{where}: give a split on every line or on none")
+        if split is not None and split not in SPLIT_NAMES:
+            raise ValueError(f"{where}: split {split!r} is not one of {SPLIT_NAMES}")
+        norm = os.path.normpath(rel).replace(os.sep, "/")
+        if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith("../"):
+            raise ValueError(f"{where}: path {rel!r} must be relative to the manifest's folder "
+                             "and stay inside it")
+        if norm in seen:
+            raise ValueError(f"{where}: path {rel!r} is already listed on line {seen[norm]}")
+        seen[norm] = line
+        full = folder / norm
+        if not full.is_file():
+            raise FileNotFoundError(f"{where}: file {rel!r} not found (looked for {str(full)!r})")
+        found.append((split or "", str(label), norm, str(full)))
+    if by_index:
+        classes = tuple(str(i) for i in range(max(int(r[2]) for r in rows) + 1))
+    else:
+        classes = tuple(sorted({cls for _, cls, _, _ in found}))
+    splits = tuple(s for s in SPLIT_NAMES if any(f[0] == s for f in found))
+    return _catalog(folder, found, classes, splits, Counter())
+
+
+def _read_csv(path: Path) -> Iterator[tuple[int, str, str | int, str | None]]:
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        missing = {"path", "label"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}:1: header {reader.fieldnames} lacks {sorted(missing)}; "
+                             "expected path,label[,split]")
+        rows = [(reader.line_num, r) for r in reader]
+    digits = all(_INT.fullmatch(r["label"] or "") for _, r in rows)
+    for line, r in rows:
+        label = r["label"] or ""
+        if not label:
+            raise ValueError(f"{path}:{line}: empty label")
+        yield line, r["path"] or "", int(label) if digits else label, r.get("split")
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, str, str | int, str | None]]:
+    with open(path, encoding="utf-8-sig") as f:
+        for line, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line}: not JSON ({e.msg})") from e
+            if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
+                raise ValueError(f"{path}:{line}: expected an object with a string 'path'")
+            label = obj.get("label")
+            if (isinstance(label, bool) or not isinstance(label, (int, str)) or label == ""
+                    or (isinstance(label, int) and label < 0)):
+                raise ValueError(f"{path}:{line}: label {label!r} must be a class name or an "
+                                 "int >= 0")
+            split = obj.get("split")
+            if split is not None and not isinstance(split, str):
+                raise ValueError(f"{path}:{line}: split {split!r} must be a string")
+            yield line, obj["path"], label, split
+
+
+def _catalog(root: Path, found: list[tuple[str, str, str, str]], classes: tuple[str, ...],
+             splits: tuple[str, ...], skipped: Counter[str]) -> Catalog:
+    index = {c: i for i, c in enumerate(classes)}
+    order = {s: i for i, s in enumerate(("", *SPLIT_NAMES))}
+    found.sort(key=lambda f: (order[f[0]], index[f[1]], f[2]))
+    samples = tuple(Sample(path=p, relpath=rel, label=index[c], split=s) for s, c, rel, p in found)
+    return Catalog(root=str(root), samples=samples, classes=classes, splits=splits,
+                   skipped=dict(sorted(skipped.items())))
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes in the name, kept as surrogates by os
+        return False
+    return True
+
+
+def _check_utf8(name: str, folder: Path) -> None:
+    if not _is_utf8(name):
+        raise ValueError(f"folder name {name!r} in {str(folder)!r} is not valid UTF-8; rename it")

@@ -1,0 +1,315 @@
+"""Decode, normalise, resize and store one image; quarantine what cannot be decoded.
+
+Normalisation rules, applied in this order to frame 0 of the file (animated GIF/APNG/WebP and
+multi-page TIFF keep their first frame only):
+
+1. EXIF orientation is applied (as ``ImageOps.exif_transpose`` does), so width and height swap
+   for orientations 5-8.
+2. Bit depth: 16-bit grey (``I;16``, ``I;16B``, ...) keeps the high byte (``value >> 8``);
+   32-bit integer ``I`` and float ``F`` are clipped to 0..255 (floats truncated, NaN -> 0).
+3. Transparency (``P`` with or without ``transparency``, ``PA``, ``RGBA``, ``LA``, and ``L`` /
+   ``RGB`` with a tRNS colour key) is alpha-composited onto a WHITE background.
+4. Colour: CMYK/YCCK, YCbCr, ``1`` and other modes go through Pillow's ``convert("RGB")``; grey
+   becomes RGB by replication when ``mode="RGB"``; RGB becomes ``L`` with Pillow's ITU-R 601
+   luma when ``mode="L"``.
+5. Resize (``ImageConfig.resize``): ``"none"`` keeps the size; ``"resize"`` is
+   ``Image.resize((W, H), BILINEAR)``; ``"shorter-side"`` is torchvision's
+   ``Resize(S)`` + ``CenterCrop((H, W))`` on PIL images, pixel for pixel (beyond a 4:1 aspect
+   ratio only the cropped region is resampled, which may differ by 1). JPEGs at least twice the
+   needed size are first reduced by libjpeg's DCT scaling (``Image.draft``), never below the
+   size the resize needs; the geometry is unchanged, the pixels differ slightly from a
+   full-size decode.
+
+Quarantine reasons start with a kind: ``zero-byte file``, ``unreadable: ...`` (the file could
+not be read), ``not an image: ...``, ``image too large: W x H = N pixels > limit M``,
+``truncated image: ...``, ``corrupt image: ...`` (other decoder errors) and
+``unsupported image: ...`` (a mode Pillow cannot convert). ``ImageFile.LOAD_TRUNCATED_IMAGES``
+is left False: a truncated file is never padded with grey.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+from PIL.JpegImagePlugin import JpegImageFile
+
+from h5forge import _normalise as norm
+from h5forge.errors import IntegrityError
+
+__all__ = [
+    "Encoding",
+    "ImageConfig",
+    "Layout",
+    "Processed",
+    "Quarantined",
+    "ResizePolicy",
+    "decode_stored",
+    "load_normalised",
+    "process_file",
+]
+
+Layout = Literal["decoded", "encoded"]
+Encoding = Literal["original", "jpeg", "png", "webp"]
+ResizePolicy = Literal["none", "resize", "shorter-side"]
+
+_LAYOUTS = ("decoded", "encoded")
+_ENCODINGS = ("original", "jpeg", "png", "webp")
+_RESIZES = ("none", "resize", "shorter-side")
+_PIL_FORMAT = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
+_DEFAULT_MAX_PIXELS = 89_478_485
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """How every image of one file is decoded, normalised, resized and stored.
+
+    Attributes:
+        layout: ``"decoded"`` stores raw ``(H, W, C)`` uint8 pixels; ``"encoded"`` stores bytes.
+        encoding: for ``"encoded"`` only: ``"original"`` keeps the source file bit for bit (the
+            resize policy then does not apply to the stored bytes), or re-encode as
+            ``"jpeg"``/``"png"``/``"webp"`` after normalising and resizing.
+        quality: JPEG/WebP re-encode quality, 1..100.
+        mode: ``"RGB"`` (C=3) or ``"L"`` (C=1).
+        resize: ``"none"``, ``"resize"`` (exactly ``size``) or ``"shorter-side"``.
+        size: ``(H, W)`` output size; ``None`` only with ``resize="none"`` (ignored there).
+        shorter_side: S for ``"shorter-side"``; ``None`` means ``max(size)``; must be
+            ``>= max(size)`` so the centre crop always fits.
+        max_image_pixels: images with more pixels (from the header) are quarantined.
+    """
+
+    layout: Layout = "decoded"
+    encoding: Encoding = "original"
+    quality: int = 90
+    mode: Literal["RGB", "L"] = "RGB"
+    resize: ResizePolicy = "shorter-side"
+    size: tuple[int, int] | None = (224, 224)
+    shorter_side: int | None = None
+    max_image_pixels: int = _DEFAULT_MAX_PIXELS
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, list):  # e.g. from JSON
+            object.__setattr__(self, "size", tuple(self.size))
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field.
+
+        Raises:
+            ValueError: naming the field, the value found, what is allowed and the fix.
+        """
+        _one_of("layout", self.layout, _LAYOUTS)
+        _one_of("encoding", self.encoding, _ENCODINGS)
+        _one_of("mode", self.mode, ("RGB", "L"))
+        _one_of("resize", self.resize, _RESIZES)
+        if self.layout == "decoded" and self.encoding != "original":
+            raise ValueError(f"encoding={self.encoding!r} only applies to layout='encoded'; "
+                             "set layout='encoded' or leave encoding='original'")
+        if not _is_int(self.quality) or not 1 <= self.quality <= 100:
+            raise ValueError(f"quality={self.quality!r} must be an int in 1..100; 90 is typical")
+        if not _is_int(self.max_image_pixels) or self.max_image_pixels < 1:
+            raise ValueError(f"max_image_pixels={self.max_image_pixels!r} must be an int >= 1; "
+                             f"Pillow's default is {_DEFAULT_MAX_PIXELS}")
+        if self.size is None:
+            if self.resize != "none":
+                raise ValueError(f"size=None needs resize='none', got resize={self.resize!r}; "
+                                 "give size=(H, W) or set resize='none'")
+        elif (not isinstance(self.size, tuple) or len(self.size) != 2
+              or not all(_is_int(v) and v >= 1 for v in self.size)):
+            raise ValueError(f"size={self.size!r} must be (H, W), two ints >= 1, or None")
+        if self.shorter_side is not None:
+            least = max(self.size) if self.size else 1
+            if not _is_int(self.shorter_side) or self.shorter_side < least:
+                raise ValueError(
+                    f"shorter_side={self.shorter_side!r} must be an int >= max(size) = {least} "
+                    "so the centre crop fits; raise it or leave it None")
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys, no spaces): equal configs give equal strings."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> ImageConfig:
+        """Inverse of :meth:`to_json`."""
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class Processed:
+    """One successfully processed input.
+
+    Attributes:
+        index: position of the input in the sequence given to the pipeline.
+        data: stored bytes: raw C-order ``(H, W, C)`` uint8 pixels, or encoded file bytes.
+        shape: ``(H, W, C)`` of the decoded, normalised image (resized unless the encoding is
+            ``"original"``).
+        digest: ``sha256(data).digest()``.
+    """
+
+    index: int
+    data: bytes
+    shape: tuple[int, int, int]
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """One input left out, with a short reason that starts with its kind."""
+
+    index: int
+    path: str
+    reason: str
+
+
+def load_normalised(src: bytes | str, cfg: ImageConfig, *,
+                    resize: bool = False) -> Image.Image:
+    """Decode frame 0 of an image and apply the normalisation rules of this module.
+
+    Args:
+        src: the file's bytes, or a local path.
+        cfg: the configuration (``mode``, ``max_image_pixels`` and, with ``resize``, the
+            resize policy).
+        resize: also apply ``cfg.resize``. Readers of stored ``"original"`` bytes leave it
+            False; the pipeline sets it.
+
+    Returns:
+        A loaded image in ``cfg.mode``.
+
+    Raises:
+        OSError: unreadable file, truncated or corrupt data (``UnidentifiedImageError`` when the
+            format is not recognised).
+        PIL.Image.DecompressionBombError: more than ``cfg.max_image_pixels`` pixels.
+        ValueError, SyntaxError, EOFError, struct.error: malformed data, from Pillow.
+    """
+    if isinstance(src, str):
+        with open(src, "rb") as f:
+            src = f.read()
+    img = norm.open_checked(src, cfg.max_image_pixels)
+    orientation = norm.orientation(img)
+    plan = norm.plan(img.size, orientation, cfg) if resize else None
+    region = None
+    if plan is not None and isinstance(img, JpegImageFile):
+        region = norm.draft(img, plan, orientation)
+    img.load()
+    if orientation != 1:
+        img = img.transpose(norm.TRANSPOSE[orientation])
+    img = norm.normalise_mode(img, cfg.mode)
+    if plan is not None:
+        img = norm.apply(img, plan, region)
+    return img
+
+
+def process_file(index: int, path: str, cfg: ImageConfig) -> Processed | Quarantined:
+    """Read, validate, normalise and encode one file for storage (runs in a worker process).
+
+    Only programming errors escape; every decoding problem becomes a :class:`Quarantined`.
+
+    Args:
+        index: position of the file in the input sequence (returned as is).
+        path: local path of the source file.
+        cfg: the configuration.
+
+    Returns:
+        :class:`Processed` with the stored bytes, or :class:`Quarantined` with the reason.
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        return Quarantined(index, path, f"unreadable: {e.strerror or e}")
+    if not raw:
+        return Quarantined(index, path, "zero-byte file")
+    keep_source = cfg.layout == "encoded" and cfg.encoding == "original"
+    try:
+        img = load_normalised(raw, cfg, resize=not keep_source)
+        if keep_source:
+            data = raw
+        elif cfg.layout == "decoded":
+            data = np.asarray(img).tobytes()
+        else:
+            buf = io.BytesIO()
+            img.save(buf, format=_PIL_FORMAT[cfg.encoding], quality=cfg.quality)
+            data = buf.getvalue()
+    except UnidentifiedImageError:
+        return Quarantined(index, path, f"not an image: unknown format, starts with {raw[:12]!r}")
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        reason = str(e) if str(e).startswith("image too large") else f"image too large: {e}"
+        return Quarantined(index, path, reason)
+    except (OSError, EOFError) as e:
+        kind = "truncated image" if _is_truncation(e) else "corrupt image"
+        return Quarantined(index, path, f"{kind}: {e}")
+    except (SyntaxError, struct.error, ValueError) as e:
+        if isinstance(e, ValueError) and "conversion" in str(e):
+            return Quarantined(index, path, f"unsupported image: {e}")
+        return Quarantined(index, path, f"corrupt image: {e}")
+    channels = 3 if img.mode == "RGB" else 1
+    return Processed(index, data, (img.height, img.width, channels), hashlib.sha256(data).digest())
+
+
+def decode_stored(data: bytes | memoryview, shape: tuple[int, ...] | None, *, layout: Layout,
+                  mode: Literal["RGB", "L"], encoding: Encoding = "original") -> np.ndarray:
+    """Turn one stored sample back into pixels.
+
+    Decoded samples are reshaped; encoded ones are decoded with :func:`load_normalised`
+    (EXIF and mode rules, never resized again, so ``"original"`` bytes come back at source
+    size and re-encoded ones at the stored size).
+
+    Args:
+        data: the stored bytes of one sample.
+        shape: the recorded ``(H, W, C)``; ``None`` skips the shape check (encoded only).
+        layout: the file's layout.
+        mode: the file's mode.
+        encoding: the file's encoding (every encoding decodes the same way).
+
+    Returns:
+        A writable C-contiguous ``(H, W, C)`` uint8 array.
+
+    Raises:
+        IntegrityError: the bytes do not decode, or do not match ``shape``.
+        ValueError: an unknown ``layout``, ``encoding`` or ``mode``.
+    """
+    _one_of("layout", layout, _LAYOUTS)
+    _one_of("encoding", encoding, _ENCODINGS)
+    if layout == "decoded":
+        if shape is None or len(shape) != 3:
+            raise ValueError(f"shape={shape!r}: decoded samples need (H, W, C)")
+        arr = np.frombuffer(data, dtype=np.uint8)
+        if arr.size != int(np.prod(shape)):
+            raise IntegrityError(f"decoded sample holds {arr.size} bytes, shape {tuple(shape)} "
+                                 f"needs {int(np.prod(shape))}")
+        arr = arr.reshape(shape)
+        return arr if arr.flags.writeable else arr.copy()
+    pixels = int(np.prod(shape)) // max(1, shape[-1]) if shape else 0
+    cfg = ImageConfig(mode=mode, resize="none", size=None,
+                      max_image_pixels=max(_DEFAULT_MAX_PIXELS, pixels))
+    try:
+        arr = np.array(load_normalised(bytes(data), cfg), dtype=np.uint8)
+    except (OSError, EOFError, SyntaxError, struct.error, ValueError,
+            Image.DecompressionBombError) as e:
+        raise IntegrityError(f"encoded sample does not decode: {e}") from e
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if shape is not None and tuple(arr.shape) != tuple(shape):
+        raise IntegrityError(f"encoded sample decodes to {tuple(arr.shape)}, expected "
+                             f"{tuple(shape)}")
+    return arr
+
+
+def _is_truncation(e: BaseException) -> bool:
+    return isinstance(e, EOFError) or "truncated" in str(e).lower()
+
+
+def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
