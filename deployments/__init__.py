@@ -1,0 +1,5 @@
+"""Prefect deployments of h5forge's flows: ``prefect.yaml`` for ``prefect deploy`` and a process
+work pool, and ``serve.py`` (``python -m deployments.serve``) to serve them all from one process.
+
+This package is the one place in h5forge that reads environment variables.
+"""

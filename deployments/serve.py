@@ -1,0 +1,192 @@
+"""Serve h5forge's deployments from one process: ``python -m deployments.serve``.
+
+Serves the three deployments declared in ``deployments/prefect.yaml`` -- the on-demand build
+(the UI's run form), the nightly build and the nightly re-verify -- with one Prefect runner: no
+work pool and no worker needed. The YAML file stays the single description of the deployments;
+this module only adapts it to ``prefect.serve`` and applies the overrides below.
+
+Relative paths in the parameters resolve against the directory the command runs in (run it
+from the repository root). Environment, read when :func:`main` runs, never at import:
+
+``PREFECT_API_URL``
+    The server to register with and poll (Prefect's own setting).
+``H5FORGE_SCHEDULES``
+    ``on`` (default) or ``off``. ``off`` registers the cron schedules inactive, so nothing runs
+    unless someone triggers it -- what tests and a laptop want.
+``H5FORGE_NIGHTLY_SOURCE``
+    Source of the nightly build (path or fsspec URL); default from ``prefect.yaml``.
+``H5FORGE_NIGHTLY_DESTINATION``
+    Destination ``.h5`` of the nightly build, which is also the asset the nightly re-verify
+    checks; default from ``prefect.yaml``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import Flow, serve
+from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.schedules import Cron
+from prefect.settings import get_current_settings
+
+__all__ = [
+    "NIGHTLY",
+    "NIGHTLY_VERIFY",
+    "ON_DEMAND",
+    "PREFECT_YAML",
+    "ServeOptions",
+    "load_specs",
+    "main",
+    "options_from_env",
+    "runner_deployments",
+]
+
+PREFECT_YAML = Path(__file__).with_name("prefect.yaml")
+ON_DEMAND = "on-demand"
+NIGHTLY = "nightly"
+NIGHTLY_VERIFY = "nightly-verify"
+
+_TRUE = frozenset({"1", "on", "true", "yes"})
+_FALSE = frozenset({"0", "off", "false", "no"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeOptions:
+    """What the environment may change about the served deployments.
+
+    Attributes:
+        schedules: Whether the cron schedules are active.
+        nightly_source: Overrides the nightly build's ``config.source``.
+        nightly_destination: Overrides the nightly build's ``config.destination`` and the
+            nightly re-verify's ``url`` (they name the same asset).
+    """
+
+    schedules: bool = True
+    nightly_source: str | None = None
+    nightly_destination: str | None = None
+
+
+def options_from_env(environ: Mapping[str, str]) -> ServeOptions:
+    """Read :class:`ServeOptions` from an environment mapping (``os.environ`` in :func:`main`).
+
+    Raises:
+        ValueError: ``H5FORGE_SCHEDULES`` is neither on/true/1/yes nor off/false/0/no.
+    """
+    raw = environ.get("H5FORGE_SCHEDULES", "on").strip().lower()
+    if raw not in _TRUE | _FALSE:
+        raise ValueError(
+            f"H5FORGE_SCHEDULES={raw!r} is not understood: use 'on' or 'off' "
+            f"(also accepted: {', '.join(sorted(_TRUE | _FALSE))})"
+        )
+    return ServeOptions(
+        schedules=raw in _TRUE,
+        nightly_source=environ.get("H5FORGE_NIGHTLY_SOURCE") or None,
+        nightly_destination=environ.get("H5FORGE_NIGHTLY_DESTINATION") or None,
+    )
+
+
+def load_specs(path: str | os.PathLike[str] = PREFECT_YAML) -> list[dict[str, Any]]:
+    """Return the ``deployments`` entries of a ``prefect.yaml`` file, as plain dicts."""
+    with open(path, encoding="utf-8") as f:
+        document = yaml.safe_load(f)
+    specs = document.get("deployments") if isinstance(document, dict) else None
+    if not isinstance(specs, list) or not specs:
+        raise ValueError(
+            f"{os.fspath(path)} declares no deployments: expected a 'deployments' list"
+        )
+    return specs
+
+
+def runner_deployments(
+    options: ServeOptions | None = None,
+    *,
+    specs: Sequence[Mapping[str, Any]] | None = None,
+) -> list[RunnerDeployment]:
+    """Turn the ``prefect.yaml`` deployment entries into deployments a runner can serve.
+
+    Entrypoints become module paths (``flows/build.py:build_dataset`` ->
+    ``flows.build.build_dataset``), so the runner finds the flows from any working directory.
+    Work pools are dropped: a served deployment runs in the serving process's runner.
+    """
+    options = ServeOptions() if options is None else options
+    specs = load_specs() if specs is None else specs
+    return [_to_runner_deployment(spec, options) for spec in specs]
+
+
+def main() -> None:
+    """Serve every deployment until interrupted (Ctrl-C pauses their schedules)."""
+    if not get_current_settings().api.url:
+        # Without it Prefect would serve into a throwaway in-process server nobody can see.
+        raise SystemExit(
+            "PREFECT_API_URL is not set: start `prefect server start` and "
+            "`export PREFECT_API_URL=http://127.0.0.1:4200/api` (or `prefect config set "
+            "PREFECT_API_URL=...`), then run `python -m deployments.serve` again"
+        )
+    options = options_from_env(os.environ)
+    serve(*runner_deployments(options))
+
+
+def _to_runner_deployment(spec: Mapping[str, Any], options: ServeOptions) -> RunnerDeployment:
+    name = spec["name"]
+    parameters = _apply_overrides(name, copy.deepcopy(spec.get("parameters") or {}), options)
+    schedules = [
+        Cron(
+            item["cron"],
+            timezone=item.get("timezone"),
+            active=options.schedules and bool(item.get("active", True)),
+        )
+        for item in spec.get("schedules") or []
+    ]
+    deployment = _load_flow(spec["entrypoint"]).to_deployment(
+        name=name,
+        description=spec.get("description"),
+        tags=list(spec.get("tags") or []),
+        parameters=parameters,
+        schedules=schedules,
+        enforce_parameter_schema=bool(spec.get("enforce_parameter_schema", True)),
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+    # `to_deployment` is async-dispatched: called from sync code it returns the object itself.
+    assert isinstance(deployment, RunnerDeployment)
+    return deployment
+
+
+def _apply_overrides(
+    name: str, parameters: dict[str, Any], options: ServeOptions
+) -> dict[str, Any]:
+    if name == NIGHTLY:
+        config = parameters.setdefault("config", {})
+        if options.nightly_source:
+            config["source"] = options.nightly_source
+        if options.nightly_destination:
+            config["destination"] = options.nightly_destination
+    elif name == NIGHTLY_VERIFY and options.nightly_destination:
+        parameters["url"] = options.nightly_destination
+    return parameters
+
+
+def _load_flow(entrypoint: str) -> Flow[..., Any]:
+    """Import the flow a ``prefect.yaml`` entrypoint (``path/to/file.py:function``) names."""
+    file_path, sep, attribute = entrypoint.partition(":")
+    if not sep or not file_path.endswith(".py"):
+        raise ValueError(
+            f"entrypoint {entrypoint!r} is not of the form 'package/module.py:flow_function'"
+        )
+    module = importlib.import_module(Path(file_path).with_suffix("").as_posix().replace("/", "."))
+    flow = getattr(module, attribute)
+    if not isinstance(flow, Flow):
+        raise TypeError(
+            f"entrypoint {entrypoint!r} names a {type(flow).__name__}, not a Prefect flow"
+        )
+    return flow
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The UI path, as a person uses it: a real ``prefect server start`` with its UI on loopback,
+``python -m deployments.serve`` against it, and headless Chromium (Debian's ``chromium`` driven
+by Playwright's Python package -- no browser download) filling the on-demand deployment's run
+form, submitting it, and watching the flow run reach Completed.
+
+Screenshots of every step are kept in ``test-artifacts/ui/`` at the repository root (gitignored).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.deployments._processes import (
+    BUILD_FLOW,
+    REPO_ROOT,
+    deployment_id,
+    log_tail,
+    prefect_server,
+    served_deployments,
+)
+
+pytestmark = [pytest.mark.ui, pytest.mark.slow, pytest.mark.timeout(600)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-quic",
+]
+SCREENSHOTS = REPO_ROOT / "test-artifacts" / "ui"
+FINAL_STATES = ("Completed", "Failed", "Crashed", "Cancelled")
+
+
+@pytest.fixture
+def chromium() -> Path:
+    """Debian's chromium; a missing browser skips locally but fails in CI (CI=true)."""
+    if not CHROMIUM.exists():
+        reason = f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{reason}; .ci/run installs it, so CI must not skip the UI test")
+        pytest.skip(reason)
+    return CHROMIUM
+
+
+@pytest.fixture
+def screenshots() -> Path:
+    """A fresh ``test-artifacts/ui/`` folder, printed so the log says where to look."""
+    shutil.rmtree(SCREENSHOTS, ignore_errors=True)
+    SCREENSHOTS.mkdir(parents=True)
+    print(f"UI screenshots: {SCREENSHOTS}")
+    return SCREENSHOTS
+
+
+def _field(page, title: str):  # type: ignore[no-untyped-def]
+    """The form property labelled ``title`` (the UI appends " (Optional)" to fields with
+    defaults); the innermost match, so ``config``'s wrapper is never picked."""
+    label = (
+        "span[contains(@class,'schema-form-property__label')"
+        f" and (normalize-space()='{title}' or normalize-space()='{title} (Optional)')]"
+    )
+    return page.locator(
+        "xpath=//div[contains(concat(' ',normalize-space(@class),' '),' schema-form-property ')]"
+        f"[div[contains(@class,'p-label__header')]//{label}]"
+    ).last
+
+
+def _wait_for_final_state(page, *, timeout_s: float) -> str:  # type: ignore[no-untyped-def]
+    """Read the flow run page's state badge until it shows a final state; reload now and
+    then in case the page's own polling stalls."""
+    badge = page.locator(".state-badge").first
+    deadline = time.monotonic() + timeout_s
+    next_reload = time.monotonic() + 20
+    text = ""
+    while time.monotonic() < deadline:
+        text = badge.inner_text().strip()
+        if text in FINAL_STATES:
+            return text
+        page.wait_for_timeout(2_000)
+        if time.monotonic() > next_reload:
+            page.reload()
+            next_reload = time.monotonic() + 20
+    raise TimeoutError(f"flow run not final after {timeout_s:.0f} s (last badge: {text!r})")
+
+
+def test_run_form_builds_asset(
+    tmp_path: Path, chromium: Path, screenshots: Path, demo_source: str
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    destination = tmp_path / "out.h5"
+    run_name = f"ui-test-{uuid.uuid4().hex[:8]}"
+
+    with prefect_server(tmp_path) as api_url, served_deployments(api_url, tmp_path) as serve_log:
+        ui_url = api_url.removesuffix("/api")
+        dep_id = deployment_id(api_url, BUILD_FLOW, "on-demand")
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60_000)
+            try:
+                page.goto(f"{ui_url}/deployments/deployment/{dep_id}/run")
+                source = _field(page, "Source").locator("textarea")
+                source.wait_for()
+                page.screenshot(path=screenshots / "01-run-form.png", full_page=True)
+
+                page.get_by_text("Run Name").wait_for()
+                page.locator("input[type=text]").first.fill(run_name)
+                source.fill(demo_source)
+                _field(page, "Destination").locator("textarea").fill(str(destination))
+                _field(page, "Size").locator("input").fill("32")
+                page.screenshot(path=screenshots / "02-form-filled.png", full_page=True)
+
+                page.locator("button[type=submit]").click()
+                # Submitting lands on the deployment's page, whose run list links the new run
+                # by name (the "View run" toast is animated and moves under the pointer).
+                page.wait_for_url(f"**/deployments/deployment/{dep_id}**")
+                page.get_by_role("link", name=run_name).first.click()
+                page.wait_for_url("**/runs/flow-run/**")
+                page.get_by_text(run_name).first.wait_for()
+                page.screenshot(path=screenshots / "03-flow-run-started.png", full_page=True)
+
+                state = _wait_for_final_state(page, timeout_s=360)
+                page.screenshot(path=screenshots / "04-flow-run-final.png", full_page=True)
+                page.locator("li.p-tab#artifacts").click()
+                page.wait_for_timeout(1_500)
+                page.screenshot(path=screenshots / "05-artifacts.png", full_page=True)
+            except Exception:
+                page.screenshot(path=screenshots / "failure.png", full_page=True)
+                print(log_tail(serve_log, 200))
+                raise
+            finally:
+                browser.close()
+        assert state == "Completed", f"flow run ended {state}\n{log_tail(serve_log, 200)}"
+
+    assert destination.is_file(), f"{destination} missing after a Completed run"
+    assert Path(f"{destination}.manifest.json").is_file()
+    assert (screenshots / "04-flow-run-final.png").stat().st_size > 0
