@@ -1,0 +1,194 @@
+"""The ``h5forge`` console script: the library's commands plus ``build`` and ``demo`` (Prefect).
+
+``build`` and ``demo`` run the ``build-h5-dataset`` flow in this process. With no
+``PREFECT_API_URL`` set, Prefect starts a temporary local server for the run and stops it at the
+end, so both work offline on a fresh machine.
+
+Exit codes: 0 success; 1 the build or an integrity check failed; 2 usage error (bad option,
+destination exists without ``--overwrite``, unknown credentials block).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from h5forge.cli import (
+    EXIT_INTEGRITY,
+    EXIT_USAGE,
+    Compression,
+    Encoding,
+    Layout,
+    Resize,
+    app,
+    fail,
+)
+from h5forge.errors import H5ForgeError
+from h5forge.redact import redact_text
+
+__all__ = ["app", "main"]
+
+DEFAULT_DEMO_DEST = Path("h5forge-demo") / "demo.h5"
+
+
+class _NoTraceback(logging.Formatter):
+    """Console formatter that leaves tracebacks out (the API log handler still records them)."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self._inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info or record.exc_text or record.stack_info:
+            # A copy, so the handlers that run after this one still see the traceback.
+            record = logging.makeLogRecord(
+                {**record.__dict__, "exc_info": None, "exc_text": None, "stack_info": None}
+            )
+        return self._inner.format(record)
+
+
+def _quiet_console_tracebacks() -> None:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(
+        logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+        if name.startswith("prefect")
+    )]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler) and not isinstance(
+                handler.formatter, _NoTraceback
+            ):
+                handler.setFormatter(_NoTraceback(handler.formatter))
+
+
+def _config_error(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        lines.append(f"{where}: {err['msg']}")
+    return "invalid options: " + "; ".join(lines)
+
+
+def _run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
+    """Run the flow; map failures to an exit code and one paragraph (no traceback)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.build import build_dataset
+
+    if not debug:
+        _quiet_console_tracebacks()
+    try:
+        return build_dataset(config, cache_dir=str(cache_dir) if cache_dir else None)
+    except (FileExistsError, FileNotFoundError, ValidationError) as e:
+        raise fail(redact_text(str(e)), EXIT_USAGE) from e
+    except H5ForgeError as e:
+        raise fail(f"build failed, nothing was published: {redact_text(str(e))}",
+                   EXIT_INTEGRITY) from e
+    except ValueError as e:
+        raise fail(redact_text(str(e)), EXIT_USAGE) from e
+    except Exception as e:  # noqa: BLE001 - the CLI's job: one paragraph instead of a traceback
+        if debug:
+            raise
+        raise fail(f"build failed, nothing was published: {type(e).__name__}: "
+                   f"{redact_text(str(e))} (run with --debug for the traceback)",
+                   EXIT_INTEGRITY) from e
+
+
+def _print_summary(summary: Any) -> None:
+    dest = summary.destination
+    where = dest if "://" in dest else str(Path(dest).resolve())
+    typer.echo(f"asset:       {where}")
+    typer.echo(f"samples:     {summary.num_samples} in {summary.num_classes} classes, "
+               f"{summary.num_quarantined} quarantined")
+    for split, per_class in sorted(summary.counts.items()):
+        typer.echo(f"  {split or '(all)'}: " + ", ".join(f"{c} {n}" for c, n in per_class.items()))
+    typer.echo(f"sha256:      {summary.sha256}")
+    typer.echo(f"size:        {summary.bytes:,} bytes")
+    typer.echo(f"manifest:    {summary.manifest_url}")
+    typer.echo(f"preview:     {summary.preview_url}")
+    rates = ", ".join(f"{m} {r:,.0f} img/s" for m, r in summary.smoke_per_method.items())
+    typer.echo(f"smoke-load:  {rates} (DataLoader workers, after start-up)")
+    typer.echo("stages:      " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.seconds.items()))
+
+
+@app.command()
+def build(
+    source: Annotated[str, typer.Argument(help="local folder/archive or fsspec URL of images")],
+    dest: Annotated[str, typer.Argument(help="where to publish the .h5 (path or fsspec URL)")],
+    sha256: Annotated[str | None, typer.Option(help="sha256 of the source archive")] = None,
+    credentials_block: Annotated[str | None, typer.Option(
+        help="Prefect Secret block holding fsspec storage_options as JSON")] = None,
+    layout: Annotated[Layout, typer.Option(help="decoded pixels or encoded bytes")]
+    = Layout.decoded,
+    encoding: Annotated[Encoding, typer.Option(help="encoded layout only")] = Encoding.original,
+    resize: Annotated[Resize, typer.Option(help="resize policy")] = Resize.shorter_side,
+    size: Annotated[int, typer.Option(help="output height and width")] = 224,
+    mode: Annotated[str, typer.Option(help="RGB or L")] = "RGB",
+    compression: Annotated[Compression, typer.Option(help="filter on decoded images")]
+    = Compression.none,
+    compression_level: Annotated[int | None, typer.Option(help="codec level")] = None,
+    workers: Annotated[int | None, typer.Option(help="preprocessing processes")] = None,
+    smoke_workers: Annotated[int, typer.Option(help="DataLoader workers in the smoke-load")] = 2,
+    smoke_batches: Annotated[int, typer.Option(help="batches per start method")] = 4,
+    max_bad_fraction: Annotated[float, typer.Option(help="quarantine limit, 0..1")] = 0.01,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing asset")] = False,
+    cache_dir: Annotated[Path | None, typer.Option(
+        help="fetch cache (default ~/.cache/h5forge)")] = None,
+    debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
+) -> None:
+    """Run the build-h5-dataset flow: fetch, pack, verify, smoke-load and publish."""
+    from flows.build import BuildConfig
+
+    try:
+        config = BuildConfig.model_validate({
+            "source": source, "destination": dest, "sha256": sha256,
+            "credentials_block": credentials_block, "layout": layout.value,
+            "encoding": encoding.value, "resize": resize.value, "size": size, "mode": mode,
+            "compression": compression.value, "compression_level": compression_level,
+            "workers": workers, "smoke_workers": smoke_workers, "smoke_batches": smoke_batches,
+            "max_bad_fraction": max_bad_fraction, "overwrite": overwrite,
+        })
+    except ValidationError as e:
+        raise fail(_config_error(e), EXIT_USAGE) from e
+    _print_summary(_run_build(config, cache_dir, debug))
+
+
+@app.command()
+def demo(
+    dest: Annotated[Path, typer.Argument(help="where to publish the demo .h5")]
+    = DEFAULT_DEMO_DEST,
+    cache_dir: Annotated[Path | None, typer.Option(
+        help="fetch cache (default ~/.cache/h5forge)")] = None,
+    debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
+) -> None:
+    """Generate the built-in demo dataset and run the whole build flow on it, offline."""
+    from flows.build import BuildConfig
+    from h5forge.demo import make_demo_archive
+    from h5forge.storage import sha256_file
+
+    if dest.suffix != ".h5":
+        raise fail(f"DEST {dest} must end in .h5", EXIT_USAGE)
+    source_dir = dest.resolve().parent / f"{dest.stem}-source"
+    archive = make_demo_archive(source_dir)
+    typer.echo(f"demo source: {archive}")
+    config = BuildConfig(
+        source=str(archive),
+        sha256=sha256_file(archive),
+        destination=str(dest.resolve()),
+        overwrite=True,
+    )
+    _print_summary(_run_build(config, cache_dir, debug))
+
+
+def main() -> None:
+    """Console entry point (``h5forge``)."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

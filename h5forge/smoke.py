@@ -1,0 +1,320 @@
+"""Smoke-load: read a finished asset the way training code will, and check what comes out.
+
+The check opens the real :class:`h5forge.dataset.H5ImageDataset` in a ``torch`` ``DataLoader``
+with worker processes, once per multiprocessing start method (``fork`` and ``spawn`` by
+default), and compares every sample it receives with what the file declares: dtype ``uint8``,
+shape, label (and its range), and the per-sample sha256 digest in ``/digests``. That proves the
+dataset pickles, opens lazily in each worker and returns the bytes that were packed — the
+properties a training job relies on and a file-level verify cannot see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from h5forge import format as fmt
+from h5forge.access import open_h5
+from h5forge.dataset import H5ImageDataset
+from h5forge.errors import IntegrityError
+
+__all__ = ["MethodReport", "SmokeReport", "smoke_load"]
+
+# A DataLoader worker that hangs (a deadlock after fork, a stalled remote read) must fail the
+# check instead of blocking the pipeline forever.
+_BATCH_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class MethodReport:
+    """What one DataLoader run read.
+
+    Attributes:
+        start_method: ``fork``, ``spawn``, ``forkserver``, or ``main`` (no worker processes).
+        samples: samples read and checked.
+        seconds: wall time from creating the iterator to the last batch checked (worker
+            start-up included, shutdown not).
+        startup_seconds: time until every worker had delivered its first batch (worker
+            start-up: milliseconds under fork, seconds under spawn).
+        images_per_second: samples per second after start-up, checks included; over the whole
+            run when there are no more batches than workers.
+    """
+
+    start_method: str
+    samples: int
+    seconds: float
+    startup_seconds: float
+    images_per_second: float
+
+
+@dataclass(frozen=True)
+class SmokeReport:
+    """Result of :func:`smoke_load`; every sample it read matched the file.
+
+    Attributes:
+        url: the asset that was read.
+        workers: DataLoader worker processes per run.
+        batch_size: samples per batch.
+        methods: one report per start method, in the order they ran.
+        samples_checked: total samples read and checked over all runs.
+        seconds: wall time of the whole check.
+    """
+
+    url: str
+    workers: int
+    batch_size: int
+    methods: tuple[MethodReport, ...]
+    samples_checked: int
+    seconds: float
+
+    @property
+    def images_per_second(self) -> float:
+        """The slowest start method's rate (what a training job can count on)."""
+        return min((m.images_per_second for m in self.methods), default=0.0)
+
+
+@dataclass(frozen=True)
+class _Expected:
+    """What the file says about itself, read once in the main process."""
+
+    header: fmt.Header
+    num_classes: int
+    labels: np.ndarray
+    digests: np.ndarray
+    image_shape: tuple[int, int, int] | None  # array storage
+    shapes: np.ndarray | None  # blob storage
+    raw: dict[int, bytes]  # encoded layout: stored bytes of each checked sample
+
+
+def _as_list(batch: list[tuple[torch.Tensor, int]]) -> list[tuple[torch.Tensor, int]]:
+    # Module-level so spawn workers can unpickle it; keeps variable-size images uncollated.
+    return batch
+
+
+def _spread(n_total: int, n_pick: int, shift: int) -> list[int]:
+    """``n_pick`` indices spread evenly over ``range(n_total)``, shifted per run."""
+    if n_pick >= n_total:
+        return list(range(n_total))
+    base = np.linspace(0, n_total - 1, n_pick).round().astype(np.int64)
+    return sorted({int(i) for i in (base + shift) % n_total})
+
+
+def _read_expected(
+    url: str, indices: set[int], storage_options: dict[str, Any] | None
+) -> _Expected:
+    with open_h5(url, storage_options) as h5:
+        header = fmt.read_header(h5.attrs, where=url)
+        fmt.require_sealed(header, where=url)
+        images = h5[fmt.IMAGES]
+        raw: dict[int, bytes] = {}
+        shapes = h5[fmt.SHAPES][()] if header.storage == "blob" else None
+        if header.layout == "encoded":
+            offsets = h5[fmt.OFFSETS]
+            for i in sorted(indices):
+                lo, hi = (int(x) for x in offsets[i : i + 2])
+                raw[i] = images[lo:hi].tobytes()
+        return _Expected(
+            header=header,
+            num_classes=int(h5[fmt.CLASSES].shape[0]),
+            labels=h5[fmt.LABELS][()],
+            digests=h5[fmt.DIGESTS][()],
+            image_shape=(
+                tuple(int(x) for x in images.shape[1:])  # type: ignore[arg-type]
+                if header.storage == "array"
+                else None
+            ),
+            shapes=shapes,
+            raw=raw,
+        )
+
+
+def _check_sample(
+    exp: _Expected, index: int, image: object, label: object, url: str
+) -> list[str]:
+    """Every way sample ``index`` read through the DataLoader differs from the file."""
+    where = f"{url}[{index}]"
+    if not isinstance(image, torch.Tensor):
+        return [f"{where}: got {type(image).__name__}, expected a torch.Tensor"]
+    problems: list[str] = []
+    if image.dtype != torch.uint8:
+        problems.append(f"{where}: dtype {image.dtype}, expected torch.uint8")
+    want_hwc = exp.image_shape if exp.shapes is None else tuple(int(x) for x in exp.shapes[index])
+    want_chw = (want_hwc[2], want_hwc[0], want_hwc[1]) if want_hwc else None
+    if image.ndim != 3 or tuple(image.shape) != want_chw:
+        problems.append(f"{where}: shape {tuple(image.shape)}, expected C x H x W = {want_chw}")
+    if not isinstance(label, int) or not 0 <= label < exp.num_classes:
+        problems.append(
+            f"{where}: label {label!r} out of range: file declares {exp.num_classes} classes "
+            f"(0..{exp.num_classes - 1})"
+        )
+    elif label != int(exp.labels[index]):
+        problems.append(f"{where}: label {label}, /labels[{index}] is {int(exp.labels[index])}")
+    if problems:
+        return problems
+    hwc = image.permute(1, 2, 0).contiguous().numpy()
+    expected = bytes(exp.digests[index]).hex()
+    if exp.header.layout == "encoded":
+        # The digest covers the encoded file bytes: check them, then check that the worker's
+        # decoded pixels are exactly what decoding those bytes gives.
+        from h5forge.images import Encoding, decode_stored
+
+        raw = exp.raw[index]
+        actual = hashlib.sha256(raw).hexdigest()
+        if actual != expected:
+            return [f"{where}: sha256 of stored bytes {actual}, /digests says {expected}"]
+        ref = decode_stored(
+            raw,
+            want_hwc,
+            layout="encoded",
+            encoding=cast(Encoding, exp.header.encoding),
+            mode=cast(Literal["RGB", "L"], exp.header.mode),
+        )
+        if ref.shape != hwc.shape or not np.array_equal(ref, hwc):
+            return [f"{where}: decoded pixels differ from decoding the stored bytes"]
+        return []
+    actual = hashlib.sha256(hwc.tobytes()).hexdigest()
+    if actual != expected:
+        return [f"{where}: sha256 of pixels read {actual}, /digests says {expected}"]
+    return []
+
+
+def _run_once(
+    dataset: H5ImageDataset,
+    indices: list[int],
+    exp: _Expected,
+    *,
+    method: str,
+    workers: int,
+    batch_size: int,
+    url: str,
+    worker_init_fn: Callable[[int], None] | None,
+) -> tuple[MethodReport, list[str]]:
+    loader = DataLoader(
+        Subset(dataset, indices),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        collate_fn=_as_list,
+        multiprocessing_context=method if workers > 0 else None,
+        timeout=_BATCH_TIMEOUT_S if workers > 0 else 0,
+        worker_init_fn=worker_init_fn if workers > 0 else None,
+    )
+    failures: list[str] = []
+    position = 0
+    arrivals: list[tuple[float, int]] = []  # (seconds since start, batch size)
+    start = end = time.perf_counter()
+    for batch in loader:
+        arrivals.append((time.perf_counter() - start, len(batch)))
+        for image, label in batch:
+            failures.extend(_check_sample(exp, indices[position], image, label, url))
+            position += 1
+        end = time.perf_counter()
+    # Up to the last batch checked: worker shutdown (a second or more under spawn) excluded.
+    seconds = end - start
+    if position != len(indices):
+        failures.append(f"{url}: DataLoader returned {position} samples, expected {len(indices)}")
+    # Workers start one after the other; once each has delivered a batch, all are up.
+    warm = min(max(workers, 1), len(arrivals))
+    startup = arrivals[warm - 1][0] if arrivals else seconds
+    steady_n = sum(n for _, n in arrivals[warm:])
+    steady_s = seconds - startup
+    if steady_n > 0 and steady_s > 0:
+        rate = steady_n / steady_s
+    else:
+        rate = position / seconds if seconds > 0 else 0.0
+    return MethodReport(method, position, seconds, startup, rate), failures
+
+
+def smoke_load(
+    url: str,
+    *,
+    workers: int = 2,
+    batches: int = 4,
+    batch_size: int = 32,
+    start_methods: Sequence[str] = ("fork", "spawn"),
+    storage_options: dict[str, Any] | None = None,
+    worker_init_fn: Callable[[int], None] | None = None,
+) -> SmokeReport:
+    """Read samples of a sealed asset through DataLoader workers and check each one.
+
+    Args:
+        url: local path or fsspec URL of a sealed ``.h5`` asset.
+        workers: DataLoader worker processes (0 reads in this process, once, and ignores
+            ``start_methods``).
+        batches: batches to read per start method.
+        batch_size: samples per batch.
+        start_methods: multiprocessing start methods to try, each in its own DataLoader.
+        storage_options: fsspec options for ``url`` (credentials, endpoint).
+        worker_init_fn: run first in each worker process (a module-level function, so that
+            spawn workers can import it), e.g. to reset state inherited through ``fork``.
+
+    Returns:
+        A report with the samples checked and the images per second of each run.
+
+    Raises:
+        ValueError: an argument is out of range or a start method is unknown on this platform.
+        UnsealedFileError: the file is not a sealed h5forge asset.
+        IntegrityError: a sample read back differs from the file's dtype, shape, label or
+            digest; ``failures`` lists each one.
+    """
+    if workers < 0:
+        raise ValueError(f"workers={workers} is negative; use 0 (no worker processes) or more")
+    if batches < 1 or batch_size < 1:
+        raise ValueError(f"batches={batches} and batch_size={batch_size} must both be >= 1")
+    available = multiprocessing.get_all_start_methods()
+    methods: tuple[str, ...] = ("main",) if workers == 0 else tuple(start_methods)
+    if not methods:
+        raise ValueError("start_methods is empty; give at least one, e.g. ('spawn',)")
+    unknown = [m for m in methods if m != "main" and m not in available]
+    if unknown:
+        raise ValueError(
+            f"start methods {unknown} are not available on this platform; it offers {available}"
+        )
+    start = time.perf_counter()
+    dataset = H5ImageDataset(url, storage_options=storage_options)
+    n_total = len(dataset)
+    if n_total == 0:
+        raise IntegrityError(f"{url} holds no samples; there is nothing to smoke-load")
+    n_pick = min(n_total, batches * batch_size)
+    plan = [_spread(n_total, n_pick, shift) for shift in range(len(methods))]
+    exp = _read_expected(url, {i for idx in plan for i in idx}, storage_options)
+    if exp.header.num_samples != n_total:
+        raise IntegrityError(
+            f"{url}: H5ImageDataset has {n_total} samples, the file header says "
+            f"{exp.header.num_samples}"
+        )
+    reports: list[MethodReport] = []
+    for method, indices in zip(methods, plan, strict=True):
+        report, failures = _run_once(
+            dataset,
+            indices,
+            exp,
+            method=method,
+            workers=workers,
+            batch_size=batch_size,
+            url=url,
+            worker_init_fn=worker_init_fn,
+        )
+        if failures:
+            raise IntegrityError(
+                f"smoke-load of {url} failed with start method {method!r}: "
+                f"{len(failures)} problem(s) in {report.samples} samples read",
+                failures,
+            )
+        reports.append(report)
+    return SmokeReport(
+        url=url,
+        workers=workers,
+        batch_size=batch_size,
+        methods=tuple(reports),
+        samples_checked=sum(r.samples for r in reports),
+        seconds=time.perf_counter() - start,
+    )

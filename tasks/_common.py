@@ -1,0 +1,87 @@
+"""What the stage tasks share: run names that show the dataset, and when a retry is worth it."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from prefect import runtime
+from prefect.client.schemas.objects import TaskRun
+from prefect.states import State
+
+from h5forge.errors import ChecksumError, H5ForgeError
+from h5forge.redact import redact_url
+
+__all__ = [
+    "RETRY_BACKOFF_S",
+    "RETRY_JITTER",
+    "dataset_name",
+    "retry_if_transient",
+    "retry_upload",
+    "run_name",
+]
+
+# Exponential backoff base (1st retry after ~2 s, then 4 s, 8 s ...) and its random spread, so
+# many flows hitting the same flaky endpoint do not retry in lock-step.
+RETRY_BACKOFF_S = 2.0
+RETRY_JITTER = 0.5
+
+# Task parameters that name the dataset a task works on, most specific first.
+_NAME_PARAMS = ("destination", "url", "out", "path", "source", "root", "dest")
+
+
+def dataset_name(url: str) -> str:
+    """A short, credential-free name for a dataset URL: the last path component."""
+    clean = redact_url(str(url)).split("?", 1)[0].rstrip("/")
+    return posixpath.basename(clean) or clean
+
+
+def _flow_dataset() -> str | None:
+    """The dataset of the enclosing flow run: its config's destination, or its ``url``."""
+    params = runtime.flow_run.parameters or {}
+    config = params.get("config")
+    dest = config.get("destination") if isinstance(config, dict) else getattr(
+        config, "destination", None)
+    dest = dest or params.get("url")
+    return dataset_name(str(dest)) if dest else None
+
+
+def run_name(stage: str) -> Any:
+    """A ``task_run_name`` callable giving ``stage[dataset]``, e.g. ``pack[imagenet-1k.h5]``.
+
+    The dataset is the enclosing flow's destination (so every stage of one build carries the
+    same name, even those that see only a cache folder), else the task's own path parameter.
+    """
+
+    def _name() -> str:
+        dataset = _flow_dataset()
+        if dataset is None:
+            params = runtime.task_run.parameters
+            key = next((k for k in _NAME_PARAMS if params.get(k)), None)
+            dataset = dataset_name(str(params[key])) if key else None
+        return f"{stage}[{dataset}]" if dataset else stage
+
+    _name.__name__ = f"{stage}_run_name"
+    return _name
+
+
+def retry_if_transient(task: Any, task_run: TaskRun, state: State[Any]) -> bool:
+    """Retry I/O failures (network, timeouts, a flaky store); not failures retrying cannot fix.
+
+    h5forge's own errors (a checksum mismatch, an unsafe archive, a corrupt file), invalid
+    arguments and missing or forbidden paths fail the same way every time, so they fail fast.
+    """
+    exc = state.result(raise_on_failure=False)
+    permanent = (H5ForgeError, ValueError, TypeError, FileNotFoundError, FileExistsError,
+                 PermissionError, NotImplementedError)
+    return not isinstance(exc, permanent)
+
+
+def retry_upload(task: Any, task_run: TaskRun, state: State[Any]) -> bool:
+    """Like :func:`retry_if_transient`, and also retry a failed read-back after an upload.
+
+    A published object whose read-back digest differs was damaged in transit; the publisher
+    has deleted it, so uploading again is the fix.
+    """
+    exc = state.result(raise_on_failure=False)
+    return isinstance(exc, ChecksumError) or retry_if_transient(task, task_run, state)

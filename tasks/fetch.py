@@ -1,0 +1,115 @@
+"""Fetch stage: bring the source (a folder, an archive, any fsspec URL) onto local disk.
+
+Cached by Prefect on (canonical source URL, sha256): a re-run of the same pinned source is
+served from the cache instead of downloading and extracting again. The cache record lives next
+to the extracted files (``CACHE_DIR/prefect-results``), so both share one lifetime: delete the
+cache folder and both are gone. Without a sha256 nothing is cached, because a URL alone does not
+pin its content.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import Task, task
+from prefect.cache_policies import CachePolicy
+from prefect.context import TaskRunContext
+from prefect.tasks import exponential_backoff
+from prefect.utilities.hashing import hash_objects
+from pydantic import BaseModel, ConfigDict
+
+from h5forge.redact import canonical_url
+from h5forge.sources import fetch
+from tasks._common import RETRY_BACKOFF_S, RETRY_JITTER, retry_if_transient, run_name
+
+__all__ = ["FetchedSource", "fetch_source", "fetch_task", "source_dir"]
+
+_KEY_VERSION = "h5forge-fetch-v1"
+
+
+class FetchedSource(BaseModel):
+    """Where the fetched dataset lies (small, JSON-serialisable: it is the cached result)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    root: str
+    source_url: str
+    sha256: str
+    cached: bool
+
+
+def _source_key(source: str, sha256: str | None) -> str | None:
+    if not sha256:
+        return None
+    return hash_objects(_KEY_VERSION, canonical_url(source), sha256.lower())
+
+
+def source_dir(cache_dir: str | Path, source: str, sha256: str | None) -> Path | None:
+    """The folder a pinned source is extracted to, or None when the source is not pinned."""
+    key = _source_key(source, sha256)
+    return None if key is None else Path(cache_dir) / "sources" / key[:24]
+
+
+def _fetch_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    # Credentials (storage_options) are deliberately not part of the key: re-signed or rotated
+    # credentials for the same pinned bytes must hit the same cache entry.
+    key = _source_key(parameters["source"], parameters.get("sha256"))
+    return None if key is None else hash_objects(key, str(parameters["dest"]))
+
+
+_FETCH_CACHE = CachePolicy.from_cache_key_fn(_fetch_cache_key)
+
+
+@task(
+    name="fetch",
+    task_run_name=run_name("fetch"),
+    retries=3,
+    retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
+    retry_jitter_factor=RETRY_JITTER,
+    retry_condition_fn=retry_if_transient,
+    cache_policy=_FETCH_CACHE,
+    persist_result=True,
+    result_serializer="json",
+)
+def fetch_source(
+    source: str,
+    *,
+    dest: str,
+    sha256: str | None = None,
+    download_cache: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> FetchedSource:
+    """Fetch ``source`` into ``dest`` (see :func:`h5forge.sources.fetch`)."""
+    result = fetch(
+        source,
+        dest,
+        sha256=sha256,
+        storage_options=storage_options,
+        cache_dir=download_cache,
+    )
+    return FetchedSource(
+        root=str(result.root),
+        source_url=result.source_url,
+        sha256=result.sha256,
+        cached=result.cached,
+    )
+
+
+def fetch_task(cache_dir: str | Path, dest: Path) -> Task[..., FetchedSource]:
+    """``fetch_source`` with its cache records kept under ``cache_dir``.
+
+    Runs that fetch the same pinned source at the same time are serialised by
+    :func:`h5forge.sources.fetch` itself (an OS file lock on the destination folder, released
+    by the kernel when its holder dies): the second waits for the first and then reuses the
+    complete extraction instead of extracting into the same folder concurrently. (Not a
+    Prefect SERIALIZABLE cache lock: ``FileSystemLockManager`` writes its locks without expiry,
+    so a run killed while fetching left a lock that made every later run wait forever — found
+    by the crash campaign, docs/RELIABILITY.md.) A cache entry whose extracted folder has since
+    been deleted is refreshed instead of returning a path that no longer exists.
+    """
+    cache = Path(cache_dir)
+    return fetch_source.with_options(
+        result_storage=cache / "prefect-results",
+        refresh_cache=not dest.is_dir(),
+    )

@@ -1,0 +1,139 @@
+"""Preprocess + pack stage: decode, normalise and write the sealed ``.h5`` to a local work dir.
+
+Reports progress as a Prefect progress artifact while the process pool runs, and records every
+quarantined input (path and reason) as a table artifact — also when too many were quarantined
+and the pack fails, since that is when the list matters most.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import cast
+from uuid import UUID
+
+from prefect import get_run_logger, task
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from pydantic import BaseModel, ConfigDict
+
+from h5forge.errors import TooManyBadImagesError
+from h5forge.images import ImageConfig
+from h5forge.writer import pack
+from tasks._common import run_name
+
+__all__ = ["PackSummary", "artifact_key", "pack_images", "quarantine_table"]
+
+# Progress updates are API calls; one per second at most keeps a fast pack from being slowed
+# down by its own progress bar.
+_PROGRESS_INTERVAL_S = 1.0
+
+
+class PackSummary(BaseModel):
+    """What was packed (the file stays on local disk; only this travels between tasks)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    num_samples: int
+    num_quarantined: int
+    num_classes: int
+    classes: tuple[str, ...]
+    quarantined: tuple[tuple[str, str], ...]
+    counts: dict[str, dict[str, int]]
+    bytes: int
+    seconds: float
+
+
+def artifact_key(kind: str, dataset: str) -> str:
+    """An artifact key (lower-case letters, digits, dashes) such as ``quarantine-demo-h5``."""
+    slug = "".join(c if c.isalnum() else "-" for c in dataset.lower()).strip("-")
+    return "-".join(p for p in f"{kind}-{slug}".split("-") if p)[:100]
+
+
+def quarantine_table(quarantined: Sequence[tuple[str, str]], *, key: str) -> None:
+    """Publish the quarantine list as a table artifact (a one-row note when it is empty)."""
+    rows = [{"path": p, "reason": r} for p, r in quarantined] or [
+        {"path": "(none)", "reason": "every input was packed"}
+    ]
+    create_table_artifact(
+        rows, key=key, description=f"{len(quarantined)} input(s) quarantined (not packed)"
+    )
+
+
+class _Progress:
+    """Throttled ``on_progress`` callback feeding one progress artifact."""
+
+    def __init__(self, artifact_id: UUID) -> None:
+        self._id = artifact_id
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self._last < _PROGRESS_INTERVAL_S:
+            return
+        self._last = now
+        update_progress_artifact(self._id, 100.0 * done / max(total, 1))
+
+
+@task(name="pack", task_run_name=run_name("pack"))
+def pack_images(
+    root: str,
+    *,
+    out: str,
+    dataset: str,
+    image: ImageConfig,
+    compression: str | None = None,
+    compression_level: int | None = None,
+    workers: int | None = None,
+    max_bad_fraction: float = 0.01,
+    source_url: str = "",
+    source_sha256: str = "",
+) -> PackSummary:
+    """Preprocess and pack ``root`` into the local file ``out`` (see :func:`h5forge.writer.pack`).
+
+    ``dataset`` names the artifacts (the destination's file name, so runs of one dataset share
+    artifact keys and the UI shows their history).
+    """
+    progress_id = cast(UUID, create_progress_artifact(
+        0.0, key=artifact_key("pack-progress", dataset), description=f"preprocessing {dataset}"
+    ))
+    on_progress: Callable[[int, int], None] = _Progress(progress_id)
+    table_key = artifact_key("quarantine", dataset)
+    try:
+        result = pack(
+            root,
+            out,
+            image=image,
+            compression=None if compression in (None, "none") else compression,
+            compression_level=compression_level,
+            workers=workers,
+            max_bad_fraction=max_bad_fraction,
+            source_url=source_url,
+            source_sha256=source_sha256,
+            on_progress=on_progress,
+            overwrite=True,  # ``out`` is in this run's private work dir
+        )
+    except TooManyBadImagesError as e:
+        quarantine_table(e.quarantined, key=table_key)
+        raise
+    update_progress_artifact(progress_id, 100.0)
+    quarantine_table(result.quarantined, key=table_key)
+    get_run_logger().info(
+        "packed %d samples (%d quarantined) into %s, %.1f MB in %.1f s",
+        result.num_samples, result.num_quarantined, out, result.bytes / 1e6, result.seconds,
+    )
+    return PackSummary(
+        path=result.path,
+        num_samples=result.num_samples,
+        num_quarantined=result.num_quarantined,
+        num_classes=result.num_classes,
+        classes=tuple(result.classes),
+        quarantined=tuple(result.quarantined),
+        counts=result.counts,
+        bytes=result.bytes,
+        seconds=result.seconds,
+    )

@@ -1,0 +1,155 @@
+"""Publish stage: upload the verified file, its manifest and its preview; record the asset.
+
+The upload is a Prefect asset materialisation keyed by the destination URL, so every build of
+one destination shows up as one asset with its metadata (counts, sha256, bytes, format version).
+The preview PNG is rendered locally before publishing (a file that cannot be previewed is not
+published) and uploaded beside the asset afterwards.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
+from prefect.tasks import MaterializingTask, exponential_backoff
+from prefect.types.names import MAX_ASSET_KEY_LENGTH, RESTRICTED_ASSET_CHARACTERS
+from prefect.utilities.hashing import hash_objects
+from pydantic import BaseModel, ConfigDict
+
+from h5forge.access import url_to_fs
+from h5forge.preview import write_preview
+from h5forge.redact import redact_url
+from h5forge.storage import publish
+from tasks._common import (
+    RETRY_BACKOFF_S,
+    RETRY_JITTER,
+    dataset_name,
+    retry_upload,
+    run_name,
+)
+
+__all__ = [
+    "PREVIEW_SUFFIX",
+    "PublishSummary",
+    "asset_key",
+    "make_preview",
+    "preview_url",
+    "publish_task",
+]
+
+PREVIEW_SUFFIX = ".preview.png"
+
+
+class PublishSummary(BaseModel):
+    """Where the asset went (URLs redacted)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str
+    manifest_url: str
+    preview_url: str
+    asset_key: str
+    sha256: str
+    bytes: int
+    unchanged: bool
+
+
+def preview_url(dest: str) -> str:
+    """The preview PNG's URL: the destination plus ``.preview.png``, beside the manifest."""
+    return dest + PREVIEW_SUFFIX
+
+
+def asset_key(dest: str) -> str:
+    """The Prefect asset key of a destination: a credential-free URI Prefect accepts.
+
+    Local paths become ``file://`` URIs of the absolute path; of a chained fsspec URL
+    (``simplecache::s3://...``) the last, storage-level URL is kept. Characters Prefect does not
+    allow in keys (spaces, ``%``, ``#``, ``?`` ...) become ``_``; an over-long key keeps its
+    start and ends in a hash of the whole.
+    """
+    url = dest.split("::")[-1]
+    if "://" in url:
+        scheme, rest = url.split("://", 1)
+        key = redact_url(f"{scheme.lower()}://{rest}")
+    else:
+        key = "file://" + str(Path(url).expanduser().resolve())
+    for char in RESTRICTED_ASSET_CHARACTERS:
+        key = key.replace(char, "_")
+    if len(key) > MAX_ASSET_KEY_LENGTH:
+        digest = hash_objects(key) or ""
+        key = key[: MAX_ASSET_KEY_LENGTH - len(digest) - 1] + "-" + digest
+    return key
+
+
+@task(name="preview", task_run_name=run_name("preview"))
+def make_preview(path: str, *, out: str, n: int = 16) -> str:
+    """Render a labelled grid of ``n`` samples of the local file ``path`` as PNG at ``out``."""
+    return write_preview(path, out, n=n)
+
+
+def _publish(
+    local_file: str,
+    dest: str,
+    *,
+    preview_png: str,
+    overwrite: bool = False,
+    metadata: dict[str, Any] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> PublishSummary:
+    """Publish ``local_file`` with its manifest (``metadata`` added to it) and its preview."""
+    result = publish(
+        local_file,
+        dest,
+        storage_options=storage_options,
+        overwrite=overwrite,
+        extra={**(metadata or {}), "preview": posixpath.basename(preview_url(dest))},
+    )
+    fs, png_path = url_to_fs(preview_url(dest), storage_options)
+    fs.put_file(preview_png, png_path)
+    key = asset_key(dest)
+    add_asset_metadata(
+        key,
+        {
+            **(metadata or {}),
+            "sha256": result.sha256,
+            "bytes": result.bytes,
+            "manifest_url": redact_url(result.manifest_url),
+            "preview_url": redact_url(preview_url(dest)),
+        },
+    )
+    return PublishSummary(
+        url=redact_url(result.url),
+        manifest_url=redact_url(result.manifest_url),
+        preview_url=redact_url(preview_url(dest)),
+        asset_key=key,
+        sha256=result.sha256,
+        bytes=result.bytes,
+        unchanged=result.unchanged,
+    )
+
+
+def publish_task(dest: str, *, description: str = "") -> MaterializingTask[..., PublishSummary]:
+    """The publish task for ``dest``: a materialisation of the asset keyed by :func:`asset_key`.
+
+    Call it as ``publish_task(dest)(local_file, dest, preview_png=..., ...)``.
+    """
+    asset = Asset(
+        key=asset_key(dest),
+        properties=AssetProperties(
+            name=dataset_name(dest),
+            description=description[:2500] or None,
+        ),
+    )
+    return materialize(
+        asset,
+        by="h5forge",
+        name="publish",
+        task_run_name=run_name("publish"),
+        retries=3,
+        retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
+        retry_jitter_factor=RETRY_JITTER,
+        retry_condition_fn=retry_upload,
+    )(_publish)

@@ -1,0 +1,101 @@
+"""Verify stage: full check of the packed file before publishing, sampled re-check after."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.tasks import exponential_backoff
+from pydantic import BaseModel, ConfigDict
+
+from h5forge.errors import IntegrityError
+from h5forge.redact import redact_url
+from h5forge.storage import read_manifest
+from h5forge.verify import verify
+from tasks._common import (
+    RETRY_BACKOFF_S,
+    RETRY_JITTER,
+    retry_if_transient,
+    run_name,
+)
+
+__all__ = ["VerifySummary", "check_manifest", "load_manifest", "verify_file"]
+
+
+class VerifySummary(BaseModel):
+    """A passed verification."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    num_samples: int
+    num_classes: int
+    bytes: int
+    sha256: str
+    checked_samples: int
+    format_version: int
+    seconds: float
+
+
+@task(name="verify", task_run_name=run_name("verify"))
+def verify_file(
+    path: str, *, sample_fraction: float = 1.0, storage_options: dict[str, Any] | None = None
+) -> VerifySummary:
+    """Verify structure, counts, byte ranges, digests and the sha256 of ``path``.
+
+    Raises:
+        IntegrityError: one line per failing check; the run fails and nothing is published.
+    """
+    report = verify(path, sample_fraction=sample_fraction, storage_options=storage_options)
+    get_run_logger().info(
+        "verified %s: %d samples (%d digests checked), sha256 %s",
+        redact_url(path), report.num_samples, report.checked_samples, report.sha256,
+    )
+    return VerifySummary(
+        path=redact_url(report.path),
+        num_samples=report.num_samples,
+        num_classes=report.num_classes,
+        bytes=report.bytes,
+        sha256=report.sha256,
+        checked_samples=report.checked_samples,
+        format_version=report.format_version,
+        seconds=report.seconds,
+    )
+
+
+@task(
+    name="read-manifest",
+    task_run_name=run_name("read-manifest"),
+    retries=3,
+    retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
+    retry_jitter_factor=RETRY_JITTER,
+    retry_condition_fn=retry_if_transient,
+)
+def load_manifest(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``.manifest.json`` beside ``url`` (see :func:`h5forge.storage.read_manifest`)."""
+    return read_manifest(url, storage_options=storage_options)
+
+
+@task(name="check-manifest", task_run_name=run_name("check-manifest"))
+def check_manifest(url: str, *, manifest: dict[str, Any], report: VerifySummary) -> None:
+    """Compare what the file is (``report``) with what its published manifest promises.
+
+    Raises:
+        IntegrityError: size, sha256, counts or format version differ (all differences listed).
+    """
+    fields = {
+        "bytes": report.bytes,
+        "sha256": report.sha256,
+        "num_samples": report.num_samples,
+        "num_classes": report.num_classes,
+        "format_version": report.format_version,
+    }
+    missing = [k for k in ("bytes", "sha256") if k not in manifest]
+    failures = [f"manifest lacks {k!r}" for k in missing]
+    for key, actual in fields.items():
+        if key in manifest and manifest[key] != actual:
+            failures.append(f"{key}: manifest says {manifest[key]!r}, the file has {actual!r}")
+    if failures:
+        raise IntegrityError(
+            f"{redact_url(url)} does not match its manifest (sha256, size, counts)", failures
+        )

@@ -1,0 +1,119 @@
+"""``verify-h5-asset``: re-verify published assets against their manifests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import h5py
+import pytest
+
+from flows.build import BuildConfig, build_dataset
+from flows.verify import verify_asset
+from h5forge.errors import IntegrityError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def copy_of_asset(built: Any, tmp_path: Path) -> Path:
+    """A private copy of the demo asset and its manifest, free to tamper with."""
+    dest = tmp_path / "demo.h5"
+    shutil.copyfile(built.dest, dest)
+    shutil.copyfile(str(built.dest) + ".manifest.json", str(dest) + ".manifest.json")
+    return dest
+
+
+def test_a_published_asset_verifies_against_its_manifest(built: Any) -> None:
+    state = verify_asset(str(built.dest), return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result["sha256"] == built.summary.sha256
+    assert result["bytes"] == built.summary.bytes
+    assert 0 < result["checked_samples"] < result["num_samples"] == 300
+
+
+def test_a_flipped_byte_fails_the_run(copy_of_asset: Path) -> None:
+    with h5py.File(copy_of_asset, "r") as h5:
+        offset = int(h5["byte_ranges"][7, 0])
+    with open(copy_of_asset, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\x00\xff\x00")
+    state = verify_asset(str(copy_of_asset), sample_fraction=1.0, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(IntegrityError, match="sample 7"):
+        state.result()
+
+
+def test_a_manifest_that_disagrees_with_the_file_fails_the_run(copy_of_asset: Path) -> None:
+    manifest_path = Path(str(copy_of_asset) + ".manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    manifest["sha256"] = "0" * 64
+    manifest_path.write_text(json.dumps(manifest))
+    state = verify_asset(str(copy_of_asset), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(IntegrityError, match="does not match its manifest"):
+        state.result()
+
+
+def test_an_asset_without_manifest_fails_the_run(copy_of_asset: Path) -> None:
+    Path(str(copy_of_asset) + ".manifest.json").unlink()
+    state = verify_asset(str(copy_of_asset), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(FileNotFoundError, match="no manifest"):
+        state.result()
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.5])
+def test_sample_fraction_is_checked_before_the_run(prefect_harness: str, fraction: float) -> None:
+    with pytest.raises(Exception, match="sample_fraction"):
+        verify_asset("/nowhere.h5", sample_fraction=fraction)
+
+
+def _flow_run_text(flow_run_id: Any) -> str:
+    """Everything the server recorded about a flow run: parameters, logs, artifacts."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter
+
+    async def read() -> str:
+        async with get_client() as client:
+            run = await client.read_flow_run(flow_run_id)
+            logs = await client.read_logs(log_filter=LogFilter(flow_run_id={"any_": [run.id]}))
+            artifacts = await client.read_artifacts(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+            )
+            return "\n".join([json.dumps(run.parameters, default=str),
+                              *(log.message for log in logs),
+                              *(str(a.data) for a in artifacts)])
+
+    return asyncio.run(read())
+
+
+def test_build_and_verify_over_s3_with_credentials_from_a_secret_block(
+    built: Any, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    from prefect.blocks.system import Secret
+
+    # Moto accepts any key pair; distinctive values let the test look for leaks.
+    options = {**s3_storage_options, "key": "AKIAH5FORGETEST", "secret": "s3cr3t-h5forge-test"}
+    Secret(value=options).save("h5forge-test-s3", overwrite=True)
+    url = f"s3://{s3_bucket}/assets/demo.h5"
+    config = BuildConfig(
+        source=built.config.source, sha256=built.config.sha256, destination=url,
+        credentials_block="h5forge-test-s3", smoke_workers=0,
+    )
+    state = build_dataset(config, cache_dir=str(built.cache_dir), return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result().destination == url
+
+    checked = verify_asset(url, credentials_block="h5forge-test-s3", return_state=True)
+    assert checked.is_completed(), checked.message
+    assert checked.result()["sha256"] == state.result().sha256
+
+    for run in (state, checked):
+        recorded = _flow_run_text(run.state_details.flow_run_id)
+        assert "s3cr3t-h5forge-test" not in recorded
+        assert "AKIAH5FORGETEST" not in recorded
