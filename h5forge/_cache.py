@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
+from h5forge._staging import exclusive
 from h5forge.errors import ChecksumError
 from h5forge.redact import canonical_url
 from h5forge.storage import sha256_file
@@ -53,17 +54,25 @@ def cached_download(
     blob = entry / "blob"
     if _hit(entry, expected):
         return blob, expected, True
-    entry.mkdir(parents=True, exist_ok=True)
-    part = entry / f"blob.part-{secrets.token_hex(6)}"
-    try:
-        digest, size = get(part)
-        check_digest(expected, digest, shown)
-        os.replace(part, blob)
-    finally:
-        part.unlink(missing_ok=True)
-    tmp = entry / f"meta.json.tmp-{secrets.token_hex(6)}"
-    tmp.write_text(json.dumps({"source_url": shown, "sha256": digest, "bytes": size}))
-    os.replace(tmp, entry / "meta.json")
+    # Downloads of one entry take turns (a second one then finds the first's blob), and the
+    # partial downloads of dead ones (killed: nothing unlinked them) are removed.
+    with exclusive(entry):
+        if _hit(entry, expected):
+            return blob, expected, True
+        entry.mkdir(parents=True, exist_ok=True)
+        for stale in [*entry.glob("blob.part-*"), *entry.glob("meta.json.tmp-*")]:
+            log.info("removing %s, left by an interrupted download", stale)
+            stale.unlink(missing_ok=True)
+        part = entry / f"blob.part-{secrets.token_hex(6)}"
+        try:
+            digest, size = get(part)
+            check_digest(expected, digest, shown)
+            os.replace(part, blob)
+        finally:
+            part.unlink(missing_ok=True)
+        tmp = entry / f"meta.json.tmp-{secrets.token_hex(6)}"
+        tmp.write_text(json.dumps({"source_url": shown, "sha256": digest, "bytes": size}))
+        os.replace(tmp, entry / "meta.json")
     return blob, digest, False
 
 

@@ -2,17 +2,28 @@
 
 A staging folder is created next to its destination (same filesystem, so the final rename is
 atomic), filled, then renamed into place. Anything that goes wrong removes the staging folder.
+A process killed meanwhile cannot clean up: :func:`exclusive` serialises the writers of one
+destination and removes what dead writers left beside it (``DEST.staging-*``,
+``DEST.incoming-*``, ``DEST.old-*``), which are never taken as data.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__: list[str] = []
+
+log = logging.getLogger("h5forge.sources")
+
+# Names of the temporary siblings of a destination folder (see new_staging, commit, fetch).
+LEFTOVER_KINDS = ("staging", "incoming", "old")
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
@@ -83,3 +94,46 @@ def commit(staging: Path, dest: Path, *, replace: bool) -> None:
     os.rename(dest, old)
     os.rename(staging, dest)
     discard(old)
+
+
+@contextmanager
+def exclusive(dest: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``dest`` (the file ``DEST.lock`` beside it) and clear leftovers.
+
+    Writers of one destination take turns; once the lock is held nobody else is writing it,
+    so every ``DEST.staging-*``, ``DEST.incoming-*`` and ``DEST.old-*`` sibling was left by a
+    writer that died (killed, power loss) and is removed. The kernel releases the lock when its
+    holder dies, so a killed run never blocks the next one; the lock file is removed on exit.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no turn-taking, leftovers stay
+        yield
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    lock = dest.with_name(f"{dest.name}.lock")
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder before us removed that file: lock the new one
+    try:
+        _remove_leftovers(dest)
+        yield
+    finally:
+        os.unlink(lock)  # while still holding it: a waiter then finds a new file, see above
+        os.close(fd)
+
+
+def _remove_leftovers(dest: Path) -> None:
+    prefixes = tuple(f"{dest.name}.{kind}-" for kind in LEFTOVER_KINDS)
+    with os.scandir(dest.parent) as entries:
+        stale = [Path(e.path) for e in entries if e.name.startswith(prefixes)]
+    for path in stale:
+        log.info("removing %s, left by an interrupted fetch", path)
+        discard(path)

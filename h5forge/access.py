@@ -3,11 +3,21 @@
 This is the one place that tells local files from remote ones. Local files are read with
 ``os.preadv`` straight into caller buffers; remote files through fsspec's ``cat_ranges``, one
 range request per sample, issued concurrently by the filesystem implementation.
+
+Opening a remote file costs two requests for files this version writes: one ``info`` (the size,
+which HDF5 checks against the end address in the superblock) and one ranged read of the head of
+the file, where the writer puts the superblock, every object header, the root attributes and
+the per-sample index (see docs/FORMAT.md, "Physical placement"). Reads HDF5 makes beyond what
+is cached cost one request each: small ones fetch a block around them, large ones exactly what
+is asked. Files laid out otherwise (older writers, ``h5repack``) open too, with a few more
+requests.
 """
 
 from __future__ import annotations
 
+import io
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +32,17 @@ from h5forge.errors import IntegrityError
 
 __all__ = ["AssetIndex", "RangeReader", "load_index", "open_h5", "open_ranges"]
 
-# HDF5 metadata is read in small scattered pieces at open; a block cache with blocks this large
-# serves them in a handful of requests without fsspec's default readahead pulling whole images.
-_REMOTE_BLOCK_SIZE = 1 << 20
+# The first read of a remote file fetches this much from offset 0: the writer keeps everything
+# an open needs there (about 25 bytes per sample of index), so one request serves the open of
+# files up to ~30,000 samples and a handful of requests serve millions.
+_HEAD_BYTES = 1 << 20
+# Later small misses (HDF5 metadata: B-tree nodes, heaps) fetch a block this large around them;
+# reads at least this large (chunks, index datasets) are fetched exactly, never read ahead.
+_MISS_BLOCK = 64 << 10
+# Bytes of fetched ranges a remote file object keeps (oldest dropped first).
+_CACHE_BYTES = 64 << 20
+# Most buffers one preadv call takes (IOV_MAX).
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
@@ -37,12 +55,86 @@ def is_local(fs: Any) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
+class _RangeFile(io.RawIOBase):
+    """A read-only, seekable file over fsspec ranged reads, for HDF5's file-object driver.
+
+    fsspec's own file objects either read ahead a large block on every miss (``readahead``,
+    ``bytes``: 35-200x the bytes a random sample read needs) or cache fixed blocks (the
+    ``blockcache``, which still rounds every chunk read up to whole blocks). This one knows what
+    HDF5 asks for: the head of the file in one request, small metadata misses as one small
+    block, and large reads exactly.
+    """
+
+    def __init__(self, fs: Any, path: str, size: int) -> None:
+        super().__init__()
+        self._fs, self._path, self._size = fs, path, size
+        self._pos = 0
+        self._spans: OrderedDict[int, bytes] = OrderedDict()  # start -> bytes, oldest first
+        self._held = 0
+        self.requests = 0  # ranged reads issued (for tests and benchmarks)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        want = min(len(view), max(0, self._size - self._pos))
+        done = 0
+        while done < want:
+            pos = self._pos + done
+            start, data = self._span(pos, want - done)
+            n = min(want - done, start + len(data) - pos)
+            view[done:done + n] = data[pos - start:pos - start + n]
+            done += n
+        self._pos += done
+        return done
+
+    def _span(self, pos: int, need: int) -> tuple[int, bytes]:
+        for start, data in reversed(self._spans.items()):
+            if start <= pos < start + len(data):
+                return start, data
+        if not self._spans and pos == 0:
+            end = _HEAD_BYTES
+        elif need >= _MISS_BLOCK:
+            end = pos + need
+        else:
+            end = pos + _MISS_BLOCK
+        end = min(max(end, pos + need), self._size)
+        data = self._fs.cat_file(self._path, start=pos, end=end)
+        self.requests += 1
+        if len(data) < min(need, end - pos):
+            raise OSError(f"short read: {len(data)} bytes at offset {pos}, expected "
+                          f"{end - pos}; the file is truncated")
+        self._spans[pos] = data
+        self._held += len(data)
+        while self._held > _CACHE_BYTES and len(self._spans) > 1:
+            _, old = self._spans.popitem(last=False)
+            self._held -= len(old)
+        return pos, data
+
+
 class _Opened:
     """An open ``h5py.File`` plus whatever file object it reads through."""
 
     def __init__(self, h5: h5py.File, fileobj: Any | None) -> None:
         self.h5 = h5
         self._fileobj = fileobj
+
+    @property
+    def requests(self) -> int:
+        """Ranged reads made so far through the file object (0 for local files)."""
+        return int(getattr(self._fileobj, "requests", 0))
 
     def close(self) -> None:
         self.h5.close()
@@ -59,6 +151,9 @@ class _Opened:
 def open_h5(url: str, storage_options: dict[str, Any] | None = None) -> _Opened:
     """Open an HDF5 file read-only from a local path or any fsspec URL.
 
+    Remote files cost one ``info`` request and one ranged read of the file's head for files this
+    version writes (see the module docstring).
+
     Raises:
         FileNotFoundError: nothing at ``url``.
         IntegrityError: the file exists but HDF5 cannot open it (truncated or not HDF5).
@@ -69,9 +164,17 @@ def open_h5(url: str, storage_options: dict[str, Any] | None = None) -> _Opened:
             if not os.path.exists(path):
                 raise FileNotFoundError(f"no file at {url}")
             return _Opened(h5py.File(path, "r"), None)
-        if not fs.exists(path):
-            raise FileNotFoundError(f"no file at {url}")
-        fileobj = fs.open(path, "rb", cache_type="blockcache", block_size=_REMOTE_BLOCK_SIZE)
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no file at {url}") from None
+        if info.get("type", "file") != "file":
+            raise FileNotFoundError(f"no file at {url}: it is a {info.get('type')}")
+        fileobj: Any
+        if info.get("size") is None:  # e.g. an HTTP server that sends no Content-Length
+            fileobj = fs.open(path, "rb", cache_type="blockcache", block_size=_HEAD_BYTES)
+        else:
+            fileobj = _RangeFile(fs, path, int(info["size"]))
         try:
             return _Opened(h5py.File(fileobj, "r"), fileobj)
         except BaseException:
@@ -118,13 +221,62 @@ def _strings(ds: h5py.Dataset) -> tuple[str, ...]:
     return tuple(ds.asstr()[()].tolist()) if ds.shape and ds.shape[0] else ()
 
 
+# What h5py, HDF5 and numpy raise when a file's structure is damaged (bad object header,
+# undecodable name or string, corrupt dataspace, impossible sizes ...).
+H5_DAMAGE = (OSError, KeyError, RuntimeError, TypeError, IndexError, UnicodeError, OverflowError,
+             ValueError, MemoryError)
+
+
 def load_index(h5: h5py.File, *, where: str, require_sealed: bool = True) -> AssetIndex:
     """Read the header and the per-sample index arrays from an open file.
 
     Raises:
         UnsealedFileError: unknown format, unknown version, or not sealed.
-        IntegrityError: a required dataset is missing.
+        IntegrityError: a required dataset is missing, or HDF5 cannot read the index.
     """
+    try:
+        return _load_index(h5, where=where, require_sealed=require_sealed)
+    except (IntegrityError, FileNotFoundError):
+        raise
+    except H5_DAMAGE as e:
+        raise IntegrityError(
+            f"{where} cannot be read: its HDF5 structure is damaged ({type(e).__name__}: {e}); "
+            "re-fetch or re-pack it") from e
+
+
+def check_index(index: AssetIndex, file_size: int, *, where: str) -> None:
+    """Refuse an index a reader cannot use safely: rows missing, byte ranges past the end of
+    the file, or (unfiltered ``array`` storage) a range that is not one sample's size.
+
+    Cheap (vectorised, at open); it keeps a damaged index from turning into a huge allocation
+    or a read at a nonsense offset. It does not prove the data right: that is ``verify``.
+
+    Raises:
+        IntegrityError: naming the first bad sample.
+    """
+    n, r = index.header.num_samples, index.byte_ranges
+    wanted = {"byte_ranges": (r, (n, 2)), "labels": (index.labels, (n,)),
+              "splits": (index.split_codes, (n,))}
+    if index.shapes is not None:
+        wanted["shapes"] = (index.shapes, (n, 3))
+    for name, (arr, shape) in wanted.items():
+        if arr.shape != shape:
+            raise IntegrityError(f"{where}: /{name} has shape {arr.shape}, num_samples is {n}; "
+                                 "the file is damaged — run `h5forge verify`")
+    size = np.uint64(max(file_size, 0))
+    bad = (r[:, 1] > size) | (r[:, 0] > size - np.minimum(r[:, 1], size))
+    if index.image_shape is not None and not index.filtered:
+        bad |= r[:, 1] != np.uint64(np.prod(index.image_shape))
+    if index.shapes is not None and index.header.layout == "decoded":
+        bad |= r[:, 1] != np.prod(index.shapes.astype(np.uint64), axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise IntegrityError(f"{where}: /byte_ranges[{i}] = {tuple(int(x) for x in r[i])} does "
+                             f"not fit a sample of this {file_size}-byte file; the file is "
+                             "damaged — run `h5forge verify`")
+
+
+def _load_index(h5: h5py.File, *, where: str, require_sealed: bool) -> AssetIndex:
     header = fmt.read_header(h5.attrs, where=where)
     if require_sealed:
         fmt.require_sealed(header, where=where)
@@ -176,33 +328,56 @@ class RangeReader:
         Raises:
             IntegrityError: the file ended before a range did (truncated file).
         """
-        order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
-        groups: list[list[int]] = []
-        for i in order:
-            if groups and ranges[groups[-1][-1]][0] + ranges[groups[-1][-1]][1] == ranges[i][0]:
-                groups[-1].append(i)
-            else:
-                groups.append([i])
-        if self._fd is not None:
-            for g in groups:
-                want = sum(ranges[i][1] for i in g)
-                got = os.preadv(self._fd, [buffers[i] for i in g], ranges[g[0]][0])
-                if got != want:
-                    self._short(ranges[g[0]][0], want, got)
+        if not len(ranges):
             return
-        starts = [ranges[g[0]][0] for g in groups]
-        ends = [ranges[g[-1]][0] + ranges[g[-1]][1] for g in groups]
-        blobs = self._fs.cat_ranges([self._path] * len(groups), starts, ends)
-        for g, blob, start, end in zip(groups, blobs, starts, ends, strict=True):
+        arr = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        order = np.argsort(arr[:, 0], kind="stable")
+        starts, sizes = arr[order, 0], arr[order, 1]
+        # Runs of ranges that touch are read with one call; at most _IOV_MAX buffers each.
+        cut = np.flatnonzero(starts[1:] != starts[:-1] + sizes[:-1]) + 1
+        bounds = [0, *cut.tolist(), len(order)]
+        order_l, starts_l, sizes_l = order.tolist(), starts.tolist(), sizes.tolist()
+        runs = [(lo, min(lo + _IOV_MAX, hi)) for a, hi in zip(bounds[:-1], bounds[1:], strict=True)
+                for lo in range(a, hi, _IOV_MAX)]
+        if self._fd is not None:
+            for lo, hi in runs:
+                self._preadv([buffers[i] for i in order_l[lo:hi]], starts_l[lo],
+                             sum(sizes_l[lo:hi]))
+            return
+        run_starts = [starts_l[lo] for lo, _ in runs]
+        run_ends = [starts_l[hi - 1] + sizes_l[hi - 1] for _, hi in runs]
+        blobs = self._fs.cat_ranges([self._path] * len(runs), run_starts, run_ends)
+        for (lo, hi), blob, start, end in zip(runs, blobs, run_starts, run_ends, strict=True):
             if isinstance(blob, BaseException):
                 raise blob
             if len(blob) != end - start:
                 self._short(start, end - start, len(blob))
-            pos = 0
-            for i in g:
-                n = ranges[i][1]
-                buffers[i][:] = blob[pos:pos + n]
+            view, pos = memoryview(blob), 0
+            for k in range(lo, hi):
+                n = sizes_l[k]
+                buffers[order_l[k]][:] = view[pos:pos + n]
                 pos += n
+
+    def _preadv(self, buffers: list[memoryview], offset: int, want: int) -> None:
+        """``preadv`` until every buffer is full (Linux caps one call at ~2 GiB)."""
+        assert self._fd is not None
+        got = os.preadv(self._fd, buffers, offset)
+        if got == want:
+            return
+        done = 0
+        while got:
+            done += got
+            if done == want:
+                return
+            rest, skip = [], done
+            for b in buffers:  # drop what was filled, keep the remainder
+                if skip >= len(b):
+                    skip -= len(b)
+                else:
+                    rest.append(b[skip:])
+                    skip = 0
+            got = os.preadv(self._fd, rest, offset + done)
+        self._short(offset, want, done)
 
     def _short(self, offset: int, want: int, got: int) -> None:
         raise IntegrityError(

@@ -3,9 +3,9 @@
 ImageFolder: ``root/<class>/<file>``, or ``root/<split>/<class>/<file>`` when every top-level
 folder is a split name (``train``, ``val``, ``validation``, ``test``). Files below a class folder
 are found recursively. Hidden entries (name starts with ``.``), files without an image extension,
-broken links, files outside a class folder and directories already visited below the same class
-folder (symlink loops) are skipped and counted in :attr:`Catalog.skipped`. Symlinks to files and
-folders are followed.
+broken links, files outside a class folder, directories already visited below the same class
+folder and links to the class folder or a folder above it (symlink loops) are skipped and counted
+in :attr:`Catalog.skipped`. Symlinks to files and folders are followed.
 
 Manifest: see :func:`discover`.
 
@@ -164,7 +164,8 @@ def _subdirs(folder: Path, skipped: Counter[str]) -> list[str]:
 
 def _walk(class_dir: Path, skipped: Counter[str]) -> list[str]:
     """Relative POSIX paths of the image files below ``class_dir``, following symlinks."""
-    seen = {os.path.realpath(class_dir)}
+    top = os.path.realpath(class_dir)
+    seen = {top}
     stack = [""]
     files = []
     while stack:
@@ -176,7 +177,9 @@ def _walk(class_dir: Path, skipped: Counter[str]) -> list[str]:
                     skipped["hidden"] += 1
                 elif entry.is_dir():
                     real = os.path.realpath(entry.path)
-                    if real in seen:
+                    # A link to the class folder or to any folder above it (e.g. "loop -> ..")
+                    # would walk back into this class or into the other classes: a loop.
+                    if real in seen or top.startswith(real.rstrip(os.sep) + os.sep):
                         skipped["revisited-folder"] += 1  # a symlink loop or a second link
                     else:
                         seen.add(real)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -19,10 +19,39 @@ import torch
 from torch.utils.data import Dataset
 
 from h5forge import format as fmt
-from h5forge.access import AssetIndex, RangeReader, load_index, open_h5
+from h5forge.access import H5_DAMAGE, AssetIndex, RangeReader, check_index, load_index, open_h5
 from h5forge.errors import IntegrityError
 
 __all__ = ["H5ImageDataset"]
+
+
+def _digests(h5: Any, url: str) -> np.ndarray:
+    try:
+        digests = h5[fmt.DIGESTS][()]
+    except H5_DAMAGE as e:
+        raise IntegrityError(f"{url}: /digests cannot be read ({type(e).__name__}: {e}); the "
+                             "file is damaged — run `h5forge verify`") from e
+    if digests.ndim != 2 or digests.shape[1] != fmt.DIGEST_SIZE:
+        raise IntegrityError(f"{url}: /digests has shape {digests.shape}; the file is damaged")
+    return digests
+
+
+class _Replaced(Exception):
+    """The file was replaced (e.g. republished) between reading its index and opening it."""
+
+
+def _same_file(h5: Any, reader: RangeReader) -> bool:
+    """Whether the byte reader and the HDF5 handle the index came from see one file (local).
+
+    A local reader keeps its descriptor, so once they agree every later read is of the same
+    version even if the path is republished meanwhile. Remote readers cannot pin an object
+    version; see H5ImageDataset's docstring.
+    """
+    fd = getattr(reader, "_fd", None)
+    if fd is None or h5.driver != "sec2":
+        return True
+    a, b = os.fstat(fd), os.fstat(h5.id.get_vfd_handle())
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 class _State:
@@ -33,7 +62,8 @@ class _State:
         self.opened = open_h5(url, storage_options)
         try:
             self.index = load_index(self.opened.h5, where=url)
-            self.digests = (self.opened.h5[fmt.DIGESTS][()] if want_digests else None)
+            check_index(self.index, self.opened.h5.id.get_filesize(), where=url)
+            self.digests = (_digests(self.opened.h5, url) if want_digests else None)
         except BaseException:
             self.opened.close()
             raise
@@ -41,8 +71,13 @@ class _State:
         if self.index.filtered:
             self.images = self.opened.h5[fmt.IMAGES]  # compressed: reads go through HDF5
         else:
-            self.opened.close()  # everything else is read by byte range; no HDF5 handle kept
-            self.reader = RangeReader(url, storage_options)
+            try:
+                self.reader = RangeReader(url, storage_options)
+                if not _same_file(self.opened.h5, self.reader):
+                    self.reader.close()
+                    raise _Replaced(url)
+            finally:
+                self.opened.close()  # the rest is read by byte range; no HDF5 handle kept
 
     def close(self) -> None:
         if self.reader is not None:
@@ -106,7 +141,15 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         if st is not None:
             # Inherited through fork: never use or close the parent's handles here.
             self._orphans.append(st)
-        st = self._state = _State(self.url, self.storage_options, self.verify_reads)
+        for _ in range(3):  # a publish may replace the file while it is opened: open again
+            try:
+                st = self._state = _State(self.url, self.storage_options, self.verify_reads)
+                break
+            except _Replaced:
+                continue
+        else:
+            raise IntegrityError(f"{self.url} was replaced 3 times while being opened; open it "
+                                 "again once it is no longer being published")
         if self._indices is None:
             self._select(st.index)
         return st
@@ -156,17 +199,19 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         st = self._open()
         assert self._indices is not None
         n = len(self._indices)
-        rows = []
-        for i in indices:
-            j = int(i) + n if int(i) < 0 else int(i)
-            if not 0 <= j < n:
-                raise IndexError(f"index {i} out of range for {n} samples")
-            rows.append(int(self._indices[j]))
-        arrays = self._read(st, rows)
+        asked = np.asarray(indices, dtype=np.int64).reshape(-1)
+        where = np.where(asked < 0, asked + n, asked)
+        outside = (where < 0) | (where >= n)
+        if outside.any():
+            raise IndexError(f"index {int(asked[np.flatnonzero(outside)[0]])} out of range for "
+                             f"{n} samples")
+        rows = self._indices[where].tolist()
+        images = self._read(st, rows)
+        labels = st.index.labels[rows].tolist()
+        if self.transform is None and self.target_transform is None:
+            return list(zip(images, labels, strict=True))
         out = []
-        for row, arr in zip(rows, arrays, strict=True):
-            image: Any = torch.from_numpy(arr).permute(2, 0, 1)
-            label: Any = int(st.index.labels[row])
+        for image, label in zip(images, labels, strict=True):
             if self.transform is not None:
                 image = self.transform(image)
             if self.target_transform is not None:
@@ -174,21 +219,47 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             out.append((image, label))
         return out
 
-    def _read(self, st: _State, rows: list[int]) -> list[np.ndarray]:
+    def _read(self, st: _State, rows: list[int]) -> Iterable[Any]:
+        """The images of ``rows`` as uint8 C x H x W tensors (views of H x W x C pixels).
+
+        Encoded images are decoded lazily, as the caller iterates: each is transformed (and
+        usually shrunk) before the next is decoded, instead of a batch of full-size images
+        living at once (64 x 560 KB at 500x375, well past the CPU caches).
+        """
+        if st.index.header.storage == "array" and not st.index.filtered:
+            return self._read_array(st, rows)
+        return (torch.from_numpy(a).permute(2, 0, 1) for a in self._read_arrays(st, rows))
+
+    def _read_array(self, st: _State, rows: list[int]) -> list[Any]:
+        # The whole batch lands in one array, one pread per sample (touching ones coalesced).
+        idx = st.index
+        assert st.reader is not None
+        assert idx.image_shape is not None
+        size = int(np.prod(idx.image_shape))
+        batch = np.empty((len(rows), *idx.image_shape), np.uint8)
+        view = batch.data.cast("B")
+        bufs = [view[k * size:(k + 1) * size] for k in range(len(rows))]
+        st.reader.read_into(idx.byte_ranges[rows].tolist(), bufs)
+        self._check(bufs, rows, st)
+        chw = torch.from_numpy(batch).permute(0, 3, 1, 2)
+        return list(chw.unbind(0))
+
+    def _read_arrays(self, st: _State, rows: list[int]) -> Iterable[np.ndarray]:
         idx = st.index
         if idx.filtered:
-            arrays = [np.ascontiguousarray(st.images[r]) for r in rows]
+            arrays = []
+            for r in rows:
+                try:
+                    arrays.append(np.ascontiguousarray(st.images[r]))
+                except OSError as e:  # fletcher32 mismatch, or the codec rejects the chunk
+                    raise IntegrityError(
+                        f"{self.url}: sample {r} cannot be read ({e}): its chunk fails its "
+                        "checksum (fletcher32) or does not decompress; the file is corrupt — "
+                        "re-fetch it or run `h5forge verify`") from e
             self._check([a.data for a in arrays], rows, st)
             return arrays
         assert st.reader is not None
-        ranges = [(int(idx.byte_ranges[r, 0]), int(idx.byte_ranges[r, 1])) for r in rows]
-        if idx.header.storage == "array":
-            assert idx.image_shape is not None
-            batch = np.empty((len(rows), *idx.image_shape), np.uint8)
-            bufs = [memoryview(batch[k]).cast("B") for k in range(len(rows))]
-            st.reader.read_into(ranges, bufs)
-            self._check(bufs, rows, st)
-            return list(batch)
+        ranges = idx.byte_ranges[rows].tolist()
         raw = [bytearray(n) for _, n in ranges]
         bufs = [memoryview(b) for b in raw]
         st.reader.read_into(ranges, bufs)
@@ -199,9 +270,10 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
                     for b, r in zip(raw, rows, strict=True)]
         from h5forge.images import Encoding, decode_stored
 
-        return [decode_stored(bytes(b), tuple(int(x) for x in idx.shapes[r]), layout="encoded",
+        return (decode_stored(memoryview(b), tuple(int(x) for x in idx.shapes[r]),
+                              layout="encoded",
                               encoding=cast(Encoding, idx.header.encoding), mode=idx.header.mode)
-                for b, r in zip(raw, rows, strict=True)]
+                for b, r in zip(raw, rows, strict=True))
 
     def _check(self, bufs: Sequence[Any], rows: list[int], st: _State) -> None:
         if not self.verify_reads or st.digests is None:

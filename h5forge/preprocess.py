@@ -2,17 +2,28 @@
 
 Results come back strictly in input order, and at most ``window`` inputs are submitted but not
 yet handed to the consumer, so memory stays bounded whatever the number of inputs.
+
+Decoded samples of a fixed size (150 KB at 224x224 RGB) do not travel back through the pool's
+pipe: there each costs the consumer's process a pickle round trip and several copies, CPU the
+decoders need. Workers write them into a ring of ``window`` slots in a shared-memory file
+instead and return only the digest; the consumer's side reads each slot once. Slots cannot
+collide: input ``i`` uses slot ``i % window``, and it is submitted only after input
+``i - window`` was read out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import shutil
+import tempfile
 from collections import deque
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.context import BaseContext
+from typing import NamedTuple
 
 from h5forge.images import ImageConfig, Processed, Quarantined, process_file
 
@@ -64,24 +75,114 @@ def iter_processed(paths: Sequence[str | os.PathLike[str]], cfg: ImageConfig, *,
     return _pooled(items, cfg, n_workers, min(chunk, limit), limit)
 
 
-def _process_chunk(start: int, paths: list[str], cfg: ImageConfig) -> list[Result]:
+class _InRing(NamedTuple):
+    """A processed sample whose bytes a worker wrote into its ring slot."""
+
+    sample: int
+    shape: tuple[int, int, int]
+    digest: bytes
+
+
+class _Ring:
+    """``slots`` slots of ``size`` bytes in a file in /dev/shm (or the temp folder).
+
+    On Linux the file is unlinked at once and workers open it as ``/proc/<pid>/fd/<fd>``, so
+    nothing is left behind even when the pack is killed; elsewhere it is unlinked on close.
+    """
+
+    def __init__(self, size: int, slots: int) -> None:
+        self.size, self.slots = size, slots
+        folder = "/dev/shm"
+        if not (os.path.isdir(folder) and os.access(folder, os.W_OK)
+                and shutil.disk_usage(folder).free > 4 * size * slots):
+            folder = tempfile.gettempdir()
+        self._fd, self._named = tempfile.mkstemp(prefix="h5forge-ring-", dir=folder)
+        os.ftruncate(self._fd, size * slots)
+        self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+        if os.path.exists(self.path):
+            os.unlink(self._named)
+            self._named = ""
+        else:
+            self.path = self._named
+
+    @property
+    def spec(self) -> tuple[str, int, int]:
+        return self.path, self.size, self.slots
+
+    def take(self, r: _InRing) -> Processed:
+        data = os.pread(self._fd, self.size, (r.sample % self.slots) * self.size)
+        if len(data) != self.size:
+            raise OSError(f"ring {self.path}: slot of input {r.sample} holds {len(data)} bytes, "
+                          f"expected {self.size}")
+        return Processed(r.sample, data, r.shape, r.digest)
+
+    def close(self) -> None:
+        os.close(self._fd)
+        if self._named:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._named)
+
+
+def _fixed_size(cfg: ImageConfig) -> int | None:
+    """Bytes of every processed sample when they are all the same size, else None."""
+    if cfg.layout != "decoded" or cfg.resize == "none" or cfg.size is None:
+        return None
+    return cfg.size[0] * cfg.size[1] * (1 if cfg.mode == "L" else 3)
+
+
+def _process_chunk(start: int, paths: list[str], cfg: ImageConfig,
+                   ring: tuple[str, int, int] | None = None) -> list[Result | _InRing]:
     # Module level so that spawn/forkserver workers can unpickle it by name.
-    return [process_file(start + i, p, cfg) for i, p in enumerate(paths)]
+    if ring is None:
+        return [process_file(start + i, p, cfg) for i, p in enumerate(paths)]
+    path, size, slots = ring
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:  # the ring cannot be reached from here: send the bytes the slow way
+        return _process_chunk(start, paths, cfg)
+    out: list[Result | _InRing] = []
+    try:
+        for i, p in enumerate(paths):
+            r = process_file(start + i, p, cfg)
+            if isinstance(r, Processed) and len(r.data) == size:
+                try:
+                    if os.pwrite(fd, r.data, (r.index % slots) * size) == size:
+                        out.append(_InRing(r.index, r.shape, r.digest))
+                        continue
+                except OSError:  # e.g. the shared-memory folder is full: send it the slow way
+                    pass
+            out.append(r)
+    finally:
+        os.close(fd)
+    return out
 
 
 def _pooled(paths: list[str], cfg: ImageConfig, workers: int, chunk: int,
             window: int) -> Generator[Result, None, None]:
+    size = _fixed_size(cfg)
+    ring = _Ring(size, window) if size else None
+    try:
+        yield from _pooled_with(paths, cfg, workers, chunk, window, ring)
+    finally:
+        if ring is not None:
+            ring.close()
+
+
+def _pooled_with(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, window: int,
+                 ring: _Ring | None) -> Generator[Result, None, None]:
     n = len(paths)
     pool = ProcessPoolExecutor(max_workers=min(workers, -(-n // chunk)),
                                mp_context=_context())
-    pending: deque[tuple[int, int, Future[list[Result]]]] = deque()
+    spec = ring.spec if ring is not None else None
+    pending: deque[tuple[int, int, Future[list[Result | _InRing]]]] = deque()
     in_flight = 0  # submitted and not yet yielded
     next_start = 0
     try:
         while pending or next_start < n:
             while next_start < n and in_flight + min(chunk, n - next_start) <= window:
                 stop = min(n, next_start + chunk)
-                task = pool.submit(_process_chunk, next_start, paths[next_start:stop], cfg)
+                task = pool.submit(_process_chunk, next_start, paths[next_start:stop], cfg,
+                                   spec)
                 pending.append((next_start, stop, task))
                 in_flight += stop - next_start
                 next_start = stop
@@ -95,7 +196,11 @@ def _pooled(paths: list[str], cfg: ImageConfig, workers: int, chunk: int,
                     "with workers=1 to see which file") from e
             for r in results:
                 in_flight -= 1
-                yield r
+                if isinstance(r, _InRing):
+                    assert ring is not None
+                    yield ring.take(r)  # read out now: the slot may be reused after this
+                else:
+                    yield r
     finally:
         for _, _, task in pending:
             task.cancel()

@@ -28,7 +28,7 @@ from fsspec.implementations.local import LocalFileSystem
 from h5forge import _http
 from h5forge._cache import cached_download, check_digest
 from h5forge._progress import progress_bar
-from h5forge._staging import commit, discard, new_staging, split_member_name
+from h5forge._staging import commit, discard, exclusive, new_staging, split_member_name
 from h5forge.errors import UnsafeArchiveError
 from h5forge.extract import detect_archive, safe_extract
 from h5forge.redact import redact_url
@@ -202,16 +202,35 @@ def _unpack(
             f"{shown!r} is a single file but not an archive (.tar, .tar.gz/.tgz, .tar.bz2, "
             ".tar.xz, .zip); point fetch at an archive or a folder"
         )
-    _check_dest(target)
-    incoming = target.with_name(f"{target.name}.incoming-{secrets.token_hex(6)}")
-    try:
-        safe_extract(archive, incoming, max_members=caps[0], max_bytes=caps[1])
-        _write_marker(incoming, shown, digest)
-        commit(incoming, target, replace=True)
-    except BaseException:
-        discard(incoming)
-        raise
+    with exclusive(target):  # writers of ``target`` take turns; leftovers of dead ones go
+        _check_dest(target)
+        if _already_extracted(target, digest):
+            log.info("%s already holds the extracted archive (sha256 %s)", target, digest)
+            return FetchResult(root=_single_root(target), source_url=shown, sha256=digest,
+                               cached=cached)
+        incoming = target.with_name(f"{target.name}.incoming-{secrets.token_hex(6)}")
+        try:
+            safe_extract(archive, incoming, max_members=caps[0], max_bytes=caps[1])
+            _write_marker(incoming, shown, digest)
+            commit(incoming, target, replace=True)
+        except BaseException:
+            discard(incoming)
+            raise
     return FetchResult(root=_single_root(target), source_url=shown, sha256=digest, cached=cached)
+
+
+def _already_extracted(target: Path, digest: str) -> bool:
+    """``target`` is a complete extraction of the archive with this sha256 (its marker says so).
+
+    The marker is written inside the folder before it is renamed into place, so a marker means
+    a complete extraction. Reusing it keeps a second fetch of the same archive from replacing
+    the folder under a build that is reading it.
+    """
+    try:
+        marker = json.loads((target / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and bool(digest) and marker.get("sha256") == digest
 
 
 def _copy_prefix(
@@ -226,32 +245,41 @@ def _copy_prefix(
 ) -> None:
     base = path.rstrip("/")
     found = fs.find(base, detail=True)
+    with exclusive(target):  # writers of ``target`` take turns; leftovers of dead ones go
+        _check_dest(target)
+        staging = new_staging(target)
+        try:
+            jobs, total = _plan_copy(base, found, staging, shown, max_members, max_bytes)
+            _copy_all(fs, jobs, found, workers, progress_bar(progress, f"copy {shown}", total))
+            _write_marker(staging, shown, "")
+            commit(staging, target, replace=True)
+        except BaseException:
+            discard(staging)
+            raise
+    log.info("copied %d objects (%d bytes) from %s", len(jobs), total, shown)
+
+
+def _plan_copy(
+    base: str, found: dict[str, Any], staging: Path, shown: str, max_members: int, max_bytes: int
+) -> tuple[list[tuple[str, Path]], int]:
+    """``(object key, local path)`` of every object under ``base``, checked, and their bytes."""
     jobs: list[tuple[str, Path]] = []
     total = 0
-    _check_dest(target)
-    staging = new_staging(target)
-    try:
-        for key, info in sorted(found.items()):
-            rel = key[len(base) + 1 :] if key.startswith(base + "/") else None
-            parts = split_member_name(rel) if rel else "is outside the prefix"
-            if isinstance(parts, str) or not parts:
-                raise UnsafeArchiveError(f"unsafe object {key!r} under {shown!r}: {parts}")
-            total += int(info.get("size") or 0)
-            if len(jobs) >= max_members or total > max_bytes:
-                raise UnsafeArchiveError(
-                    f"prefix {shown!r} exceeds max_members={max_members} or "
-                    f"max_bytes={max_bytes} at object {key!r}; raise the cap if it is trusted"
-                )
-            local = staging.joinpath(*parts)
-            local.parent.mkdir(parents=True, exist_ok=True)
-            jobs.append((key, local))
-        _copy_all(fs, jobs, found, workers, progress_bar(progress, f"copy {shown}", total))
-        _write_marker(staging, shown, "")
-        commit(staging, target, replace=True)
-    except BaseException:
-        discard(staging)
-        raise
-    log.info("copied %d objects (%d bytes) from %s", len(jobs), total, shown)
+    for key, info in sorted(found.items()):
+        rel = key[len(base) + 1 :] if key.startswith(base + "/") else None
+        parts = split_member_name(rel) if rel else "is outside the prefix"
+        if isinstance(parts, str) or not parts:
+            raise UnsafeArchiveError(f"unsafe object {key!r} under {shown!r}: {parts}")
+        total += int(info.get("size") or 0)
+        if len(jobs) >= max_members or total > max_bytes:
+            raise UnsafeArchiveError(
+                f"prefix {shown!r} exceeds max_members={max_members} or "
+                f"max_bytes={max_bytes} at object {key!r}; raise the cap if it is trusted"
+            )
+        local = staging.joinpath(*parts)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        jobs.append((key, local))
+    return jobs, total
 
 
 def _copy_all(

@@ -9,6 +9,7 @@ first, so no reader ever sees a manifest that disagrees with its file.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import io
@@ -18,7 +19,9 @@ import os
 import posixpath
 import re
 import secrets
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -158,9 +161,12 @@ def publish(
 ) -> PublishResult:
     """Copy ``local_file`` to ``dest_url``, verify it there, then write its manifest.
 
-    Local destinations get a temporary name in the same folder, fsync, then rename. Other
-    stores get a direct upload (the manifest, not the object, is the commit marker). Either
-    way the destination is read back — size and a streamed sha256 — before the manifest is
+    Local destinations get a temporary name in the same folder, fsync, a read-back of the
+    temp file, then — under a lock on the folder, so concurrent publishers take turns — the old
+    manifest is removed, the file renamed into place and the new manifest written. Temp files
+    of a killed publish are removed by the next one. Other stores get a direct upload (the
+    manifest, not the object, is the commit marker), read back before the manifest is written.
+    Either way the bytes are checked — size and a streamed sha256 — before the manifest is
     written.
 
     Args:
@@ -187,31 +193,100 @@ def publish(
     mpath = path + MANIFEST_SUFFIX
     shown, mshown = redact_url(dest_url), redact_url(manifest_url(dest_url))
     sha, size = sha256_file(local), os.path.getsize(local)
-    result = PublishResult(shown, mshown, sha, size, unchanged=False)
-
-    old = _load(fs, mpath, mshown)
-    fs.invalidate_cache(path)
-    if fs.exists(path):
-        if old and old["sha256"] == sha and old["bytes"] == size == fs.size(path):
-            log.info("%s already published with sha256 %s; nothing to do", shown, sha)
-            return PublishResult(shown, mshown, sha, size, unchanged=True)
-        if not overwrite:
-            if old is None and fs.size(path) == size and _digest(fs, path) == sha:
-                # Same bytes without a manifest: an interrupted publish. Just commit it.
-                _put(fs, mpath, data=_manifest(sha, size, fields))
-                return result
-            found = old["sha256"] if old else "unknown (no manifest)"
-            raise FileExistsError(
-                f"{shown!r} already exists with different content (sha256 {found}, "
-                f"publishing {sha}); pass overwrite=True to replace it"
-            )
-    if old is not None or fs.exists(mpath):
-        fs.rm_file(mpath)  # first: a reader must never pair the old manifest with a new file
-    _put(fs, path, local=local)
-    _read_back(fs, path, sha, size, shown)
-    _put(fs, mpath, data=_manifest(sha, size, fields))  # last: the commit marker
+    target = _Target(fs, path, mpath, shown, mshown, sha, size, fields, overwrite)
+    settled = _settled(target)  # fail fast, before copying anything
+    if settled is not None:
+        return settled
+    if isinstance(fs, LocalFileSystem):
+        settled = _publish_local(target, local)
+        if settled is not None:
+            return settled
+    else:
+        if fs.exists(mpath):
+            fs.rm_file(mpath)  # first: a reader must never pair the old manifest with a new file
+        _put(fs, path, local=local)
+        _read_back(fs, path, sha, size, shown)
+        _put(fs, mpath, data=_manifest(sha, size, fields))  # last: the commit marker
     log.info("published %s (%d bytes, sha256 %s)", shown, size, sha)
-    return result
+    return target.result(unchanged=False)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One publish: where to, what (digest and size), and how (overwrite)."""
+
+    fs: Any
+    path: str
+    mpath: str
+    shown: str
+    mshown: str
+    sha: str
+    size: int
+    fields: dict[str, Any]
+    overwrite: bool
+
+    def result(self, *, unchanged: bool) -> PublishResult:
+        return PublishResult(self.shown, self.mshown, self.sha, self.size, unchanged=unchanged)
+
+
+def _settled(t: _Target) -> PublishResult | None:
+    """What the destination already holds decides the publish, or None to go ahead.
+
+    Returns ``unchanged`` when this exact asset is published; commits (writes the manifest of)
+    a file left without one by an interrupted publish of these same bytes.
+
+    Raises:
+        FileExistsError: different content is there and ``overwrite`` is False.
+    """
+    fs = t.fs
+    old = _load(fs, t.mpath, t.mshown)
+    fs.invalidate_cache(t.path)
+    if not fs.exists(t.path):
+        return None
+    if old and old["sha256"] == t.sha and old["bytes"] == t.size == fs.size(t.path):
+        log.info("%s already published with sha256 %s; nothing to do", t.shown, t.sha)
+        return t.result(unchanged=True)
+    if t.overwrite:
+        return None
+    if old is None and fs.size(t.path) == t.size and _digest(fs, t.path) == t.sha:
+        # Same bytes without a manifest: an interrupted publish. Just commit it.
+        _put(fs, t.mpath, data=_manifest(t.sha, t.size, dict(t.fields)))
+        return t.result(unchanged=False)
+    found = old["sha256"] if old else "unknown (no manifest)"
+    raise FileExistsError(
+        f"{t.shown!r} already exists with different content (sha256 {found}, "
+        f"publishing {t.sha}); pass overwrite=True to replace it"
+    )
+
+
+def _publish_local(t: _Target, local: str) -> PublishResult | None:
+    """Copy to a temp name and read it back, then swap it in under a folder lock.
+
+    The old manifest goes, the file is renamed into place and the new manifest is written in
+    one short critical section, so the asset is unpublished only for a few system calls (not
+    for the whole copy), and concurrent publishers of one destination take turns: each one
+    re-checks what the other committed before replacing it.
+    """
+    fs, parent = t.fs, posixpath.dirname(t.path)
+    fs.makedirs(parent, exist_ok=True)
+    with _folder_lock(parent):
+        _remove_stale_temps(parent, posixpath.basename(t.path))
+    with _temp_copy(t.path, local) as tmp:
+        _read_back(fs, tmp.path, t.sha, t.size, t.shown)
+        with _folder_lock(parent):
+            settled = _settled(t)
+            if settled is not None:
+                return settled
+            if fs.exists(t.mpath):
+                os.remove(t.mpath)  # first: never the old manifest beside the new file
+            # Unlock before the rename: HDF5 readers take a shared lock on the file they open
+            # and would fail on ours. Stale-temp cleanup also runs under the folder lock, so
+            # it cannot take the temp file in between.
+            tmp.unlock()
+            os.rename(tmp.path, t.path)
+            _fsync_dir(parent)
+            _put(fs, t.mpath, data=_manifest(t.sha, t.size, dict(t.fields)))  # the commit marker
+    return None
 
 
 def _check_args(local: str, dest_url: str, extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -260,24 +335,104 @@ def _put(fs: Any, path: str, *, local: str | None = None, data: bytes | None = N
             fs.pipe_file(path, data)
         fs.invalidate_cache(path)
         return
-    parent, name = posixpath.split(path)
+    parent = posixpath.dirname(path)
     fs.makedirs(parent, exist_ok=True)
-    tmp = posixpath.join(parent, f".{name}.tmp-{secrets.token_hex(6)}")
+    with _temp_copy(path, local, data) as tmp:
+        tmp.unlock()
+        os.rename(tmp.path, path)
+    _fsync_dir(parent)  # persist the rename itself
+
+
+_TEMP = ".tmp-"
+_STALE_AFTER_S = 5.0  # a live writer locks its temp file microseconds after creating it
+
+
+class _Temp:
+    """A temp file being written: its path, and the open handle whose flock marks it live."""
+
+    def __init__(self, path: str, handle: IO[bytes]) -> None:
+        self.path, self._handle = path, handle
+
+    def unlock(self) -> None:
+        """Close the handle (releasing the flock); the file stays."""
+        self._handle.close()
+
+
+@contextmanager
+def _temp_copy(path: str, local: str | None, data: bytes | None = None) -> Iterator[_Temp]:
+    """A fsynced copy of ``local`` (or ``data``) at a temp name beside ``path``, locked.
+
+    The temp file stays flock-ed until :meth:`_Temp.unlock`, which marks it as live: a later
+    publish removes only temp files whose lock it can take (their writer died, e.g. killed).
+    The temp file is removed on exit unless it was renamed away.
+    """
+    parent, name = posixpath.split(path)
+    tmp = posixpath.join(parent, f".{name}{_TEMP}{secrets.token_hex(6)}")
+    out = open(tmp, "xb")  # noqa: SIM115 - closed by unlock() or in the finally below
     try:
+        _lock(out.fileno(), blocking=True)
         src: IO[bytes]
-        with (
-            open(local, "rb") if local else io.BytesIO(data or b"") as src,
-            fs.open(tmp, "wb") as out,
-        ):
+        with open(local, "rb") if local else io.BytesIO(data or b"") as src:
             while block := src.read(_CHUNK):
                 out.write(block)
-            out.flush()
-            os.fsync(out.fileno())
-        fs.mv(tmp, path)
+        out.flush()
+        os.fsync(out.fileno())
+        yield _Temp(tmp, out)
     finally:
-        if fs.exists(tmp):
-            fs.rm_file(tmp)
-    fd = os.open(parent, os.O_RDONLY)  # persist the rename itself
+        out.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
+def _remove_stale_temps(parent: str, name: str) -> None:
+    """Remove temp files of ``name`` (and of its manifest) left by a killed publish.
+
+    Call it under :func:`_folder_lock`: a live publisher unlocks its temp file only under that
+    lock, just before renaming it away.
+    """
+    prefixes = (f".{name}{_TEMP}", f".{name}{MANIFEST_SUFFIX}{_TEMP}")
+    with contextlib.suppress(FileNotFoundError), os.scandir(parent) as entries:
+        stale = [e.path for e in entries if e.name.startswith(prefixes) and e.is_file()
+                 and time.time() - e.stat().st_mtime > _STALE_AFTER_S]
+    for tmp in stale:
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            if _lock(fd, blocking=False):
+                log.info("removing %s, left by an interrupted publish", tmp)
+                os.remove(tmp)
+        finally:
+            os.close(fd)
+
+
+def _lock(fd: int, *, blocking: bool) -> bool:
+    """flock ``fd`` exclusively; False when ``blocking`` is False and someone else holds it."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no cleanup of stale temps, no turn-taking
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextmanager
+def _folder_lock(folder: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``folder`` (publishers into it take turns in here)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        _lock(fd, blocking=True)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

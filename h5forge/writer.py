@@ -2,8 +2,10 @@
 
 The writer is the only process that touches the HDF5 file; preprocessing runs in a process
 pool and streams results back in order (see :mod:`h5forge.preprocess`). The file is written as
-``OUT.partial``, flushed and fsynced, verified, sealed (the ``sealed`` attribute is written
+``OUT.partial``, flushed, fsynced while it is verified, sealed (the ``sealed`` attribute is set
 last), and only then renamed to ``OUT``: an interrupted pack never leaves a file named ``OUT``.
+Everything but the image bytes is placed at the head of the file (:mod:`h5forge._placement`),
+so a remote reader opens it with one ranged read.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +26,8 @@ import h5py
 import numpy as np
 
 from h5forge import format as fmt
+from h5forge._placement import Head
+from h5forge._placement import utf8 as _utf8
 from h5forge.catalog import Catalog, discover
 from h5forge.errors import EmptyDatasetError, MissingExtraError, TooManyBadImagesError
 from h5forge.images import ImageConfig, Processed, Quarantined
@@ -94,15 +99,6 @@ def _filter_kwargs(compression: str | None, level: int | None, fletcher32: bool)
     return {**kwargs, **hdf5plugin.Zstd(clevel=lvl)}
 
 
-def _utf8(s: str) -> str:
-    """File names may hold undecodable bytes (surrogate escapes); store them visibly escaped."""
-    try:
-        s.encode("utf-8")
-        return s
-    except UnicodeEncodeError:
-        return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
 def _strings(h5: h5py.File, name: str, values: list[str]) -> None:
     h5.create_dataset(name, data=np.array([_utf8(v) for v in values], dtype=object),
                       dtype=h5py.string_dtype("utf-8"), shape=(len(values),))
@@ -140,26 +136,20 @@ class _Progress:
 
 
 class _Sink:
-    """Receives processed samples in order and writes them to the open file."""
+    """Receives processed samples in order: array storage writes each as one chunk at once,
+    blob storage spools the bytes and copies them behind the head when the count is known."""
 
-    def __init__(self, h5: h5py.File, image: ImageConfig, spool_path: str,
-                 filters: dict[str, Any], total: int) -> None:
-        self.h5 = h5
-        self.storage: fmt.Storage = (
-            "array" if image.layout == "decoded" and image.resize != "none" else "blob")
+    def __init__(self, image: ImageConfig, spool_path: str, filters: dict[str, Any]) -> None:
+        self.storage: fmt.Storage = _storage(image)
         self.digests: list[bytes] = []
         self.shapes: list[tuple[int, int, int]] = []
         self.lengths: list[int] = []
+        self.images: h5py.Dataset | None = None
         self._spool = None
         self._direct = not filters
         if self.storage == "array":
             assert image.size is not None
-            h, w = image.size
-            shape = (h, w, 1 if image.mode == "L" else 3)
-            self.images = h5.create_dataset(
-                fmt.IMAGES, shape=(total, *shape), maxshape=(None, *shape), dtype=np.uint8,
-                chunks=(1, *shape), **filters)
-            self._shape = shape
+            self._shape = (*image.size, 1 if image.mode == "L" else 3)
         else:
             if filters:
                 raise ValueError(
@@ -168,9 +158,17 @@ class _Sink:
                     "is one byte range — drop the compression options")
             self._spool = open(spool_path, "wb")  # noqa: SIM115 - closed in finish()
 
+    def images_kwargs(self, total: int, filters: dict[str, Any]) -> dict[str, Any]:
+        """``create_dataset`` arguments of ``/images`` (blob: after every sample was added)."""
+        if self.storage == "array":
+            return {"shape": (total, *self._shape), "maxshape": (None, *self._shape),
+                    "dtype": np.uint8, "chunks": (1, *self._shape), **filters}
+        return {"shape": (sum(self.lengths),), "dtype": np.uint8}
+
     def add(self, r: Processed) -> None:
         j = len(self.digests)
         if self.storage == "array":
+            assert self.images is not None
             if tuple(r.shape) != self._shape:
                 raise AssertionError(f"sample {r.index}: shape {r.shape} != {self._shape}")
             if self._direct:
@@ -184,33 +182,35 @@ class _Sink:
         self.shapes.append(tuple(r.shape))  # type: ignore[arg-type]
         self.lengths.append(len(r.data))
 
-    def finish(self, spool_path: str) -> np.ndarray:
-        """Lay out the image bytes for good and return ``byte_ranges``."""
+    def finish(self, spool_path: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Lay out the image bytes for good; return ``byte_ranges`` and (blob) ``offsets``."""
         n = len(self.digests)
+        images = self.images
+        assert images is not None
         if self.storage == "array":
-            self.images.resize(n, axis=0)
+            images.resize(n, axis=0)
             ranges = np.zeros((n, 2), np.uint64)
 
             def record(info: Any) -> None:
                 ranges[info.chunk_offset[0]] = (info.byte_offset, info.size)
 
-            self.images.id.chunk_iter(record)
-            return ranges
+            images.id.chunk_iter(record)
+            return ranges, None
         assert self._spool is not None
         self._spool.close()
         offsets = np.zeros(n + 1, np.uint64)
         np.cumsum(np.asarray(self.lengths, np.uint64), out=offsets[1:])
-        total = int(offsets[-1])
-        images = self.h5.create_dataset(fmt.IMAGES, shape=(total,), dtype=np.uint8)
         with open(spool_path, "rb") as f:
             pos = 0
             while block := f.read(_COPY_BLOCK):
                 images[pos:pos + len(block)] = np.frombuffer(block, np.uint8)
                 pos += len(block)
-        self.h5.create_dataset(fmt.OFFSETS, data=offsets)
-        self.h5.create_dataset(fmt.SHAPES, data=np.asarray(self.shapes, np.uint32).reshape(n, 3))
         base = images.id.get_offset() or 0
-        return np.stack([offsets[:-1] + np.uint64(base), np.diff(offsets)], axis=1)
+        return np.stack([offsets[:-1] + np.uint64(base), np.diff(offsets)], axis=1), offsets
+
+
+def _storage(image: ImageConfig) -> fmt.Storage:
+    return "array" if image.layout == "decoded" and image.resize != "none" else "blob"
 
 
 def _collect(results: Iterator[Processed | Quarantined], catalog: Catalog, sink: _Sink,
@@ -254,6 +254,20 @@ def pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
         TooManyBadImagesError: too many inputs were quarantined (lists the first reasons).
         EmptyDatasetError: nothing usable, or a class lost all its images to quarantine.
     """
+    return _pack(src, out, image=image, compression=compression,
+                 compression_level=compression_level, fletcher32=fletcher32, workers=workers,
+                 max_bad_fraction=max_bad_fraction, manifest=manifest, source_url=source_url,
+                 source_sha256=source_sha256, progress=progress, on_progress=on_progress,
+                 overwrite=overwrite, every_class=True)
+
+
+def _pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
+          image: ImageConfig | None, compression: str | None, compression_level: int | None,
+          fletcher32: bool, workers: int | None, max_bad_fraction: float,
+          manifest: str | os.PathLike[str] | None, source_url: str, source_sha256: str,
+          progress: bool, on_progress: Callable[[int, int], None] | None, overwrite: bool,
+          every_class: bool) -> PackResult:
+    """:func:`pack`; ``every_class=False`` lets a shard (a slice of a catalog) lack classes."""
     t0 = time.perf_counter()
     image = image or ImageConfig()
     image.validate()
@@ -271,23 +285,12 @@ def pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
     partial = str(out_path) + fmt.PARTIAL_SUFFIX
     spool = partial + ".blob"
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    config_json = json.dumps({
-        "image": json.loads(image.to_json()), "compression": compression or "none",
-        "compression_level": compression_level, "fletcher32": fletcher32,
-    }, sort_keys=True, separators=(",", ":"))
+    config_json = _config_json(image, compression, compression_level, fletcher32)
     try:
         result = _write(catalog, partial, spool, image, filters, config_json, workers,
                         max_bad_fraction, source_url, source_sha256, progress, on_progress,
-                        compression, compression_level)
-        from h5forge.verify import verify_unsealed
-
-        verify_unsealed(partial)
-        with h5py.File(partial, "r+") as h5:
-            h5.attrs[fmt.A_SEALED] = True
-        _fsync(partial)
-        os.replace(partial, out_path)
-        with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
-            _fsync(out_path.parent)
+                        compression, compression_level, every_class)
+        _seal(partial, out_path)
     finally:
         for p in (partial, spool):
             with contextlib.suppress(FileNotFoundError):
@@ -296,18 +299,92 @@ def pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
                       seconds=time.perf_counter() - t0, **result)
 
 
+def _config_json(image: ImageConfig, compression: str | None, compression_level: int | None,
+                 fletcher32: bool) -> str:
+    """The ``config_json`` root attribute: canonical JSON of what decides the stored bytes."""
+    return json.dumps({
+        "image": json.loads(image.to_json()), "compression": compression or "none",
+        "compression_level": compression_level, "fletcher32": fletcher32,
+    }, sort_keys=True, separators=(",", ":"))
+
+
+def _seal(partial: str, out_path: Path) -> None:
+    """Digest the metadata, verify ``partial`` in full, seal it (attribute last), fsync, rename."""
+    from h5forge.verify import verify_unsealed
+
+    with h5py.File(partial, "r+") as h5:  # covers every attribute but itself and ``sealed``
+        # modify() rewrites an attribute in place (h5py's item assignment deletes and
+        # recreates it), keeping the root object header where the writer put it: at the head.
+        h5.attrs.modify(fmt.A_METADATA_SHA256, fmt.metadata_sha256(h5))
+    # The data must be durable before the seal is written; flushing it to disk and reading it
+    # back to verify are independent, so they run at the same time.
+    with ThreadPoolExecutor(1) as pool:
+        synced = pool.submit(_fsync, partial)
+        verify_unsealed(partial)
+        synced.result()
+    with h5py.File(partial, "r+") as h5:
+        h5.attrs.modify(fmt.A_SEALED, True)
+    _fsync(partial)
+    os.replace(partial, out_path)
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
+        _fsync(out_path.parent)
+
+
+def _root_attrs(*, layout: str, storage: str, encoding: str, mode: str, config_json: str,
+                source_url: str, source_sha256: str, num_samples: int, num_classes: int,
+                num_quarantined: int, compression: str) -> dict[str, Any]:
+    """Every root attribute but ``sealed``, as FORMAT.md lists them."""
+    from h5forge import __version__
+
+    return {
+        fmt.A_FORMAT: fmt.FORMAT_NAME, fmt.A_VERSION: fmt.FORMAT_VERSION,
+        fmt.A_H5FORGE_VERSION: __version__,
+        fmt.A_CREATED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        fmt.A_LAYOUT: layout, fmt.A_STORAGE: storage, fmt.A_ENCODING: encoding,
+        fmt.A_MODE: mode, fmt.A_CONFIG_JSON: config_json,
+        fmt.A_CONFIG_SHA256: hashlib.sha256(config_json.encode()).hexdigest(),
+        fmt.A_SOURCE_URL: source_url, fmt.A_SOURCE_SHA256: source_sha256,
+        fmt.A_NUM_SAMPLES: num_samples, fmt.A_NUM_CLASSES: num_classes,
+        fmt.A_NUM_QUARANTINED: num_quarantined, fmt.A_DIGEST_ALGORITHM: fmt.DIGEST_ALGORITHM,
+        fmt.A_COMPRESSION: compression,
+    }
+
+
 def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
            filters: dict[str, Any], config_json: str, workers: int | None,
            max_bad_fraction: float, source_url: str, source_sha256: str, show: bool,
            on_progress: Callable[[int, int], None] | None, compression: str | None,
-           compression_level: int | None) -> dict[str, Any]:
-    from h5forge import __version__
-
+           compression_level: int | None, every_class: bool) -> dict[str, Any]:
     total = len(catalog.samples)
+    comp = compression or "none"
+    if comp != "none" and compression_level is not None:
+        comp = f"{comp}-{compression_level}"
+    attrs = _root_attrs(
+        layout=image.layout, storage=_storage(image),
+        encoding="raw" if image.layout == "decoded" else image.encoding,
+        mode=image.mode, config_json=config_json, source_url=source_url,
+        source_sha256=source_sha256, num_samples=total,
+        num_classes=len(catalog.classes), num_quarantined=0,
+        compression=comp + ("+fletcher32" if "fletcher32" in filters else ""))
+    split_names = list(catalog.splits) or [""]
     bar = _Progress(total, show, on_progress)
     try:
-        with h5py.File(partial, "w") as h5:
-            sink = _Sink(h5, image, spool, filters, total)
+        with contextlib.ExitStack() as stack:
+            sink = _Sink(image, spool, filters)
+
+            def head(capacity: int) -> tuple[h5py.File, Head]:
+                # Everything but the image bytes goes first (see h5forge._placement).
+                h5 = stack.enter_context(h5py.File(partial, "w"))
+                made = Head(h5, attrs, storage=sink.storage, capacity=capacity,
+                            classes=catalog.classes, split_names=split_names,
+                            images=sink.images_kwargs(capacity, filters))
+                sink.images = made.images
+                return h5, made
+
+            if sink.storage == "array":  # chunks are written as samples arrive
+                h5, index = head(total)
+            else:  # the file is written once the sizes are known; mark the pack as under way
+                Path(partial).touch()
             results = iter_processed([s.path for s in catalog.samples], image, workers=workers)
             try:
                 kept, bad = _collect(results, catalog, sink, bar)
@@ -315,41 +392,22 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
                 close = getattr(results, "close", None)
                 if close is not None:
                     close()
-            _check_quarantine(catalog, kept, bad, max_bad_fraction)
-            byte_ranges = sink.finish(spool)
+            _check_quarantine(catalog, kept, bad, max_bad_fraction, every_class)
+            if sink.storage == "blob":  # sizes are known only now: the file starts here
+                h5, index = head(len(kept))
+            byte_ranges, offsets = sink.finish(spool)
             samples = [catalog.samples[i] for i in kept]
-            split_names = list(catalog.splits) or [""]
-            h5.create_dataset(fmt.BYTE_RANGES, data=byte_ranges)
-            h5.create_dataset(fmt.LABELS, data=np.array([s.label for s in samples], np.int64))
-            h5.create_dataset(fmt.SPLITS, data=np.array(
-                [split_names.index(s.split) for s in samples], np.uint8))
-            _strings(h5, fmt.SPLIT_NAMES, split_names)
-            _strings(h5, fmt.CLASSES, list(catalog.classes))
-            _strings(h5, fmt.PATHS, [s.relpath for s in samples])
-            h5.create_dataset(fmt.DIGESTS, data=np.frombuffer(
-                b"".join(sink.digests), np.uint8).reshape(len(samples), fmt.DIGEST_SIZE))
-            _strings(h5, fmt.QUARANTINE_PATHS, [p for p, _ in bad])
-            _strings(h5, fmt.QUARANTINE_REASONS, [r for _, r in bad])
-            comp = compression or "none"
-            if comp != "none" and compression_level is not None:
-                comp = f"{comp}-{compression_level}"
-            h5.attrs.update({
-                fmt.A_FORMAT: fmt.FORMAT_NAME, fmt.A_VERSION: fmt.FORMAT_VERSION,
-                fmt.A_H5FORGE_VERSION: __version__,
-                fmt.A_CREATED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                fmt.A_LAYOUT: image.layout, fmt.A_STORAGE: sink.storage,
-                fmt.A_ENCODING: "raw" if image.layout == "decoded" else image.encoding,
-                fmt.A_MODE: image.mode, fmt.A_CONFIG_JSON: config_json,
-                fmt.A_CONFIG_SHA256: hashlib.sha256(config_json.encode()).hexdigest(),
-                fmt.A_SOURCE_URL: source_url, fmt.A_SOURCE_SHA256: source_sha256,
-                fmt.A_NUM_SAMPLES: len(samples), fmt.A_NUM_CLASSES: len(catalog.classes),
-                fmt.A_NUM_QUARANTINED: len(bad), fmt.A_DIGEST_ALGORITHM: fmt.DIGEST_ALGORITHM,
-                fmt.A_COMPRESSION: comp + ("+fletcher32" if "fletcher32" in filters else ""),
-            })
+            index.finish(
+                byte_ranges=byte_ranges,
+                labels=np.array([s.label for s in samples], np.int64),
+                splits=np.array([split_names.index(s.split) for s in samples], np.uint8),
+                digests=np.frombuffer(b"".join(sink.digests), np.uint8).reshape(
+                    len(samples), fmt.DIGEST_SIZE),
+                paths=[s.relpath for s in samples], quarantine=bad, offsets=offsets,
+                shapes=np.asarray(sink.shapes, np.uint32).reshape(len(samples), 3))
             h5.flush()
     finally:
         bar.close()
-    _fsync(partial)
     counts: dict[str, dict[str, int]] = {}
     for s in samples:
         per = counts.setdefault(s.split, {})
@@ -360,17 +418,29 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
 
 
 def _check_quarantine(catalog: Catalog, kept: list[int], bad: list[tuple[str, str]],
-                      max_bad_fraction: float) -> None:
-    total = len(catalog.samples)
+                      max_bad_fraction: float, every_class: bool = True) -> None:
+    _check_bad_fraction(len(catalog.samples), bad, max_bad_fraction)
+    if not every_class:
+        return
+    present = {catalog.samples[i].label for i in kept}
+    _check_every_class(present, catalog.classes, catalog.root)
+
+
+def _check_bad_fraction(total: int, bad: Sequence[tuple[str, str]],
+                        max_bad_fraction: float) -> None:
+    """Raise ``TooManyBadImagesError`` when more than the allowed fraction was quarantined."""
     if bad and len(bad) > max_bad_fraction * total:
         first = "\n  ".join(f"{p}: {r}" for p, r in bad[:10])
         raise TooManyBadImagesError(
             f"{len(bad)} of {total} inputs ({len(bad) / total:.1%}) were quarantined, more than "
             f"max_bad_fraction={max_bad_fraction:g} allows; first reasons:\n  {first}\n"
-            "fix or remove these files, or raise max_bad_fraction", bad)
-    present = {catalog.samples[i].label for i in kept}
-    for label, name in enumerate(catalog.classes):
+            "fix or remove these files, or raise max_bad_fraction", list(bad))
+
+
+def _check_every_class(present: Collection[int], classes: Sequence[str], where: str) -> None:
+    """Raise ``EmptyDatasetError`` when a class has no packed sample."""
+    for label, name in enumerate(classes):
         if label not in present:
             raise EmptyDatasetError(
-                f"class {name!r} has no readable image in {catalog.root}: every file of it was "
+                f"class {name!r} has no readable image in {where}: every file of it was "
                 "quarantined; fix the files or remove the class folder")

@@ -1,0 +1,205 @@
+"""Shard merge against a plain file copy, and a Dask build against the local executor.
+
+1. Merge: the shards of one build are merged with :func:`h5forge.merge.merge_shards` (stored
+   bytes copied with each sample's sha256 checked on the way, then a structural verify, fsync
+   and seal) and, in the same run, simply copied with ``shutil.copyfile`` (the kernel's copy,
+   no parsing, no fsync) and with ``copyfile`` + ``fsync``. Target: merge >= 0.5x the copy's
+   rate.
+   Decoded (raw chunks), decoded + gzip (compressed chunks) and encoded (blob) shards.
+2. Build: the same catalog packed by ``pack(workers=2)`` (one process pool on this machine) and
+   by a ``distributed.LocalCluster`` of 2 single-thread worker processes running
+   :func:`h5forge.shards.pack_shard` per shard, then the merge. Cluster start-up is reported
+   apart: a real cluster is already running when a build starts.
+
+    python -m benchmarks.bench_merge                  # 2000 generated photos, best of 3
+    python -m benchmarks.bench_merge --images DIR --shard-size 500
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import best, image_root, interleave, parser, start_report, table, verdict
+from h5forge.catalog import Catalog, discover
+from h5forge.images import ImageConfig
+from h5forge.merge import merge_shards
+from h5forge.shards import ShardSpec, pack_shard, plan_shards, shard_catalog, shard_url
+from h5forge.writer import pack
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "decoded 224 (raw chunks)": {"image": ImageConfig()},
+    "decoded 224 + gzip-1 (compressed chunks)": {"image": ImageConfig(), "compression": "gzip",
+                                                 "compression_level": 1},
+    "encoded original (blob)": {"image": ImageConfig(layout="encoded", resize="none",
+                                                     size=None)},
+}
+
+
+def _pack_shards(catalog: Catalog, specs: list[ShardSpec], staging: Path,
+                 kw: dict[str, Any]) -> list[str]:
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2) as pool:
+        futures = [pool.submit(pack_shard, shard_catalog(catalog, s), s, str(staging), **kw)
+                   for s in specs]
+        return [f.result().url for f in futures]
+
+
+class _VerifyClock:
+    """Times the verify inside merge_shards (a measurement hook; behaviour unchanged)."""
+
+    def __init__(self) -> None:
+        import h5forge.verify
+
+        self.module, self.real = h5forge.verify, h5forge.verify.verify_unsealed
+        self.seconds: list[float] = []
+
+    def __enter__(self) -> _VerifyClock:
+        def timed_verify(path: str, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return self.real(path, **kwargs)
+            finally:
+                self.seconds.append(time.perf_counter() - t0)
+
+        self.module.verify_unsealed = timed_verify
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.module.verify_unsealed = self.real
+
+
+def _copy_all(urls: list[str], dest: Path, *, sync: bool) -> None:
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir()
+    for u in urls:
+        shutil.copyfile(u, dest / Path(u).name)
+        if sync:
+            fd = os.open(dest / Path(u).name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _compare(name: str, urls: list[str], work: Path, repeat: int) -> list[object]:
+    """One table row: copyfile, copyfile+fsync and merge of the same shards, interleaved."""
+    merge_total: list[float] = []
+    copies = work / "copies"
+
+    def merge() -> None:
+        merge_total.append(_timed(lambda: merge_shards(
+            urls, work / "merged.h5", overwrite=True, max_bad_fraction=1.0)))
+
+    with _VerifyClock() as clock:
+        times = interleave({"copyfile": lambda: _copy_all(urls, copies, sync=False),
+                            "copyfile+fsync": lambda: _copy_all(urls, copies, sync=True),
+                            "merge": merge}, repeat)
+    shutil.rmtree(copies, ignore_errors=True)
+    c, cs = best(times["copyfile"]), best(times["copyfile+fsync"])
+    k = min(range(len(merge_total)), key=merge_total.__getitem__)
+    m, v = merge_total[k], clock.seconds[k]
+    mb = sum(Path(u).stat().st_size for u in urls) / 1e6
+    return [name, f"{mb:.0f}", mb / c, mb / cs, mb / m, f"{v:.2f}", f"{c / m:.2f}x",
+            f"{cs / m:.2f}x", f"{c / (m - v):.2f}x", verdict(c / m, 0.5)]
+
+
+def _merge_vs_copy(catalog: Catalog, specs: list[ShardSpec], work: Path, repeat: int,
+                   report: Any) -> None:
+    rows: list[list[object]] = []
+    for name, kw in VARIANTS.items():
+        staging = work / f"staging-{len(rows)}"
+        print(f"packing {len(specs)} shards: {name} ...", flush=True)
+        rows.append(_compare(name, _pack_shards(catalog, specs, staging, kw), work, repeat))
+        shutil.rmtree(staging)
+    report.add(table(["shards", "MB", "copyfile MB/s", "copyfile+fsync MB/s",
+                      "merge MB/s", "of which verify s", "merge / copyfile",
+                      "merge / (copyfile+fsync)", "merge w/o verify / copyfile",
+                      "target (>= 0.5x copyfile)"], rows))
+    report.add("'merge' is everything merge_shards does: survey of the shards; the stored-byte "
+               "copy with every sample's sha256 computed from the bytes in hand and compared "
+               "with its shard's digest (raw chunks and blobs: pread/pwrite in 16 MiB blocks, "
+               "hashed on helper threads; gzip chunks inflated with zlib to hash the pixels, "
+               "other filters decoded by HDF5); the structural verify_unsealed(check_digests="
+               "False) (counts, labels, metadata digest, byte ranges against the HDF5 chunk "
+               "index and lookup) overlapped with the fsync; seal, fsync, rename. "
+               "'of which verify' is the verify_unsealed time measured inside the same run.")
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _build_vs_local(catalog: Catalog, specs: list[ShardSpec], work: Path, repeat: int,
+                    report: Any) -> None:
+    from distributed import Client, LocalCluster
+
+    image = ImageConfig()
+    n = len(catalog.samples)
+    t0 = time.perf_counter()
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                           dashboard_address=None)
+    client = Client(cluster)
+    client.wait_for_workers(2)
+    startup = time.perf_counter() - t0
+    phases: dict[str, list[float]] = {"shards": [], "merge": []}
+    try:
+        def local() -> None:
+            pack(catalog, work / "local.h5", image=image, workers=2, overwrite=True,
+                 max_bad_fraction=1.0)
+
+        def dask() -> None:
+            staging = work / "dask-staging"
+            shutil.rmtree(staging, ignore_errors=True)
+            t = time.perf_counter()
+            futures = client.map(pack_shard, [shard_catalog(catalog, s) for s in specs], specs,
+                                 staging_url=str(staging), image=image, pure=False)
+            client.gather(futures)
+            phases["shards"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            merge_shards([shard_url(str(staging), s) for s in specs], work / "dask.h5",
+                         overwrite=True, max_bad_fraction=1.0)
+            phases["merge"].append(time.perf_counter() - t)
+
+        times = interleave({"local pack (workers=2)": local, "dask 2x1 + merge": dask}, repeat)
+    finally:
+        client.close()
+        cluster.close()
+    loc, dsk = best(times["local pack (workers=2)"]), best(times["dask 2x1 + merge"])
+    rows = [["local pack, process pool of 2", f"{loc:.2f}", n / loc, "", ""],
+            ["dask LocalCluster 2 workers x 1 thread, shards + merge", f"{dsk:.2f}", n / dsk,
+             f"{best(phases['shards']):.2f}", f"{best(phases['merge']):.2f}"]]
+    report.add(table(["build (decoded 224, no compression)", "s", "img/s", "shards s",
+                      "merge s"], rows))
+    report.add(f"Dask / local throughput: {loc / dsk:.2f}x ({len(specs)} shards of up to "
+               f"{specs[0].count} images; cluster start-up {startup:.1f} s, not counted).")
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--shard-size", type=int, default=250, help="images per shard")
+    p.add_argument("--skip-build", action="store_true", help="only the merge comparison")
+    args = p.parse_args()
+    root, described = image_root(args)
+    report = start_report("Shard merge vs file copy; Dask build vs local (bench_merge.py)")
+    catalog = discover(root)
+    specs = plan_shards(catalog, samples_per_shard=args.shard_size)
+    report.add(f"Input: {described}. {len(specs)} shards of up to {args.shard_size} images; "
+               f"best of {args.repeat}, variants interleaved.")
+    with tempfile.TemporaryDirectory(prefix="bench-merge-") as tmp:
+        _merge_vs_copy(catalog, specs, Path(tmp), args.repeat, report)
+        if not args.skip_build:
+            _build_vs_local(catalog, specs, Path(tmp), args.repeat, report)
+    report.write(not args.no_record)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Copy the stored sample bytes of a shard into the merged file, checking each sample's sha256.
+
+The merge holds every byte it copies in memory at some point, so it checks them there instead
+of reading the output again: each sample's sha256 is computed from the bytes in hand and
+compared with the digest its shard recorded. Hashing runs on helper threads (hashlib and zlib
+release the GIL) while the calling thread reads and writes the next block.
+
+- Unfiltered chunks (:func:`copy_raw`) and blobs (:func:`copy_blob`): runs of samples that lie
+  back to back in both files move in blocks of up to 16 MiB, one ``pread`` and one ``pwrite``
+  each; the samples are hashed from the same buffer.
+- Filtered chunks (:func:`copy_filtered`) are copied as stored, filter mask included, and the
+  digest covers the decompressed pixels, so each is decompressed once to be checked: gzip
+  chunks with zlib on the helper threads, other pipelines (lzf, Blosc, Zstd, fletcher32) by
+  HDF5 from the shard. Skipping that would leave compressed merges unchecked; decompression is
+  what bounds their speed.
+
+Memory is bounded: at most :data:`_IN_FLIGHT` bytes wait for their hash at any time.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import zlib
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import h5py
+import numpy as np
+
+from h5forge.errors import IntegrityError
+
+__all__ = ["CheckedCopy", "chunk_ranges", "copy_blob", "copy_filtered", "copy_raw"]
+
+_BLOCK = 16 << 20       # bytes read and written per system call
+_IN_FLIGHT = 48 << 20   # bytes held for hashing at once
+
+
+def _hash_threads() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, cpus or 1))
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise EOFError(f"the file ends at byte {offset + done}, inside a sample's stored "
+                           f"bytes ({offset}..{offset + len(view) - 1}): truncated?")
+        done += n
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+class CheckedCopy:
+    """Copies sample bytes and checks each sample's sha256 against its expected digest.
+
+    Use as a context manager; :attr:`failures` lists every mismatch (one line each) once
+    :meth:`wait` returned. A failure never stops the copy: the caller decides what to raise.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(_hash_threads(), thread_name_prefix="h5forge-hash")
+        self._pending: deque[tuple[Future[list[str]], int, bytearray | None]] = deque()
+        self._held = 0
+        self._free: list[bytearray] = []
+        self.failures: list[str] = []
+        self.checked = 0
+
+    def __enter__(self) -> CheckedCopy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _make_room(self, nbytes: int) -> None:
+        while self._pending and self._held + nbytes > _IN_FLIGHT:
+            self._retire()
+
+    def _submit(self, nbytes: int, buffer: bytearray | None, fn: Callable[..., list[str]],
+                *args: Any) -> None:
+        self._pending.append((self._pool.submit(fn, *args), nbytes, buffer))
+        self._held += nbytes
+
+    def _retire(self) -> None:
+        future, nbytes, buffer = self._pending.popleft()
+        self.failures += future.result()
+        self._held -= nbytes
+        if buffer is not None:
+            self._free.append(buffer)
+
+    def wait(self) -> list[str]:
+        """Wait for every submitted check; return all failures so far (one line each)."""
+        while self._pending:
+            self._retire()
+        return self.failures
+
+    def _buffer(self, size: int) -> bytearray:
+        for k, buf in enumerate(self._free):
+            if len(buf) >= size:
+                return self._free.pop(k)
+        return bytearray(max(size, _BLOCK))
+
+    def copy_ranges(self, src_fd: int, dst_fd: int, src: np.ndarray, dst: np.ndarray,
+                    sizes: np.ndarray, digests: np.ndarray, label: Callable[[int], str]) -> None:
+        """Copy samples ``j`` (``sizes[j]`` bytes from ``src[j]`` to ``dst[j]``) and check them.
+
+        Samples that lie back to back in both files are moved in blocks of up to 16 MiB (one
+        ``pread`` and one ``pwrite`` each); their digests are checked from the same buffer.
+        ``label(j)`` names sample ``j`` in a failure message.
+        """
+        src, dst, sizes = (np.asarray(a, np.int64) for a in (src, dst, sizes))
+        ends = src + sizes
+        # follows[j]: sample j + 1 follows sample j directly in both files
+        follows = ((src[1:] == ends[:-1]) & (dst[1:] == dst[:-1] + sizes[:-1])).tolist()
+        size = sizes.tolist()
+        m, j = len(size), 0
+        while j < m:
+            k, total = j + 1, size[j]
+            while k < m and follows[k - 1] and total + size[k] <= _BLOCK:
+                total += size[k]
+                k += 1
+            self._make_room(max(total, _BLOCK))
+            buf = self._buffer(total)
+            view = memoryview(buf)[:total]
+            _pread_into(src_fd, view, int(src[j]))
+            _pwrite_all(dst_fd, view, int(dst[j]))
+            self._submit(len(buf), buf, _check_block, view, size[j:k],
+                         [bytes(d) for d in digests[j:k]], label, j)
+            self.checked += k - j
+            j = k
+
+    def check(self, data: bytes | np.ndarray, want: bytes, name: str,
+              decode: Callable[[bytes], bytes] | None = None) -> None:
+        """Check one sample's bytes in hand; ``decode`` (e.g. ``zlib.decompress``) runs first,
+        on the helper thread."""
+        nbytes = data.nbytes if isinstance(data, np.ndarray) else len(data)
+        self._make_room(nbytes)
+        self._submit(nbytes, None, _check_one, data, want, name, decode)
+        self.checked += 1
+
+
+def _check_block(view: memoryview, sizes: list[int], wants: list[bytes],
+                 label: Callable[[int], str], first: int) -> list[str]:
+    fails, pos = [], 0
+    for k, (size, want) in enumerate(zip(sizes, wants, strict=True)):
+        got = hashlib.sha256(view[pos:pos + size]).digest()
+        if got != want:
+            fails.append(f"{label(first + k)}: sha256 of the copied bytes is {got.hex()}, the "
+                         f"shard's /digests says {want.hex()}")
+        pos += size
+    return fails
+
+
+def _check_one(data: Any, want: bytes, name: str,
+               decode: Callable[[bytes], bytes] | None) -> list[str]:
+    if decode is not None:
+        try:
+            data = decode(data)
+        except (zlib.error, ValueError, OSError) as e:
+            return [f"{name}: its stored chunk does not decompress ({type(e).__name__}: {e})"]
+    got = hashlib.sha256(data).digest()
+    if got != want:
+        return [f"{name}: sha256 of the copied (decompressed) bytes is {got.hex()}, the "
+                f"shard's /digests says {want.hex()}"]
+    return []
+
+
+def chunk_ranges(images: h5py.Dataset, n: int) -> np.ndarray:
+    """``(file offset, size)`` of chunk ``i`` of ``images`` (``-1`` where none), one pass."""
+    ranges = np.full((n, 2), -1, np.int64)
+
+    def record(info: Any) -> None:
+        if 0 <= info.chunk_offset[0] < n:
+            ranges[info.chunk_offset[0]] = (info.byte_offset, info.size)
+
+    if n:
+        images.id.chunk_iter(record)
+    return ranges
+
+
+def copy_raw(check: CheckedCopy, src_fd: int, src: h5py.Dataset, out_fd: int,
+              dst: np.ndarray, digests: np.ndarray, label: Callable[[int], str]) -> None:
+    """Copy unfiltered chunks file to file, into chunks allocated at creation (``dst``)."""
+    n = len(dst)
+    ranges = chunk_ranges(src, n)
+    want = int(np.prod(src.shape[1:]))
+    for j in np.flatnonzero((ranges[:, 1] != want) | (dst[:, 1] != want))[:1]:
+        raise IntegrityError(f"{label(j)}: its chunk has {ranges[j, 1]} bytes in the shard and "
+                             f"{dst[j, 1]} in the output, expected {want} (-1: no chunk); the "
+                             "shard is damaged, re-pack it")
+    check.copy_ranges(src_fd, out_fd, ranges[:, 0], dst[:, 0], ranges[:, 1], digests, label)
+
+
+def copy_filtered(check: CheckedCopy, src: h5py.Dataset, dst: h5py.Dataset, base: int,
+                   digests: np.ndarray, label: Callable[[int], str],
+                   filters: tuple[int, ...]) -> None:
+    """Copy filtered chunks as stored (filter mask carried); check the decompressed samples.
+
+    The digest covers the decompressed pixels, so checking it costs one decompression per
+    sample: gzip chunks are inflated with zlib on the hash threads, other pipelines (lzf,
+    Blosc, Zstd, fletcher32) are decoded by HDF5 from the shard.
+    """
+    zlib_only = filters == (h5py.h5z.FILTER_DEFLATE,)
+    for j in range(len(digests)):
+        mask, chunk = src.id.read_direct_chunk((j, 0, 0, 0))
+        dst.id.write_direct_chunk((base + j, 0, 0, 0), chunk, mask)
+        if zlib_only and mask == 0:
+            check.check(chunk, bytes(digests[j]), label(j), zlib.decompress)
+            continue
+        pixels = np.empty((1, *src.shape[1:]), np.uint8)
+        try:
+            src.read_direct(pixels, np.s_[j:j + 1])
+        except OSError as e:  # fletcher32 mismatch, or the codec rejects the chunk
+            check.failures.append(f"{label(j)}: HDF5 cannot decode its chunk ({e})")
+            continue
+        check.check(pixels, bytes(digests[j]), label(j))
+
+
+def copy_blob(check: CheckedCopy, local: str, src: h5py.Dataset, out_fd: int, dst_offset: int,
+               offsets: np.ndarray, digests: np.ndarray, label: Callable[[int], str]) -> int:
+    """Copy ``src``'s samples to ``dst_offset`` of the fd ``out_fd``; return the byte count.
+
+    The output blob is allocated at creation (the writer's head layout), so its file offset is
+    known and its bytes go in with plain ``pwrite``; HDF5 never caches contiguous raw data it
+    did not write, so nothing stale can overwrite them.
+    """
+    size = int(src.shape[0])
+    if size == 0:
+        return 0
+    base = src.id.get_offset()
+    assert base is not None, "a non-empty contiguous dataset has storage"
+    starts = offsets.astype(np.int64)
+    if int(starts[-1]) != size:
+        raise IntegrityError(f"{local}: /offsets ends at {int(starts[-1])}, /images holds {size}"
+                             " bytes; the shard is damaged, re-pack it")
+    fd = os.open(local, os.O_RDONLY)
+    try:
+        check.copy_ranges(fd, out_fd, base + starts[:-1], dst_offset + starts[:-1],
+                          np.diff(starts), digests, label)
+    finally:
+        os.close(fd)
+    return size

@@ -1,0 +1,88 @@
+"""The merge checks every sample's digest while it copies; the seal then verifies structure only."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from h5forge.catalog import discover
+from h5forge.demo import write_image_folder
+from h5forge.errors import IntegrityError
+from h5forge.images import ImageConfig
+from h5forge.merge import merge_shards
+from h5forge.shards import pack_shard, plan_shards
+from h5forge.verify import verify, verify_unsealed
+
+BUILDS: dict[str, dict[str, Any]] = {
+    "raw": {"image": ImageConfig(resize="resize", size=(24, 32))},
+    "gzip": {"image": ImageConfig(resize="resize", size=(24, 32)), "compression": "gzip",
+             "compression_level": 1},
+    "lzf-fletcher32": {"image": ImageConfig(resize="resize", size=(24, 32)),
+                       "compression": "lzf", "fletcher32": True},
+    "blob": {"image": ImageConfig(layout="encoded", resize="none", size=None)},
+}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Each build's shards (3 of 4 images) of a 2-class folder, packed in this process."""
+    root = tmp_path_factory.mktemp("merge_src")
+    write_image_folder(root, classes=("ant", "bee"), per_class=6, seed=5,
+                       size=((20, 50), (20, 50)), formats=("jpeg", "png"))
+    catalog = discover(root)
+    specs = plan_shards(catalog, samples_per_shard=4)
+    out: dict[str, list[str]] = {}
+    for name, kw in BUILDS.items():
+        staging = tmp_path_factory.mktemp(f"staging_{name}")
+        out[name] = [pack_shard(catalog, s, str(staging), **kw).url for s in specs]
+    return out
+
+
+def _damage_sample(path: Path, j: int) -> None:
+    """Flip one byte in the middle of sample ``j``'s stored bytes, behind HDF5's back."""
+    with h5py.File(path) as h5:
+        offset, size = (int(x) for x in h5["byte_ranges"][j])
+    with path.open("r+b") as f:
+        f.seek(offset + size // 2)
+        byte = f.read(1)[0]
+        f.seek(offset + size // 2)
+        f.write(bytes([byte ^ 0x10]))
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_merge_checks_every_sample_and_the_output_verifies(
+        build: str, shards: dict[str, list[str]], tmp_path: Path) -> None:
+    merged = merge_shards(shards[build], tmp_path / "m.h5", max_bad_fraction=0.0)
+    assert merged.num_samples == 12
+    report = verify(merged.path)  # the full verify: every digest and the file sha256
+    assert report.checked_samples == 12
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_merge_refuses_a_shard_damaged_after_packing(
+        build: str, shards: dict[str, list[str]], tmp_path: Path) -> None:
+    urls = [shutil.copy(u, tmp_path / Path(u).name) for u in shards[build]]
+    _damage_sample(Path(urls[1]), 2)
+    with pytest.raises(IntegrityError, match=r"sample 6 \(sample 2 of .*shard-00001\.h5\)"):
+        merge_shards(urls, tmp_path / "out" / "m.h5", max_bad_fraction=0.0)
+    assert not (tmp_path / "out" / "m.h5").exists()
+    assert not (tmp_path / "out" / "m.h5.partial").exists()
+
+
+def test_verify_unsealed_without_digests_still_checks_structure(
+        shards: dict[str, list[str]], tmp_path: Path) -> None:
+    path = Path(shutil.copy(shards["raw"][0], tmp_path / "s.h5"))
+    _damage_sample(path, 1)
+    with pytest.raises(IntegrityError, match="sample 1: sha256"):
+        verify_unsealed(str(path))
+    report = verify_unsealed(str(path), check_digests=False)
+    assert (report.num_samples, report.checked_samples) == (4, 0)
+    with h5py.File(path, "r+") as h5:  # an index change: caught by the metadata digest
+        h5["labels"][0] = np.int64(1 - h5["labels"][0])
+    with pytest.raises(IntegrityError, match="metadata_sha256"):
+        verify_unsealed(str(path), check_digests=False)

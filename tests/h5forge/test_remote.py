@@ -1,0 +1,131 @@
+"""Remote reading: a published asset read from S3 (moto on loopback) and memory:// through a
+DataLoader with 2 workers under fork and spawn, with the requests counted at the server.
+
+Request budget asserted here (files this h5forge writes keep all metadata and the index at the
+head of the file, see docs/FORMAT.md "Physical placement"):
+
+* opening, per process: **2 requests**, one HEAD (the size) and one ranged GET of the head;
+* batched reads: **one ranged GET per sample at most** (touching samples share one), so a
+  loader epoch costs at most ``2 x workers + 1.05 x N`` requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from h5forge.dataset import H5ImageDataset
+from h5forge.demo import write_image_folder
+from h5forge.images import ImageConfig
+from h5forge.storage import publish
+from h5forge.writer import PackResult, pack
+from tests.fixtures.loaders import as_list
+from tests.fixtures.servers import S3RequestLog
+
+OPEN_REQUESTS = 2  # HEAD + one ranged GET of the head of the file
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def packed_120(tmp_path_factory: pytest.TempPathFactory) -> PackResult:
+    """120 decoded samples, 24 x 32: enough that one request per sample is a real count."""
+    root = tmp_path_factory.mktemp("remote_src")
+    write_image_folder(root, classes=("a", "b", "c"), per_class=40, seed=11, size=(30, 40),
+                       formats=("jpeg", "png"))
+    return pack(root, tmp_path_factory.mktemp("remote") / "decoded.h5",
+                image=ImageConfig(resize="resize", size=(24, 32)), workers=2)
+
+
+def _content(samples: Iterator[tuple[Any, Any]]) -> Counter[tuple[str, int]]:
+    """Multiset of (sha256 of the C x H x W pixels, label): equal iff every sample came once."""
+    return Counter((hashlib.sha256(image.contiguous().numpy().tobytes()).hexdigest(), int(label))
+                   for image, label in samples)
+
+
+def _local_truth(path: str) -> Counter[tuple[str, int]]:
+    ds = H5ImageDataset(path)
+    return _content(ds[i] for i in range(len(ds)))
+
+
+def _epoch(ds: H5ImageDataset, method: str | None) -> Counter[tuple[str, int]]:
+    loader = DataLoader(ds, batch_size=8, shuffle=True, collate_fn=as_list,
+                        num_workers=WORKERS if method else 0, multiprocessing_context=method,
+                        generator=torch.Generator().manual_seed(0))
+    return _content(sample for batch in loader for sample in batch)
+
+
+def _is_read(method: str, rng: str | None) -> bool:
+    return method == "GET" and rng is not None and not rng.startswith("bytes=0-")
+
+
+@pytest.mark.parametrize(("method", "which"), [
+    ("fork", "packed_120"), ("spawn", "packed_120"), ("fork", "packed_encoded")])
+def test_s3_dataloader_reads_each_sample_once_with_few_requests(
+        method: str, which: str, request: pytest.FixtureRequest, s3_bucket: str,
+        s3_storage_options: dict[str, Any], s3_requests: S3RequestLog) -> None:
+    result: PackResult = request.getfixturevalue(which)
+    url = f"s3://{s3_bucket}/{which}.h5"
+    publish(result.path, url, storage_options=s3_storage_options)
+    truth = _local_truth(result.path)
+    n = result.num_samples
+
+    s3_requests.clear()
+    ds = H5ImageDataset(url, storage_options=s3_storage_options)
+    opened = [(r.method, r.range) for r in s3_requests()]
+    assert len(opened) <= OPEN_REQUESTS, opened
+    assert [m for m, _ in opened] == ["HEAD", "GET"], opened
+    assert (opened[1][1] or "").startswith("bytes=0-"), opened
+    assert len(ds) == n
+
+    s3_requests.clear()
+    assert _epoch(ds, method) == truth
+    seen = s3_requests()
+    reads = [r for r in seen if _is_read(r.method, r.range)]
+    assert all(r.path.endswith(f"/{which}.h5") for r in seen)
+    assert len(seen) - len(reads) <= WORKERS * OPEN_REQUESTS, seen  # the workers' opens
+    assert len(reads) <= math.ceil(1.05 * n), (len(reads), n)
+    assert len(seen) <= WORKERS * OPEN_REQUESTS + math.ceil(1.05 * n)
+
+
+@pytest.mark.parametrize("method", [None, "fork"])  # spawned workers cannot see this process's
+def test_memory_url_reads_like_the_local_file(method: str | None,  # memory://
+                                              packed_120: PackResult) -> None:
+    url = f"memory://h5forge-test-{uuid.uuid4().hex[:12]}/decoded.h5"
+    fs = fsspec.filesystem("memory")
+    publish(packed_120.path, url)
+    try:
+        ds = H5ImageDataset(url)
+        assert len(ds) == packed_120.num_samples
+        assert _epoch(ds, method) == _local_truth(packed_120.path)
+        image, label = ds[7]
+        local = H5ImageDataset(packed_120.path)[7]
+        assert label == local[1]
+        assert bool((image == local[0]).all())
+    finally:
+        fs.rm(url.rsplit("/", 1)[0], recursive=True)
+
+
+def test_remote_verify_reads_match_local(packed_120: PackResult, tmp_path: Path) -> None:
+    # verify_reads=True checks every remote sample against /digests as it arrives.
+    url = f"memory://h5forge-test-{uuid.uuid4().hex[:12]}/decoded.h5"
+    publish(packed_120.path, url)
+    try:
+        ds = H5ImageDataset(url, verify_reads=True)
+        got = ds.__getitems__(list(range(len(ds)))[::-1])
+        local = H5ImageDataset(packed_120.path)
+        for k, (image, label) in enumerate(got):
+            want = local[len(ds) - 1 - k]
+            assert label == want[1]
+            assert bool((image == want[0]).all())
+    finally:
+        fsspec.filesystem("memory").rm(url.rsplit("/", 1)[0], recursive=True)
