@@ -4,206 +4,42 @@ Everything up to smoke-load happens in a private local work dir; the destination
 by the publish stage, which runs only after the packed file passed a full verify and a
 smoke-load through DataLoader workers. A failure anywhere before it fails the run with nothing
 published.
+
+With ``executor="dask"`` the pack stage cuts the dataset into shards, packs the ones not done
+yet as tasks on a Dask cluster (:mod:`flows._dask_stage`) and merges them into the work dir;
+verify, smoke-load and publish then run unchanged. The shards are deleted once the asset is
+published, and kept after a failure so that a re-run packs only the missing ones.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-import fsspec
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field
 
+from flows.config import BuildConfig, check_url
 from flows.credentials import default_cache_dir, load_storage_options
 from h5forge.access import url_to_fs
-from h5forge.images import ImageConfig
 from h5forge.redact import redact_url
 from tasks._common import dataset_name
 from tasks.discover import discover_samples
 from tasks.fetch import fetch_task, source_dir
-from tasks.pack import pack_images
+from tasks.pack import PackSummary, pack_images
 from tasks.publish import make_preview, publish_task
 from tasks.report import render_report, write_report
+from tasks.shards import ShardStats, executor_section
 from tasks.smoke_load import smoke_load_file
 from tasks.verify import verify_file
 
 __all__ = ["BuildConfig", "BuildSummary", "build_dataset", "check_url"]
-
-_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
-_BLOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-# fsspec can read these but not write them.
-_READ_ONLY = frozenset({"http", "https", "github", "zip", "tar", "libarchive", "reference"})
-# Highest compression_level each codec accepts.
-_MAX_LEVEL = {"gzip": 9, "blosc-lz4": 9, "zstd": 22}
-
-
-def check_url(url: str, *, what: str, writable: bool = False) -> str:
-    """Check that ``url`` is a local path or a URL of a protocol fsspec knows, without secrets.
-
-    Raises:
-        ValueError: empty, unknown protocol, read-only protocol for a destination, or embedded
-            credentials (they belong in a Secret block, not in a parameter Prefect records).
-    """
-    url = url.strip()
-    if not url:
-        raise ValueError(f"{what} is empty; give a local path or a URL such as s3://bucket/key")
-    if redact_url(url) != url:
-        raise ValueError(
-            f"{what} {redact_url(url)!r} embeds credentials (user:password@ or a signed token); "
-            "store them in a Prefect Secret block and name it in credentials_block"
-        )
-    if "://" not in url:
-        return url
-    known = set(fsspec.available_protocols())
-    for part in url.split("::"):
-        protocol = part.split("://", 1)[0].lower() if "://" in part else part.lower()
-        if protocol not in known:
-            raise ValueError(
-                f"{what} {url!r} uses protocol {protocol!r}, which fsspec does not know; use a "
-                f"local path or one of {', '.join(sorted(p for p in known if len(p) <= 6))} ..."
-            )
-        if writable and protocol in _READ_ONLY:
-            raise ValueError(
-                f"{what} {url!r}: protocol {protocol!r} is read-only in fsspec; publish to a "
-                "local path or a writable store (s3://, gs://, az://, memory://, ...)"
-            )
-    return url
-
-
-class BuildConfig(BaseModel):
-    """Everything one build needs; Prefect renders it as the run form in the UI."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    source: Annotated[str, Field(
-        description="Where the images are: a local folder or archive, or any fsspec URL "
-        "(https://host/data.tar.gz, s3://bucket/prefix/). ImageFolder layout: "
-        "[split/]class/image.jpg.",
-        examples=["https://example.org/flowers.tar.gz", "s3://bucket/datasets/flowers/"],
-    )]
-    sha256: Annotated[str | None, Field(
-        description="sha256 of the source archive (64 hex digits). Pins the content: the "
-        "download is checked against it, and re-runs are served from the fetch cache.",
-    )] = None
-    destination: Annotated[str, Field(
-        description="Where to publish the .h5 asset: a local path or a writable fsspec URL "
-        "ending in .h5. Its .manifest.json and .preview.png are written beside it.",
-        examples=["s3://bucket/assets/flowers-224.h5"],
-    )]
-    credentials_block: Annotated[str | None, Field(
-        description="Name of a Prefect Secret block whose value is a JSON object of fsspec "
-        "storage_options (keys, endpoint) for the source and the destination.",
-    )] = None
-    layout: Annotated[Literal["decoded", "encoded"], Field(
-        description="decoded: raw uint8 pixels, nothing to decode at read time (fastest). "
-        "encoded: image file bytes (smaller, decoded by the reader).",
-    )] = "decoded"
-    encoding: Annotated[Literal["original", "jpeg", "png", "webp"], Field(
-        description="encoded layout only: keep the original file bytes or re-encode.",
-    )] = "original"
-    resize: Annotated[Literal["none", "resize", "shorter-side"], Field(
-        description="none: keep each image's size; resize: to size x size; shorter-side: "
-        "scale the shorter side to size, then centre-crop to size x size.",
-    )] = "shorter-side"
-    size: Annotated[int, Field(
-        ge=8, le=4096, description="Output height and width in pixels.",
-    )] = 224
-    mode: Annotated[Literal["RGB", "L"], Field(
-        description="RGB (3 channels) or L (grayscale, 1 channel).",
-    )] = "RGB"
-    compression: Annotated[Literal["none", "gzip", "lzf", "blosc-lz4", "zstd"], Field(
-        description="HDF5 compression of decoded fixed-size images. Off by default: photos "
-        "gain 1.0-1.3x and lose most of the read speed. blosc-lz4/zstd need hdf5plugin.",
-    )] = "none"
-    compression_level: Annotated[int | None, Field(
-        ge=0, le=22, description="Codec level (gzip 0-9, zstd 1-22); empty for the default.",
-    )] = None
-    workers: Annotated[int | None, Field(
-        ge=1, le=1024, description="Preprocessing processes; empty for the CPU count.",
-    )] = None
-    smoke_workers: Annotated[int, Field(
-        ge=0, le=64, description="DataLoader workers for the smoke-load (0: in-process).",
-    )] = 2
-    smoke_batches: Annotated[int, Field(
-        ge=1, le=10_000, description="Batches read per start method (fork, spawn) by the "
-        "smoke-load.",
-    )] = 4
-    max_bad_fraction: Annotated[float, Field(
-        ge=0.0, le=1.0, description="Fail when more than this fraction of the images cannot be "
-        "decoded (they are quarantined and listed in the report).",
-    )] = 0.01
-    overwrite: Annotated[bool, Field(
-        description="Replace an existing asset at the destination.",
-    )] = False
-
-    @field_validator("source")
-    @classmethod
-    def _source(cls, value: str) -> str:
-        return check_url(value, what="source")
-
-    @field_validator("destination")
-    @classmethod
-    def _destination(cls, value: str) -> str:
-        value = check_url(value, what="destination", writable=True)
-        if not value.endswith(".h5"):
-            raise ValueError(f"destination {value!r} must end in .h5 (e.g. s3://bucket/data.h5)")
-        return value
-
-    @field_validator("sha256")
-    @classmethod
-    def _sha256(cls, value: str | None) -> str | None:
-        if value is None or value == "":
-            return None
-        if not _SHA256.match(value):
-            raise ValueError(f"sha256 {value!r} is not 64 hexadecimal digits")
-        return value.lower()
-
-    @field_validator("credentials_block")
-    @classmethod
-    def _block(cls, value: str | None) -> str | None:
-        if value is None or value == "":
-            return None
-        if not _BLOCK_NAME.match(value):
-            raise ValueError(
-                f"credentials_block {value!r} is not a block name (lower-case letters, digits "
-                "and dashes); create it with Secret(value={...}).save('my-store-credentials')"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _image_settings(self) -> BuildConfig:
-        level, codec = self.compression_level, self.compression
-        if level is not None:
-            if codec in ("none", "lzf"):
-                raise ValueError(f"compression_level={level} needs a codec that takes a level "
-                                 f"(gzip, blosc-lz4, zstd); compression is {codec!r}")
-            if level > _MAX_LEVEL[codec]:
-                raise ValueError(f"compression_level={level} is out of range for {codec} "
-                                 f"(0..{_MAX_LEVEL[codec]})")
-        if codec != "none" and (self.layout != "decoded" or self.resize == "none"):
-            raise ValueError(f"compression={codec!r} applies to decoded images of one size only "
-                             "(layout='decoded' and resize != 'none')")
-        self.image_config().validate()
-        return self
-
-    def image_config(self) -> ImageConfig:
-        """The library's preprocessing configuration for this build."""
-        return ImageConfig(
-            layout=self.layout,
-            encoding=self.encoding,
-            mode=self.mode,
-            resize=self.resize,
-            size=None if self.resize == "none" else (self.size, self.size),
-        )
-
 
 class BuildSummary(BaseModel):
     """What a build published (URLs redacted)."""
@@ -224,6 +60,10 @@ class BuildSummary(BaseModel):
     smoke_per_method: dict[str, float] = Field(
         description="smoke-load images/s per multiprocessing start method")
     seconds: dict[str, float] = Field(description="wall time of each stage, in run order")
+    executor: str = Field("local", description="local (process pool) or dask (shards packed "
+                          "on a Dask cluster, merged in the flow's process)")
+    shards: ShardStats | None = Field(None, description="executor dask: the shard plan, the "
+                                      "shards this run packed and those it found done")
 
 
 @contextmanager
@@ -315,19 +155,30 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
             )
         with _stage(seconds, "discover"):
             discover_samples(fetched.root)
-        with _stage(seconds, "pack"):
-            packed = pack_images(
-                fetched.root,
-                out=str(work / dataset),
-                dataset=dataset,
-                image=config.image_config(),
-                compression=config.compression,
-                compression_level=config.compression_level,
-                workers=config.workers,
-                max_bad_fraction=config.max_bad_fraction,
-                source_url=fetched.source_url,
-                source_sha256=fetched.sha256,
+        sharded = None
+        if config.executor == "dask":
+            from flows._dask_stage import pack_on_dask
+
+            sharded = pack_on_dask(
+                config, root=fetched.root, out=str(work / dataset), dataset=dataset,
+                cache=cache, storage_options=options, source_url=fetched.source_url,
+                source_sha256=fetched.sha256, seconds=seconds,
             )
+            packed: PackSummary = sharded.packed
+        else:
+            with _stage(seconds, "pack"):
+                packed = pack_images(
+                    fetched.root,
+                    out=str(work / dataset),
+                    dataset=dataset,
+                    image=config.image_config(),
+                    compression=config.compression,
+                    compression_level=config.compression_level,
+                    workers=config.workers,
+                    max_bad_fraction=config.max_bad_fraction,
+                    source_url=fetched.source_url,
+                    source_sha256=fetched.sha256,
+                )
         with _stage(seconds, "verify"):
             verified = verify_file(packed.path, sample_fraction=1.0)
         with _stage(seconds, "smoke-load"):
@@ -352,6 +203,9 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                 },
                 storage_options=options,
             )
+        if sharded is not None:  # published: the shards are no longer needed to resume
+            sharded.remove_shards()
+    shards = sharded.stats if sharded is not None else None
     markdown = render_report(
         dataset=dataset,
         source=fetched.source_url,
@@ -360,7 +214,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         published=published,
         format_version=verified.format_version,
         stage_seconds=seconds,
-    )
+    ) + executor_section(workers=config.workers, shards=shards, seconds=seconds)
     write_report(markdown, dataset=dataset, preview=published.preview_url)
     logger.info("published %s (%d samples, sha256 %s)", published.url, packed.num_samples,
                 published.sha256)
@@ -379,5 +233,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         smoke_images_per_second=round(smoke.images_per_second, 1),
         smoke_per_method=smoke.per_method,
         seconds=seconds,
+        executor=config.executor,
+        shards=shards,
     )
 

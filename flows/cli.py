@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +35,13 @@ from h5forge.redact import redact_text
 __all__ = ["app", "main"]
 
 DEFAULT_DEMO_DEST = Path("h5forge-demo") / "demo.h5"
+
+
+class Executor(str, Enum):
+    """Where ``build`` packs: this machine's process pool, or shards on a Dask cluster."""
+
+    local = "local"
+    dask = "dask"
 
 
 class _NoTraceback(logging.Formatter):
@@ -114,6 +122,10 @@ def _print_summary(summary: Any) -> None:
     rates = ", ".join(f"{m} {r:,.0f} img/s" for m, r in summary.smoke_per_method.items())
     typer.echo(f"smoke-load:  {rates} (DataLoader workers, after start-up)")
     typer.echo("stages:      " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.seconds.items()))
+    if summary.shards is not None:
+        shards = summary.shards
+        typer.echo(f"shards:      {shards.total} on {shards.address}: {len(shards.packed)} packed, "
+                   f"{len(shards.skipped)} already done in {shards.staging}")
 
 
 @app.command()
@@ -137,6 +149,17 @@ def build(
     smoke_batches: Annotated[int, typer.Option(help="batches per start method")] = 4,
     max_bad_fraction: Annotated[float, typer.Option(help="quarantine limit, 0..1")] = 0.01,
     overwrite: Annotated[bool, typer.Option(help="replace an existing asset")] = False,
+    executor: Annotated[Executor, typer.Option(
+        help="local: process pool here; dask: shards on a Dask cluster, merged here")]
+    = Executor.local,
+    dask_address: Annotated[str | None, typer.Option(
+        help="executor dask: scheduler address, tcp://HOST:8786")] = None,
+    shard_size: Annotated[int, typer.Option(help="executor dask: images per shard")] = 2000,
+    shard_bytes: Annotated[int | None, typer.Option(
+        help="executor dask: also close a shard at this many source bytes")] = None,
+    staging: Annotated[str | None, typer.Option(
+        help="executor dask: shard folder every worker reaches (shared path or bucket); "
+        "default a folder in the cache")] = None,
     cache_dir: Annotated[Path | None, typer.Option(
         help="fetch cache (default ~/.cache/h5forge)")] = None,
     debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
@@ -152,6 +175,8 @@ def build(
             "compression": compression.value, "compression_level": compression_level,
             "workers": workers, "smoke_workers": smoke_workers, "smoke_batches": smoke_batches,
             "max_bad_fraction": max_bad_fraction, "overwrite": overwrite,
+            "executor": executor.value, "dask_address": dask_address, "shard_size": shard_size,
+            "shard_bytes": shard_bytes, "staging": staging,
         })
     except ValidationError as e:
         raise fail(_config_error(e), EXIT_USAGE) from e

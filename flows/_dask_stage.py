@@ -1,0 +1,155 @@
+"""The pack stage of a Dask build: plan shards, pack the missing ones on the cluster, merge.
+
+:func:`flows.build.build_dataset` calls :func:`pack_on_dask` when ``config.executor`` is
+``"dask"``. The shard tasks go to prefect-dask's ``DaskTaskRunner`` connected to the configured
+scheduler: they run on the cluster's workers, report to the same Prefect API, and show up as
+task runs of the build's flow run. Planning and the merge run in the flow's process; the merged
+file then goes through verify, smoke-load and publish exactly as a local pack does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+from uuid import UUID
+
+from fsspec.utils import get_protocol
+from prefect import get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.futures import PrefectFuture, as_completed
+
+from flows.config import BuildConfig
+from h5forge.redact import redact_url
+from h5forge.shards import ShardResult, ShardSpec, shard_catalog, shard_url
+from tasks._common import dataset_name
+from tasks.pack import PackSummary, artifact_key
+from tasks.shards import (
+    ShardPlan,
+    ShardStats,
+    merge_task,
+    pack_shard_task,
+    plan_shard_build,
+    remove_shards,
+)
+
+__all__ = ["DaskPacked", "default_staging", "pack_on_dask"]
+
+
+@dataclass(frozen=True)
+class DaskPacked:
+    """The merged file (in the work dir) and how the shards went."""
+
+    packed: PackSummary
+    stats: ShardStats
+    staging: str
+    specs: tuple[ShardSpec, ...]
+    storage_options: dict[str, Any] | None
+
+    def remove_shards(self) -> None:
+        """Delete the shards from staging; call once the merged asset is published."""
+        remove_shards(self.staging, self.specs, storage_options=self.storage_options)
+
+
+def default_staging(cache: Path, config: BuildConfig) -> str:
+    """A staging folder in the local cache, one per destination and source.
+
+    Named after both, so builds of other datasets never share shard names, and a re-run of
+    the same build finds the shards its failed predecessor left.
+    """
+    key = hashlib.sha256("\0".join(
+        [config.destination, config.source, config.sha256 or ""]).encode()).hexdigest()[:12]
+    return str(cache / "staging" / f"{dataset_name(config.destination)}-{key}")
+
+
+def pack_on_dask(config: BuildConfig, *, root: str, out: str, dataset: str, cache: Path,
+                 storage_options: dict[str, Any], source_url: str, source_sha256: str,
+                 seconds: dict[str, float]) -> DaskPacked:
+    """Plan → pack the shards not done yet on the cluster → merge them into ``out``.
+
+    Records the ``pack`` (plan and shard tasks) and ``merge`` stage times in ``seconds``.
+    The Secret block's ``storage_options`` go to the workers only when staging is remote: a
+    local or shared-disk staging needs none, and every copy sent is one more place a secret
+    travels (pickled into each task, held by the scheduler).
+    """
+    assert config.dask_address is not None, "BuildConfig requires it for executor='dask'"
+    staging = config.staging or default_staging(cache, config)
+    remote = get_protocol(staging) not in ("file", "local")
+    options = storage_options if remote and storage_options else None
+    image = config.image_config()
+    start = time.perf_counter()
+    plan = plan_shard_build(root, staging=staging, samples_per_shard=config.shard_size,
+                            bytes_per_shard=config.shard_bytes, image=image,
+                            compression=config.compression,
+                            compression_level=config.compression_level, storage_options=options)
+    _run_on_cluster(config, plan, staging=staging, dataset=dataset, options=options)
+    seconds["pack"] = round(time.perf_counter() - start, 3)
+    start = time.perf_counter()
+    merged = merge_task([shard_url(staging, s) for s in plan.specs], out=out, dataset=dataset,
+                        max_bad_fraction=config.max_bad_fraction, source_url=source_url,
+                        source_sha256=source_sha256, storage_options=options,
+                        tmp_dir=str(Path(out).parent))
+    seconds["merge"] = round(time.perf_counter() - start, 3)
+    stats = ShardStats(address=config.dask_address, staging=redact_url(staging),
+                       total=len(plan.specs), packed=tuple(s.index for s in plan.todo),
+                       skipped=tuple(sorted(plan.done)), samples_per_shard=config.shard_size,
+                       bytes_per_shard=config.shard_bytes)
+    return DaskPacked(packed=merged, stats=stats, staging=staging, specs=plan.specs,
+                      storage_options=options)
+
+
+def _run_on_cluster(config: BuildConfig, plan: ShardPlan, *, staging: str, dataset: str,
+                    options: dict[str, Any] | None) -> list[ShardResult]:
+    """Pack ``plan.todo`` as tasks on the Dask cluster; wait for all, then fail if any did.
+
+    Waiting for every shard before failing keeps the work of the others: they are committed
+    (manifest written), and the re-run packs only the failed ones.
+    """
+    from prefect_dask import DaskTaskRunner  # distributed is slow to import; only Dask builds
+
+    logger = get_run_logger()
+    todo, total = plan.todo, len(plan.specs)
+    progress = cast(UUID, create_progress_artifact(
+        100.0 * (total - len(todo)) / total, key=artifact_key("pack-progress", dataset),
+        description=f"shards of {dataset} packed"))
+    if not todo:
+        logger.info("all %d shards are already done in %s", total, redact_url(staging))
+        return []
+    logger.info("packing %d of %d shards on the Dask cluster at %s", len(todo), total,
+                config.dask_address)
+    outcomes: dict[int, ShardResult | BaseException] = {}
+    with DaskTaskRunner(address=config.dask_address) as runner:
+        try:
+            runner.client  # noqa: B018 - connect now, to fail with a clear message
+        except OSError as e:
+            raise ConnectionError(
+                f"cannot reach the Dask scheduler at {config.dask_address} ({e}); is "
+                "`dask scheduler` running there, and is its port open from this machine?"
+            ) from e
+        futures: dict[PrefectFuture[ShardResult], ShardSpec] = {}
+        for spec in todo:
+            future = runner.submit(pack_shard_task, parameters={
+                "catalog": shard_catalog(plan.catalog, spec), "spec": spec,
+                "staging_url": staging, "dataset": dataset, "image": config.image_config(),
+                "compression": config.compression,
+                "compression_level": config.compression_level, "storage_options": options})
+            futures[future] = spec
+        for future in as_completed(list(futures)):
+            outcomes[futures[future].index] = _outcome(future)
+            done = total - len(todo) + len(outcomes)
+            update_progress_artifact(progress, 100.0 * done / total)
+    failed = {i: o for i, o in outcomes.items() if isinstance(o, BaseException)}
+    if failed:
+        for i, error in sorted(failed.items()):
+            logger.error("shard %d failed: %s: %s", i, type(error).__name__, error)
+        raise failed[min(failed)]
+    return [cast(ShardResult, outcomes[s.index]) for s in todo]
+
+
+def _outcome(future: PrefectFuture[ShardResult]) -> ShardResult | BaseException:
+    try:
+        return future.result()
+    except Exception as e:  # noqa: BLE001 - a failed shard or a lost worker: re-raised above
+        return e

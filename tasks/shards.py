@@ -1,0 +1,215 @@
+"""Shard stages of a Dask build: plan (finding finished shards), pack one shard, merge, clean up.
+
+``pack_shard_task`` is what runs on the Dask workers: a thin task over
+:func:`h5forge.shards.pack_shard` with retries, returning the small
+:class:`h5forge.shards.ShardResult` (never arrays). The others run in the flow's process.
+Caching is off for all of them: whether a shard is done is decided by its manifest in the
+staging folder (:func:`h5forge.shards.find_done_shards`), not by Prefect's cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import get_run_logger, runtime, task
+from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
+from pydantic import BaseModel, ConfigDict, Field
+
+from h5forge.access import url_to_fs
+from h5forge.catalog import Catalog, discover
+from h5forge.errors import TooManyBadImagesError
+from h5forge.images import ImageConfig
+from h5forge.merge import merge_shards
+from h5forge.redact import redact_url
+from h5forge.shards import (
+    ShardResult,
+    ShardSpec,
+    find_done_shards,
+    pack_shard,
+    plan_shards,
+    shard_url,
+)
+from h5forge.storage import MANIFEST_SUFFIX
+from tasks._common import (
+    RETRY_BACKOFF_S,
+    RETRY_JITTER,
+    retry_if_transient,
+    retry_upload,
+    run_name,
+)
+from tasks.pack import PackSummary, artifact_key, quarantine_table
+
+__all__ = [
+    "ShardPlan",
+    "ShardStats",
+    "executor_section",
+    "merge_task",
+    "pack_shard_task",
+    "plan_shard_build",
+    "remove_shards",
+]
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The catalog cut into shards, and which shards the staging folder already holds intact.
+
+    It stays in the flow's process (the catalog lists every sample); each remote task gets
+    only its own slice.
+    """
+
+    catalog: Catalog
+    specs: tuple[ShardSpec, ...]
+    done: frozenset[int]
+
+    @property
+    def todo(self) -> list[ShardSpec]:
+        """The shards this run must pack."""
+        return [s for s in self.specs if s.index not in self.done]
+
+
+class ShardStats(BaseModel):
+    """How a Dask build went (URLs redacted)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    address: str = Field(description="the Dask scheduler the shards ran on")
+    staging: str = Field(description="where the shards and their manifests were published")
+    total: int = Field(description="shards in the plan")
+    packed: tuple[int, ...] = Field(description="shards packed by this run")
+    skipped: tuple[int, ...] = Field(description="shards found done in staging and reused")
+    samples_per_shard: int
+    bytes_per_shard: int | None = None
+
+
+def _compression(name: str | None) -> str | None:
+    return None if name in (None, "none") else name
+
+
+@task(name="plan-shards", task_run_name=run_name("plan-shards"), cache_policy=NO_CACHE,
+      retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
+      retry_jitter_factor=RETRY_JITTER, retry_condition_fn=retry_if_transient)
+def plan_shard_build(root: str, *, staging: str, samples_per_shard: int,
+                     bytes_per_shard: int | None, image: ImageConfig,
+                     compression: str | None = None, compression_level: int | None = None,
+                     storage_options: dict[str, Any] | None = None) -> ShardPlan:
+    """Catalog ``root``, cut it into shards, and find those already done in ``staging``.
+
+    A shard counts as done when its manifest matches the plan and the options and its file
+    has the manifest's size and sha256 (each finished shard is read once to check).
+    """
+    catalog = discover(root)
+    specs = plan_shards(catalog, samples_per_shard=samples_per_shard,
+                        bytes_per_shard=bytes_per_shard)
+    done = find_done_shards(staging, specs, image=image, compression=_compression(compression),
+                            compression_level=compression_level,
+                            storage_options=storage_options)
+    get_run_logger().info("%d shards of up to %d images; %d already done in %s, %d to pack",
+                          len(specs), samples_per_shard, len(done), redact_url(staging),
+                          len(specs) - len(done))
+    return ShardPlan(catalog=catalog, specs=tuple(specs), done=frozenset(done))
+
+
+def _shard_run_name() -> str:
+    params = runtime.task_run.parameters
+    spec = params.get("spec")
+    where = f" {spec.name}" if isinstance(spec, ShardSpec) else ""
+    return f"pack-shard[{params.get('dataset', '')}{where}]"
+
+
+@task(name="pack-shard", task_run_name=_shard_run_name, cache_policy=NO_CACHE,
+      retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
+      retry_jitter_factor=RETRY_JITTER, retry_condition_fn=retry_upload)
+def pack_shard_task(catalog: Catalog, spec: ShardSpec, staging_url: str, *, dataset: str,
+                    image: ImageConfig, compression: str | None = None,
+                    compression_level: int | None = None,
+                    storage_options: dict[str, Any] | None = None) -> ShardResult:
+    """Pack one shard on a worker and publish it, manifest last (see
+    :func:`h5forge.shards.pack_shard`). One process per task: the cluster's worker processes
+    are the parallelism. ``dataset`` names the task run."""
+    result = pack_shard(catalog, spec, staging_url, image=image,
+                        compression=_compression(compression),
+                        compression_level=compression_level, processes=1,
+                        storage_options=storage_options)
+    get_run_logger().info("%s: %d images (%d quarantined), %.1f MB in %.1f s", spec.name,
+                          result.num_samples, result.num_quarantined, result.bytes / 1e6,
+                          result.seconds)
+    return result
+
+
+@task(name="merge", task_run_name=run_name("merge"), cache_policy=NO_CACHE)
+def merge_task(urls: Sequence[str], *, out: str, dataset: str, max_bad_fraction: float,
+               source_url: str = "", source_sha256: str = "",
+               storage_options: dict[str, Any] | None = None,
+               tmp_dir: str | None = None) -> PackSummary:
+    """Merge the shards into the local file ``out`` (see :func:`h5forge.merge.merge_shards`).
+
+    The quarantine table artifact lists every input no shard could pack, as a local pack's
+    does, also when too many were quarantined and the merge fails.
+    """
+    table_key = artifact_key("quarantine", dataset)
+    try:
+        result = merge_shards(urls, out, max_bad_fraction=max_bad_fraction,
+                              source_url=source_url, source_sha256=source_sha256,
+                              storage_options=storage_options, overwrite=True, tmp_dir=tmp_dir)
+    except TooManyBadImagesError as e:
+        quarantine_table(e.quarantined, key=table_key)
+        raise
+    quarantine_table(result.quarantined, key=table_key)
+    get_run_logger().info("merged %d shards: %d samples (%d quarantined), %.1f MB in %.1f s",
+                          len(urls), result.num_samples, result.num_quarantined,
+                          result.bytes / 1e6, result.seconds)
+    return PackSummary(path=result.path, num_samples=result.num_samples,
+                       num_quarantined=result.num_quarantined, num_classes=result.num_classes,
+                       classes=tuple(result.classes), quarantined=tuple(result.quarantined),
+                       counts=result.counts, bytes=result.bytes, seconds=result.seconds)
+
+
+@task(name="remove-shards", task_run_name=run_name("remove-shards"), cache_policy=NO_CACHE,
+      retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
+      retry_condition_fn=retry_if_transient)
+def remove_shards(staging: str, specs: Sequence[ShardSpec], *,
+                  storage_options: dict[str, Any] | None = None) -> int:
+    """Delete the plan's shards from ``staging`` once the merged asset is published.
+
+    Each manifest goes before its file, so no reader pairs a manifest with a missing file.
+    Returns the number of files deleted.
+    """
+    fs, _ = url_to_fs(staging, storage_options)
+    removed = 0
+    for spec in specs:
+        _, path = url_to_fs(shard_url(staging, spec), storage_options)
+        for name in (path + MANIFEST_SUFFIX, path):
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(name)
+                removed += 1
+    return removed
+
+
+def executor_section(*, workers: int | None, shards: ShardStats | None,
+                     seconds: dict[str, float]) -> str:
+    """The report's markdown section on where the images were packed (``shards``: None for
+    the local executor)."""
+    if shards is None:
+        pool = f"{workers} processes" if workers else "one process per CPU"
+        return f"\n## Executor\n\nlocal: a process pool on the flow's machine ({pool}).\n"
+    packed, skipped = len(shards.packed), len(shards.skipped)
+    limits = f"up to {shards.samples_per_shard} images" + (
+        f" or {shards.bytes_per_shard:,} source bytes" if shards.bytes_per_shard else "")
+    listed = ", ".join(str(i) for i in shards.skipped[:50]) + (
+        " …" if skipped > 50 else "")
+    lines = [
+        "", "## Executor", "",
+        f"dask: `{shards.address}`, staging `{shards.staging}`.", "",
+        f"- **shards**: {shards.total} of {limits}; **packed by this run**: {packed}; "
+        f"**skipped** (found done in staging, manifest and sha256 checked): {skipped}"
+        + (f" ({listed})" if skipped else ""),
+        f"- **shard stage**: {seconds.get('pack', 0.0):,.2f} s on the cluster; "
+        f"**merge**: {seconds.get('merge', 0.0):,.2f} s here (stored bytes copied, each "
+        "sample's digest checked)", "",
+    ]
+    return "\n".join(lines)
