@@ -85,7 +85,7 @@ def _refuse_existing(dest: str, storage_options: dict[str, Any]) -> None:
 
 
 _WORK_PREFIX = "h5forge-build-"
-_DEAD_AFTER_S = 5.0  # a live run locks its work dir microseconds after creating it
+_NEW_PREFIX = ".h5forge-new-"  # a work dir before it is locked; never taken for a dead one
 
 
 @contextmanager
@@ -94,15 +94,16 @@ def _work_dir() -> Iterator[Path]:
 
     A killed run cannot delete its folder, which holds the packed file (as large as the
     dataset); each build first removes the ``h5forge-build-*`` folders of dead runs: those
-    whose lock it can take (the kernel drops a dead process's locks).
+    whose lock it can take (the kernel drops a dead process's locks). A folder gets its
+    ``h5forge-build-`` name only once it is locked, so a live one is never taken for dead.
     """
     import fcntl
 
     root = Path(tempfile.gettempdir())
-    for old in root.glob(f"{_WORK_PREFIX}*"):
+    for old in [*root.glob(f"{_WORK_PREFIX}*"), *root.glob(f"{_NEW_PREFIX}*")]:
         try:
-            if old.stat().st_uid != os.getuid() or time.time() - old.stat().st_mtime < \
-                    _DEAD_AFTER_S:
+            if old.stat().st_uid != os.getuid() or (
+                    old.name.startswith(_NEW_PREFIX) and time.time() - old.stat().st_mtime < 60):
                 continue
             fd = os.open(old, os.O_RDONLY)
         except OSError:
@@ -114,13 +115,18 @@ def _work_dir() -> Iterator[Path]:
             pass  # a live run holds it
         finally:
             os.close(fd)
-    with tempfile.TemporaryDirectory(prefix=_WORK_PREFIX) as tmp:
-        fd = os.open(tmp, os.O_RDONLY)
+    new = Path(tempfile.mkdtemp(prefix=_NEW_PREFIX))
+    fd = os.open(new, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        work = new.with_name(_WORK_PREFIX + new.name[len(_NEW_PREFIX):])
+        os.rename(new, work)  # the lock stays with the folder
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield Path(tmp)
+            yield work
         finally:
-            os.close(fd)
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 @flow(name="build-h5-dataset")

@@ -19,7 +19,6 @@ import os
 import posixpath
 import re
 import secrets
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -344,7 +343,6 @@ def _put(fs: Any, path: str, *, local: str | None = None, data: bytes | None = N
 
 
 _TEMP = ".tmp-"
-_STALE_AFTER_S = 5.0  # a live writer locks its temp file microseconds after creating it
 
 
 class _Temp:
@@ -367,10 +365,15 @@ def _temp_copy(path: str, local: str | None, data: bytes | None = None) -> Itera
     The temp file is removed on exit unless it was renamed away.
     """
     parent, name = posixpath.split(path)
-    tmp = posixpath.join(parent, f".{name}{_TEMP}{secrets.token_hex(6)}")
-    out = open(tmp, "xb")  # noqa: SIM115 - closed by unlock() or in the finally below
+    token = secrets.token_hex(6)
+    tmp = posixpath.join(parent, f".{name}{_TEMP}{token}")
+    # Created under another name and locked before it gets its temp name, so a temp file
+    # whose lock can be taken is always a dead writer's.
+    fresh = posixpath.join(parent, f".{name}.new-{token}")
+    out = open(fresh, "xb")  # noqa: SIM115 - closed by unlock() or in the finally below
     try:
         _lock(out.fileno(), blocking=True)
+        os.rename(fresh, tmp)
         src: IO[bytes]
         with open(local, "rb") if local else io.BytesIO(data or b"") as src:
             while block := src.read(_CHUNK):
@@ -380,8 +383,9 @@ def _temp_copy(path: str, local: str | None, data: bytes | None = None) -> Itera
         yield _Temp(tmp, out)
     finally:
         out.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
+        for leftover in (fresh, tmp):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(leftover)
 
 
 def _remove_stale_temps(parent: str, name: str) -> None:
@@ -392,8 +396,7 @@ def _remove_stale_temps(parent: str, name: str) -> None:
     """
     prefixes = (f".{name}{_TEMP}", f".{name}{MANIFEST_SUFFIX}{_TEMP}")
     with contextlib.suppress(FileNotFoundError), os.scandir(parent) as entries:
-        stale = [e.path for e in entries if e.name.startswith(prefixes) and e.is_file()
-                 and time.time() - e.stat().st_mtime > _STALE_AFTER_S]
+        stale = [e.path for e in entries if e.name.startswith(prefixes) and e.is_file()]
     for tmp in stale:
         try:
             fd = os.open(tmp, os.O_RDONLY)

@@ -1,0 +1,245 @@
+"""Campaign 6 — concurrency: racing publishers, and readers and re-verifiers during a publish.
+
+Three small assets (A0, A1, A2: same classes, different images) are packed once. Each trial
+starts processes (fork) at one gate:
+
+* ``replace``: the destination holds A0; two publishers replace it with A1 and A2 at once
+  (``overwrite=True``). Both must succeed; the end state is A1 or A2, whole, with its manifest.
+* ``first-wins``: the destination is empty; two publishers publish A1 and A2 without
+  ``overwrite``. Exactly one succeeds; the other gets ``FileExistsError``; the end state is the
+  winner's.
+* ``same-bytes``: two publishers publish A1 at once; both succeed (one may find it unchanged).
+
+While the publishers run, two readers open ``H5ImageDataset(dest, verify_reads=True)`` over and
+over and read every sample: each read must be one asset, whole (its sample count and digests
+those of A0, A1 or A2, and no IntegrityError). A re-verifier runs ``verify`` and compares the
+result with the manifest read just before and just after: when the manifest did not change in
+between, the verified file must be the one it describes (otherwise the manifest disagreed with
+its file: torn). The destination is checked at the end: a manifest matching its file, verifying.
+
+Full campaign only: two ``h5forge build`` runs to one destination at once (Prefect server).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Imported here, before the children fork, so they start at once (torch takes seconds).
+from h5forge.dataset import H5ImageDataset
+from h5forge.demo import write_image_folder
+from h5forge.images import ImageConfig
+from h5forge.storage import publish, read_manifest, sha256_file
+from h5forge.verify import verify
+from h5forge.writer import pack
+from tests.reliability._result import CampaignResult
+
+__all__ = ["KINDS", "make_assets", "run", "run_trial"]
+
+KINDS = ("replace", "first-wins", "same-bytes")
+
+
+def make_assets(work: Path) -> dict[str, Path]:
+    """Three different sealed assets of the same classes (a few MB each)."""
+    out = {}
+    for i, name in enumerate(("A0", "A1", "A2")):
+        src = work / f"src-{name}"
+        path = work / f"{name}.h5"
+        if not path.exists():
+            write_image_folder(src, classes=("x", "y"), per_class=60 + 10 * i, seed=100 + i,
+                               size=(48, 48), formats=("png",))
+            pack(src, path, image=ImageConfig(resize="resize", size=(96, 96)), workers=1)
+            shutil.rmtree(src)
+        out[name] = path
+    return out
+
+
+def _fingerprint(path: Path) -> dict[str, Any]:
+    import h5py
+
+    with h5py.File(path, "r") as h5:
+        digests = h5["digests"][()]
+    return {"sha256": sha256_file(path), "n": len(digests),
+            "digests": hashlib.sha256(digests.tobytes()).hexdigest()}
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _publisher(gate: Any, src: str, dest: str, overwrite: bool, out: Any) -> None:
+    gate.wait()
+    try:
+        r = publish(src, dest, overwrite=overwrite)
+        out.put(("publish", src, "unchanged" if r.unchanged else "published", "", 1))
+    except FileExistsError as e:
+        out.put(("publish", src, "FileExistsError", str(e)[:120], 1))
+    except Exception as e:  # noqa: BLE001 - reported to the parent, classified there
+        out.put(("publish", src, type(e).__name__, str(e)[:300], 1))
+
+
+class _Tally:
+    """Outcome counts kept in a child and sent once at the end (a queue fed on every event
+    fills its pipe, and a child then cannot exit until the parent drains it)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.counts: dict[str, int] = {}
+        self.details: dict[str, str] = {}
+
+    def add(self, result: str, detail: str = "") -> None:
+        self.counts[result] = self.counts.get(result, 0) + 1
+        self.details.setdefault(result, detail)
+
+    def send(self, out: Any) -> None:
+        for result, n in self.counts.items():
+            out.put((self.what, "", result, self.details[result], n))
+
+
+def _reader(gate: Any, stop: Any, dest: str, known: dict[str, int], out: Any) -> None:
+    tally = _Tally("read")
+    gate.wait()
+    while not stop.is_set():
+        try:
+            ds = H5ImageDataset(dest, verify_reads=True)
+        except FileNotFoundError:
+            tally.add("absent")
+            continue
+        except Exception as e:  # noqa: BLE001 - reported to the parent, classified there
+            tally.add(type(e).__name__, str(e)[:300])
+            continue
+        try:
+            n = len(ds)
+            for start in range(0, n, 32):
+                ds.__getitems__(list(range(start, min(n, start + 32))))
+            tally.add("whole" if n in known.values() else "UNKNOWN COUNT", str(n))
+        except Exception as e:  # noqa: BLE001
+            tally.add(type(e).__name__, str(e)[:300])
+        finally:
+            ds.close()
+    tally.send(out)
+
+
+def _reverifier(gate: Any, stop: Any, dest: str, out: Any) -> None:
+    tally = _Tally("reverify")
+    gate.wait()
+    while not stop.is_set():
+        try:
+            before = read_manifest(dest)
+        except FileNotFoundError:
+            tally.add("not published")
+            continue
+        try:
+            report = verify(dest)
+        except FileNotFoundError:
+            tally.add("absent")
+            continue
+        except Exception as e:  # noqa: BLE001
+            tally.add(type(e).__name__, str(e)[:300])
+            continue
+        try:
+            after = read_manifest(dest)
+        except FileNotFoundError:
+            after = None
+        if after != before:
+            tally.add("manifest changed meanwhile")
+        elif report.sha256 != before["sha256"]:
+            tally.add("TORN", f"manifest {before['sha256']} stayed, file is {report.sha256}")
+        else:
+            tally.add("matches its manifest")
+    tally.send(out)
+
+
+def run_trial(kind: str, assets: dict[str, Path], work: Path, k: int,
+              rng: random.Random) -> tuple[dict[str, int], list[str]]:
+    """One race; returns (observation -> count, problems)."""
+    ctx = mp.get_context("fork")
+    box = work / f"race-{k}"
+    shutil.rmtree(box, ignore_errors=True)
+    box.mkdir()
+    dest = box / "asset.h5"
+    if kind == "replace":
+        publish(assets["A0"], str(dest))
+    srcs = [assets["A1"], assets["A1"] if kind == "same-bytes" else assets["A2"]]
+    overwrite = kind == "replace"
+    known = {name: _fingerprint(p)["n"] for name, p in assets.items()}
+    gate, stop, out = ctx.Barrier(5), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_publisher, args=(gate, str(s), str(dest), overwrite, out))
+             for s in srcs]
+    procs += [ctx.Process(target=_reader, args=(gate, stop, str(dest), known, out))
+              for _ in range(2)]
+    procs.append(ctx.Process(target=_reverifier, args=(gate, stop, str(dest), out)))
+    for p in procs:
+        p.start()
+    for p in procs[:2]:
+        p.join(timeout=120)
+    time.sleep(rng.uniform(0.1, 0.4))  # readers see the settled state too
+    stop.set()
+    events = [out.get(timeout=120) for _ in range(2)]  # the publishers' results
+    for p in procs[2:]:
+        p.join(timeout=120)
+    while not out.empty():
+        events.append(out.get(timeout=5))
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    for what, src, result, detail, n in events:
+        key = f"{what}: {result}"
+        seen[key] = seen.get(key, 0) + n
+        if result in ("IntegrityError", "TORN", "UNKNOWN COUNT") or (
+                what == "publish" and result not in ("published", "unchanged",
+                                                     "FileExistsError")) or (
+                what != "publish" and result not in (
+                    "whole", "absent", "not published", "matches its manifest",
+                    "manifest changed meanwhile")):
+            problems.append(f"{kind}: {what} {Path(src).name if src else ''} -> {result}: "
+                            f"{detail}")
+    pubs = [r for w, _, r, _, _ in events if w == "publish"]
+    if kind == "first-wins" and sorted(pubs) != ["FileExistsError", "published"]:
+        problems.append(f"first-wins: publishers ended {pubs}, expected one published and one "
+                        "FileExistsError")
+    if kind != "first-wins" and any(r not in ("published", "unchanged") for r in pubs):
+        problems.append(f"{kind}: publishers ended {pubs}, expected both to succeed")
+    final = read_manifest(str(dest))
+    fp = _fingerprint(dest)
+    if final["sha256"] != fp["sha256"]:
+        problems.append(f"{kind}: final manifest {final['sha256']} != file {fp['sha256']}")
+    if fp["sha256"] not in {_fingerprint(s)["sha256"] for s in srcs}:
+        problems.append(f"{kind}: the final file is none of the published assets")
+    if not problems:
+        shutil.rmtree(box, ignore_errors=True)
+    return seen, problems
+
+
+def run(*, trials: int = 30, seed: int = 0, work: Path,
+        builds: Callable[[CampaignResult], None] | None = None,
+        log: Callable[[str], None] = lambda s: None) -> CampaignResult:
+    """``trials`` races, round-robin over :data:`KINDS`; then the build races if given."""
+    t0 = time.perf_counter()
+    res = CampaignResult("concurrency")
+    rng = random.Random(seed)
+    assets = make_assets(work)
+    totals: dict[str, int] = {}
+    for k in range(trials):
+        kind = KINDS[k % len(KINDS)]
+        seen, problems = run_trial(kind, assets, work, k, rng)
+        for key, n in seen.items():
+            totals[key] = totals.get(key, 0) + n
+        lost = any("TORN" in p or "!=" in p or "none of" in p or "IntegrityError" in p
+                   for p in problems)
+        res.record(f"race {kind}: {'clean' if not problems else 'PROBLEM'}",
+                   detected=not problems, lost=lost,
+                   problem="\n    ".join(problems) if problems else None)
+        log(f"  race {k} {kind}: {json.dumps(seen, sort_keys=True)}"
+            f"{' PROBLEMS' if problems else ''}")
+    res.notes.append("observations over all races: " + ", ".join(
+        f"{k} {v}" for k, v in sorted(totals.items())))
+    if builds is not None:
+        builds(res)
+    res.seconds = time.perf_counter() - t0
+    return res
