@@ -128,6 +128,11 @@ def deployment_id(api_url: str, flow_name: str, deployment_name: str) -> str | N
     return str(response.json()["id"]) if response.status_code == 200 else None
 
 
+def server_log(workdir: Path) -> Path:
+    """Where :func:`prefect_server` started in ``workdir`` writes the server's output."""
+    return workdir / "server.log"
+
+
 @contextlib.contextmanager
 def prefect_server(workdir: Path) -> Iterator[str]:
     """``prefect server start`` on a free loopback port, UI included; yields the API URL.
@@ -142,7 +147,7 @@ def prefect_server(workdir: Path) -> Iterator[str]:
         PREFECT_UI_API_URL=api_url,
         PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT="false",
     )  # fmt: skip
-    log = workdir / "server.log"
+    log = server_log(workdir)
     args = [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     with child_process(args, env=env, log=log) as proc:
         wait_until(

@@ -23,6 +23,7 @@ from tests.deployments._processes import (
     log_tail,
     prefect_server,
     served_deployments,
+    server_log,
 )
 
 pytestmark = [pytest.mark.ui, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -75,6 +76,45 @@ def _field(page, title: str):  # type: ignore[no-untyped-def]
     ).last
 
 
+class BrowserLog:
+    """What the page reported that a screenshot does not show: console errors and warnings,
+    uncaught exceptions, and every API response with status >= 400 (method, URL, body).
+    The UI turns a rejected request into a bare "Oops. Something went wrong." toast; the
+    response body says why."""
+
+    def __init__(self, page) -> None:  # type: ignore[no-untyped-def]
+        self.lines: list[str] = []
+        page.on("console", self._console)
+        page.on("pageerror", lambda error: self.lines.append(f"page error: {error}"))
+        page.on("requestfailed", lambda request: self.lines.append(
+            f"request failed: {request.method} {request.url}: {request.failure}"))
+        page.on("response", self._response)
+
+    def _console(self, message) -> None:  # type: ignore[no-untyped-def]
+        if message.type in ("error", "warning"):
+            self.lines.append(f"console {message.type}: {message.text}")
+
+    def _response(self, response) -> None:  # type: ignore[no-untyped-def]
+        if response.status < 400:
+            return
+        try:
+            body = response.text()
+        except Exception as exc:  # the page may have navigated away meanwhile
+            body = f"(body unavailable: {exc})"
+        self.lines.append(
+            f"HTTP {response.status} {response.request.method} {response.url}\n"
+            f"  request: {(response.request.post_data or '')[:4000]}\n"
+            f"  response: {body[:4000]}"
+        )
+
+    def failed_responses(self) -> list[str]:
+        return [line for line in self.lines if line.startswith("HTTP ")]
+
+    def report(self) -> str:
+        lines = self.lines or ["(nothing)"]
+        return "--- browser console errors and failed requests ---\n" + "\n".join(lines)
+
+
 def _wait_for_final_state(page, *, timeout_s: float) -> str:  # type: ignore[no-untyped-def]
     """Read the flow run page's state badge until it shows a final state; reload now and
     then in case the page's own polling stalls."""
@@ -108,6 +148,7 @@ def test_run_form_builds_asset(
             browser = pw.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(60_000)
+            browser_log = BrowserLog(page)
             try:
                 page.goto(f"{ui_url}/deployments/deployment/{dep_id}/run")
                 source = _field(page, "Source").locator("textarea")
@@ -137,6 +178,8 @@ def test_run_form_builds_asset(
                 page.screenshot(path=screenshots / "05-artifacts.png", full_page=True)
             except Exception:
                 page.screenshot(path=screenshots / "failure.png", full_page=True)
+                print(browser_log.report())
+                print(log_tail(server_log(tmp_path), 100))
                 print(log_tail(serve_log, 200))
                 raise
             finally:
