@@ -166,17 +166,18 @@ def test_class_losing_every_image_is_an_error(tmp_path: Path) -> None:
 
 def test_killed_pack_never_leaves_the_final_name(tmp_path: Path) -> None:
     src = tmp_path / "src"
-    write_image_folder(src, classes=("a", "b"), per_class=150, seed=2, size=(120, 160),
+    write_image_folder(src, classes=("a", "b"), per_class=200, seed=2, size=(120, 160),
                        formats=("png",))
     out = tmp_path / "killed.h5"
-    code = ("import sys; from h5forge.writer import pack; from h5forge.images import ImageConfig;"
-            f"pack({str(src)!r}, {str(out)!r}, image=ImageConfig(resize='none', size=None),"
+    code = ("from h5forge.writer import pack; from h5forge.images import ImageConfig;"
+            f"pack({str(src)!r}, {str(out)!r}, image=ImageConfig(resize='resize', size=(64, 64)),"
             " workers=1)")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not Path(str(out) + ".partial").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.2)
+    partial = Path(str(out) + ".partial")
+    deadline = time.monotonic() + 120
+    while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the pack finished before it could be killed"
     assert not out.exists()
