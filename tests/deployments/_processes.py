@@ -139,6 +139,10 @@ def prefect_server(workdir: Path) -> Iterator[str]:
 
     ``PREFECT_UI_API_URL`` must name the same port, or the UI calls port 4200 and shows
     "Can't connect to Server API".
+
+    On SQLite the server answers 503 when a write meets another connection's write ("database
+    is locked"); ``PREFECT_API_LOG_RETRYABLE_ERRORS`` puts those in the log, which is otherwise
+    silent about them.
     """
     port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
@@ -146,6 +150,7 @@ def prefect_server(workdir: Path) -> Iterator[str]:
         None, workdir / "server-home",
         PREFECT_UI_API_URL=api_url,
         PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT="false",
+        PREFECT_API_LOG_RETRYABLE_ERRORS="true",
     )  # fmt: skip
     log = server_log(workdir)
     args = [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)]

@@ -4,18 +4,32 @@ by Playwright's Python package -- no browser download) filling the on-demand dep
 form, submitting it, and watching the flow run reach Completed.
 
 Screenshots of every step are kept in ``test-artifacts/ui/`` at the repository root (gitignored).
+On failure the test prints what the browser saw (console errors, failed requests with their
+bodies) and the tails of the server's and the runner's logs.
+
+The server keeps its state in SQLite. Creating a flow run reads, then inserts; when another
+connection writes in between (the runner marking its deployments ready on every poll, the
+server's event persister), SQLite refuses the insert at once ("database is locked") and Prefect
+answers 503, which its Python client retries by itself but the UI does not: it shows "Oops.
+Something went wrong." and leaves the form filled in. The test then presses the button again,
+as a person would; any other refusal fails the test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import Any, get_args
 
+import httpx
 import pytest
 
+from flows.build import BuildConfig
 from tests.deployments._processes import (
     BUILD_FLOW,
     REPO_ROOT,
@@ -41,6 +55,8 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = REPO_ROOT / "test-artifacts" / "ui"
 FINAL_STATES = ("Completed", "Failed", "Crashed", "Cancelled")
+CREATE_FLOW_RUN = re.compile(r"/api/deployments/[0-9a-f-]+/create_flow_run$")
+SUBMIT_ATTEMPTS = 5
 
 
 @pytest.fixture
@@ -86,8 +102,12 @@ class BrowserLog:
         self.lines: list[str] = []
         page.on("console", self._console)
         page.on("pageerror", lambda error: self.lines.append(f"page error: {error}"))
-        page.on("requestfailed", lambda request: self.lines.append(
-            f"request failed: {request.method} {request.url}: {request.failure}"))
+        page.on(
+            "requestfailed",
+            lambda request: self.lines.append(
+                f"request failed: {request.method} {request.url}: {request.failure}"
+            ),
+        )
         page.on("response", self._response)
 
     def _console(self, message) -> None:  # type: ignore[no-untyped-def]
@@ -107,12 +127,72 @@ class BrowserLog:
             f"  response: {body[:4000]}"
         )
 
-    def failed_responses(self) -> list[str]:
-        return [line for line in self.lines if line.startswith("HTTP ")]
-
     def report(self) -> str:
         lines = self.lines or ["(nothing)"]
         return "--- browser console errors and failed requests ---\n" + "\n".join(lines)
+
+
+def _check_form_shows_model(page) -> None:  # type: ignore[no-untyped-def]
+    """The run form is rendered from BuildConfig: each field shows its description, fields
+    with defaults show them, and Literal fields are selects offering exactly their values."""
+    from playwright.sync_api import expect  # auto-waiting: the form fills in its defaults late
+
+    fields = BuildConfig.model_fields
+    for name, title in (
+        ("source", "Source"),
+        ("size", "Size"),
+        ("layout", "Layout"),
+        ("resize", "Resize"),
+    ):
+        shown = " ".join(_field(page, title).locator(".p-label__description").inner_text().split())
+        wanted = " ".join(str(fields[name].description).split())
+        assert shown[:40] == wanted[:40], f"{title}: description {shown!r}, model {wanted!r}"
+    expect(_field(page, "Size").locator("input")).to_have_value(str(fields["size"].default))
+    for name, title in (("layout", "Layout"), ("resize", "Resize")):
+        select = _field(page, title).locator(".p-select")
+        value = select.locator(".p-select-button__value")
+        expect(value).to_have_text(str(fields[name].default))
+        select.locator("button").focus()
+        page.keyboard.press("ArrowDown")  # opens the option list
+        options = page.locator(".p-select-option")
+        options.first.wait_for()
+        offered = [text.strip() for text in options.all_inner_texts()]
+        page.keyboard.press("Escape")
+        options.first.wait_for(state="hidden")
+        assert offered == list(get_args(fields[name].annotation)), f"{title}: {offered}"
+        expect(value).to_have_text(str(fields[name].default))  # closing changed nothing
+
+
+def _dismiss_toasts(page) -> None:  # type: ignore[no-untyped-def]
+    # The "Oops" toast never times out and sits over the bottom right, where the button is.
+    for close in page.locator(".p-toast__close-btn").all():
+        with contextlib.suppress(Exception):
+            close.click(timeout=2_000)
+
+
+def _submit_run_form(page) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """Press the form's submit button until the server creates the flow run; return it.
+
+    Only a 503 (SQLite busy: nothing was created, see the module docstring) is answered by
+    pressing again; any other status fails with the server's reason.
+    """
+    for attempt in range(1, SUBMIT_ATTEMPTS + 1):
+        with page.expect_response(
+            lambda r: r.request.method == "POST" and CREATE_FLOW_RUN.search(r.url) is not None
+        ) as created:
+            page.locator("button[type=submit]").click()
+        response = created.value
+        if response.status == 201:
+            return dict(response.json())
+        if response.status != 503 or attempt == SUBMIT_ATTEMPTS:
+            raise AssertionError(
+                f"creating the flow run failed (attempt {attempt}): HTTP {response.status} "
+                f"{response.text()}"
+            )
+        print(f"create_flow_run answered 503 (SQLite busy), attempt {attempt}; submitting again")
+        _dismiss_toasts(page)
+        page.wait_for_timeout(500 * attempt)
+    raise AssertionError("unreachable")
 
 
 def _wait_for_final_state(page, *, timeout_s: float) -> str:  # type: ignore[no-untyped-def]
@@ -154,6 +234,7 @@ def test_run_form_builds_asset(
                 source = _field(page, "Source").locator("textarea")
                 source.wait_for()
                 page.screenshot(path=screenshots / "01-run-form.png", full_page=True)
+                _check_form_shows_model(page)
 
                 page.get_by_text("Run Name").wait_for()
                 page.locator("input[type=text]").first.fill(run_name)
@@ -162,12 +243,14 @@ def test_run_form_builds_asset(
                 _field(page, "Size").locator("input").fill("32")
                 page.screenshot(path=screenshots / "02-form-filled.png", full_page=True)
 
-                page.locator("button[type=submit]").click()
-                # Submitting lands on the deployment's page, whose run list links the new run
-                # by name (the "View run" toast is animated and moves under the pointer).
-                page.wait_for_url(f"**/deployments/deployment/{dep_id}**")
+                flow_run = _submit_run_form(page)
+                assert flow_run["name"] == run_name, flow_run
+                # Submitting lands on the deployment's page (exactly: the form's own URL,
+                # .../run, starts the same), whose run list links the new run by name (the
+                # "View run" toast is animated and moves under the pointer).
+                page.wait_for_url(re.compile(rf"/deployments/deployment/{dep_id}(?:[?#].*)?$"))
                 page.get_by_role("link", name=run_name).first.click()
-                page.wait_for_url("**/runs/flow-run/**")
+                page.wait_for_url(f"**/runs/flow-run/{flow_run['id']}**")
                 page.get_by_text(run_name).first.wait_for()
                 page.screenshot(path=screenshots / "03-flow-run-started.png", full_page=True)
 
@@ -185,6 +268,11 @@ def test_run_form_builds_asset(
             finally:
                 browser.close()
         assert state == "Completed", f"flow run ended {state}\n{log_tail(serve_log, 200)}"
+        runs = httpx.post(
+            f"{api_url}/flow_runs/filter",
+            json={"flow_runs": {"name": {"any_": [run_name]}}}, timeout=30,
+        ).json()  # fmt: skip
+        assert [run["id"] for run in runs] == [flow_run["id"]], "one submission, one run"
 
     assert destination.is_file(), f"{destination} missing after a Completed run"
     assert Path(f"{destination}.manifest.json").is_file()
