@@ -53,8 +53,8 @@ from h5forge.writer import (
     _check_bad_fraction,
     _check_every_class,
     _filter_kwargs,
-    _fsync,
     _root_attrs,
+    _seal,
 )
 
 __all__ = ["merge_shards"]
@@ -255,33 +255,9 @@ def _write(partial: str, shards: list[_Shard], options: dict[str, Any] | None, t
             if bad:
                 ds[name].resize(len(bad), axis=0)
                 ds[name][...] = np.array([q[col] for q in bad], dtype=object)
-        h5.flush()  # _seal_merged() fsyncs it while it verifies
+        h5.flush()  # _seal() fsyncs it while it verifies
         if flushing is not None:
             flushing.result()
-
-
-def _seal_merged(partial: str, out_path: Path) -> None:
-    """Seal like :func:`h5forge.writer._seal`, verifying structure only.
-
-    The copy checked every sample's digest from the bytes it wrote (see :func:`_write`), so
-    re-reading and re-hashing the whole file here would check the same bytes twice; the
-    structural verify still checks counts, labels, metadata digest, and that every byte range
-    matches the HDF5 layout. The file's sha256 is computed when it is published.
-    """
-    from h5forge.verify import verify_unsealed
-
-    with h5py.File(partial, "r+") as h5:  # covers every attribute but itself and ``sealed``
-        h5.attrs.modify(fmt.A_METADATA_SHA256, fmt.metadata_sha256(h5))
-    with ThreadPoolExecutor(1) as pool:  # durable before sealed; flush and verify overlap
-        synced = pool.submit(_fsync, partial)
-        verify_unsealed(partial, check_digests=False)
-        synced.result()
-    with h5py.File(partial, "r+") as h5:
-        h5.attrs.modify(fmt.A_SEALED, True)
-    _fsync(partial)
-    os.replace(partial, out_path)
-    with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
-        _fsync(out_path.parent)
 
 
 def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
@@ -342,7 +318,9 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
     try:
         with tempfile.TemporaryDirectory(prefix="h5forge-merge-", dir=tmp_dir) as tmp:
             _write(partial, found, options, tmp, bad, attrs)
-        _seal_merged(partial, out_path)
+        # The copy checked every sample's digest from the bytes it wrote (see _write), so the
+        # seal verifies structure only; the file's sha256 is computed when it is published.
+        _seal(partial, out_path, check_digests=False)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)

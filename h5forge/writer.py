@@ -308,8 +308,12 @@ def _config_json(image: ImageConfig, compression: str | None, compression_level:
     }, sort_keys=True, separators=(",", ":"))
 
 
-def _seal(partial: str, out_path: Path) -> None:
-    """Digest the metadata, verify ``partial`` in full, seal it (attribute last), fsync, rename."""
+def _seal(partial: str, out_path: Path, *, check_digests: bool = True) -> None:
+    """Digest the metadata, verify ``partial``, seal it (attribute last), fsync, rename.
+
+    ``check_digests=False`` verifies structure only, for writers that already checked every
+    sample's digest from the bytes they wrote (the shard merge).
+    """
     from h5forge.verify import verify_unsealed
 
     with h5py.File(partial, "r+") as h5:  # covers every attribute but itself and ``sealed``
@@ -320,7 +324,7 @@ def _seal(partial: str, out_path: Path) -> None:
     # back to verify are independent, so they run at the same time.
     with ThreadPoolExecutor(1) as pool:
         synced = pool.submit(_fsync, partial)
-        verify_unsealed(partial)
+        verify_unsealed(partial, check_digests=check_digests)
         synced.result()
     with h5py.File(partial, "r+") as h5:
         h5.attrs.modify(fmt.A_SEALED, True)
