@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -329,9 +330,28 @@ def _seal(partial: str, out_path: Path, *, check_digests: bool = True) -> None:
     with h5py.File(partial, "r+") as h5:
         h5.attrs.modify(fmt.A_SEALED, True)
     _fsync(partial)
-    os.replace(partial, out_path)
+    _replace(partial, out_path)
     with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
         _fsync(out_path.parent)
+
+
+def _replace(partial: str, out_path: Path) -> None:
+    """``os.replace``, with the blocks of a replaced file freed on a background thread.
+
+    Replacing a large file makes the rename free all of its blocks (0.1 s for 350 MB on ext4)
+    before it returns. An open descriptor keeps the old file's blocks allocated past the
+    rename; closing it later frees them off the pack's path.
+    """
+    try:
+        old = os.open(out_path, os.O_RDONLY)
+    except OSError:  # nothing to replace (or unreadable: the rename frees it as usual)
+        old = -1
+    try:
+        os.replace(partial, out_path)
+    finally:
+        if old >= 0:
+            threading.Thread(target=os.close, args=(old,), name="h5forge-free-replaced",
+                             daemon=True).start()
 
 
 def _root_attrs(*, layout: str, storage: str, encoding: str, mode: str, config_json: str,
@@ -389,7 +409,8 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
                 h5, index = head(total)
             else:  # the file is written once the sizes are known; mark the pack as under way
                 Path(partial).touch()
-            results = iter_processed([s.path for s in catalog.samples], image, workers=workers)
+            results = iter_processed([s.path for s in catalog.samples], image, workers=workers,
+                                     borrow=True)  # sink.add() writes each before the next
             try:
                 kept, bad = _collect(results, catalog, sink, bar)
             finally:
