@@ -1,10 +1,14 @@
 """Read speed through a DataLoader (2 workers, batch 64, shuffled): h5forge vs baselines.
 
-* **h5forge decoded** = ``H5ImageDataset`` over a decoded 224x224 file (one ``pread`` per sample,
-  a batch per ``__getitems__``).
-* **numpy memmap** = the same pixels in an ``(N, 224, 224, 3)`` ``.npy`` file, memory-mapped, a
-  batch read with one sorted fancy index (the fastest plain-numpy reader; near DataLoader's
-  own ceiling on 2 cores).
+* **h5forge decoded** = ``H5ImageDataset.loader()`` over a decoded 224x224 file: one
+  ``read_batch`` per batch (automatic batching off), the batch read with one ``pread`` per
+  sample straight into a shared-memory N x C x H x W (channels-last) tensor: no collate copy.
+* **numpy memmap, batch reads** = the same pixels in an ``(N, 224, 224, 3)`` ``.npy`` file,
+  memory-mapped, a batch gathered with one sorted ``np.take`` straight into a shared-memory
+  tensor, in the same DataLoader mode: the fastest plain-numpy reader.
+* **default collate** rows: both read the standard way, ``DataLoader(ds, batch_size=64)``
+  (``__getitems__`` per batch, then ``default_collate`` stacks the samples into NCHW: a
+  transposing copy of every pixel, the ceiling of that mode on 2 cores).
 * **JPEG folder** = the usual recipe: decode + resize + crop each JPEG with Pillow in
   ``__getitem__`` (torchvision's ``ImageFolder`` + ``Resize(224)`` + ``CenterCrop(224)`` on PIL
   images), uint8 tensors out.
@@ -38,10 +42,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from benchmarks._common import image_root, parser, start_report, table, verdict
-from benchmarks._datasets import JpegFolder, JpegFolderTensor, Memmap, ResizeCrop, TensorResizeCrop
+from benchmarks._datasets import (
+    JpegFolder,
+    JpegFolderTensor,
+    Memmap,
+    MemmapBatches,
+    ResizeCrop,
+    TensorResizeCrop,
+)
+from h5forge.dataset import H5ImageDataset
 
 
 def _epoch(loader: DataLoader[Any]) -> int:
@@ -65,10 +77,27 @@ def _cpu(loader: DataLoader[Any]) -> float:
 
 
 def _loader(ds: Any, batches: int, args: Any) -> DataLoader[Any]:
-    sampler = RandomSampler(ds, num_samples=batches * args.batch_size,
+    """A shuffled DataLoader of ``batches`` batches over ``ds`` in the reader's own mode."""
+    sampler = RandomSampler(ds.dataset if isinstance(ds, _Collated) else ds,
+                            num_samples=batches * args.batch_size,
                             generator=torch.Generator().manual_seed(0))
-    return DataLoader(ds, batch_size=args.batch_size, sampler=sampler,
-                      num_workers=args.workers, persistent_workers=True)
+    common: dict[str, Any] = {"num_workers": args.workers, "persistent_workers": True}
+    if isinstance(ds, H5ImageDataset):  # its fast path: one read_batch per batch
+        return ds.loader(args.batch_size, sampler=sampler, **common)
+    if isinstance(ds, MemmapBatches):  # the same DataLoader mode: automatic batching off
+        return DataLoader(ds, batch_size=None, **common,
+                          sampler=BatchSampler(sampler, args.batch_size, drop_last=False))
+    if isinstance(ds, _Collated):
+        ds = ds.dataset
+    return DataLoader(ds, batch_size=args.batch_size, sampler=sampler, **common)
+
+
+class _Collated:
+    """Marks a dataset to be read the standard way: ``DataLoader(ds, batch_size=64)``
+    (``__getitems__`` per batch, then torch's ``default_collate`` stacks the samples)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
 
 
 def _to_npy(h5_path: Path, npy: Path) -> np.ndarray:
@@ -124,7 +153,9 @@ def main() -> None:
         folder_labels = [s.label for s in catalog.samples]
         datasets: dict[str, Any] = {
             "h5forge decoded": H5ImageDataset(decoded.path),
-            "numpy memmap": Memmap(tmp / "pixels.npy", labels),
+            "numpy memmap, batch reads": MemmapBatches(tmp / "pixels.npy", labels),
+            "h5forge decoded, default collate": _Collated(H5ImageDataset(decoded.path)),
+            "numpy memmap, default collate": _Collated(Memmap(tmp / "pixels.npy", labels)),
             "JPEG folder": JpegFolder(files, folder_labels),
             "JPEG folder, tensor transform": JpegFolderTensor(files, folder_labels),
             "h5forge encoded, tensor transform": H5ImageDataset(
@@ -133,7 +164,8 @@ def main() -> None:
                 encoded.path, transform=ResizeCrop()),
             **{name: H5ImageDataset(r.path) for name, r in extra.items()},
         }
-        slow = {name for name in datasets if name not in ("h5forge decoded", "numpy memmap")}
+        slow = {name for name in datasets if not name.startswith(("h5forge decoded",
+                                                                    "numpy memmap"))}
         feeds = {name: _loader(ds, args.slow_batches if name in slow else args.batches, args)
                  for name, ds in datasets.items()}
         for feed in feeds.values():  # start the workers, open the files
@@ -158,7 +190,9 @@ def main() -> None:
                    f"epoch of {args.batches} batches, {args.slow_batches} for the decoding "
                    "readers), persistent workers; page "
                    "cache warm.")
-        sizes = {"h5forge decoded": decoded.bytes, "numpy memmap": decoded.bytes,
+        sizes = {"h5forge decoded": decoded.bytes, "numpy memmap, batch reads": decoded.bytes,
+                 "h5forge decoded, default collate": decoded.bytes,
+                 "numpy memmap, default collate": decoded.bytes,
                  "h5forge encoded, tensor transform": encoded.bytes,
                  "h5forge encoded, Pillow round trip": encoded.bytes,
                  **{name: r.bytes for name, r in extra.items()}}
@@ -171,7 +205,9 @@ def main() -> None:
         report.add("CPU per image is what the machine spends on each image, whatever else runs "
                    "on it; the ratio of two readers' CPU per image is what their throughput "
                    "ratio tends to on an otherwise idle machine where both are CPU-bound.")
-        d_mm = best["h5forge decoded"] / best["numpy memmap"]
+        d_mm = best["h5forge decoded"] / best["numpy memmap, batch reads"]
+        c_mm = best["h5forge decoded, default collate"] / best["numpy memmap, default collate"]
+        c_jpg = best["h5forge decoded, default collate"] / best["JPEG folder"]
         d_jpg = best["h5forge decoded"] / best["JPEG folder"]
         e_same = best["h5forge encoded, tensor transform"] / best["JPEG folder, tensor transform"]
         e_jpg = best["h5forge encoded, tensor transform"] / best["JPEG folder"]
@@ -180,10 +216,13 @@ def main() -> None:
             return f"by CPU per image {cost[base] / cost[ours]:.2f}x"
 
         report.add("\n".join([
-            f"- decoded / memmap = **{d_mm:.2f}x**, {verdict(d_mm, 0.95)}; "
-            + by_cpu("h5forge decoded", "numpy memmap"),
-            f"- decoded / JPEG folder = **{d_jpg:.1f}x**, {verdict(d_jpg, 25)}; "
+            f"- decoded (`ds.loader()`) / memmap (batch reads, the same DataLoader mode) = "
+            f"**{d_mm:.2f}x**, {verdict(d_mm, 0.95)}; "
+            + by_cpu("h5forge decoded", "numpy memmap, batch reads"),
+            f"- decoded (`ds.loader()`) / JPEG folder = **{d_jpg:.1f}x**, {verdict(d_jpg, 25)}; "
             + by_cpu("h5forge decoded", "JPEG folder"),
+            f"- standard `DataLoader(ds, batch_size={args.batch_size})` (default collate): "
+            f"decoded / memmap = **{c_mm:.2f}x**, decoded / JPEG folder = **{c_jpg:.1f}x**",
             f"- encoded / JPEG folder, same tensor transform on both = **{e_same:.2f}x**, "
             f"{verdict(e_same, 1.0)}; "
             + by_cpu("h5forge encoded, tensor transform", "JPEG folder, tensor transform"),

@@ -16,8 +16,9 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
+from h5forge import _batches
 from h5forge import format as fmt
 from h5forge.access import H5_DAMAGE, AssetIndex, RangeReader, check_index, load_index, open_h5
 from h5forge.errors import IntegrityError
@@ -84,6 +85,23 @@ class _State:
             self.reader.close()
         else:
             self.opened.close()
+
+
+def _label_offset(nbytes: int) -> int:
+    return -(-nbytes // 8) * 8  # int64 labels start 8-byte aligned after the pixels
+
+
+class _Batches(Dataset[tuple[Any, Any]]):
+    """Indexed by a list of indices (a ``BatchSampler``'s batch): one ``read_batch`` each."""
+
+    def __init__(self, dataset: H5ImageDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, indices: Sequence[int]) -> Any:
+        return self.dataset._read_batch(indices, use_slots=True)
 
 
 class H5ImageDataset(Dataset[tuple[Any, Any]]):
@@ -195,8 +213,8 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         return self.__getitems__([i])[0]
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
-        st = self._open()
+    def _rows(self, indices: Sequence[int]) -> list[int]:
+        """File rows of dataset indices (negative ones count from the end)."""
         assert self._indices is not None
         n = len(self._indices)
         asked = np.asarray(indices, dtype=np.int64).reshape(-1)
@@ -205,7 +223,11 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         if outside.any():
             raise IndexError(f"index {int(asked[np.flatnonzero(outside)[0]])} out of range for "
                              f"{n} samples")
-        rows = self._indices[where].tolist()
+        return cast(list[int], self._indices[where].tolist())
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+        st = self._open()
+        rows = self._rows(indices)
         images = self._read(st, rows)
         labels = st.index.labels[rows].tolist()
         if self.transform is None and self.target_transform is None:
@@ -218,6 +240,102 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
                 label = self.target_transform(label)
             out.append((image, label))
         return out
+
+    def read_batch(self, indices: Sequence[int]) -> tuple[Any, Any]:
+        """A whole batch at once: ``(images, labels)`` as the DataLoader would collate them.
+
+        For a decoded fixed-size file without transforms, the batch is read straight into one
+        ``B x C x H x W`` uint8 tensor whose memory is ``B x H x W x C``
+        (``torch.channels_last``): no per-sample tensors, no collate copy, and inside a
+        DataLoader worker the tensor is allocated in shared memory, so handing it to the main
+        process copies nothing either. ``labels`` is an int64 tensor. Call
+        ``.contiguous()`` on the images if a consumer needs the plain NCHW layout. Any other
+        file or transform is read sample by sample and collated with torch's
+        ``default_collate``.
+
+        See :meth:`loader`, which makes a DataLoader call this once per batch.
+        """
+        return self._read_batch(indices, use_slots=False)
+
+    def _read_batch(self, indices: Sequence[int], *, use_slots: bool) -> Any:
+        """:meth:`read_batch`; ``use_slots`` (the loader's workers) reads into a reusable slot
+        and returns a :class:`h5forge._batches.SlotBatch` (see that module)."""
+        from torch.utils.data import get_worker_info
+
+        st = self._open()
+        idx = st.index
+        if (idx.header.storage != "array" or idx.filtered or self.transform is not None
+                or self.target_transform is not None):
+            from torch.utils.data import default_collate
+
+            return default_collate(self.__getitems__(indices))
+        rows = self._rows(indices)
+        assert st.reader is not None
+        assert idx.image_shape is not None
+        size, n = int(np.prod(idx.image_shape)), len(rows)
+        # Pixels and labels share one buffer: one allocation (and one hand-over) per batch.
+        label_at = _label_offset(n * size)
+        layout = ((n, *idx.image_shape), label_at, n)
+        in_worker = get_worker_info() is not None
+        got = _batches.acquire(label_at + 8 * n) if use_slots and in_worker else None
+        if got is not None:
+            flat = torch.from_numpy(got[0])
+        elif in_worker:
+            flat = _batches.shared_tensor(label_at + 8 * n)
+        else:
+            flat = torch.empty(label_at + 8 * n, dtype=torch.uint8)
+        try:
+            images, labels = _batches.views(flat, layout)
+            view = memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]
+            bufs = [view[k * size:(k + 1) * size] for k in range(n)]
+            st.reader.read_into(idx.byte_ranges[rows].tolist(), bufs)
+            self._check(bufs, rows, st)
+            labels.numpy()[:] = idx.labels[rows]
+        except BaseException:
+            if got is not None:
+                got[1].release()
+            raise
+        if got is not None:
+            return _batches.make_batch(images, labels, got[1], layout)
+        return images, labels
+
+    def loader(self, batch_size: int = 64, *, shuffle: bool = False,
+               sampler: Iterable[int] | None = None, drop_last: bool = False,
+               generator: torch.Generator | None = None,
+               **dataloader_kwargs: Any) -> DataLoader[Any]:
+        """A DataLoader that reads each batch with one :meth:`read_batch` call.
+
+        The fast way to feed training: ``for images, labels in ds.loader(64, shuffle=True,
+        num_workers=2): ...``. It is torch's own "automatic batching disabled" mode
+        (``batch_size=None`` over a ``BatchSampler``), so every DataLoader option works:
+        ``num_workers``, ``persistent_workers``, ``pin_memory``, ``prefetch_factor``,
+        ``multiprocessing_context``, ``worker_init_fn``. For distributed training pass
+        ``sampler=DistributedSampler(ds)`` (and call its ``set_epoch`` as usual).
+
+        Args:
+            batch_size: samples per batch.
+            shuffle: a fresh random order each epoch (``RandomSampler``); not with ``sampler``.
+            sampler: the order of the samples, e.g. a ``DistributedSampler``.
+            drop_last: drop the last batch when it is smaller than ``batch_size``.
+            generator: the random generator of the shuffle.
+            **dataloader_kwargs: passed to ``torch.utils.data.DataLoader``.
+        """
+        from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be an int >= 1")
+        for key in ("batch_size", "batch_sampler", "collate_fn", "shuffle"):
+            if key in dataloader_kwargs:
+                raise ValueError(f"loader() sets {key} itself; pass batch_size/shuffle/sampler "
+                                 "to loader(), or build a DataLoader over the dataset directly")
+        if sampler is not None and shuffle:
+            raise ValueError("give either shuffle=True or a sampler, not both (a sampler "
+                             "decides the order itself)")
+        order: Any = sampler if sampler is not None else (
+            RandomSampler(self, generator=generator) if shuffle else SequentialSampler(self))
+        return DataLoader(_Batches(self), batch_size=None, collate_fn=_batches.send_batch,
+                          sampler=BatchSampler(order, batch_size, drop_last),
+                          **dataloader_kwargs)
 
     def _read(self, st: _State, rows: list[int]) -> Iterable[Any]:
         """The images of ``rows`` as uint8 C x H x W tensors (views of H x W x C pixels).

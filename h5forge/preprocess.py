@@ -258,7 +258,7 @@ def _preload(ctx: BaseContext) -> None:
     server = getattr(forkserver, "_forkserver", None)
     current = list(getattr(server, "_preload_modules", None) or ["__main__"])
     if _PRELOAD not in current:
-        ctx.set_forkserver_preload([*current, _PRELOAD])  # type: ignore[attr-defined]
+        ctx.set_forkserver_preload([*current, _PRELOAD])
 
 
 def _usable_cpus() -> int:

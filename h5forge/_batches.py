@@ -1,0 +1,171 @@
+"""Hand whole batches from DataLoader workers to the main process without fresh shared memory.
+
+A tensor a worker returns reaches the main process through shared memory. torch allocates a
+new shared-memory file for every batch (``default_collate`` does it too), and the first touch
+of each page of a new shared-memory file is a page fault that allocates and zeroes it: for a
+64 x 224 x 224 x 3 batch that costs ~6 ms per batch on the machine of benchmarks/RESULTS.md,
+four times the ``preadv`` that fills it. So :meth:`h5forge.H5ImageDataset.loader` workers
+read each batch into one of a few **slots** they keep and reuse — ``memfd`` files whose pages
+were faulted in once — and send the slot's descriptor; the main process maps it and wraps it
+as tensors with ``torch.frombuffer``, copying nothing.
+
+A slot is reused only after the main process let go of the batch: the first byte of each slot
+is a busy flag, set by the worker when it fills the slot and cleared by a ``weakref.finalize``
+on the buffer the tensors were made from. torch keeps that buffer alive as long as any tensor
+or view of the batch lives, so the flag clears only when no tensor can see the slot any more.
+A worker whose slots are all still held (a consumer that keeps many batches) falls back to a
+fresh shared-memory tensor per batch, as torch would do, so correctness never depends on the
+consumer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import secrets
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["SlotBatch", "SlotRef", "acquire", "make_batch", "send_batch", "shared_tensor",
+           "views"]
+
+_HEADER = 64  # busy flag, then padding: the pixels start cache-line aligned
+_MAX_SLOTS = 8  # per worker: prefetch_factor (default 2) batches in flight plus the consumer's
+
+
+def shared_tensor(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor of ``nbytes`` in new shared memory (what torch's collate allocates)."""
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+class _Slot:
+    def __init__(self, capacity: int) -> None:
+        self.fd = os.memfd_create("h5forge-batch", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, capacity)
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self.map = mmap.mmap(self.fd, capacity, flags=flags)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.capacity = capacity
+
+    @property
+    def busy(self) -> bool:
+        return self.map[0] != 0
+
+
+class _Pool:
+    """The slots of one worker process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.token = secrets.token_hex(4)
+        self.slots: list[_Slot] = []
+
+
+_pool: _Pool | None = None
+
+
+def acquire(nbytes: int) -> tuple[np.ndarray, SlotRef] | None:
+    """A free slot of at least ``nbytes`` as a writable uint8 array, marked busy; None when
+    slots are not available here (no ``memfd``) or all are held by the consumer."""
+    global _pool
+    if not hasattr(os, "memfd_create"):
+        return None
+    if _pool is None or _pool.pid != os.getpid():
+        _pool = _Pool()
+    need = _HEADER + nbytes
+    slot = next((s for s in _pool.slots if not s.busy and s.capacity >= need), None)
+    if slot is None:
+        if len(_pool.slots) >= _MAX_SLOTS:
+            idle = next((s for s in _pool.slots if not s.busy), None)
+            if idle is None:
+                return None
+            _pool.slots.remove(idle)  # too small for this batch: make room for a bigger one
+            with contextlib.suppress(BufferError):  # still referenced here: the GC unmaps it
+                idle.map.close()
+            os.close(idle.fd)
+        try:
+            slot = _Slot(need)
+        except OSError:
+            return None
+        _pool.slots.append(slot)
+    slot.map[0] = 1
+    array = np.frombuffer(slot.map, np.uint8, nbytes, _HEADER)
+    return array, SlotRef(slot, nbytes)
+
+
+class SlotRef:
+    """Which slot a batch is in (pickled as the slot's descriptor)."""
+
+    def __init__(self, slot: _Slot, nbytes: int) -> None:
+        self.fd, self.capacity, self.nbytes = slot.fd, slot.capacity, nbytes
+        self._map = slot.map
+
+    def release(self) -> None:
+        """Give the slot back without sending it (the batch failed)."""
+        self._map[0] = 0
+
+
+class SlotBatch(tuple):
+    """``(images, labels)`` living in a slot: pickles as the slot, unpickles as
+    ``[images, labels]`` over the slot's memory (what torch's ``default_convert`` makes of a
+    pair)."""
+
+    ref: SlotRef
+    layout: tuple[tuple[int, ...], int, int]  # (N, H, W, C), label offset, label count
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing.reduction import DupFd
+
+        return _rebuild, (DupFd(self.ref.fd), self.ref.capacity, self.ref.nbytes, self.layout)
+
+
+def make_batch(images: torch.Tensor, labels: torch.Tensor, ref: SlotRef,
+               layout: tuple[tuple[int, ...], int, int]) -> SlotBatch:
+    batch = SlotBatch((images, labels))
+    batch.ref, batch.layout = ref, layout
+    return batch
+
+
+def _free(mapping: mmap.mmap) -> None:
+    if not mapping.closed:
+        mapping[0] = 0
+
+
+def _rebuild(dup: Any, capacity: int, nbytes: int,
+             layout: tuple[tuple[int, ...], int, int]) -> list[torch.Tensor]:
+    fd = dup.detach()
+    try:
+        mapping = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+    array = np.frombuffer(mapping, np.uint8, nbytes, _HEADER)
+    # Runs when torch drops the buffer: no tensor of this batch is left, the slot is free.
+    weakref.finalize(array, _free, mapping)
+    return list(views(torch.frombuffer(array, dtype=torch.uint8), layout))
+
+
+def views(flat: torch.Tensor, layout: tuple[tuple[int, ...], int, int]
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(images N x C x H x W channels-last, labels int64)`` over one flat uint8 buffer."""
+    shape, label_at, n = layout
+    pixels = int(np.prod(shape))
+    images = flat[:pixels].view(*shape).permute(0, 3, 1, 2)
+    return images, flat[label_at:label_at + 8 * n].view(torch.int64)
+
+
+def send_batch(batch: Any) -> Any:
+    """The loader's collate function: a :class:`SlotBatch` leaves the worker as its slot;
+    anything else goes through torch's ``default_convert`` as usual."""
+    if isinstance(batch, SlotBatch):
+        return batch
+    from torch.utils.data import default_convert
+
+    return default_convert(batch)
