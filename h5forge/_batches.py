@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["SlotBatch", "SlotRef", "acquire", "make_batch", "send_batch", "shared_tensor",
-           "views"]
+__all__ = ["SlotBatch", "SlotRef", "acquire", "collect", "make_batch", "send_batch",
+           "shared_tensor", "views"]
 
 _HEADER = 64  # busy flag, then padding: the pixels start cache-line aligned
-_MAX_SLOTS = 8  # per worker: prefetch_factor (default 2) batches in flight plus the consumer's
+_MAX_SLOTS = 6  # per worker: prefetch_factor (2) results in flight, one filling, the consumer's two
 
 
 def shared_tensor(nbytes: int) -> torch.Tensor:
@@ -159,6 +159,36 @@ def views(flat: torch.Tensor, layout: tuple[tuple[int, ...], int, int]
     pixels = int(np.prod(shape))
     images = flat[:pixels].view(*shape).permute(0, 3, 1, 2)
     return images, flat[label_at:label_at + 8 * n].view(torch.int64)
+
+
+def collect(items: list[tuple[Any, Any]]) -> SlotBatch | None:
+    """Samples as one :class:`SlotBatch` when they are uint8 C x H x W tensors of one shape
+    with integer labels (what a resize/crop transform yields); None for anything else, which
+    the caller collates the usual way. Each image is copied once, into its slot."""
+    if not items:
+        return None
+    first = items[0][0]
+    if not (isinstance(first, torch.Tensor) and first.dtype == torch.uint8 and first.dim() == 3):
+        return None
+    shape = first.shape
+    for image, label in items:
+        if (not isinstance(image, torch.Tensor) or image.dtype != torch.uint8
+                or image.shape != shape or isinstance(label, bool) or not isinstance(label, int)):
+            return None
+    c, h, w = shape
+    n, size = len(items), c * h * w
+    label_at = -(-n * size // 8) * 8
+    got = acquire(label_at + 8 * n)
+    if got is None:
+        return None
+    array, ref = got
+    layout = ((n, h, w, c), label_at, n)
+    images, labels = views(torch.from_numpy(array), layout)
+    pixels = images.permute(0, 2, 3, 1)  # N x H x W x C, the slot's memory order
+    for k, (image, _) in enumerate(items):
+        pixels[k].copy_(image.permute(1, 2, 0))
+    labels.copy_(torch.tensor([label for _, label in items], dtype=torch.int64))
+    return make_batch(images, labels, ref, layout)
 
 
 def send_batch(batch: Any) -> Any:

@@ -91,6 +91,17 @@ def _label_offset(nbytes: int) -> int:
     return -(-nbytes // 8) * 8  # int64 labels start 8-byte aligned after the pixels
 
 
+def _same_shape(items: list[tuple[Any, Any]], url: str) -> None:
+    """Refuse to collate images of different sizes with a message that says what to do."""
+    shapes = {tuple(image.shape) for image, _ in items if isinstance(image, torch.Tensor)}
+    if len(shapes) > 1:
+        a, b = sorted(shapes)[:2]
+        raise ValueError(
+            f"{url}: the images of one batch differ in size ({' x '.join(map(str, a))} and "
+            f"{' x '.join(map(str, b))}), so they cannot be stacked; give H5ImageDataset a "
+            "transform that resizes or crops to one size, or pack with a resize policy")
+
+
 class _Batches(Dataset[tuple[Any, Any]]):
     """Indexed by a list of indices (a ``BatchSampler``'s batch): one ``read_batch`` each."""
 
@@ -264,11 +275,17 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
 
         st = self._open()
         idx = st.index
+        in_worker = get_worker_info() is not None
         if (idx.header.storage != "array" or idx.filtered or self.transform is not None
                 or self.target_transform is not None):
             from torch.utils.data import default_collate
 
-            return default_collate(self.__getitems__(indices))
+            items = self.__getitems__(indices)
+            batch = _batches.collect(items) if use_slots and in_worker else None
+            if batch is not None:
+                return batch
+            _same_shape(items, self.url)
+            return default_collate(items)
         rows = self._rows(indices)
         assert st.reader is not None
         assert idx.image_shape is not None
@@ -276,7 +293,6 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         # Pixels and labels share one buffer: one allocation (and one hand-over) per batch.
         label_at = _label_offset(n * size)
         layout = ((n, *idx.image_shape), label_at, n)
-        in_worker = get_worker_info() is not None
         got = _batches.acquire(label_at + 8 * n) if use_slots and in_worker else None
         if got is not None:
             flat = torch.from_numpy(got[0])

@@ -19,6 +19,7 @@ from h5forge import _batches
 from h5forge.dataset import H5ImageDataset
 from h5forge.errors import IntegrityError
 from h5forge.writer import PackResult
+from tests.fixtures.loaders import TopLeft
 
 
 def _labels(path: str) -> list[int]:
@@ -175,3 +176,25 @@ def test_loader_with_verify_reads_names_a_corrupt_sample(packed_decoded: PackRes
         for _ in loader:
             pass
     assert os.path.exists(path)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_loader_with_a_transform_collects_into_slots(packed_encoded: PackResult,
+                                                     method: str) -> None:
+    # Encoded images of mixed sizes, cropped to one size by the transform: the workers stack
+    # them into a slot themselves; the batch equals the per-sample reads.
+    ds = H5ImageDataset(packed_encoded.path, transform=TopLeft(8))
+    batches = list(ds.loader(5, num_workers=2, multiprocessing_context=method))
+    assert sum(len(labels) for _, labels in batches) == len(ds)
+    for b, (images, labels) in enumerate(batches):
+        want = list(range(5 * b, min(5 * b + 5, len(ds))))
+        assert images.shape == (len(want), 3, 8, 8)
+        assert torch.equal(images, torch.stack([ds[i][0] for i in want]))
+        assert labels.tolist() == [ds[i][1] for i in want]
+    # Not one shape: a clear error naming the sizes and the fix (in a worker and without).
+    mixed = H5ImageDataset(packed_encoded.path)
+    with pytest.raises(ValueError, match=r"differ in size \(3 x \d+ x \d+ and 3 x \d+ x \d+\)"
+                                         r".*transform that resizes or crops"):
+        mixed.read_batch(list(range(len(mixed))))
+    with pytest.raises(ValueError, match="differ in size"):
+        list(mixed.loader(36, num_workers=1, multiprocessing_context="fork"))
