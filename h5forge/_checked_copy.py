@@ -1,20 +1,26 @@
-"""Copy the stored sample bytes of a shard into the merged file, checking each sample's sha256.
+"""Copy the stored sample bytes of a shard into the merged file, checked one way or the other.
 
-The merge holds every byte it copies in memory at some point, so it checks them there instead
-of reading the output again: each sample's sha256 is computed from the bytes in hand and
-compared with the digest its shard recorded. Hashing runs on helper threads (hashlib and zlib
-release the GIL) while the calling thread reads and writes the next block.
+Two ways to know the copy is right, chosen per shard by the merge:
 
-- Unfiltered chunks (:func:`copy_raw`) and blobs (:func:`copy_blob`): runs of samples that lie
-  back to back in both files move in blocks of up to 16 MiB, one ``pread`` and one ``pwrite``
-  each; the samples are hashed from the same buffer.
-- Filtered chunks (:func:`copy_filtered`) are copied as stored, filter mask included, and the
-  digest covers the decompressed pixels, so each is decompressed once to be checked: gzip
-  chunks with zlib on the helper threads, other pipelines (lzf, Blosc, Zstd, fletcher32) by
-  HDF5 from the shard. Skipping that would leave compressed merges unchecked; decompression is
-  what bounds their speed.
+- **By the shard file's sha256** (``check=None`` below): the shard has a manifest and the merge
+  hashes the whole file against it (:mod:`h5forge._file_check`), so the bytes need not pass
+  through Python at all. Unfiltered chunks and blobs move with ``os.copy_file_range`` (in the
+  kernel, no user-space copy) in runs that lie back to back in both files (:class:`RangeCopy`,
+  which falls back to ``pread``/``pwrite`` where the kernel or filesystem cannot). Filtered
+  chunks are read from the shard with ``pread`` (their offsets and filter masks from one pass
+  over the chunk index) and written with ``write_direct_chunk``, mask carried, never inflated.
+- **By each sample's sha256** (a :class:`CheckedCopy`): bare sealed files without a manifest.
+  The merge holds every byte it copies in memory at some point and checks it there: each
+  sample's sha256 is computed from the bytes in hand and compared with the digest its shard
+  recorded. Hashing runs on helper threads (hashlib and zlib release the GIL) while the calling
+  thread reads and writes the next block. Unfiltered chunks and blobs move in blocks of up to
+  16 MiB (one ``pread`` and one ``pwrite`` each), hashed from the same buffer; filtered chunks
+  are copied as stored and, since the digest covers the pixels, decompressed once to be
+  checked: gzip with zlib on the helper threads, other pipelines (lzf, Blosc, Zstd,
+  fletcher32) by HDF5 from the shard.
 
-Memory is bounded: at most :data:`_IN_FLIGHT` bytes wait for their hash at any time.
+Memory is bounded: at most :data:`_IN_FLIGHT` bytes wait for their hash at any time, and the
+kernel copy holds none.
 """
 from __future__ import annotations
 
@@ -29,33 +35,18 @@ from typing import Any
 import h5py
 import numpy as np
 
+from h5forge._kernel_copy import BLOCK as _BLOCK
+from h5forge._kernel_copy import RangeCopy, pread_into, pwrite_all, runs
 from h5forge.errors import IntegrityError
 
 __all__ = ["CheckedCopy", "chunk_ranges", "copy_blob", "copy_filtered", "copy_raw"]
 
-_BLOCK = 16 << 20       # bytes read and written per system call
 _IN_FLIGHT = 48 << 20   # bytes held for hashing at once
 
 
 def _hash_threads() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(4, cpus or 1))
-
-
-def _pread_into(fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n == 0:
-            raise EOFError(f"the file ends at byte {offset + done}, inside a sample's stored "
-                           f"bytes ({offset}..{offset + len(view) - 1}): truncated?")
-        done += n
-
-
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
 
 
 class CheckedCopy:
@@ -129,8 +120,8 @@ class CheckedCopy:
             self._make_room(max(total, _BLOCK))
             buf = self._buffer(total)
             view = memoryview(buf)[:total]
-            _pread_into(src_fd, view, int(src[j]))
-            _pwrite_all(dst_fd, view, int(dst[j]))
+            pread_into(src_fd, view, int(src[j]))
+            pwrite_all(dst_fd, view, int(dst[j]))
             self._submit(len(buf), buf, _check_block, view, size[j:k],
                          [bytes(d) for d in digests[j:k]], label, j)
             self.checked += k - j
@@ -172,22 +163,32 @@ def _check_one(data: Any, want: bytes, name: str,
     return []
 
 
-def chunk_ranges(images: h5py.Dataset, n: int) -> np.ndarray:
-    """``(file offset, size)`` of chunk ``i`` of ``images`` (``-1`` where none), one pass."""
-    ranges = np.full((n, 2), -1, np.int64)
+def chunk_table(images: h5py.Dataset, n: int) -> np.ndarray:
+    """``(file offset, size, filter mask)`` of chunk ``i`` of ``images`` (``-1`` where none)."""
+    table = np.full((n, 3), -1, np.int64)
 
     def record(info: Any) -> None:
         if 0 <= info.chunk_offset[0] < n:
-            ranges[info.chunk_offset[0]] = (info.byte_offset, info.size)
+            table[info.chunk_offset[0]] = (info.byte_offset, info.size, info.filter_mask)
 
     if n:
         images.id.chunk_iter(record)
-    return ranges
+    return table
 
 
-def copy_raw(check: CheckedCopy, src_fd: int, src: h5py.Dataset, out_fd: int,
-              dst: np.ndarray, digests: np.ndarray, label: Callable[[int], str]) -> None:
-    """Copy unfiltered chunks file to file, into chunks allocated at creation (``dst``)."""
+def chunk_ranges(images: h5py.Dataset, n: int) -> np.ndarray:
+    """``(file offset, size)`` of chunk ``i`` of ``images`` (``-1`` where none), one pass."""
+    return chunk_table(images, n)[:, :2].copy()
+
+
+def copy_raw(check: CheckedCopy | None, src_fd: int, src: h5py.Dataset, out_fd: int,
+             dst: np.ndarray, digests: np.ndarray, label: Callable[[int], str],
+             copy: RangeCopy) -> None:
+    """Copy unfiltered chunks file to file, into chunks allocated at creation (``dst``).
+
+    With ``check`` each sample's digest is checked from the bytes copied; without it (the
+    shard file's hash covers them) runs of chunks move in the kernel.
+    """
     n = len(dst)
     ranges = chunk_ranges(src, n)
     want = int(np.prod(src.shape[1:]))
@@ -195,18 +196,27 @@ def copy_raw(check: CheckedCopy, src_fd: int, src: h5py.Dataset, out_fd: int,
         raise IntegrityError(f"{label(j)}: its chunk has {ranges[j, 1]} bytes in the shard and "
                              f"{dst[j, 1]} in the output, expected {want} (-1: no chunk); the "
                              "shard is damaged, re-pack it")
-    check.copy_ranges(src_fd, out_fd, ranges[:, 0], dst[:, 0], ranges[:, 1], digests, label)
+    if check is not None:
+        check.copy_ranges(src_fd, out_fd, ranges[:, 0], dst[:, 0], ranges[:, 1], digests, label)
+        return
+    for s, d, size in runs(ranges[:, 0], dst[:, 0].astype(np.int64), ranges[:, 1]):
+        copy(src_fd, out_fd, s, d, size)
 
 
-def copy_filtered(check: CheckedCopy, src: h5py.Dataset, dst: h5py.Dataset, base: int,
-                   digests: np.ndarray, label: Callable[[int], str],
-                   filters: tuple[int, ...]) -> None:
-    """Copy filtered chunks as stored (filter mask carried); check the decompressed samples.
+def copy_filtered(check: CheckedCopy | None, src_fd: int, src: h5py.Dataset, dst: h5py.Dataset,
+                  base: int, digests: np.ndarray, label: Callable[[int], str],
+                  filters: tuple[int, ...]) -> None:
+    """Copy filtered chunks as stored (filter mask carried), never recompressed.
 
-    The digest covers the decompressed pixels, so checking it costs one decompression per
-    sample: gzip chunks are inflated with zlib on the hash threads, other pipelines (lzf,
-    Blosc, Zstd, fletcher32) are decoded by HDF5 from the shard.
+    With ``check``, the digest covers the decompressed pixels, so checking it costs one
+    decompression per sample: gzip chunks are inflated with zlib on the hash threads, other
+    pipelines (lzf, Blosc, Zstd, fletcher32) are decoded by HDF5 from the shard. Without it
+    (the shard file's hash covers them) each chunk is read from ``src_fd`` and written as it
+    is.
     """
+    if check is None:
+        _copy_chunks(src_fd, src, dst, base, len(digests), label)
+        return
     zlib_only = filters == (h5py.h5z.FILTER_DEFLATE,)
     for j in range(len(digests)):
         mask, chunk = src.id.read_direct_chunk((j, 0, 0, 0))
@@ -223,13 +233,32 @@ def copy_filtered(check: CheckedCopy, src: h5py.Dataset, dst: h5py.Dataset, base
         check.check(pixels, bytes(digests[j]), label(j))
 
 
-def copy_blob(check: CheckedCopy, local: str, src: h5py.Dataset, out_fd: int, dst_offset: int,
-               offsets: np.ndarray, digests: np.ndarray, label: Callable[[int], str]) -> int:
+def _copy_chunks(src_fd: int, src: h5py.Dataset, dst: h5py.Dataset, base: int, n: int,
+                 label: Callable[[int], str]) -> None:
+    table = chunk_table(src, n)
+    for j in np.flatnonzero(table[:, 1] < 0)[:1]:
+        raise IntegrityError(f"{label(j)}: the shard has no chunk for it; the shard is damaged, "
+                             "re-pack it")
+    # One pread per chunk, found by one pass over the chunk index (no B-tree search per
+    # chunk); h5py takes a bytes chunk faster than a slice of a larger buffer.
+    for j, (offset, size, mask) in enumerate(table.tolist()):
+        chunk = os.pread(src_fd, size, offset)
+        if len(chunk) != size:
+            raise IntegrityError(f"{label(j)}: the shard ends inside its chunk (bytes {offset}.."
+                                 f"{offset + size - 1}); the shard is truncated, re-pack it")
+        dst.id.write_direct_chunk((base + j, 0, 0, 0), chunk, mask)
+
+
+def copy_blob(check: CheckedCopy | None, src_fd: int, where: str, src: h5py.Dataset,
+              out_fd: int, dst_offset: int, offsets: np.ndarray, digests: np.ndarray,
+              label: Callable[[int], str], copy: RangeCopy) -> int:
     """Copy ``src``'s samples to ``dst_offset`` of the fd ``out_fd``; return the byte count.
 
     The output blob is allocated at creation (the writer's head layout), so its file offset is
-    known and its bytes go in with plain ``pwrite``; HDF5 never caches contiguous raw data it
-    did not write, so nothing stale can overwrite them.
+    known and its bytes go in with plain ``pwrite`` or ``copy_file_range``; HDF5 never caches
+    contiguous raw data it did not write, so nothing stale can overwrite them. With ``check``
+    each sample's digest is checked from the bytes copied; without it the blob is one range
+    copied in the kernel.
     """
     size = int(src.shape[0])
     if size == 0:
@@ -238,12 +267,11 @@ def copy_blob(check: CheckedCopy, local: str, src: h5py.Dataset, out_fd: int, ds
     assert base is not None, "a non-empty contiguous dataset has storage"
     starts = offsets.astype(np.int64)
     if int(starts[-1]) != size:
-        raise IntegrityError(f"{local}: /offsets ends at {int(starts[-1])}, /images holds {size}"
+        raise IntegrityError(f"{where}: /offsets ends at {int(starts[-1])}, /images holds {size}"
                              " bytes; the shard is damaged, re-pack it")
-    fd = os.open(local, os.O_RDONLY)
-    try:
-        check.copy_ranges(fd, out_fd, base + starts[:-1], dst_offset + starts[:-1],
+    if check is None:
+        copy(src_fd, out_fd, base, dst_offset, size)
+    else:
+        check.copy_ranges(src_fd, out_fd, base + starts[:-1], dst_offset + starts[:-1],
                           np.diff(starts), digests, label)
-    finally:
-        os.close(fd)
     return size

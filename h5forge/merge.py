@@ -1,24 +1,42 @@
 """Merge shard files into one h5forge file by copying stored bytes, never decoding.
 
 Array storage copies every chunk as stored, so compressed chunks are not recompressed and raw
-ones are not touched: unfiltered chunks go file to file in runs of up to 16 MiB (``pread`` /
-``pwrite`` into chunks allocated when ``/images`` is created), filtered ones one by one
-(``read_direct_chunk`` → ``write_direct_chunk``, the filter mask carried over). Blob storage
-copies each shard's ``/images`` bytes into the output blob and rebases ``/offsets``. Digests,
-labels, splits, paths and quarantine lists are concatenated.
+ones are not touched: unfiltered chunks go file to file in runs (into chunks allocated when
+``/images`` is created), filtered ones one by one (``write_direct_chunk``, the filter mask
+carried over). Blob storage copies each shard's ``/images`` bytes into the output blob and
+rebases ``/offsets``. Digests, labels, splits, paths and quarantine lists are concatenated.
 
-The copy is checked as it goes: every sample's sha256 is computed from the bytes in hand (on
-helper threads, while the next block is copied) and compared with its shard's digest. A
-filtered chunk is decompressed for that (the digest covers the pixels), which is what bounds
-the speed of a compressed merge. The output is then sealed after a structural verify (counts,
-labels, metadata digest, byte ranges against the HDF5 layout) that does not hash the samples a
-second time; fsync, seal, rename as :func:`h5forge.writer.pack` does.
+How the copy is checked, per shard (:mod:`h5forge._checked_copy`):
+
+- **A published shard** (its manifest, written last by :func:`h5forge.storage.publish`, lies
+  next to it): the whole shard file's sha256 is checked against the manifest's
+  (:mod:`h5forge._file_check`). The hashes start as soon as each manifest is read, in the
+  survey (:mod:`h5forge._shard_survey`), on a pool of threads (two files at once with two or
+  more CPUs) reading the files through ``mmap`` while the copy runs; the copy itself stays in
+  the kernel (``os.copy_file_range`` for raw chunks and blobs, :mod:`h5forge._kernel_copy`;
+  filtered chunks are read with ``pread`` and written with ``write_direct_chunk``, not inflated).
+  The file's identity (device, inode, size, mtime) when surveyed, hashed and copied must be one
+  and the same. A mismatch raises :class:`~h5forge.errors.IntegrityError` naming the shard,
+  both digests and the fix.
+- **A bare sealed file** (no manifest, or an unreadable one): every sample's sha256 is
+  computed from the bytes in hand (on helper threads, while the next block is copied with
+  ``pread``/``pwrite``) and compared with its shard's digest; a filtered chunk is
+  decompressed for that (the digest covers the pixels).
+
+Every check is settled before the seal: a mismatch leaves nothing at ``out``. The output is
+then sealed after a structural verify (counts, labels, metadata digest, byte ranges against the
+HDF5 layout) that does not hash the samples again. After each shard the output's dirty pages
+are sent to disk without waiting (``sync_file_range`` on Linux, else ``fdatasync`` on a helper
+thread), so the fsync before the seal, which runs beside the verify, finds little left; seal,
+rename as :func:`h5forge.writer.pack`.
 
 The output has the writer's physical layout (:class:`h5forge._placement.Head`: the index at the
-head of the file, the image bytes after it). Remote shards are downloaded one at a time.
+head of the file, the image bytes after it). Remote shards are downloaded one at a time and the
+local copy is what is hashed.
 
-Memory: image bytes stream in blocks (at most 48 MiB wait for their hash), per-sample index
-arrays one shard at a time; only the quarantine list and, for array storage, the chunk
+Memory: no image byte passes through Python for a published shard of raw chunks or a blob;
+otherwise image bytes stream in blocks (at most 48 MiB wait for their hash); per-sample index
+arrays are read one shard at a time; only the quarantine list and, for array storage, the chunk
 ``/byte_ranges`` (16 bytes per sample) are held whole.
 """
 from __future__ import annotations
@@ -45,8 +63,11 @@ from h5forge._checked_copy import (
     copy_filtered,
     copy_raw,
 )
+from h5forge._file_check import FileChecks, FileIdentity
+from h5forge._kernel_copy import RangeCopy, writeback_starter
 from h5forge._placement import Head, _early
-from h5forge.access import is_local, load_index, open_h5, url_to_fs
+from h5forge._shard_survey import Shard, survey
+from h5forge.access import is_local, url_to_fs
 from h5forge.errors import EmptyDatasetError, IntegrityError
 from h5forge.writer import (
     PackResult,
@@ -60,96 +81,35 @@ from h5forge.writer import (
 __all__ = ["merge_shards"]
 
 _ROWS = 1 << 20  # index rows handled at a time
-# Root attributes every shard of one build must share.
-_SAME = (fmt.A_LAYOUT, fmt.A_STORAGE, fmt.A_ENCODING, fmt.A_MODE, fmt.A_COMPRESSION,
-         fmt.A_CONFIG_JSON)
-
-
-def _text(value: object) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-@dataclass(frozen=True)
-class _Shard:
-    url: str
-    n: int
-    attrs: dict[str, str]
-    classes: tuple[str, ...]
-    split_names: tuple[str, ...]
-    image_shape: tuple[int, ...]   # (H, W, C) for array storage, (B,) for blob storage
-    filters: tuple[int, ...]       # HDF5 filter ids on /images
-
-
-def _survey(urls: Sequence[str], options: dict[str, Any] | None
-            ) -> tuple[list[_Shard], np.ndarray, list[tuple[str, str]]]:
-    """Read every shard's header and index; refuse a mix; count samples per (split, class)."""
-    shards: list[_Shard] = []
-    counts = np.zeros(0, np.int64)
-    bad: list[tuple[str, str]] = []
-    for url in urls:
-        fmt.refuse_partial(url)
-        with open_h5(url, options) as h5:
-            idx = load_index(h5, where=url)
-            images = h5[fmt.IMAGES]
-            plist = images.id.get_create_plist()
-            shard = _Shard(
-                url=url, n=idx.header.num_samples,
-                attrs={k: _text(h5.attrs.get(k, "")) for k in _SAME},
-                classes=idx.classes, split_names=idx.split_names,
-                image_shape=tuple(int(x) for x in images.shape[1:]) if idx.header.storage
-                == "array" else (int(images.shape[0]),),
-                filters=tuple(plist.get_filter(i)[0] for i in range(plist.get_nfilters())))
-            if shards:
-                _same(shards[0], shard)
-            else:
-                counts = np.zeros(len(shard.split_names) * len(shard.classes), np.int64)
-            k = len(shard.classes)
-            codes = idx.split_codes.astype(np.int64) * k + idx.labels
-            counts += np.bincount(codes, minlength=len(counts))[:len(counts)]
-            if idx.header.num_quarantined:
-                bad.extend(zip(h5[fmt.QUARANTINE_PATHS].asstr()[()].tolist(),
-                               h5[fmt.QUARANTINE_REASONS].asstr()[()].tolist(), strict=True))
-        shards.append(shard)
-    return shards, counts.reshape(len(shards[0].split_names), len(shards[0].classes)), bad
-
-
-def _same(first: _Shard, other: _Shard) -> None:
-    pairs: list[tuple[str, object, object]] = [
-        (f"root attribute {k}", first.attrs[k], other.attrs[k]) for k in _SAME]
-    pairs += [("/classes", first.classes, other.classes),
-              ("/split_names", first.split_names, other.split_names),
-              ("/images filters", first.filters, other.filters)]
-    if first.attrs[fmt.A_STORAGE] == "array":
-        pairs.append(("image shape (H, W, C)", first.image_shape, other.image_shape))
-    for what, a, b in pairs:
-        if a != b:
-            raise ValueError(
-                f"shards disagree on {what}: {first.url} has {a!r}, {other.url} has {b!r}; "
-                "every shard of one build must come from the same catalog and options — "
-                "re-pack the odd ones")
 
 
 @contextlib.contextmanager
-def _local_copy(url: str, options: dict[str, Any] | None, tmp: str) -> Iterator[str]:
-    """A local path for ``url``: itself when local, else a download deleted afterwards."""
+def _local_copy(url: str, options: dict[str, Any] | None,
+                tmp_dir: str | os.PathLike[str] | None) -> Iterator[str]:
+    """A local path for ``url``: itself when local, else a download deleted afterwards.
+
+    The download is a temporary file in ``tmp_dir``; nothing is created for a local shard.
+    """
     fs, path = url_to_fs(url, options)
     if is_local(fs):
         yield path
         return
-    local = os.path.join(tmp, "shard.h5")
-    fs.get_file(path, local)
+    fd, local = tempfile.mkstemp(prefix="h5forge-merge-", suffix=".h5", dir=tmp_dir)
+    os.close(fd)
     try:
+        fs.get_file(path, local)
         yield local
     finally:
         os.unlink(local)
 
 
-def _images_kwargs(first: _Shard, n: int, blob_bytes: int) -> dict[str, Any]:
+def _images_kwargs(first: Shard, n: int, blob_bytes: int) -> dict[str, Any]:
     """``create_dataset`` arguments of the output's ``/images``, as the writer makes them.
 
     Unfiltered chunks are allocated at creation (``H5D_ALLOC_TIME_EARLY``, in order, right
-    after the head): their offsets are known before the first byte is copied, so the copy is
-    plain ``pread``/``pwrite`` of whole runs of chunks instead of one HDF5 call per chunk.
+    after the head): their offsets are known before the first byte is copied, so the copy moves
+    whole runs of chunks (``copy_file_range``, or ``pread``/``pwrite``) instead of making one
+    HDF5 call per chunk.
     """
     if first.attrs[fmt.A_STORAGE] == "blob":
         return {"shape": (blob_bytes,), "dtype": np.uint8}
@@ -178,8 +138,54 @@ def _byte_ranges(head: Head, n: int, blob: bool) -> None:
     out[...] = chunk_ranges(images, n).astype(np.uint64)
 
 
-def _write(partial: str, shards: list[_Shard], options: dict[str, Any] | None, tmp: str,
-           bad: list[tuple[str, str]], attrs: dict[str, Any]) -> None:
+@dataclass
+class _Out:
+    """The output being written, and where the next shard's samples go."""
+
+    head: Head
+    fd: int                      # the .partial, for copies HDF5 does not see
+    dst: np.ndarray | None       # (offset, size) of every raw chunk, allocated at creation
+    blob_offset: int             # file offset of the output blob
+    check: CheckedCopy           # per-sample checks, for shards without a manifest
+    copy: RangeCopy
+    filters: tuple[int, ...]
+    base: int = 0                # first sample of the next shard
+    pos: int = 0                 # blob bytes copied so far
+
+
+def _copy_shard(out: _Out, shard: Shard, local: str, src_fd: int) -> None:
+    """Copy one shard's index and stored image bytes into the output."""
+    ds, base, stop = out.head.ds, out.base, out.base + shard.n
+    # A published shard is checked by its file's sha256: no per-sample hash.
+    check = None if shard.expected is not None else out.check
+    with h5py.File(local, "r") as src:
+        digests = src[fmt.DIGESTS][()]
+        ds[fmt.DIGESTS][base:stop] = digests
+        for name in (fmt.LABELS, fmt.SPLITS):
+            ds[name][base:stop] = src[name][()]
+        ds[fmt.PATHS][base:stop] = src[fmt.PATHS].asstr()[()].astype(object)
+
+        def label(j: int) -> str:
+            return f"sample {base + j} (sample {j} of {shard.url})"
+
+        if shard.attrs[fmt.A_STORAGE] == "blob":
+            offsets = src[fmt.OFFSETS][()]
+            ds[fmt.OFFSETS][base + 1:stop + 1] = offsets[1:] + np.uint64(out.pos)
+            ds[fmt.SHAPES][base:stop] = src[fmt.SHAPES][()]
+            out.pos += copy_blob(check, src_fd, local, src[fmt.IMAGES], out.fd,
+                                 out.blob_offset + out.pos, offsets, digests, label, out.copy)
+        elif out.dst is not None:
+            copy_raw(check, src_fd, src[fmt.IMAGES], out.fd, out.dst[base:stop], digests,
+                     label, out.copy)
+        else:
+            copy_filtered(check, src_fd, src[fmt.IMAGES], out.head.images, base, digests,
+                          label, out.filters)
+    out.base = stop
+
+
+def _write(partial: str, shards: list[Shard], options: dict[str, Any] | None,
+           tmp_dir: str | os.PathLike[str] | None,
+           bad: list[tuple[str, str]], attrs: dict[str, Any], files: FileChecks) -> None:
     first = shards[0]
     n = sum(s.n for s in shards)
     blob = first.attrs[fmt.A_STORAGE] == "blob"
@@ -196,49 +202,41 @@ def _write(partial: str, shards: list[_Shard], options: dict[str, Any] | None, t
             raise ValueError(f"config_json of {first.url} gives /images filters "
                              f"{_filter_ids(images)}, the shard has {first.filters}; the shard "
                              "is inconsistent, re-pack it")
-        out = os.open(partial, os.O_WRONLY)
-        stack.callback(os.close, out)
-        dst = chunk_ranges(images, n) if raw else None  # allocated at creation
-        blob_offset = (images.id.get_offset() or 0) if blob else 0
-        check = stack.enter_context(CheckedCopy())
+        fd = os.open(partial, os.O_WRONLY)
+        stack.callback(os.close, fd)
+        out = _Out(head=head, fd=fd, dst=chunk_ranges(images, n) if raw else None,
+                   blob_offset=(images.id.get_offset() or 0) if blob else 0,
+                   check=stack.enter_context(CheckedCopy()), copy=RangeCopy(),
+                   filters=first.filters)
         # Written pages start going to disk while later shards are copied, so the fsync
         # before the seal finds little left to do.
+        writeback = writeback_starter()
         flusher = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="h5forge-sync"))
         flushing: Future[None] | None = None
-        base, pos = 0, 0
-        for shard in shards:
-            if shard.n == 0:  # every input of it was quarantined
-                continue
-            with _local_copy(shard.url, options, tmp) as local, h5py.File(local, "r") as src:
-                stop = base + shard.n
-                digests = src[fmt.DIGESTS][()]
-                ds[fmt.DIGESTS][base:stop] = digests
-                for name in (fmt.LABELS, fmt.SPLITS):
-                    ds[name][base:stop] = src[name][()]
-                ds[fmt.PATHS][base:stop] = src[fmt.PATHS].asstr()[()].astype(object)
-
-                def label(j: int, base: int = base, url: str = shard.url) -> str:
-                    return f"sample {base + j} (sample {j} of {url})"
-
-                if blob:
-                    offsets = src[fmt.OFFSETS][()]
-                    ds[fmt.OFFSETS][base + 1:stop + 1] = offsets[1:] + np.uint64(pos)
-                    ds[fmt.SHAPES][base:stop] = src[fmt.SHAPES][()]
-                    pos += copy_blob(check, local, src[fmt.IMAGES], out, blob_offset + pos,
-                                      offsets, digests, label)
-                elif dst is not None:
-                    with open(local, "rb", buffering=0) as f:
-                        copy_raw(check, f.fileno(), src[fmt.IMAGES], out, dst[base:stop],
-                                  digests, label)
-                else:
-                    copy_filtered(check, src[fmt.IMAGES], images, base, digests, label,
-                                   first.filters)
-            if check.failures:  # stop at the first damaged shard
+        for i, shard in enumerate(shards):
+            with _local_copy(shard.url, options, tmp_dir) as local:
+                src_fd = os.open(local, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                try:
+                    # A local shard must still be the file surveyed (and hashed); a remote
+                    # one is the download, hashed now, before the download is deleted.
+                    opened = shard.identity or FileIdentity.of(src_fd)
+                    if shard.expected is not None and i not in files:
+                        files.start(i, local, shard.expected)
+                    if shard.n:  # else every input of it was quarantined
+                        _copy_shard(out, shard, local, src_fd)
+                    if shard.expected is not None:
+                        files.copied(i, local, src_fd, opened)
+                        if shard.identity is None:
+                            files.settle(i)
+                finally:
+                    os.close(src_fd)
+            if out.check.failures:  # stop at the first damaged shard
                 break
-            base = stop
+            files.settle_finished()
             if flushing is None or flushing.done():
-                flushing = flusher.submit(os.fdatasync, out)
-        failures = check.wait()
+                flushing = flusher.submit(writeback, fd)
+        files.settle_all()
+        failures = out.check.wait()
         if failures:
             raise IntegrityError(
                 f"merging into {partial}: {len(failures)} sample(s) do not match the digests "
@@ -247,8 +245,8 @@ def _write(partial: str, shards: list[_Shard], options: dict[str, Any] | None, t
                 "manifest) or re-pack the shards named below", failures[:100])
         if blob:
             ds[fmt.OFFSETS][0] = 0
-        if dst is not None:
-            ds[fmt.BYTE_RANGES][...] = dst.astype(np.uint64)
+        if out.dst is not None:
+            ds[fmt.BYTE_RANGES][...] = out.dst.astype(np.uint64)
         else:
             _byte_ranges(head, n, blob)
         for name, col in ((fmt.QUARANTINE_PATHS, 0), (fmt.QUARANTINE_REASONS, 1)):
@@ -273,6 +271,8 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
             quarantined, over every shard) was quarantined.
         source_url, source_sha256: recorded as root attributes (redact the URL first).
         storage_options: for remote shard URLs; remote shards are downloaded one at a time.
+            A shard whose manifest (``url + ".manifest.json"``) is found is checked by the
+            whole file's sha256, otherwise sample by sample.
         overwrite: replace an existing ``out``.
         tmp_dir: local scratch folder for downloaded shards; default the system's.
 
@@ -283,6 +283,9 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
         ValueError: no shards, or shards that disagree (configuration, classes, splits,
             storage, image shape, filters).
         UnsealedFileError: a shard is ``.partial``, unsealed or of an unknown version.
+        IntegrityError: a published shard's file does not match its manifest (sha256 or size)
+            or changed during the merge; a bare shard's sample does not match its digest.
+            Nothing is left at ``out``.
         TooManyBadImagesError: too many inputs were quarantined in total.
         EmptyDatasetError: a class has no packed sample in any shard.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
@@ -299,7 +302,16 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
     if out_path.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass overwrite=True to replace it")
     options = dict(storage_options) if storage_options else None
-    found, counts, bad = _survey(urls, options)
+    # Leaving this stops the shard hashes still running (the merge failed).
+    with FileChecks() as files:
+        return _merge(urls, out_path, files, options, max_bad_fraction=max_bad_fraction,
+                      source_url=source_url, source_sha256=source_sha256, tmp_dir=tmp_dir, t0=t0)
+
+
+def _merge(urls: list[str], out_path: Path, files: FileChecks, options: dict[str, Any] | None,
+           *, max_bad_fraction: float, source_url: str, source_sha256: str,
+           tmp_dir: str | os.PathLike[str] | None, t0: float) -> PackResult:
+    found, counts, bad = survey(urls, options, files)
     first, n = found[0], sum(s.n for s in found)
     if n == 0:
         raise EmptyDatasetError(f"the {len(urls)} shards hold no sample; every input was "
@@ -316,10 +328,9 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
     out_path.parent.mkdir(parents=True, exist_ok=True)
     partial = str(out_path) + fmt.PARTIAL_SUFFIX
     try:
-        with tempfile.TemporaryDirectory(prefix="h5forge-merge-", dir=tmp_dir) as tmp:
-            _write(partial, found, options, tmp, bad, attrs)
-        # The copy checked every sample's digest from the bytes it wrote (see _write), so the
-        # seal verifies structure only; the file's sha256 is computed when it is published.
+        _write(partial, found, options, tmp_dir, bad, attrs, files)
+        # The copy checked what it wrote (each shard file's sha256, or each sample's digest),
+        # so the seal verifies structure only; the file's sha256 is computed when published.
         _seal(partial, out_path, check_digests=False)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -1,0 +1,123 @@
+"""Survey the shards of a merge: headers, counts, quarantine lists, manifests; refuse a mix.
+
+Every shard is opened once (HDF5 header and index, a local or remote URL) before anything is
+written, so a mix of builds, an unsealed shard or too many bad inputs fail the merge up front.
+A shard with a manifest (``url + ".manifest.json"``, written last by
+:func:`h5forge.storage.publish`) is to be checked by its whole file's sha256: the hash of a
+local one starts here, on :class:`h5forge._file_check.FileChecks`' threads, while the others
+are surveyed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from h5forge import format as fmt
+from h5forge._file_check import Expected, FileChecks, FileIdentity
+from h5forge.access import is_local, load_index, open_h5, url_to_fs
+from h5forge.storage import manifest_url, read_manifest
+
+__all__ = ["Shard", "survey"]
+
+log = logging.getLogger(__name__)
+
+# Root attributes every shard of one build must share.
+_SAME = (fmt.A_LAYOUT, fmt.A_STORAGE, fmt.A_ENCODING, fmt.A_MODE, fmt.A_COMPRESSION,
+         fmt.A_CONFIG_JSON)
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What the merge needs to know about one shard before copying it."""
+
+    url: str
+    n: int
+    attrs: dict[str, str]
+    classes: tuple[str, ...]
+    split_names: tuple[str, ...]
+    image_shape: tuple[int, ...]   # (H, W, C) for array storage, (B,) for blob storage
+    filters: tuple[int, ...]       # HDF5 filter ids on /images
+    expected: Expected | None      # its manifest: the whole file is checked against it
+    identity: FileIdentity | None  # of a local shard when it was surveyed
+
+
+def _expected(url: str, options: dict[str, Any] | None) -> Expected | None:
+    """The shard's manifest, or None for a bare file (checked sample by sample instead)."""
+    try:
+        manifest = read_manifest(url, storage_options=options)
+    except FileNotFoundError:
+        return None
+    except ValueError as e:  # torn or foreign: the per-sample check still covers the shard
+        log.warning("%s; checking %s sample by sample instead", e, url)
+        return None
+    return Expected(url=url, manifest_url=manifest_url(url), sha256=manifest["sha256"],
+                    size=manifest["bytes"])
+
+
+def survey(urls: Sequence[str], options: dict[str, Any] | None, files: FileChecks
+            ) -> tuple[list[Shard], np.ndarray, list[tuple[str, str]]]:
+    """Read every shard's header and index; refuse a mix; count samples per (split, class).
+
+    The hash of every local shard that has a manifest starts here, before its survey.
+    """
+    shards: list[Shard] = []
+    counts = np.zeros(0, np.int64)
+    bad: list[tuple[str, str]] = []
+    for i, url in enumerate(urls):
+        fmt.refuse_partial(url)
+        expected, identity = _expected(url, options), None
+        fs, path = url_to_fs(url, options)
+        if is_local(fs) and os.path.exists(path):
+            identity = FileIdentity.of(path)
+            if expected is not None:
+                files.start(i, path, expected)
+        with open_h5(url, options) as h5:
+            idx = load_index(h5, where=url)
+            images = h5[fmt.IMAGES]
+            plist = images.id.get_create_plist()
+            shard = Shard(
+                url=url, n=idx.header.num_samples,
+                attrs={k: _text(h5.attrs.get(k, "")) for k in _SAME},
+                classes=idx.classes, split_names=idx.split_names,
+                image_shape=tuple(int(x) for x in images.shape[1:]) if idx.header.storage
+                == "array" else (int(images.shape[0]),),
+                filters=tuple(plist.get_filter(k)[0] for k in range(plist.get_nfilters())),
+                expected=expected, identity=identity)
+            if shards:
+                _same(shards[0], shard)
+            else:
+                counts = np.zeros(len(shard.split_names) * len(shard.classes), np.int64)
+            k = len(shard.classes)
+            codes = idx.split_codes.astype(np.int64) * k + idx.labels
+            counts += np.bincount(codes, minlength=len(counts))[:len(counts)]
+            if idx.header.num_quarantined:
+                bad.extend(zip(h5[fmt.QUARANTINE_PATHS].asstr()[()].tolist(),
+                               h5[fmt.QUARANTINE_REASONS].asstr()[()].tolist(), strict=True))
+        shards.append(shard)
+    return shards, counts.reshape(len(shards[0].split_names), len(shards[0].classes)), bad
+
+
+def _same(first: Shard, other: Shard) -> None:
+    pairs: list[tuple[str, object, object]] = [
+        (f"root attribute {k}", first.attrs[k], other.attrs[k]) for k in _SAME]
+    pairs += [("/classes", first.classes, other.classes),
+              ("/split_names", first.split_names, other.split_names),
+              ("/images filters", first.filters, other.filters)]
+    if first.attrs[fmt.A_STORAGE] == "array":
+        pairs.append(("image shape (H, W, C)", first.image_shape, other.image_shape))
+    for what, a, b in pairs:
+        if a != b:
+            raise ValueError(
+                f"shards disagree on {what}: {first.url} has {a!r}, {other.url} has {b!r}; "
+                "every shard of one build must come from the same catalog and options — "
+                "re-pack the odd ones")
