@@ -95,7 +95,8 @@ def _structure(h5: h5py.File, idx: AssetIndex, fails: list[str]) -> None:
                      "class name or quarantine entry changed")
 
 
-def _layout(h5: h5py.File, idx: AssetIndex, file_size: int, fails: list[str]) -> None:
+def _layout(h5: h5py.File, idx: AssetIndex, file_size: int, fails: list[str], *,
+            lookup: bool = True) -> None:
     n = idx.header.num_samples
     images = h5[fmt.IMAGES]
     actual = np.zeros((max(n, 0), 2), np.uint64)
@@ -106,7 +107,7 @@ def _layout(h5: h5py.File, idx: AssetIndex, file_size: int, fails: list[str]) ->
 
         if images.shape[0]:
             images.id.chunk_iter(record)
-        if not idx.filtered and h5.driver != "fileobj":
+        if lookup and not idx.filtered and h5.driver != "fileobj":
             _lookup(images, n, actual, fails)
     else:
         offsets = h5[fmt.OFFSETS][()].astype(np.uint64)
@@ -330,7 +331,7 @@ def _verify(url: str, *, sample_fraction: float, seed: int,
         idx = load_index(h5, where=url, require_sealed=require_sealed)
         _structure(h5, idx, fails)
         if not fails:
-            _layout(h5, idx, file_size, fails)
+            _layout(h5, idx, file_size, fails, lookup=thorough)
         digests = h5[fmt.DIGESTS][()]
         n = idx.header.num_samples
         chosen = list(range(n)) if sample_fraction >= 1.0 else sorted(
@@ -470,16 +471,19 @@ def _identity(url: str, storage_options: dict[str, Any] | None) -> tuple[object,
 def verify_unsealed(path: str, *, check_digests: bool = True) -> VerifyReport:
     """Verify a local file the writer has not sealed yet (the writer's last step before sealing).
 
-    Every check of :func:`verify` but two that cannot fail here: the file's sha256 is not
-    computed (sealing changes the file; ``sha256`` in the report is ``""``), and encoded samples
+    Every check of :func:`verify` but three that cannot fail here: the file's sha256 is not
+    computed (sealing changes the file; ``sha256`` in the report is ``""``), encoded samples
     are not decoded again (the writer's workers decoded exactly these bytes, which the sample
-    digests prove). Sample digests are recomputed on every usable CPU at once.
+    digests prove), and HDF5's chunk lookup is not repeated for every chunk (HDF5 built this
+    file's chunk index moments ago; that check is for damage at rest, see ``_lookup``).
+    Sample digests are recomputed on every usable CPU at once.
 
     Args:
         path: the local unsealed file.
         check_digests: False skips the per-sample sha256 pass (``checked_samples`` is 0) and
-            keeps every structural check; for a writer that already hashed each sample's bytes
-            as it wrote them (:func:`h5forge.merge.merge_shards`).
+            keeps every structural check; for a writer that already checked the bytes it
+            wrote (:func:`h5forge.merge.merge_shards`: each shard's file sha256, or each
+            sample's digest for shards without a manifest).
     """
     return _damage_is_integrity(path, lambda: _verify(
         path, sample_fraction=1.0, seed=0, storage_options=None, progress=False,
