@@ -1,12 +1,15 @@
 """Memory and growth: pack 1k vs 10k images, reader worker memory, open time vs N.
 
-* **pack**: each pack runs in a fresh process; the peak RSS of its whole process tree (writer,
-  forkserver, workers; sampled from /proc every 20 ms) and its time. 10k images are small
-  (JPEG 96x128, packed decoded 64x64) to keep the run short; 1k is every tenth of them.
-  Time per image is reported raw and net of the fixed start-up cost (a 16-image pack: pool
-  start, file creation, fsync), which a 1k pack would otherwise spread over fewer images.
+* **pack**: each pack runs in a fresh process, after a 16-image warm-up pack in that process
+  (the fork server started and the decoders imported, as in any process that packs more than
+  once); the peak RSS of its whole process tree (writer, fork server, workers; sampled from
+  /proc every 20 ms) and its time. 10k images are small (JPEG 96x128, packed decoded 64x64) to
+  keep the run short; 1k is every tenth of them. Time per image is reported raw and net of
+  the fixed cost of a pack (a warm 16-image pack: pool start, file creation, seal, fsync),
+  which a 1k pack would otherwise spread over fewer images.
 * **reader**: a DataLoader (2 workers, batch 64, shuffled) over a decoded 224 file, two epochs;
-  each worker's peak RSS and USS (private memory), and the same for a control Dataset that
+  each worker's peak RSS, USS (private memory) and PSS (shared pages divided among the
+  processes mapping them), and the same for a control Dataset that
   returns zero tensors of the same shape (what a torch worker costs with no reader at all).
 * **open**: ``H5ImageDataset(path)`` (open + index) on files of 1k, 10k and 100k tiny samples.
 
@@ -48,6 +51,8 @@ from h5forge.images import ImageConfig
 from h5forge.writer import pack
 root, n, out, workers = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 catalog = discover(root)
+warm = replace(catalog, samples=catalog.samples[1::len(catalog.samples) // 16][:16])  # warm-up
+pack(warm, out + ".warm", image=ImageConfig(size=(64, 64)), workers=workers, overwrite=True)
 catalog = replace(catalog, samples=catalog.samples[::len(catalog.samples) // n][:n])
 t0 = time.perf_counter()
 result = pack(catalog, out, image=ImageConfig(size=(64, 64)), workers=workers, overwrite=True)
@@ -66,9 +71,10 @@ def _pack_in_child(root: Path, n: int, out: Path, workers: int) -> tuple[float, 
     return float(json.loads(stdout)["seconds"]), peak[0]
 
 
-def _proc_memory(pid: int) -> tuple[int, int]:
-    """(RSS, USS) in bytes of one process."""
-    rss = uss = 0
+def _proc_memory(pid: int) -> tuple[int, int, int]:
+    """(RSS, USS, PSS) in bytes of one process. PSS counts each shared page divided by the
+    number of processes mapping it: what the process accounts for in a fork tree."""
+    rss = uss = pss = 0
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
@@ -76,16 +82,18 @@ def _proc_memory(pid: int) -> tuple[int, int]:
                 kb = int(value.split()[0]) * 1024 if value.split() else 0
                 if key == "Rss":
                     rss = kb
+                elif key == "Pss":
+                    pss = kb
                 elif key in ("Private_Clean", "Private_Dirty"):
                     uss += kb
     except (OSError, ValueError, IndexError):
         pass
-    return rss, uss
+    return rss, uss, pss
 
 
 def _worker_peaks(ds: Any, method: str, epochs: int, *,
-                  batches: bool = False) -> tuple[int, int]:
-    """Peak RSS and USS over the DataLoader's worker processes during ``epochs`` epochs;
+                  batches: bool = False) -> tuple[int, int, int]:
+    """Peak RSS, USS and PSS over the DataLoader's worker processes during ``epochs`` epochs;
     ``batches``: through ``ds.loader()`` (whole batches in reusable slots) instead of
     ``DataLoader(ds, batch_size=64)``."""
     import torch
@@ -98,14 +106,14 @@ def _worker_peaks(ds: Any, method: str, epochs: int, *,
               else DataLoader(ds, batch_size=64, **options))
     it = iter(loader)
     pids = [w.pid for w in it._workers]  # type: ignore[attr-defined]
-    peaks = [0, 0]
+    peaks = [0, 0, 0]
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
             for pid in pids:
-                rss, uss = _proc_memory(pid)
-                peaks[0], peaks[1] = max(peaks[0], rss), max(peaks[1], uss)
+                for k, value in enumerate(_proc_memory(pid)):
+                    peaks[k] = max(peaks[k], value)
             stop.wait(0.02)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -120,7 +128,7 @@ def _worker_peaks(ds: Any, method: str, epochs: int, *,
         stop.set()
         t.join()
     del it, loader
-    return peaks[0], peaks[1]
+    return peaks[0], peaks[1], peaks[2]
 
 
 def _tiny_file(tmp: Path, n: int) -> Path:
@@ -188,28 +196,29 @@ def main() -> None:
         root, what = image_root(args)
         decoded = pack(root, tmp / "decoded224.h5", workers=args.workers)
         mem_rows = []
-        worst = worker_rss = 0.0
+        worst = worker_rss = worker_pss = 0.0
         for method in ("fork", "spawn"):
-            h5_rss, h5_uss = _worker_peaks(H5ImageDataset(decoded.path), method, 2)
-            b_rss, b_uss = _worker_peaks(H5ImageDataset(decoded.path), method, 2, batches=True)
-            c_rss, c_uss = _worker_peaks(Constant(decoded.num_samples, (3, 224, 224)), method, 2)
-            worst = max(worst, (h5_rss - c_rss) / MB, (b_rss - c_rss) / MB)
+            h5 = _worker_peaks(H5ImageDataset(decoded.path), method, 2)
+            bat = _worker_peaks(H5ImageDataset(decoded.path), method, 2, batches=True)
+            ctl = _worker_peaks(Constant(decoded.num_samples, (3, 224, 224)), method, 2)
+            worst = max(worst, (h5[0] - ctl[0]) / MB, (bat[0] - ctl[0]) / MB)
             if method == "fork":
-                worker_rss = max(h5_rss, b_rss) / MB
-            mem_rows += [[method, "H5ImageDataset, DataLoader(batch_size=64)", h5_rss / MB,
-                          h5_uss / MB],
-                         [method, "H5ImageDataset.loader(64) (slots shared with the main "
-                          "process)", b_rss / MB, b_uss / MB],
-                         [method, "control (zeros, same shapes)", c_rss / MB, c_uss / MB],
-                         [method, "**h5forge's share** (difference, DataLoader)",
-                          (h5_rss - c_rss) / MB, (h5_uss - c_uss) / MB],
-                         [method, "**h5forge's share** (difference, loader())",
-                          (b_rss - c_rss) / MB, (b_uss - c_uss) / MB]]
+                worker_rss = max(h5[0], bat[0]) / MB
+                worker_pss = max(h5[2], bat[2]) / MB
+            mem_rows += [
+                [method, "H5ImageDataset, DataLoader(batch_size=64)", *(v / MB for v in h5)],
+                [method, "H5ImageDataset.loader(64) (slots shared with the main process)",
+                 *(v / MB for v in bat)],
+                [method, "control (zeros, same shapes)", *(v / MB for v in ctl)],
+                [method, "**h5forge's share** (difference, DataLoader)",
+                 *((a - b) / MB for a, b in zip(h5, ctl, strict=True))],
+                [method, "**h5forge's share** (difference, loader())",
+                 *((a - b) / MB for a, b in zip(bat, ctl, strict=True))]]
         report.add(f"Reader: {what}, packed decoded 224 ({decoded.num_samples} samples, "
                    f"{decoded.bytes / MB:.0f} MB); DataLoader 2 workers, batch 64, shuffled, "
                    "two epochs; peak over both workers.")
         report.add(table(["start method", "dataset", "worker peak RSS (MB)",
-                          "worker peak USS (MB)"], mem_rows))
+                          "worker peak USS (MB)", "worker peak PSS (MB)"], mem_rows))
 
         # --- open time vs N
         open_rows = []
@@ -237,8 +246,10 @@ def main() -> None:
             f"{verdict(growth, 50, at_most=True)}",
             f"- pack time per image 10k / 1k = **{net:.2f}** net of the {fixed:.2f} s start-up "
             f"({raw:.2f} raw), {verdict(net, 1.10, at_most=True)}",
-            f"- reader worker peak RSS = **{worker_rss:.0f} MB** absolute (fork: "
-            f"{verdict(worker_rss, 200, at_most=True)}); of which h5forge's share over a torch "
+            f"- reader worker (fork) peak PSS = **{worker_pss:.0f} MB** "
+            f"({verdict(worker_pss, 200, at_most=True)}), peak RSS {worker_rss:.0f} MB (counts "
+            "every page shared with the parent in full; a torch worker doing nothing has about "
+            "that much); h5forge's share of the RSS over a torch "
             f"worker doing nothing = **{worst:.0f} MB** ({verdict(worst, 200, at_most=True)})",
             f"- open at {largest:,} samples = **{opens[largest] * 1e3:.1f} ms** "
             f"({verdict(opens[largest] * 1e3, 50, at_most=True)}), {flat:.1f}x the "

@@ -119,7 +119,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--batches", type=int, default=150,
                    help="batches per timed round of the fast loaders")
-    p.add_argument("--slow-batches", type=int, default=16,
+    p.add_argument("--slow-batches", type=int, default=48,
                    help="batches per timed round of the decoding loaders")
     args = p.parse_args()
     from h5forge import H5ImageDataset
