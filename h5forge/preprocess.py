@@ -18,6 +18,7 @@ import mmap
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 from collections import deque
 from collections.abc import Generator, Sequence
@@ -187,8 +188,9 @@ def _pooled(paths: list[str], cfg: ImageConfig, workers: int, chunk: int,
 def _pooled_with(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, window: int,
                  ring: _Ring | None, borrow: bool) -> Generator[Result, None, None]:
     n = len(paths)
-    pool = ProcessPoolExecutor(max_workers=min(workers, -(-n // chunk)),
-                               mp_context=_context())
+    ctx = _context()
+    _check_main_importable(ctx)
+    pool = ProcessPoolExecutor(max_workers=min(workers, -(-n // chunk)), mp_context=ctx)
     spec = ring.spec if ring is not None else None
     pending: deque[tuple[int, int, Future[list[Result | _InRing]]]] = deque()
     in_flight = 0  # submitted and not yet yielded
@@ -223,6 +225,19 @@ def _pooled_with(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, w
         for _, _, task in pending:
             task.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _check_main_importable(ctx: BaseContext) -> None:
+    """spawn and forkserver children re-run ``__main__`` from its file: refuse a main script
+    they cannot find (``python - < script.py``) with the fix, instead of workers that die."""
+    if ctx.get_start_method() == "fork":
+        return
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file is not None and not os.path.exists(main_file):
+        raise RuntimeError(
+            f"worker processes ({ctx.get_start_method()}) re-import the main script, and "
+            f"{main_file!r} is not a file (a script read from stdin?); run it from a file or "
+            "with python -c, or pass workers=1 to decode in this process")
 
 
 def _context() -> BaseContext:

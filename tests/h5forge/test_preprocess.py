@@ -146,3 +146,23 @@ def test_consumer_error_stops_the_workers(image_folder: Path) -> None:
     assert workers
     assert not any(p.is_alive() for p in workers)
     assert not _new_children(before)
+
+
+def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Path) -> None:
+    # forkserver/spawn children re-run __main__ from its file; '<stdin>' is none.
+    import subprocess
+    import sys
+
+    script = ("from h5forge.images import ImageConfig\n"
+              "from h5forge.preprocess import iter_processed\n"
+              f"paths = sorted(str(p) for p in __import__('pathlib').Path({str(image_folder)!r})"
+              ".rglob('*.*'))\n"
+              "list(iter_processed(paths, ImageConfig(size=(16, 16)), workers=2))\n")
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 1
+    assert "'<stdin>' is not a file" in done.stderr
+    assert "pass workers=1" in done.stderr
+    ok = subprocess.run([sys.executable, "-"], input=script.replace("workers=2", "workers=1"),
+                        capture_output=True, text=True, timeout=120, check=False)
+    assert ok.returncode == 0, ok.stderr
