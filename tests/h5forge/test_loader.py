@@ -19,6 +19,7 @@ from h5forge import _batches
 from h5forge.dataset import H5ImageDataset
 from h5forge.errors import IntegrityError
 from h5forge.writer import PackResult
+from tests.fixtures.damage import flip_sample_byte
 from tests.fixtures.loaders import TopLeft
 
 
@@ -155,21 +156,11 @@ def test_loader_arguments_are_checked(packed_decoded: PackResult) -> None:
         ds.loader(4, collate_fn=lambda b: b)
 
 
-def _flip_sample(path: Path, i: int) -> None:
-    with h5py.File(path) as h5:
-        offset, nbytes = (int(x) for x in h5["byte_ranges"][i])
-    with open(path, "r+b") as f:
-        f.seek(offset + nbytes // 2)
-        b = f.read(1)
-        f.seek(offset + nbytes // 2)
-        f.write(bytes([b[0] ^ 0x10]))
-
-
 def test_loader_with_verify_reads_names_a_corrupt_sample(packed_decoded: PackResult,
                                                          tmp_path: Path) -> None:
     path = tmp_path / "copy.h5"
     shutil.copyfile(packed_decoded.path, path)
-    _flip_sample(path, 6)
+    flip_sample_byte(path, 6)
     ds = H5ImageDataset(path, verify_reads=True)
     loader: Any = ds.loader(4, num_workers=1, multiprocessing_context="fork")
     with pytest.raises(IntegrityError, match="sample 6"):

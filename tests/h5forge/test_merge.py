@@ -1,4 +1,5 @@
-"""The merge checks every sample's digest while it copies; the seal then verifies structure only."""
+"""The merge checks what it copies (each shard file's sha256 against its manifest, or every
+sample's digest for shards without one); the seal then verifies structure only."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from h5forge.images import ImageConfig
 from h5forge.merge import merge_shards
 from h5forge.shards import pack_shard, plan_shards
 from h5forge.verify import verify, verify_unsealed
+from tests.fixtures.damage import flip_sample_byte
 
 BUILDS: dict[str, dict[str, Any]] = {
     "raw": {"image": ImageConfig(resize="resize", size=(24, 32))},
@@ -43,17 +45,6 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     return out
 
 
-def _damage_sample(path: Path, j: int) -> None:
-    """Flip one byte in the middle of sample ``j``'s stored bytes, behind HDF5's back."""
-    with h5py.File(path) as h5:
-        offset, size = (int(x) for x in h5["byte_ranges"][j])
-    with path.open("r+b") as f:
-        f.seek(offset + size // 2)
-        byte = f.read(1)[0]
-        f.seek(offset + size // 2)
-        f.write(bytes([byte ^ 0x10]))
-
-
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_merge_checks_every_sample_and_the_output_verifies(
         build: str, shards: dict[str, list[str]], tmp_path: Path) -> None:
@@ -67,7 +58,7 @@ def test_merge_checks_every_sample_and_the_output_verifies(
 def test_merge_refuses_a_shard_damaged_after_packing(
         build: str, shards: dict[str, list[str]], tmp_path: Path) -> None:
     urls = [shutil.copy(u, tmp_path / Path(u).name) for u in shards[build]]
-    _damage_sample(Path(urls[1]), 2)
+    flip_sample_byte(Path(urls[1]), 2)
     with pytest.raises(IntegrityError, match=r"sample 6 \(sample 2 of .*shard-00001\.h5\)"):
         merge_shards(urls, tmp_path / "out" / "m.h5", max_bad_fraction=0.0)
     assert not (tmp_path / "out" / "m.h5").exists()
@@ -77,7 +68,7 @@ def test_merge_refuses_a_shard_damaged_after_packing(
 def test_verify_unsealed_without_digests_still_checks_structure(
         shards: dict[str, list[str]], tmp_path: Path) -> None:
     path = Path(shutil.copy(shards["raw"][0], tmp_path / "s.h5"))
-    _damage_sample(path, 1)
+    flip_sample_byte(path, 1)
     with pytest.raises(IntegrityError, match="sample 1: sha256"):
         verify_unsealed(str(path))
     report = verify_unsealed(str(path), check_digests=False)

@@ -27,6 +27,7 @@ from h5forge.shards import pack_shard, plan_shards
 from h5forge.storage import MANIFEST_SUFFIX
 from h5forge.verify import verify
 from h5forge.writer import PackResult, pack
+from tests.fixtures.damage import flip_sample_byte
 
 DECODED = ImageConfig(resize="resize", size=(24, 32))
 BUILDS: dict[str, dict[str, Any]] = {
@@ -74,17 +75,6 @@ def _staging(published: dict[str, Path], build: str, tmp_path: Path) -> list[Pat
     return shards
 
 
-def _flip_sample_byte(path: Path, j: int) -> None:
-    """Flip one byte in the middle of sample ``j``'s stored bytes, manifest unchanged."""
-    with h5py.File(path) as h5:
-        offset, size = (int(x) for x in h5["byte_ranges"][j])
-    with path.open("r+b") as f:
-        f.seek(offset + size // 2)
-        byte = f.read(1)[0]
-        f.seek(offset + size // 2)
-        f.write(bytes([byte ^ 0x10]))
-
-
 def _assert_nothing_at(out: Path) -> None:
     assert not out.exists()
     assert not Path(str(out) + ".partial").exists()
@@ -123,7 +113,7 @@ def test_a_byte_flipped_after_publish_fails_the_file_hash(
         build: str, published: dict[str, Path], tmp_path: Path) -> None:
     shards = _staging(published, build, tmp_path)
     manifest = json.loads(Path(str(shards[1]) + MANIFEST_SUFFIX).read_text())
-    _flip_sample_byte(shards[1], 2)
+    flip_sample_byte(shards[1], 2)
     actual = hashlib.sha256(shards[1].read_bytes()).hexdigest()
     out = tmp_path / "out" / "m.h5"
     with pytest.raises(IntegrityError, match="shard-00001.h5: sha256 of the shard file") as e:
@@ -139,7 +129,7 @@ def test_a_byte_flipped_after_publish_fails_the_file_hash(
 def test_without_its_manifest_the_same_shard_is_checked_sample_by_sample(
         build: str, published: dict[str, Path], tmp_path: Path) -> None:
     shards = _staging(published, build, tmp_path)
-    _flip_sample_byte(shards[1], 2)
+    flip_sample_byte(shards[1], 2)
     os.unlink(str(shards[1]) + MANIFEST_SUFFIX)  # a bare sealed file, among published ones
     out = tmp_path / "out" / "m.h5"
     with pytest.raises(IntegrityError, match=r"sample 6 \(sample 2 of .*shard-00001\.h5\)"):
@@ -286,7 +276,7 @@ def test_many_local_and_remote_shards_hashed_a_few_at_a_time(
                            **kw).url for s in specs]
         merged = merge_shards(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
         _assert_same_asset(merged.path, refs["blob"])
-        _flip_sample_byte(Path(urls[10]), 0)
+        flip_sample_byte(Path(urls[10]), 0)
         with pytest.raises(IntegrityError, match="shard-00010.h5: sha256 of the shard file"):
             merge_shards(urls, tmp_path / "bad.h5", max_bad_fraction=0.0)
     finally:
