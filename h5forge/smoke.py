@@ -5,7 +5,9 @@ with worker processes, once per multiprocessing start method (``fork`` and ``spa
 default), and compares every sample it receives with what the file declares: dtype ``uint8``,
 shape, label (and its range), and the per-sample sha256 digest in ``/digests``. That proves the
 dataset pickles, opens lazily in each worker and returns the bytes that were packed — the
-properties a training job relies on and a file-level verify cannot see.
+properties a training job relies on and a file-level verify cannot see. Fixed-size (array
+storage) files are read the fast way, whole batches through ``H5ImageDataset.loader()`` (worker
+slots handed over as shared memory); files of varying sample sizes sample by sample.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -197,16 +199,21 @@ def _run_once(
     url: str,
     worker_init_fn: Callable[[int], None] | None,
 ) -> tuple[MethodReport, list[str]]:
-    loader = DataLoader(
-        Subset(dataset, indices),
-        batch_size=batch_size,
-        shuffle=False,
-        num_workers=workers,
-        collate_fn=_as_list,
-        multiprocessing_context=method if workers > 0 else None,
-        timeout=_BATCH_TIMEOUT_S if workers > 0 else 0,
-        worker_init_fn=worker_init_fn if workers > 0 else None,
-    )
+    options: dict[str, Any] = {
+        "num_workers": workers,
+        "multiprocessing_context": method if workers > 0 else None,
+        "timeout": _BATCH_TIMEOUT_S if workers > 0 else 0,
+        "worker_init_fn": worker_init_fn if workers > 0 else None,
+    }
+    loader: Iterable[list[tuple[Any, Any]]]
+    if exp.header.storage == "array":
+        # Fixed-size samples: the way training reads them, whole batches through loader()
+        # (worker slots handed to this process), then each sample of the batch checked.
+        loader = (list(zip(images, labels.tolist(), strict=True))
+                  for images, labels in dataset.loader(batch_size, sampler=indices, **options))
+    else:  # samples of varying size: one by one, as a transform-less Dataset yields them
+        loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, shuffle=False,
+                            collate_fn=_as_list, **options)
     failures: list[str] = []
     position = 0
     arrivals: list[tuple[float, int]] = []  # (seconds since start, batch size)
