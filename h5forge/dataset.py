@@ -328,6 +328,12 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         ``multiprocessing_context``, ``worker_init_fn``. For distributed training pass
         ``sampler=DistributedSampler(ds)`` (and call its ``set_epoch`` as usual).
 
+        Memory: each worker keeps up to 6 batch-sized buffers (``memfd``, shared with this
+        process; 9.6 MB each for 64 x 224 x 224 x 3) and reuses one once every tensor of the
+        batch it held is gone; if the consumer keeps more batches alive than that, further
+        batches get fresh shared memory, as with torch's own collate. See
+        :mod:`h5forge._batches`.
+
         Args:
             batch_size: samples per batch.
             shuffle: a fresh random order each epoch (``RandomSampler``); not with ``sampler``.

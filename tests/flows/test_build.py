@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import h5py
 import pytest
 from PIL import Image
 from pydantic import ValidationError
@@ -15,6 +14,7 @@ from flows.build import BuildConfig, build_dataset
 from h5forge.errors import IntegrityError, TooManyBadImagesError
 from h5forge.verify import verify
 from tasks.publish import asset_key
+from tests.fixtures.damage import flip_sample_byte
 from tests.fixtures.prefect import asset_events, flow_run_artifacts, flow_run_task_runs
 
 pytestmark = pytest.mark.slow
@@ -122,14 +122,7 @@ def _flip_first_sample_byte(task: Any, task_run: Any, state: Any) -> None:
     It stands for what verify exists to catch (a bad disk, a buggy copy) between packing and
     publishing; the real pack, verify and publish code runs unchanged around it.
     """
-    path = state.result().path
-    with h5py.File(path, "r") as h5:
-        offset = int(h5["byte_ranges"][0, 0])
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ 0xFF]))
+    flip_sample_byte(state.result().path, 0, mask=0xFF, at=0)
 
 
 def test_a_failing_verify_fails_the_run_and_publishes_nothing(

@@ -12,6 +12,7 @@ import pytest
 from h5forge.errors import IntegrityError, UnsealedFileError
 from h5forge.smoke import smoke_load
 from h5forge.writer import PackResult
+from tests.fixtures.damage import flip_sample_byte
 
 HAS_FORK = "fork" in multiprocessing.get_all_start_methods()
 needs_fork = pytest.mark.skipif(not HAS_FORK, reason="the platform has no fork")
@@ -46,13 +47,7 @@ def test_a_flipped_pixel_fails_with_the_sample_named(
 ) -> None:
     path = tmp_path / "flipped.h5"
     shutil.copyfile(packed_decoded.path, path)
-    with h5py.File(path, "r") as h5:
-        offset = int(h5["byte_ranges"][0, 0])
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ 0x01]))
+    flip_sample_byte(path, 0, mask=0x01, at=0)
     with pytest.raises(IntegrityError, match=r"flipped\.h5\[0\]: sha256 of pixels read") as info:
         smoke_load(str(path), workers=2, batches=1, batch_size=4, start_methods=("fork",))
     assert len(info.value.failures) == 1
