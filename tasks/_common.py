@@ -19,6 +19,7 @@ __all__ = [
     "retry_if_transient",
     "retry_upload",
     "run_name",
+    "with_retries",
 ]
 
 # Exponential backoff base (1st retry after ~2 s, then 4 s, 8 s ...) and its random spread, so
@@ -75,6 +76,17 @@ def retry_if_transient(task: Any, task_run: TaskRun, state: State[Any]) -> bool:
     permanent = (H5ForgeError, ValueError, TypeError, FileNotFoundError, FileExistsError,
                  PermissionError, NotImplementedError)
     return not isinstance(exc, permanent)
+
+
+def with_retries(retries: int = 3, condition: Any = None) -> dict[str, Any]:
+    """``@task`` keyword arguments: ``retries`` retries with jittered exponential backoff, only
+    when ``condition`` (default :func:`retry_if_transient`) says a retry can help."""
+    from prefect.tasks import exponential_backoff
+
+    return {"retries": retries,
+            "retry_delay_seconds": exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
+            "retry_jitter_factor": RETRY_JITTER,
+            "retry_condition_fn": condition or retry_if_transient}
 
 
 def retry_upload(task: Any, task_run: TaskRun, state: State[Any]) -> bool:

@@ -15,13 +15,12 @@ from typing import Any
 from prefect import Task, task
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
-from prefect.tasks import exponential_backoff
 from prefect.utilities.hashing import hash_objects
 from pydantic import BaseModel, ConfigDict
 
 from h5forge.redact import canonical_url
 from h5forge.sources import fetch
-from tasks._common import RETRY_BACKOFF_S, RETRY_JITTER, retry_if_transient, run_name
+from tasks._common import run_name, with_retries
 
 __all__ = ["FetchedSource", "fetch_source", "fetch_task", "source_dir"]
 
@@ -64,10 +63,7 @@ _FETCH_CACHE = CachePolicy.from_cache_key_fn(_fetch_cache_key)
 @task(
     name="fetch",
     task_run_name=run_name("fetch"),
-    retries=3,
-    retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
-    retry_jitter_factor=RETRY_JITTER,
-    retry_condition_fn=retry_if_transient,
+    **with_retries(3),
     cache_policy=_FETCH_CACHE,
     persist_result=True,
     result_serializer="json",

@@ -14,7 +14,7 @@ from typing import Any
 
 from prefect import task
 from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
-from prefect.tasks import MaterializingTask, exponential_backoff
+from prefect.tasks import MaterializingTask
 from prefect.types.names import MAX_ASSET_KEY_LENGTH, RESTRICTED_ASSET_CHARACTERS
 from prefect.utilities.hashing import hash_objects
 from pydantic import BaseModel, ConfigDict
@@ -24,11 +24,10 @@ from h5forge.preview import write_preview
 from h5forge.redact import redact_url
 from h5forge.storage import publish
 from tasks._common import (
-    RETRY_BACKOFF_S,
-    RETRY_JITTER,
     dataset_name,
     retry_upload,
     run_name,
+    with_retries,
 )
 
 __all__ = [
@@ -148,8 +147,5 @@ def publish_task(dest: str, *, description: str = "") -> MaterializingTask[..., 
         by="h5forge",
         name="publish",
         task_run_name=run_name("publish"),
-        retries=3,
-        retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
-        retry_jitter_factor=RETRY_JITTER,
-        retry_condition_fn=retry_upload,
+        **with_retries(3, retry_upload),
     )(_publish)

@@ -16,7 +16,6 @@ from typing import Any
 
 from prefect import get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
-from prefect.tasks import exponential_backoff
 from pydantic import BaseModel, ConfigDict, Field
 
 from h5forge.access import url_to_fs
@@ -35,11 +34,9 @@ from h5forge.shards import (
 )
 from h5forge.storage import MANIFEST_SUFFIX
 from tasks._common import (
-    RETRY_BACKOFF_S,
-    RETRY_JITTER,
-    retry_if_transient,
     retry_upload,
     run_name,
+    with_retries,
 )
 from tasks.pack import PackSummary, artifact_key, quarantine_table
 
@@ -91,8 +88,7 @@ def _compression(name: str | None) -> str | None:
 
 
 @task(name="plan-shards", task_run_name=run_name("plan-shards"), cache_policy=NO_CACHE,
-      retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
-      retry_jitter_factor=RETRY_JITTER, retry_condition_fn=retry_if_transient)
+      **with_retries(2))
 def plan_shard_build(root: str, *, staging: str, samples_per_shard: int,
                      bytes_per_shard: int | None, image: ImageConfig,
                      compression: str | None = None, compression_level: int | None = None,
@@ -122,8 +118,7 @@ def _shard_run_name() -> str:
 
 
 @task(name="pack-shard", task_run_name=_shard_run_name, cache_policy=NO_CACHE,
-      retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
-      retry_jitter_factor=RETRY_JITTER, retry_condition_fn=retry_upload)
+      **with_retries(2, retry_upload))
 def pack_shard_task(catalog: Catalog, spec: ShardSpec, staging_url: str, *, dataset: str,
                     image: ImageConfig, compression: str | None = None,
                     compression_level: int | None = None,
@@ -170,8 +165,7 @@ def merge_task(urls: Sequence[str], *, out: str, dataset: str, max_bad_fraction:
 
 
 @task(name="remove-shards", task_run_name=run_name("remove-shards"), cache_policy=NO_CACHE,
-      retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
-      retry_condition_fn=retry_if_transient)
+      **with_retries(2))
 def remove_shards(staging: str, specs: Sequence[ShardSpec], *,
                   storage_options: dict[str, Any] | None = None) -> int:
     """Delete the plan's shards from ``staging`` once the merged asset is published.

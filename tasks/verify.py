@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.tasks import exponential_backoff
 from pydantic import BaseModel, ConfigDict
 
 from h5forge.errors import IntegrityError
@@ -13,10 +12,8 @@ from h5forge.redact import redact_url
 from h5forge.storage import read_manifest
 from h5forge.verify import verify
 from tasks._common import (
-    RETRY_BACKOFF_S,
-    RETRY_JITTER,
-    retry_if_transient,
     run_name,
+    with_retries,
 )
 
 __all__ = ["VerifySummary", "check_manifest", "load_manifest", "verify_file"]
@@ -66,10 +63,7 @@ def verify_file(
 @task(
     name="read-manifest",
     task_run_name=run_name("read-manifest"),
-    retries=3,
-    retry_delay_seconds=exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
-    retry_jitter_factor=RETRY_JITTER,
-    retry_condition_fn=retry_if_transient,
+    **with_retries(3),
 )
 def load_manifest(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``.manifest.json`` beside ``url`` (see :func:`h5forge.storage.read_manifest`)."""
