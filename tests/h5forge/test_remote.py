@@ -129,3 +129,22 @@ def test_remote_verify_reads_match_local(packed_120: PackResult, tmp_path: Path)
             assert bool((image == want[0]).all())
     finally:
         fsspec.filesystem("memory").rm(url.rsplit("/", 1)[0], recursive=True)
+
+
+def test_s3_loader_reads_whole_batches_with_few_requests(
+        packed_120: PackResult, s3_bucket: str, s3_storage_options: dict[str, Any],
+        s3_requests: S3RequestLog) -> None:
+    # loader(): each worker fetches a batch with one concurrent cat_ranges straight into its
+    # slot; same samples as the local file, about one range request per sample.
+    url = f"s3://{s3_bucket}/loader.h5"
+    publish(packed_120.path, url, storage_options=s3_storage_options)
+    truth = _local_truth(packed_120.path)
+    ds = H5ImageDataset(url, storage_options=s3_storage_options)
+    s3_requests.clear()
+    loader = ds.loader(8, shuffle=True, num_workers=WORKERS, multiprocessing_context="spawn",
+                       generator=torch.Generator().manual_seed(0))
+    got = _content((image, label) for images, labels in loader
+                   for image, label in zip(images, labels.tolist(), strict=True))
+    assert got == truth
+    reads = [r for r in s3_requests() if _is_read(r.method, r.range)]
+    assert len(reads) <= math.ceil(1.05 * packed_120.num_samples), len(reads)
