@@ -23,14 +23,13 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import secrets
 import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["SlotBatch", "SlotRef", "acquire", "collect", "make_batch", "send_batch",
+__all__ = ["Batch", "SlotBatch", "SlotRef", "acquire", "collect", "make_batch", "send_batch",
            "shared_tensor", "views"]
 
 _HEADER = 64  # busy flag, then padding: the pixels start cache-line aligned
@@ -65,7 +64,6 @@ class _Pool:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.token = secrets.token_hex(4)
         self.slots: list[_Slot] = []
 
 
@@ -161,10 +159,44 @@ def views(flat: torch.Tensor, layout: tuple[tuple[int, ...], int, int]
     return images, flat[label_at:label_at + 8 * n].view(torch.int64)
 
 
-def collect(items: list[tuple[Any, Any]]) -> SlotBatch | None:
-    """Samples as one :class:`SlotBatch` when they are uint8 C x H x W tensors of one shape
-    with integer labels (what a resize/crop transform yields); None for anything else, which
-    the caller collates the usual way. Each image is copied once, into its slot."""
+class Batch:
+    """The memory of one batch: ``images`` (N x C x H x W, channels-last) and int64 ``labels``
+    over one buffer, so a worker hands one buffer over. In a free slot when ``slot`` and one
+    is free, else in new shared memory when ``shared`` (a DataLoader worker), else ordinary
+    memory. Fill ``images``/``labels``, then return :meth:`result` (or :meth:`release` on
+    failure)."""
+
+    def __init__(self, n: int, hwc: tuple[int, ...], *, slot: bool, shared: bool) -> None:
+        label_at = -(-n * int(np.prod(hwc)) // 8) * 8  # int64 labels start 8-byte aligned
+        self.layout = ((n, *hwc), label_at, n)
+        nbytes = label_at + 8 * n
+        got = acquire(nbytes) if slot else None
+        self.ref = got[1] if got is not None else None
+        if got is not None:
+            self.flat = torch.from_numpy(got[0])
+        elif shared:
+            self.flat = shared_tensor(nbytes)
+        else:
+            self.flat = torch.empty(nbytes, dtype=torch.uint8)
+        self.images, self.labels = views(self.flat, self.layout)
+
+    def release(self) -> None:
+        """Give the slot back: the batch will not be sent."""
+        if self.ref is not None:
+            self.ref.release()
+
+    def result(self) -> Any:
+        """A :class:`SlotBatch` when in a slot, else the pair ``(images, labels)``."""
+        if self.ref is None:
+            return self.images, self.labels
+        return make_batch(self.images, self.labels, self.ref, self.layout)
+
+
+def collect(items: list[tuple[Any, Any]]) -> Any:
+    """Samples as one :class:`Batch` (inside a DataLoader worker) when they are uint8
+    C x H x W tensors of one shape with integer labels (what a resize/crop transform yields);
+    None for anything else, which the caller collates the usual way. Each image is copied
+    once, into the batch's buffer."""
     if not items:
         return None
     first = items[0][0]
@@ -176,19 +208,12 @@ def collect(items: list[tuple[Any, Any]]) -> SlotBatch | None:
                 or image.shape != shape or isinstance(label, bool) or not isinstance(label, int)):
             return None
     c, h, w = shape
-    n, size = len(items), c * h * w
-    label_at = -(-n * size // 8) * 8
-    got = acquire(label_at + 8 * n)
-    if got is None:
-        return None
-    array, ref = got
-    layout = ((n, h, w, c), label_at, n)
-    images, labels = views(torch.from_numpy(array), layout)
-    pixels = images.permute(0, 2, 3, 1)  # N x H x W x C, the slot's memory order
+    batch = Batch(len(items), (h, w, c), slot=True, shared=True)
+    pixels = batch.images.permute(0, 2, 3, 1)  # N x H x W x C, the buffer's memory order
     for k, (image, _) in enumerate(items):
         pixels[k].copy_(image.permute(1, 2, 0))
-    labels.copy_(torch.tensor([label for _, label in items], dtype=torch.int64))
-    return make_batch(images, labels, ref, layout)
+    batch.labels.copy_(torch.tensor([label for _, label in items], dtype=torch.int64))
+    return batch.result()
 
 
 def send_batch(batch: Any) -> Any:

@@ -87,10 +87,6 @@ class _State:
             self.opened.close()
 
 
-def _label_offset(nbytes: int) -> int:
-    return -(-nbytes // 8) * 8  # int64 labels start 8-byte aligned after the pixels
-
-
 def _same_shape(items: list[tuple[Any, Any]], url: str) -> None:
     """Refuse to collate images of different sizes with a message that says what to do."""
     shapes = {tuple(image.shape) for image, _ in items if isinstance(image, torch.Tensor)}
@@ -291,29 +287,18 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         assert idx.image_shape is not None
         size, n = int(np.prod(idx.image_shape)), len(rows)
         # Pixels and labels share one buffer: one allocation (and one hand-over) per batch.
-        label_at = _label_offset(n * size)
-        layout = ((n, *idx.image_shape), label_at, n)
-        got = _batches.acquire(label_at + 8 * n) if use_slots and in_worker else None
-        if got is not None:
-            flat = torch.from_numpy(got[0])
-        elif in_worker:
-            flat = _batches.shared_tensor(label_at + 8 * n)
-        else:
-            flat = torch.empty(label_at + 8 * n, dtype=torch.uint8)
+        batch = _batches.Batch(n, idx.image_shape, slot=use_slots and in_worker,
+                               shared=in_worker)
         try:
-            images, labels = _batches.views(flat, layout)
-            view = memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]
+            view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
             bufs = [view[k * size:(k + 1) * size] for k in range(n)]
             st.reader.read_into(idx.byte_ranges[rows].tolist(), bufs)
             self._check(bufs, rows, st)
-            labels.numpy()[:] = idx.labels[rows]
+            batch.labels.numpy()[:] = idx.labels[rows]
         except BaseException:
-            if got is not None:
-                got[1].release()
+            batch.release()
             raise
-        if got is not None:
-            return _batches.make_batch(images, labels, got[1], layout)
-        return images, labels
+        return batch.result()
 
     def loader(self, batch_size: int = 64, *, shuffle: bool = False,
                sampler: Iterable[int] | None = None, drop_last: bool = False,
