@@ -73,6 +73,7 @@ from h5forge.writer import (
     PackResult,
     _check_bad_fraction,
     _check_every_class,
+    _check_output,
     _filter_kwargs,
     _root_attrs,
     _seal,
@@ -294,13 +295,7 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
     urls = [os.fspath(s) for s in shards]
     if not urls:
         raise ValueError("no shards to merge; pack them first with h5forge.shards.pack_shard")
-    if not 0.0 <= max_bad_fraction <= 1.0:
-        raise ValueError(f"max_bad_fraction={max_bad_fraction} must be between 0 and 1")
-    out_path = Path(out)
-    if out_path.suffix == fmt.PARTIAL_SUFFIX:
-        raise ValueError(f"output {out} must not end in {fmt.PARTIAL_SUFFIX}")
-    if out_path.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass overwrite=True to replace it")
+    out_path = _check_output(out, overwrite, max_bad_fraction)
     options = dict(storage_options) if storage_options else None
     # Leaving this stops the shard hashes still running (the merge failed).
     with FileChecks() as files:

@@ -273,15 +273,9 @@ def _pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
     image = image or ImageConfig()
     image.validate()
     filters = _filter_kwargs(compression, compression_level, fletcher32)
-    if not 0.0 <= max_bad_fraction <= 1.0:
-        raise ValueError(f"max_bad_fraction={max_bad_fraction} must be between 0 and 1")
     if workers is not None and workers < 1:
         raise ValueError(f"workers={workers} must be >= 1 (or None for the CPU count)")
-    out_path = Path(out)
-    if out_path.suffix == fmt.PARTIAL_SUFFIX:
-        raise ValueError(f"output {out} must not end in {fmt.PARTIAL_SUFFIX}")
-    if out_path.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass overwrite=True (CLI: --overwrite) to replace")
+    out_path = _check_output(out, overwrite, max_bad_fraction, "(CLI: --overwrite) ")
     catalog = src if isinstance(src, Catalog) else discover(src, manifest=manifest)
     partial = str(out_path) + fmt.PARTIAL_SUFFIX
     spool = partial + ".blob"
@@ -440,6 +434,19 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
     return {"num_samples": len(samples), "num_quarantined": len(bad),
             "num_classes": len(catalog.classes), "classes": tuple(catalog.classes),
             "quarantined": tuple(bad), "counts": counts}
+
+
+def _check_output(out: str | os.PathLike[str], overwrite: bool, max_bad_fraction: float,
+                  how: str = "") -> Path:
+    """The output path of a pack or merge, after checking it and ``max_bad_fraction``."""
+    if not 0.0 <= max_bad_fraction <= 1.0:
+        raise ValueError(f"max_bad_fraction={max_bad_fraction} must be between 0 and 1")
+    out_path = Path(out)
+    if out_path.suffix == fmt.PARTIAL_SUFFIX:
+        raise ValueError(f"output {out} must not end in {fmt.PARTIAL_SUFFIX}")
+    if out_path.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists; pass overwrite=True {how}to replace it")
+    return out_path
 
 
 def _check_quarantine(catalog: Catalog, kept: list[int], bad: list[tuple[str, str]],
