@@ -186,29 +186,38 @@ def start_report(title: str) -> Report:
 # --------------------------------------------------------------------------- memory
 
 
-def tree_rss(root_pid: int) -> int:
-    """Resident bytes of ``root_pid`` and all its descendants, from /proc."""
+def _tree_sum(root_pid: int, value: Callable[[str, list[str]], float]) -> float:
+    """Sum of ``value(pid, stat fields after the command name)`` over ``root_pid`` and all its
+    descendants, from /proc."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
+    values: dict[int, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/statm") as f:
-                rss[int(entry)] = int(f.read().split()[1]) * page
+                fields = f.read().rsplit(")", 1)[1].split()
+            values[int(entry)] = value(entry, fields)
         except (OSError, IndexError, ValueError):
             continue  # the process ended meanwhile
-        children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [root_pid]
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    total, todo = 0.0, [root_pid]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        total += values.get(pid, 0.0)
         todo.extend(children.get(pid, []))
     return total
+
+
+def tree_rss(root_pid: int) -> int:
+    """Resident bytes of ``root_pid`` and all its descendants, from /proc."""
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss(pid: str, _: list[str]) -> float:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * page
+
+    return int(_tree_sum(root_pid, rss))
 
 
 def tree_cpu(root_pid: int | None = None) -> float:
@@ -218,27 +227,9 @@ def tree_cpu(root_pid: int | None = None) -> float:
     time moves into the forkserver's ``cutime``/``cstime``, so the sum over the live tree before
     and after a run counts them as long as the forkserver lives (it lives as long as we do).
     """
-    root_pid = root_pid or os.getpid()
     tick = os.sysconf("SC_CLK_TCK")
-    children: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ppid = int(fields[1])
-        cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
-        children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0.0, [root_pid]
-    while todo:
-        pid = todo.pop()
-        total += cpu.get(pid, 0.0)
-        todo.extend(children.get(pid, []))
-    return total
+    return _tree_sum(root_pid or os.getpid(),  # utime stime cutime cstime
+                     lambda _, fields: sum(int(x) for x in fields[11:15]) / tick)
 
 
 @contextlib.contextmanager

@@ -340,18 +340,11 @@ def _truncate_trial(res: CampaignResult, variant: str, pristine: Path, trial: Pa
     kind, message = _verify_outcome(trial)
     ok = kind == "detected"
     problem = None if ok else f"{where}: verify gave {kind} {message}"
-    try:
-        ds = H5ImageDataset(trial)
-        try:
-            for i in range(len(ds)):
-                ds[i]
-        finally:
-            ds.close()
+    outcome = _reader_scan(trial)
+    if outcome == "read every sample without error":
         ok, problem = False, problem or f"{where}: H5ImageDataset read every sample silently"
-    except IntegrityError:
-        pass
-    except Exception as e:  # noqa: BLE001
-        ok, problem = False, problem or f"{where}: H5ImageDataset raised raw {type(e).__name__}"
+    elif outcome != "IntegrityError":
+        ok, problem = False, problem or f"{where}: H5ImageDataset raised {outcome}"
     res.record("truncation: clear error" if ok else "truncation: UNCLEAR OR SILENT",
                detected=ok, lost=kind == "passed", problem=problem)
 
