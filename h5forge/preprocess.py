@@ -85,7 +85,7 @@ def iter_processed(paths: Sequence[str | os.PathLike[str]], cfg: ImageConfig, *,
     size = _fixed_size(cfg)
     if window is None and size:
         limit = min(limit, max(2 * n_workers * chunk, _RING_BYTES // size))
-    return _pooled(items, cfg, n_workers, min(chunk, limit), limit, borrow)
+    return _pooled(items, cfg, n_workers, min(chunk, limit), limit, size, borrow)
 
 
 class _InRing(NamedTuple):
@@ -182,9 +182,8 @@ def _process_chunk(start: int, paths: list[str], cfg: ImageConfig,
     return out
 
 
-def _pooled(paths: list[str], cfg: ImageConfig, workers: int, chunk: int,
-            window: int, borrow: bool) -> Generator[Result, None, None]:
-    size = _fixed_size(cfg)
+def _pooled(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, window: int,
+            size: int | None, borrow: bool) -> Generator[Result, None, None]:
     ring = _Ring(size, window) if size else None
     try:
         yield from _pooled_with(paths, cfg, workers, chunk, window, ring, borrow)

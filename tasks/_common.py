@@ -8,6 +8,7 @@ from typing import Any
 from prefect import runtime
 from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
+from prefect.tasks import exponential_backoff
 
 from h5forge.errors import ChecksumError, H5ForgeError
 from h5forge.redact import redact_url
@@ -81,8 +82,6 @@ def retry_if_transient(task: Any, task_run: TaskRun, state: State[Any]) -> bool:
 def with_retries(retries: int = 3, condition: Any = None) -> dict[str, Any]:
     """``@task`` keyword arguments: ``retries`` retries with jittered exponential backoff, only
     when ``condition`` (default :func:`retry_if_transient`) says a retry can help."""
-    from prefect.tasks import exponential_backoff
-
     return {"retries": retries,
             "retry_delay_seconds": exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
             "retry_jitter_factor": RETRY_JITTER,
