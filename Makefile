@@ -8,10 +8,15 @@ TORCH_PIN ?= torch==2.13.0
 .PHONY: install demo test lint bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
+	@echo "==> [1/4] creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "==> [2/4] upgrading pip"
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_PIN)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	@echo "==> [3/4] installing $(TORCH_PIN) (the CPU build; the longest step)"
+	$(PY) -m pip install --progress-bar on "$(TORCH_PIN)"
+	@echo "==> [4/4] installing h5forge and its test extras (Prefect, h5py, moto, ...)"
+	$(PY) -m pip install --progress-bar on -e ".[test]"
+	@echo "==> installed into $(VENV)"
 	touch $@
 
 install: $(VENV)/.installed

@@ -36,6 +36,11 @@ __all__ = ["app", "main"]
 
 DEFAULT_DEMO_DEST = Path("h5forge-demo") / "demo.h5"
 
+# How long build and demo wait for Prefect's temporary server, unless the user set it: a first
+# start (it creates its SQLite database) took over 20 s on a 2-core machine with a load of ~3.
+EPHEMERAL_STARTUP_TIMEOUT_S = 180
+_STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+
 
 class Executor(str, Enum):
     """Where ``build`` packs: this machine's process pool, or shards on a Dask cluster."""
@@ -83,9 +88,38 @@ def _config_error(e: ValidationError) -> str:
     return "invalid options: " + "; ".join(lines)
 
 
+def _prepare_prefect() -> str | None:
+    """Set Prefect up for a run in this process; return what is worth telling the user.
+
+    Without ``PREFECT_API_URL`` Prefect starts a temporary local server and waits for it for
+    ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` (Prefect's default, 20 s, is too short
+    for a first start, which creates the server's database, on a busy 2-core machine). A value
+    the user set is kept.
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    os.environ.setdefault(_STARTUP_SETTING, str(EPHEMERAL_STARTUP_TIMEOUT_S))
+    return (f"starting Prefect's temporary local server (up to {os.environ[_STARTUP_SETTING]} s; "
+            "the first start on a machine also creates its database) ...")
+
+
+def _startup_failure(e: BaseException) -> str | None:
+    """The message for a temporary server that did not come up in time, else None."""
+    if "ephemeral Prefect API server" not in str(e):
+        return None
+    return (f"Prefect's temporary local server did not start within "
+            f"{os.environ.get(_STARTUP_SETTING, '?')} s ({_STARTUP_SETTING}); nothing was "
+            f"published. On a slow or busy machine raise it, e.g. {_STARTUP_SETTING}=300, or "
+            "run a persistent server: `prefect server start` in another shell, then "
+            "`export PREFECT_API_URL=http://127.0.0.1:4200/api` and run this again")
+
+
 def _run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
     """Run the flow; map failures to an exit code and one paragraph (no traceback)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    note = _prepare_prefect()
+    if note:
+        typer.echo(note, err=True)
     from flows.build import build_dataset
 
     if not debug:
@@ -100,6 +134,9 @@ def _run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
     except ValueError as e:
         raise fail(redact_text(str(e)), EXIT_USAGE) from e
     except Exception as e:  # noqa: BLE001 - the CLI's job: one paragraph instead of a traceback
+        startup = _startup_failure(e)
+        if startup is not None:
+            raise fail(startup, EXIT_INTEGRITY) from e
         if debug:
             raise
         raise fail(f"build failed, nothing was published: {type(e).__name__}: "
