@@ -108,11 +108,13 @@ def _startup_failure(e: BaseException) -> str | None:
     """The message for a temporary server that did not come up in time, else None."""
     if "ephemeral Prefect API server" not in str(e):
         return None
+    said = " ".join(str(e).split())[:600]
     return (f"Prefect's temporary local server did not start within "
             f"{os.environ.get(_STARTUP_SETTING, '?')} s ({_STARTUP_SETTING}); nothing was "
             f"published. On a slow or busy machine raise it, e.g. {_STARTUP_SETTING}=300, or "
             "run a persistent server: `prefect server start` in another shell, then "
-            "`export PREFECT_API_URL=http://127.0.0.1:4200/api` and run this again")
+            "`export PREFECT_API_URL=http://127.0.0.1:4200/api` and run this again. "
+            f"(Prefect said: {redact_text(said)})")
 
 
 def _run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
