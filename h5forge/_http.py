@@ -273,15 +273,18 @@ def _accept(resp: http.client.HTTPResponse, st: _State, lim: Limits, shown: str)
             raise _Retry(f"bad resume answer (Content-Range {got[:80]!r})")
         start, end = int(match[1]), int(match[2])
         total = None if match[3] == "*" else int(match[3])
-        if (start != st.have or end < start or (total is not None and end >= total)
+        claimed = max(end + 1, total or 0)
+        if claimed > lim.max_bytes:  # final whatever else the answer says: it is over the cap
+            raise over_max_bytes(shown, f"declares {claimed} bytes (Content-Range {got[:80]!r})",
+                                 lim.max_bytes)
+        # An unknown total ("*") is refused too: the download could not tell when it is done.
+        if (start != st.have or end < start or total is None or end >= total
                 or (st.total and total != st.total)
                 or (length is not None and length != end - start + 1)):
             # Not the continuation we asked for (also a 206 to a request without Range that
             # does not start at 0): start over, and the attempt made no progress.
             _restart(st)
             raise _Retry(f"bad resume answer (Content-Range {got[:80]!r} at byte {start})")
-        if max(end + 1, total or 0) > lim.max_bytes:
-            raise over_max_bytes(shown, f"declares {max(end + 1, total or 0)} bytes", lim.max_bytes)
         st.total = total
         return end + 1
     # 200: the whole body, whether or not we asked for a range (a server may ignore Range).
@@ -289,7 +292,8 @@ def _accept(resp: http.client.HTTPResponse, st: _State, lim: Limits, shown: str)
         log.info("server ignored the Range request; restarting from byte 0")
     _restart(st)
     if length is not None and length > lim.max_bytes:
-        raise over_max_bytes(shown, f"declares {length} bytes (Content-Length)", lim.max_bytes)
+        raise over_max_bytes(shown, f"declares {length} bytes (Content-Length)",
+                             lim.max_bytes)
     st.total = length
     etag = resp.getheader("ETag")
     st.validator = etag if etag and not etag.startswith("W/") else resp.getheader("Last-Modified")
@@ -368,7 +372,8 @@ def _stream(resp: http.client.HTTPResponse, sock: socket.socket, st: _State,
         if not block:
             return
         if st.have + len(block) > lim.max_bytes:
-            raise over_max_bytes(shown, f"sent more than {lim.max_bytes} bytes", lim.max_bytes)
+            raise over_max_bytes(shown, f"sent more than {lim.max_bytes} bytes",
+                                 lim.max_bytes)
         _keep(st, block, bar)
         now = time.monotonic()
         if now >= st.deadline:
