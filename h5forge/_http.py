@@ -137,20 +137,43 @@ def _origin(url: str) -> tuple[str, str | None, int | None]:
 
 
 class _Watchdog:
-    """Shuts a socket down after ``seconds``: bounds what a per-read timeout cannot.
+    """Shuts a connection's socket down after ``seconds``: bounds what a read timeout cannot.
 
-    A response head trickled a byte at a time (or an endless run of ``100 Continue``) never
-    leaves any read silent for ``timeout`` seconds; shutting the socket down ends the read.
+    A TLS handshake or a response head trickled a byte at a time (or an endless run of
+    ``100 Continue``) never leaves any read silent for ``timeout`` seconds; shutting the
+    socket down ends the read. It watches the TCP socket from the moment it exists (hooked
+    into ``http.client``'s socket factory), so the handshake is covered too.
     """
 
-    def __init__(self, sock: socket.socket, seconds: float) -> None:
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float) -> None:
         self.fired = False
-        self._timer = threading.Timer(max(seconds, 0.0), self._fire, (sock,))
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        make = conn._create_connection  # type: ignore[attr-defined]
+
+        def create(*args: object, **kwargs: object) -> socket.socket:
+            sock: socket.socket = make(*args, **kwargs)
+            with self._lock:
+                self._sock = sock
+                fired = self.fired
+            if fired:  # the time ran out while connecting
+                self._shut(sock)
+            return sock
+
+        conn._create_connection = create  # type: ignore[attr-defined]
+        self._timer = threading.Timer(max(seconds, 0.0), self._fire)
         self._timer.daemon = True
         self._timer.start()
 
-    def _fire(self, sock: socket.socket) -> None:
-        self.fired = True
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            sock = self._sock
+        if sock is not None:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError as exc:  # already closed: the read it would end has ended
@@ -174,7 +197,8 @@ def _open(url: str, own: dict[str, str], caller: dict[str, str], timeout: float,
     first = urlsplit(url)
     origin = _origin(url)
     extra = dict(caller)
-    if first.username is not None:
+    if first.username is not None:  # userinfo wins over a caller's Authorization header
+        extra = {k: v for k, v in extra.items() if k.lower() != "authorization"}
         extra["Authorization"] = _basic(first.username, first.password or "")
     for hop in range(_MAX_REDIRECTS + 1):
         parts = urlsplit(url)
@@ -195,22 +219,20 @@ def _open(url: str, own: dict[str, str], caller: dict[str, str], timeout: float,
             conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=wait)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         sent = {k: v for k, v in own.items() if k.lower() not in {e.lower() for e in extra}}
-        dog: _Watchdog | None = None
+        dog = _Watchdog(conn, wait)
         try:
             conn.connect()
-            sock = conn.sock
+            sock = conn.sock  # the TLS socket for https
             assert sock is not None
-            dog = _Watchdog(sock, wait)
             conn.request("GET", path, headers={**sent, **extra})
             resp = conn.getresponse()
         except BaseException as exc:
             conn.close()
-            if dog is not None and dog.fired:
+            if dog.fired:
                 raise TimeoutError(f"no complete response head within {wait:.1f}s") from exc
             raise
         finally:
-            if dog is not None:
-                dog.cancel()
+            dog.cancel()
         location = resp.getheader("Location")
         if resp.status not in (301, 302, 303, 307, 308) or not location:
             return conn, resp, sock
@@ -310,8 +332,10 @@ def _trailing(resp: http.client.HTTPResponse, sock: socket.socket) -> bool:
         return False
     try:
         sock.settimeout(_TRAILING_WAIT)
+        if resp.chunked:  # http.client still frames it: one more byte means more data
+            return bool(resp.read1(1))
         return bool(resp.fp.peek(1))
-    except (OSError, ValueError):  # timed out, reset or closed: nothing more was sent
+    except (OSError, ValueError, http.client.HTTPException):  # timed out, reset or closed
         return False
 
 
@@ -365,7 +389,7 @@ def _stream(resp: http.client.HTTPResponse, sock: socket.socket, st: _State,
         except http.client.IncompleteRead as exc:
             _keep(st, exc.partial[: max(lim.max_bytes - st.have, 0)], bar)
             raise _Retry(f"connection dropped after {st.have} bytes") from exc
-        except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
+        except (http.client.HTTPException, ConnectionError, TimeoutError, ssl.SSLError) as exc:
             kind = type(exc).__name__
             raise _Retry(f"{kind} after {st.have} bytes: {exc}",
                          timeout=isinstance(exc, TimeoutError)) from exc

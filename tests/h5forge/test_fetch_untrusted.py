@@ -410,9 +410,15 @@ def test_a_trickle_fails_the_minimum_rate(
     _assert_nothing_kept(tmp_path)
 
 
-def test_a_trickled_response_head_times_out(http_server: LoopbackHTTP, tmp_path: Path):
+@pytest.mark.parametrize("how", ["trickle", "continues"])
+def test_a_response_head_that_never_ends_times_out(
+    http_server: LoopbackHTTP, tmp_path: Path, how: str
+):
     url = http_server.serve("/d.tar.gz", b"x" * 100)
-    http_server.trickle("/d.tar.gz", seconds=0.05, head=True, times=10)  # ~10 s of head
+    if how == "trickle":
+        http_server.trickle("/d.tar.gz", seconds=0.05, head=True, times=10)  # ~10 s of head
+    else:
+        http_server.continues("/d.tar.gz", times=10)  # "100 Continue" forever
 
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="no complete response head within 0.5s"):
