@@ -305,8 +305,10 @@ def _accept(resp: http.client.HTTPResponse, st: _State, lim: Limits, shown: str)
                 or (length is not None and length != end - start + 1)):
             # Not the continuation we asked for (also a 206 to a request without Range that
             # does not start at 0): start over, and the attempt made no progress.
+            asked = st.have
             _restart(st)
-            raise _Retry(f"bad resume answer (Content-Range {got[:80]!r} at byte {start})")
+            raise _Retry(f"bad resume answer (Content-Range {got[:80]!r} to a request from "
+                         f"byte {asked})")
         st.total = total
         return end + 1
     # 200: the whole body, whether or not we asked for a range (a server may ignore Range).
