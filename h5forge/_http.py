@@ -351,7 +351,15 @@ def _attempt(url: str, st: _State, lim: Limits, caller: dict[str, str], bar: Pro
     try:
         conn, resp, sock = _open(url, own, caller, lim.timeout, st)
     except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
-        raise _Retry(f"{type(exc).__name__}: {exc}", timeout=isinstance(exc, TimeoutError)) from exc
+        raise _Retry(_why(exc), timeout=isinstance(exc, TimeoutError)) from exc
+    except ssl.SSLCertVerificationError as exc:
+        raise OSError(f"the TLS certificate of {shown!r} is not trusted ({exc.verify_message}); "
+                      "check the URL or the system's CA certificates") from exc
+    except OSError as exc:
+        if exc.errno is None and not isinstance(exc, ssl.SSLError):
+            raise  # our own, already clear (too many redirects ...)
+        # DNS failure, network unreachable, TLS handshake cut: worth another attempt.
+        raise _Retry(f"cannot connect ({_why(exc)})") from exc
     try:
         if resp.status == 416 and st.have:  # the file shrank or changed: start over
             _restart(st)
@@ -389,11 +397,13 @@ def _stream(resp: http.client.HTTPResponse, sock: socket.socket, st: _State,
         try:
             block = resp.read1(want)  # whatever has arrived: no bytes lost on a stall
         except http.client.IncompleteRead as exc:
-            _keep(st, exc.partial[: max(lim.max_bytes - st.have, 0)], bar)
+            if st.have + len(exc.partial) > lim.max_bytes:
+                raise over_max_bytes(shown, f"sent more than {lim.max_bytes} bytes",
+                                     lim.max_bytes) from exc
+            _keep(st, exc.partial, bar)
             raise _Retry(f"connection dropped after {st.have} bytes") from exc
         except (http.client.HTTPException, ConnectionError, TimeoutError, ssl.SSLError) as exc:
-            kind = type(exc).__name__
-            raise _Retry(f"{kind} after {st.have} bytes: {exc}",
+            raise _Retry(f"{_why(exc)} after {st.have} bytes",
                          timeout=isinstance(exc, TimeoutError)) from exc
         if not block:
             return
@@ -410,6 +420,12 @@ def _stream(resp: http.client.HTTPResponse, sock: socket.socket, st: _State,
                 raise _Retry(f"too slow: {window_bytes} bytes in {now - window_start:.1f}s, "
                              f"under min_rate={lim.min_rate:g} B/s", slow=True)
             window_start, window_bytes = now, 0
+
+
+def _why(exc: BaseException) -> str:
+    """``Kind: text`` without the raw ``[Errno N]`` prefix of OS errors."""
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return f"{type(exc).__name__}: {text}"
 
 
 def _keep(st: _State, block: bytes, bar: Progress) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -440,3 +441,17 @@ def test_a_failed_download_is_downloaded_again(
 
     assert not result.cached  # the partial bytes were never taken as a complete download
     assert result.sha256 == _sha(archive)
+
+
+def test_nothing_listening_fails_clearly(tmp_path: Path):
+    with socket.socket() as probe:  # a free port, closed again: connecting is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/d.tar.gz"
+
+    with pytest.raises(ConnectionError, match="ConnectionRefusedError: Connection refused") as info:
+        _fetch(url, tmp_path, retries=1)
+
+    assert url in str(info.value)
+    assert "[Errno" not in str(info.value)
+    _assert_nothing_kept(tmp_path)
