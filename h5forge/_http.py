@@ -458,7 +458,12 @@ def download(url: str, out: Path, *, lim: Limits, progress: bool,
     caller = check_headers(headers or {})
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     started = time.monotonic()
-    with os.fdopen(os.open(out, flags, 0o666), "wb") as file, \
+    try:
+        fd = os.open(out, flags, 0o666)
+    except FileExistsError as exc:
+        raise FileExistsError(f"download file {str(out)!r} already exists (perhaps as a link); "
+                              "refusing to write through it — remove it and retry") from exc
+    with os.fdopen(fd, "wb") as file, \
             progress_bar(progress, f"download {shown.rsplit('/', 1)[-1]}") as bar:
         st = _State(file=file, deadline=started + lim.total_timeout)
         failures = attempts = 0

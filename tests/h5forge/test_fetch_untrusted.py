@@ -455,3 +455,20 @@ def test_nothing_listening_fails_clearly(tmp_path: Path):
     assert url in str(info.value)
     assert "[Errno" not in str(info.value)
     _assert_nothing_kept(tmp_path)
+
+
+def test_the_part_file_is_never_written_through_a_planted_link(
+    http_server: LoopbackHTTP, tmp_path: Path
+):
+    url = http_server.serve("/d.bin", b"payload")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    (tmp_path / "blob.part").symlink_to(victim)
+    limits = _http.Limits(retries=0, timeout=2.0, backoff=0.01, max_bytes=1000,
+                          max_attempts=1, total_timeout=30.0, min_rate=0.0)
+
+    with pytest.raises(FileExistsError, match="refusing to write through it"):
+        _http.download(url, tmp_path / "blob.part", lim=limits, progress=False)
+
+    assert victim.read_bytes() == b"keep me"
+    assert http_server.requests == []  # refused before anything was asked for
