@@ -160,9 +160,13 @@ def test_bad_caller_headers_are_refused_before_any_request(
 # --------------------------------------------------------------------------- max_bytes
 
 
-def test_endless_body_stops_at_max_bytes(http_server: LoopbackHTTP, tmp_path: Path):
+@pytest.mark.parametrize("chunked", [False, True], ids=["until-close", "chunked"])
+def test_endless_body_stops_at_max_bytes(
+    http_server: LoopbackHTTP, tmp_path: Path, chunked: bool
+):
     url = http_server.serve("/endless.tar.gz", b"x")
-    http_server.endless("/endless.tar.gz")  # 200, no Content-Length, bytes until we go
+    # 200, no Content-Length, bytes until we go (or endless chunks).
+    http_server.endless("/endless.tar.gz", chunked=chunked)
 
     started = time.monotonic()
     with pytest.raises(UnsafeArchiveError) as info:
