@@ -74,6 +74,9 @@ def fetch(
     progress: bool = False,
     backoff: float = 0.5,
     workers: int = 8,
+    max_attempts: int = 100,
+    total_timeout: float = 24 * 3600.0,
+    min_rate: float = 1024.0,
 ) -> FetchResult:
     """Make the dataset at ``url`` available as a local directory.
 
@@ -85,29 +88,47 @@ def fetch(
             which are used in place.
         sha256: expected hex digest of the archive; a mismatch raises and keeps nothing.
         storage_options: passed to fsspec (``s3://`` keys, endpoint ...); for ``http(s)``
-            only ``headers`` is used.
+            only ``headers`` is used. Those headers go only to the URL's own origin (scheme,
+            host, port): after a redirect to another origin none of them is sent, not even
+            when a later redirect comes back. Headers the downloader sets itself (``Range``,
+            ``Host``, ``Accept-Encoding``, ``Connection`` ...) may not be given.
         cache_dir: content-addressed download cache; default ``.h5forge-cache`` next to dest.
             An archive is served from it when the same URL and ``sha256`` were fetched before.
-        retries: HTTP attempts in a row that may fail without progress before giving up.
-        timeout: seconds of network silence (connect or read) before an attempt fails.
+        retries: HTTP attempts in a row that may fail without progress before giving up
+            (default 5). Progress means keeping bytes past the most ever kept, so a server
+            that restarts, drops or lies the same way every time uses the count up.
+        timeout: seconds of network silence (connect or read) before an attempt fails; also
+            the bound on receiving a response's head (default 60).
         max_members: most archive members / prefix objects accepted.
-        max_bytes: most bytes extracted or copied.
+        max_bytes: most bytes downloaded (counted as they arrive, whatever the server
+            declares, resumes included), and most bytes extracted or copied (default 64 GiB).
         progress: draw a progress bar on stderr.
         backoff: first HTTP retry delay in seconds; doubles per failure, with jitter.
         workers: concurrent object copies for a prefix.
+        max_attempts: most HTTP attempts in all, with or without progress (default 100).
+        total_timeout: seconds the whole HTTP download may take, retries and their waits
+            included (default 24 h).
+        min_rate: slowest accepted HTTP body rate in bytes/s, averaged over each ``timeout``
+            seconds; a slower attempt fails and counts as one without progress, so a server
+            trickling bytes ends with an error (default 1024; 0 disables).
 
     Returns:
         A :class:`FetchResult`; ``root`` is the single top folder of an archive if it has one.
 
     Raises:
         ChecksumError: the archive's sha256 differs from ``sha256`` (both digests named).
-        UnsafeArchiveError: an archive member or prefix object is unsafe or over a cap.
+        UnsafeArchiveError: an archive member or prefix object is unsafe or over a cap; the
+            download is over ``max_bytes``; an HTTP redirect leads to a non-http(s) URL.
+        TimeoutError, ConnectionError: an HTTP download reached ``retries``, ``max_attempts``
+            or ``total_timeout`` (the message names the bound, the URL, the bytes received and
+            the time spent).
         FileNotFoundError: nothing exists at ``url``.
         FileExistsError: ``dest`` holds data that ``fetch`` did not make.
         ValueError: an argument is invalid.
     """
     url = os.fspath(url)
     expected = _validate(url, sha256, retries, timeout, max_members, max_bytes, workers)
+    _validate_http(max_attempts, total_timeout, min_rate)
     options = dict(storage_options or {})
     shown = redact_url(url)
     target = Path(os.path.abspath(dest))
@@ -115,18 +136,13 @@ def fetch(
     log.info("fetching %s", shown)
     caps = (max_members, max_bytes)
     if url.split("://", 1)[0].lower() in ("http", "https"):
-        headers = {str(k): str(v) for k, v in dict(options.get("headers") or {}).items()}
+        headers = _http.check_headers(dict(options.get("headers") or {}))
+        limits = _http.Limits(retries=retries, timeout=timeout, backoff=backoff,
+                              max_bytes=max_bytes, max_attempts=max_attempts,
+                              total_timeout=total_timeout, min_rate=min_rate)
 
         def download(part: Path) -> tuple[str, int]:
-            return _http.download(
-                url,
-                part,
-                retries=retries,
-                timeout=timeout,
-                backoff=backoff,
-                progress=progress,
-                headers=headers,
-            )
+            return _http.download(url, part, lim=limits, progress=progress, headers=headers)
 
         blob, digest, hit = cached_download(cache, url, expected, shown, download)
         return _unpack(blob, target, shown, digest, hit, caps)
@@ -147,7 +163,8 @@ def fetch(
         check_digest(expected, digest, shown)
         return _unpack(Path(path), target, shown, digest, False, caps)
     blob, digest, hit = cached_download(
-        cache, url, expected, shown, lambda part: _stream_object(fs, path, part, shown, progress)
+        cache, url, expected, shown,
+        lambda part: _stream_object(fs, path, part, shown, progress, max_bytes),
     )
     return _unpack(blob, target, shown, digest, hit, caps)
 
@@ -178,15 +195,36 @@ def _validate(
     return (sha256 or "").lower()
 
 
-def _stream_object(fs: Any, path: str, part: Path, shown: str, progress: bool) -> tuple[str, int]:
-    """Copy one remote object to ``part`` in large sequential reads, hashing as it goes."""
+def _validate_http(max_attempts: int, total_timeout: float, min_rate: float) -> None:
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts={max_attempts} is out of range: must be >= 1")
+    if not total_timeout > 0:
+        raise ValueError(f"total_timeout={total_timeout} is out of range: must be > 0 seconds")
+    if not min_rate >= 0:
+        raise ValueError(f"min_rate={min_rate} is out of range: must be >= 0 bytes/s")
+
+
+def _stream_object(
+    fs: Any, path: str, part: Path, shown: str, progress: bool, max_bytes: int
+) -> tuple[str, int]:
+    """Copy one remote object to the new file ``part`` in large sequential reads, hashing.
+
+    At most ``max_bytes`` are read whatever the listed size says (a store can list one size
+    and serve another); ``part`` is created exclusively, never through a link.
+    """
+    listed = fs.size(path)
+    if listed is not None and listed > max_bytes:
+        raise _http.over_max_bytes(shown, f"is {listed} bytes", max_bytes)
     digest, size = hashlib.sha256(), 0
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     with (
-        progress_bar(progress, f"download {shown.rsplit('/', 1)[-1]}", fs.size(path)) as bar,
+        progress_bar(progress, f"download {shown.rsplit('/', 1)[-1]}", listed) as bar,
         fs.open(path, "rb", block_size=_CHUNK) as src,
-        part.open("wb") as out,
+        os.fdopen(os.open(part, flags, 0o666), "wb") as out,
     ):
-        while block := src.read(_CHUNK):
+        while block := src.read(min(_CHUNK, max_bytes + 1 - size)):
+            if size + len(block) > max_bytes:
+                raise _http.over_max_bytes(shown, f"sent more than {max_bytes} bytes", max_bytes)
             out.write(block)
             digest.update(block)
             size += len(block)

@@ -232,6 +232,9 @@ def test_dest_not_made_by_fetch_is_refused(tmp_path: Path, archive: bytes):
         ({"retries": -1}, "retries=-1"),
         ({"timeout": 0}, "timeout=0"),
         ({"max_members": 0}, "max_members=0"),
+        ({"max_attempts": 0}, "max_attempts=0"),
+        ({"total_timeout": 0}, "total_timeout=0"),
+        ({"min_rate": -1}, "min_rate=-1"),
     ],
 )
 def test_invalid_arguments(tmp_path: Path, kwargs: dict[str, Any], match: str):

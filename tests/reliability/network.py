@@ -3,13 +3,18 @@
 HTTP (``fetch`` against the loopback server of ``tests/fixtures/servers.py``): each trial queues a
 random sequence of faults for the archive's URL — a connection dropped after a random number of
 body bytes (a short body), a stall longer than the timeout, 500/502/503, a Range request
-answered from byte 0 or ignored, a redirect, a 404, bytes of the right length but the wrong
-content — then fetches it with ``sha256`` pinned, ``retries=3`` and ``timeout=0.5`` s. The outcome
-must match what the sequence allows: completed with exactly the archive's files, or a clear error
-(``ChecksumError`` naming both digests, ``TimeoutError``/``ConnectionError`` naming the URL and
-the attempts, ``FileNotFoundError`` for a 404) within a bound computed from the timeout and the
-retry schedule — a stalled connection never hangs — with the destination absent and no staging,
-incoming, lock or partial download left behind.
+answered from byte 0 or ignored, a redirect (same origin, or to a second server: another
+origin), a 404, bytes of the right length but the wrong content, an endless body, a body or a
+response head trickled a byte at a time, an endless run of ``100 Continue``, a Content-Length
+larger or smaller than the body, a 206 of bytes 0.. whatever was asked — then fetches it with
+``sha256`` pinned, a caller header, ``retries=3``, ``timeout=0.5`` s, ``min_rate=1000`` B/s and
+``max_bytes=4 MiB``. The outcome must match what the sequence allows: completed with exactly
+the archive's files, or a clear error (``ChecksumError`` naming both digests,
+``TimeoutError``/``ConnectionError`` naming the URL and the attempts, ``FileNotFoundError`` for a
+404, ``UnsafeArchiveError`` naming ``max_bytes`` for an endless body) within a bound computed
+from the timeout and the retry schedule — a stalled or trickling connection never hangs — with
+the destination absent, no staging, incoming, lock or partial download left behind, and the
+caller header never seen by the other origin.
 
 S3 (a moto server that is stopped and restarted on the same port, keeping its buckets): each
 trial publishes a ~24 MB file while the server goes away at a random moment of the upload for a
@@ -37,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from h5forge.demo import write_image_folder
-from h5forge.errors import ChecksumError
+from h5forge.errors import ChecksumError, UnsafeArchiveError
 from h5forge.sources import fetch
 from h5forge.storage import publish, read_manifest
 from tests.fixtures.servers import LoopbackHTTP
@@ -46,9 +51,16 @@ from tests.reliability._servers import RestartableS3, loopback_http
 
 __all__ = ["http_trial", "make_archive", "run", "s3_trial"]
 
-RETRIES, TIMEOUT, BACKOFF = 3, 0.5, 0.05
+RETRIES, TIMEOUT, BACKOFF, MIN_RATE, MAX_BYTES = 3, 0.5, 0.05, 1000.0, 4 << 20
+SECRET = {"X-Campaign-Secret": "never-cross-origin"}
+# The last two end a trial for sure; they are added to a few trials only.
 FAULTS = ("drop", "stall", "500", "502", "503", "bad_range", "ignore_range", "redirect",
-          "corrupt", "404")
+          "cross_redirect", "endless", "trickle", "trickle_head", "continues", "lie_long",
+          "lie_short", "partial", "corrupt", "404")
+# How many failures without progress a fault can cause (a Content-Length larger than the body
+# also makes the resume answer 416, which restarts); used by _allowed.
+_NO_PROGRESS = {"500": 1, "502": 1, "503": 1, "stall": 1, "bad_range": 1, "trickle": 1,
+                "trickle_head": 1, "continues": 1, "lie_long": 1, "lie_short": 2, "partial": 1}
 
 
 def make_archive(work: Path) -> tuple[bytes, dict[str, bytes]]:
@@ -65,7 +77,7 @@ def make_archive(work: Path) -> tuple[bytes, dict[str, bytes]]:
 
 
 def _queue(http: LoopbackHTTP, path: str, faults: list[str], size: int,
-           rng: random.Random) -> None:
+           rng: random.Random, other: LoopbackHTTP | None) -> None:
     for f in faults:
         if f == "drop":
             http.drop(path, after=rng.randrange(1, size))
@@ -79,6 +91,23 @@ def _queue(http: LoopbackHTTP, path: str, faults: list[str], size: int,
             http.ignore_range(path)
         elif f == "redirect":
             http.redirect(path, to=path.replace(".tar.gz", "-moved.tar.gz"))
+        elif f == "cross_redirect":
+            moved = path.replace(".tar.gz", "-moved.tar.gz")
+            http.redirect(path, to=other.url(moved) if other else moved)
+        elif f == "endless":
+            http.endless(path)
+        elif f == "trickle":
+            http.trickle(path, seconds=0.05)
+        elif f == "trickle_head":
+            http.trickle(path, seconds=0.05, head=True)
+        elif f == "continues":
+            http.continues(path)
+        elif f == "lie_long":  # declares fewer bytes than it sends
+            http.lie_length(path, length=rng.randrange(1, size))
+        elif f == "lie_short":  # declares more bytes than it sends
+            http.lie_length(path, length=size + rng.randrange(1, size))
+        elif f == "partial":
+            http.partial(path, 0, rng.randrange(1, size + 1))
         elif f == "corrupt":
             http.corrupt(path)
         elif f == "404":
@@ -98,21 +127,27 @@ def _allowed(faults: list[str]) -> set[str]:
         allowed.add("checksum")
     if "404" in faults:
         allowed.add("notfound")
-    if sum(f in ("500", "502", "503", "stall", "bad_range") for f in faults) > RETRIES:
+    if "endless" in faults:
+        allowed.add("too-big")
+    if sum(_NO_PROGRESS.get(f, 0) for f in faults) > RETRIES:
         allowed.add("gives-up")
     return allowed
 
 
 def http_trial(k: int, http: LoopbackHTTP, archive: bytes, content: dict[str, bytes],
-               work: Path, rng: random.Random, res: CampaignResult) -> None:
-    """One fetch through a random fault sequence."""
+               work: Path, rng: random.Random, res: CampaignResult,
+               other: LoopbackHTTP | None = None) -> None:
+    """One fetch through a random fault sequence (``other``: the second origin)."""
     path = f"/t{k}/data.tar.gz"
+    moved = path.replace(".tar.gz", "-moved.tar.gz")
     http.serve(path, archive)
-    http.serve(path.replace(".tar.gz", "-moved.tar.gz"), archive)
+    http.serve(moved, archive)
+    if other is not None:
+        other.serve(moved, archive)
     faults = [rng.choice(FAULTS[:-2]) for _ in range(rng.randrange(0, 5))]
     if rng.random() < 0.08:
         faults.append(rng.choice(["corrupt", "404"]))
-    _queue(http, path, faults, len(archive), rng)
+    _queue(http, path, faults, len(archive), rng, other)
     box = work / f"http-{k}"
     shutil.rmtree(box, ignore_errors=True)
     box.mkdir(parents=True)
@@ -122,7 +157,8 @@ def http_trial(k: int, http: LoopbackHTTP, archive: bytes, content: dict[str, by
     outcome, detail = "complete", ""
     try:
         result = fetch(http.url(path), dest, sha256=sha, retries=RETRIES, timeout=TIMEOUT,
-                       backoff=BACKOFF, cache_dir=box / "cache")
+                       backoff=BACKOFF, cache_dir=box / "cache", min_rate=MIN_RATE,
+                       max_bytes=MAX_BYTES, storage_options={"headers": SECRET})
         got = {str(p.relative_to(Path(result.root))): p.read_bytes()
                for p in Path(result.root).rglob("*") if p.is_file() and p.name[0] != "."}
         if got != content:
@@ -133,6 +169,8 @@ def http_trial(k: int, http: LoopbackHTTP, archive: bytes, content: dict[str, by
         outcome, detail = "notfound", str(e)[:80]
     except (TimeoutError, ConnectionError) as e:
         outcome, detail = "gives-up", str(e)[:120]
+    except UnsafeArchiveError as e:
+        outcome, detail = ("too-big" if "max_bytes" in str(e) else "unclear unsafe"), str(e)[:120]
     except Exception as e:  # noqa: BLE001 - classified below as an unclear error
         outcome, detail = f"unclear {type(e).__name__}", str(e)[:200]
     seconds = time.perf_counter() - t0
@@ -148,12 +186,17 @@ def http_trial(k: int, http: LoopbackHTTP, archive: bytes, content: dict[str, by
         problems.append(f"left {left}")
     if seconds > bound:
         problems.append(f"took {seconds:.1f} s, bound {bound:.1f} s (a hang?)")
+    leaked = [r.path for r in (other.requests_for(moved) if other else [])
+              if "X-Campaign-Secret" in r.headers]
+    if leaked:
+        problems.append(f"LEAKED the caller header to another origin: {leaked}")
     if outcome.startswith(("unclear", "WRONG")):
         problems.append(f"{outcome}: {detail}")
     elif outcome not in allowed:
         problems.append(f"expected one of {sorted(allowed)}, got {outcome}: {detail}")
     label = f"http {'+'.join(faults) or 'no fault'} -> {outcome}"
-    res.record(f"http: {outcome}", detected=not problems, lost=outcome == "WRONG CONTENT",
+    res.record(f"http: {outcome}", detected=not problems,
+               lost=outcome == "WRONG CONTENT" or bool(leaked),
                problem=f"trial {k} {label}: " + "; ".join(problems) if problems else None)
     if not problems:
         shutil.rmtree(box, ignore_errors=True)
@@ -237,9 +280,9 @@ def run(*, http_trials: int = 120, s3_trials: int = 12, seed: int = 0, work: Pat
     res = CampaignResult("network")
     rng = random.Random(seed)
     archive, content = make_archive(work)
-    with loopback_http() as http:
+    with loopback_http() as http, loopback_http() as other:
         for k in range(http_trials):
-            http_trial(k, http, archive, content, work, rng, res)
+            http_trial(k, http, archive, content, work, rng, res, other)
         log(f"  http: {http_trials} trials")
         if build is not None:
             build(http, archive, res)

@@ -24,12 +24,14 @@ from tests.reliability._servers import RestartableS3
 pytestmark = pytest.mark.reliability
 
 
-def test_http_faults_complete_or_fail_clearly(tmp_path: Path, http_server: LoopbackHTTP) -> None:
+def test_http_faults_complete_or_fail_clearly(tmp_path: Path, http_server: LoopbackHTTP,
+                                              other_http_server: LoopbackHTTP) -> None:
     res = CampaignResult("network")
     archive, content = network.make_archive(tmp_path)
     rng = random.Random(3)
     for k in range(24):
-        network.http_trial(k, http_server, archive, content, tmp_path, rng, res)
+        network.http_trial(k, http_server, archive, content, tmp_path, rng, res,
+                           other_http_server)
     assert res.ok, res.summary()
     assert res.outcomes["http: complete"] >= 12
 

@@ -10,7 +10,7 @@ from prefect import flow
 from prefect.states import Failed
 
 from h5forge.demo import write_image_folder
-from h5forge.errors import ChecksumError
+from h5forge.errors import ChecksumError, UnsafeArchiveError
 from h5forge.storage import sha256_file
 from tasks._common import retry_if_transient, retry_upload
 from tasks.fetch import FetchedSource, _fetch_cache_key, fetch_source, fetch_task, source_dir
@@ -71,6 +71,7 @@ def test_fetch_task_function_rejects_a_wrong_checksum(archive: Path, tmp_path: P
         (TimeoutError("read timed out"), True),
         (OSError("503 Slow Down"), True),
         (ChecksumError("digest differs"), False),
+        (UnsafeArchiveError("download over max_bytes"), False),
         (FileNotFoundError("no such object"), False),
         (PermissionError("403"), False),
         (ValueError("bad argument"), False),
