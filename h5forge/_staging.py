@@ -78,21 +78,30 @@ def is_absolute_name(name: str) -> bool:
 MAX_LINKS = 40
 
 
-def resolve(path: str | os.PathLike[str], *, max_links: int = MAX_LINKS) -> str:
+def resolve(path: str | os.PathLike[str], *, base: str | None = None,
+            max_links: int = MAX_LINKS) -> str:
     """Return the real absolute path of ``path``, like ``os.path.realpath`` (non-strict).
 
     Iterative, unlike ``os.path.realpath`` before Python 3.13, which recurses once per link
     in a chain: an archive of 1,500 links each pointing at the next would raise
     ``RecursionError`` there. Components that do not exist are kept as written.
 
+    Args:
+        path: the path; relative to ``base`` when that is given, else to the working folder.
+        base: an absolute path already resolved (a real path), so that its own components
+            are not looked up again: one ``lstat`` per component of ``path`` only.
+        max_links: most symbolic links followed.
+
     Raises:
         ValueError: resolving needs more than ``max_links`` links (a loop or a chain attack).
     """
     text = os.fspath(path)
-    if not text.startswith("/"):
+    resolved = ""  # "" is the root folder
+    if base is not None and not text.startswith("/"):
+        resolved = base.rstrip("/")
+    elif not text.startswith("/"):
         text = os.getcwd() + "/" + text
     pending = text.split("/")[::-1]  # a stack: the next component is last
-    resolved = ""  # "" is the root folder
     links = 0
     while pending:
         part = pending.pop()

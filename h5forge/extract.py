@@ -120,7 +120,7 @@ class _Writer:
         # Resolving follows any link already on disk: a parent that is (or passes through) a
         # symlink must still land inside the root, and not deeper than the cap, before we
         # create or write anything.
-        real_parent = self.resolve(member, path.parent)
+        real_parent = self.resolve(member, "/".join(parts[:-1]))
         if not is_within(self.root_real, real_parent):
             raise self.error(member, "would be written through a link that leaves the archive")
         depth = real_parent[len(self.root_real):].count(os.sep) + 1
@@ -145,9 +145,10 @@ class _Writer:
                 if not folder.is_dir():  # a file (or a link to one) where a folder must go
                     raise NotADirectoryError(errno.ENOTDIR, "Not a directory") from None
 
-    def resolve(self, member: str, path: Path | str) -> str:
+    def resolve(self, member: str, rel: str) -> str:
+        """The real path of ``rel`` (relative to the root), or an error naming ``member``."""
         try:
-            return resolve(path)
+            return resolve(rel, base=self.root_real)
         except ValueError:
             raise self.error(member, f"passes more than {MAX_LINKS} symbolic links "
                                      "(a link loop or chain)") from None
@@ -198,7 +199,7 @@ class _Writer:
         shown = f"'{printable(link)}'"
         if isinstance(parts, str) or not parts:
             raise self.error(member, f"is a hard link to {shown}, which {parts or 'is empty'}")
-        source = self.resolve(member, self.root.joinpath(*parts))
+        source = self.resolve(member, "/".join(parts))
         if not is_within(self.root_real, source):
             raise self.error(member, f"is a hard link to {shown} outside the archive")
         if not os.path.isfile(source):
@@ -215,7 +216,9 @@ class _Writer:
                 self._check_link(member, path, os.readlink(path))
 
     def _check_link(self, member: str, path: Path, link: str) -> None:
-        resolved = self.resolve(member, os.path.join(path.parent, link))
+        # Not normalised: "a/../x" must resolve "a" first, as the kernel will (a may be a link).
+        rel = f"{path.parent.relative_to(self.root).as_posix()}/{link}"
+        resolved = self.resolve(member, rel)
         if not is_within(self.root_real, resolved):
             raise self.error(member, f"is a symlink to '{printable(link)}', which resolves "
                                      "outside")
