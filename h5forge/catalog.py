@@ -12,9 +12,8 @@ from someone else cannot make a pack read ``/etc`` or a home folder. Folders mor
 the kernel cannot name (``path-too-long``); the walk is iterative, so depth never exhausts the
 stack.
 
-Manifest: see :func:`discover`. Every error names the manifest and the physical line (the line
-a CSV record starts on, so a quoted field holding newlines does not shift the count), and names
-from the manifest are shown escaped (:func:`h5forge.text.printable`).
+Manifest: see :func:`discover`; reading and checking its rows is :mod:`h5forge.sample_manifest`.
+Every error names the manifest and the physical line, and names from it are shown escaped.
 
 Order is deterministic: by split (in ``SPLIT_NAMES`` order), then class, then relpath (code
 point order); labels index the sorted class names.
@@ -22,50 +21,23 @@ point order); labels index the sorted class names.
 
 from __future__ import annotations
 
-import csv
 import errno
-import json
 import os
-import re
-import stat
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from h5forge._staging import MAX_DEPTH, MAX_LINKS, is_within, resolve
+from h5forge._staging import MAX_DEPTH, is_within, resolve
 from h5forge.errors import EmptyDatasetError
+from h5forge.sample_manifest import check_file, check_label_range, check_path, read_rows
 from h5forge.text import printable
 
-__all__ = [
-    "IMAGE_EXTENSIONS",
-    "LABEL_FLOOR",
-    "MAX_DEPTH",
-    "MAX_LABEL_CHARS",
-    "MAX_LINE_BYTES",
-    "MAX_MANIFEST_BYTES",
-    "MAX_MANIFEST_ROWS",
-    "MAX_PATH_BYTES",
-    "SPLIT_NAMES",
-    "Catalog",
-    "Sample",
-    "discover",
-]
+__all__ = ["IMAGE_EXTENSIONS", "MAX_DEPTH", "SPLIT_NAMES", "Catalog", "Sample", "discover"]
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 SPLIT_NAMES = ("train", "val", "validation", "test")
-_INT = re.compile(r"[0-9]+")
 
-# Manifest bounds. Each is far above a real manifest (ImageNet-21k's 14 M rows are ~1 GB of
-# CSV and would be split) and keeps a hostile one from costing more than its size justifies.
-MAX_MANIFEST_BYTES = 2 * 2**30
-MAX_MANIFEST_ROWS = 10_000_000
-MAX_LINE_BYTES = 2**20  # one physical line; a CSV field is also capped by csv.field_size_limit()
-MAX_PATH_BYTES = 4096  # PATH_MAX
-MAX_LABEL_CHARS = 1024
-# Integer labels must be below max(rows, LABEL_FLOOR): see _check_label_range.
-LABEL_FLOOR = 1024
 
 
 @dataclass(frozen=True)
@@ -126,10 +98,10 @@ def discover(root: str | os.PathLike[str], *,
     indices ``0..max`` are kept as given and the classes are named ``"0"``, ``"1"``, ...; an
     index must be below ``max(rows, LABEL_FLOOR)``, so the classes made are bounded by the
     manifest, never by a label's value. Manifest entries are used as listed (no extension
-    filter). Bounds: :data:`MAX_MANIFEST_BYTES`, :data:`MAX_MANIFEST_ROWS`,
-    :data:`MAX_LINE_BYTES` per physical line, ``csv.field_size_limit()`` per CSV field,
-    :data:`MAX_PATH_BYTES` per path, :data:`MAX_LABEL_CHARS` per label. CSV rows must have as
-    many fields as the header; text must be UTF-8 (a BOM is allowed) without NUL bytes.
+    filter). Bounds (in :mod:`h5forge.sample_manifest`): ``MAX_MANIFEST_BYTES``,
+    ``MAX_MANIFEST_ROWS``, ``MAX_LINE_BYTES`` per physical line, ``csv.field_size_limit()``
+    per CSV field, ``MAX_PATH_BYTES`` per path, ``MAX_LABEL_CHARS`` per label. CSV rows must
+    have as many fields as the header; text must be UTF-8 (a BOM is allowed) without NUL bytes.
 
     Args:
         root: the ImageFolder root; with ``manifest``, the folder a relative manifest path is
@@ -282,17 +254,7 @@ def _walk(class_dir: Path, skipped: Counter[str], root_real: str) -> list[str]:
 
 def _from_manifest(path: Path) -> Catalog:
     shown = printable(path)
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"manifest '{shown}' does not exist") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"manifest '{shown}' is {_kind(st.st_mode)}, not a regular file")
-    if st.st_size > MAX_MANIFEST_BYTES:
-        raise ValueError(f"manifest '{shown}' is {st.st_size:,} bytes, over the limit of "
-                         f"{MAX_MANIFEST_BYTES:,}; split it or pack from an ImageFolder")
-    rows = list(_read_jsonl(path) if path.suffix.lower() in (".jsonl", ".ndjson")
-                else _read_csv(path))
+    rows = read_rows(path)
     if not rows:
         raise EmptyDatasetError(f"manifest '{shown}' lists no sample")
     folder = path.parent
@@ -302,7 +264,7 @@ def _from_manifest(path: Path) -> Catalog:
     if not by_index and any(isinstance(r[2], int) for r in rows):
         raise ValueError(f"manifest '{shown}' mixes integer and string labels; use one kind")
     if by_index:
-        _check_label_range(shown, rows)
+        check_label_range(shown, rows)
     found: list[tuple[str, str, str, str]] = []
     seen: dict[str, int] = {}
     folders: dict[str, str] = {}  # relative folder -> real path
@@ -312,13 +274,13 @@ def _from_manifest(path: Path) -> Catalog:
             raise ValueError(f"{where}: give a split on every line or on none")
         if split is not None and split not in SPLIT_NAMES:
             raise ValueError(f"{where}: split '{printable(split)}' is not one of {SPLIT_NAMES}")
-        norm = _check_path(where, rel)
+        norm = check_path(where, rel)
         if norm in seen:
             raise ValueError(f"{where}: path '{printable(rel)}' is already listed on line "
                              f"{seen[norm]}")
         seen[norm] = line
         full = folder / norm
-        _check_file(where, rel, norm, full, folder_real, folders)
+        check_file(where, rel, norm, full, folder_real, folders)
         found.append((split or "", str(label), norm, str(full)))
     if by_index:
         classes = tuple(str(i) for i in range(max(int(r[2]) for r in rows) + 1))
@@ -327,207 +289,6 @@ def _from_manifest(path: Path) -> Catalog:
     splits = tuple(s for s in SPLIT_NAMES if any(f[0] == s for f in found))
     return _catalog(folder, found, classes, splits, Counter())
 
-
-def _check_label_range(shown: str, rows: list[_Row]) -> None:
-    """Integer labels name classes ``0..max``: bound ``max`` by what the rows can justify.
-
-    ``max + 1`` class names are made, so a label of 2**40 would allocate for 2**40 names. A
-    manifest of R rows uses at most R classes; up to :data:`LABEL_FLOOR` is allowed whatever
-    the row count, so a small manifest can keep the indices of a 1,000-class dataset.
-    """
-    bound = max(len(rows), LABEL_FLOOR)
-    for line, _, label, _ in rows:
-        if isinstance(label, int) and label >= bound:
-            raise ValueError(
-                f"{shown}:{line}: label {printable(label, limit=40)} is out of range: a manifest "
-                f"of {len(rows):,} rows may use integer labels 0..{bound - 1:,} (at most one "
-                f"class per row, or {LABEL_FLOOR:,} for a small manifest); number the classes "
-                "from 0, or give class names instead of numbers")
-
-
-def _check_path(where: str, rel: str) -> str:
-    """The normalised POSIX form of a manifest path, refused when it may not be used."""
-    if not rel:
-        raise ValueError(f"{where}: empty path; give the image's path relative to the "
-                         "manifest's folder")
-    if "\x00" in rel:
-        raise ValueError(f"{where}: path '{printable(rel)}' contains a NUL byte")
-    size = len(rel.encode("utf-8", "surrogateescape"))
-    if size > MAX_PATH_BYTES:
-        raise ValueError(f"{where}: path '{printable(rel)}' is {size:,} bytes, over the limit of "
-                         f"{MAX_PATH_BYTES:,} (PATH_MAX)")
-    norm = os.path.normpath(rel).replace(os.sep, "/")
-    if os.path.isabs(rel) or norm == ".." or norm.startswith("../"):
-        raise ValueError(f"{where}: path '{printable(rel)}' must be relative to the manifest's "
-                         "folder and stay inside it")
-    return norm
-
-
-def _check_file(where: str, rel: str, norm: str, full: Path, folder_real: str,
-                folders: dict[str, str]) -> None:
-    """``full`` must be a regular file whose real path (links resolved) is inside the folder.
-
-    ``folders`` caches the real path of each parent folder seen, so a plain file costs one
-    ``lstat``: a million-row manifest is checked in about the time a bare ``is_file`` took.
-    """
-    parent, _, leaf = norm.rpartition("/")
-    try:
-        parent_real = folders.get(parent)
-        if parent_real is None:
-            parent_real = folders[parent] = resolve(parent, base=folder_real)
-        real = f"{parent_real}/{leaf}"
-        try:
-            st = os.lstat(real)
-        except OSError:
-            st = None
-        if st is not None and stat.S_ISLNK(st.st_mode):
-            real = resolve(leaf, base=parent_real)
-            st = None
-    except ValueError:
-        raise ValueError(f"{where}: path '{printable(rel)}' passes more than {MAX_LINKS} symbolic "
-                         "links (a loop?)") from None
-    if not is_within(folder_real, real):
-        raise ValueError(
-            f"{where}: path '{printable(rel)}' is a symbolic link (or passes through one) to "
-            f"'{printable(real)}', outside the manifest's folder '{printable(folder_real)}'; "
-            "copy the file in, or put the manifest in a folder that holds both")
-    try:
-        st = st or os.stat(real)  # stat, never open: opening a FIFO would block
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"{where}: file '{printable(rel)}' not found (looked for "
-                                f"'{printable(full)}')") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{where}: path '{printable(rel)}' is {_kind(st.st_mode)}, not a "
-                         "regular file; list image files only")
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "a special file"
-
-
-# (line, path, label, split): ``line`` is the physical line the record starts on.
-_Row = tuple[int, str, str | int, str | None]
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` of each physical line, decoded strictly, bounded in length."""
-    shown = printable(path)
-    with open(path, "rb") as f:
-        number = 0
-        while True:
-            raw = f.readline(MAX_LINE_BYTES + 1)
-            if not raw:
-                return
-            number += 1
-            if len(raw) > MAX_LINE_BYTES:
-                raise ValueError(f"{shown}:{number}: line is longer than {MAX_LINE_BYTES:,} "
-                                 "bytes; is this really a manifest?")
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]  # a UTF-8 byte order mark, as some spreadsheets write
-            nul = raw.find(b"\x00")
-            if nul >= 0:
-                raise ValueError(f"{shown}:{number}: NUL byte at column {nul + 1}; a manifest "
-                                 "is UTF-8 text (is it UTF-16, or binary?)")
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(
-                    f"{shown}:{number}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is "
-                    "not UTF-8; save the manifest as UTF-8") from None
-            if number > MAX_MANIFEST_ROWS + 1:  # +1: the CSV header
-                raise ValueError(f"{shown}:{number}: more than {MAX_MANIFEST_ROWS:,} lines; "
-                                 "split the manifest")
-            yield number, text
-
-
-def _read_csv(path: Path) -> Iterator[_Row]:
-    shown = printable(path)
-    # _lines yields every physical line, so the reader's line_num counts physical lines.
-    reader = csv.reader(text for _, text in _lines(path))
-    header: list[str] | None = None
-    records: list[tuple[int, list[str]]] = []
-    consumed = 0
-    while True:
-        start = consumed + 1  # the physical line this record starts on
-        try:
-            fields = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as e:
-            raise ValueError(_csv_error(shown, reader.line_num, str(e))) from None
-        consumed = reader.line_num
-        if not fields:
-            continue  # a blank line
-        if header is None:
-            header = fields
-            missing = {"path", "label"} - set(header)
-            if missing:
-                raise ValueError(f"{shown}:{start}: header {[printable(h) for h in header]} "
-                                 f"lacks {sorted(missing)}; expected path,label[,split]")
-            dupes = sorted({h for h in header if header.count(h) > 1})
-            if dupes:
-                raise ValueError(f"{shown}:{start}: header names {dupes} more than once")
-            continue
-        if len(fields) != len(header):
-            raise ValueError(f"{shown}:{start}: {len(fields)} fields, but the header has "
-                             f"{len(header)} ({','.join(printable(h) for h in header)}); quote "
-                             "fields that contain commas")
-        records.append((start, fields))
-    if header is None:
-        return
-    at = {name: header.index(name) for name in ("path", "label", "split") if name in header}
-    labels = [fields[at["label"]] for _, fields in records]
-    digits = all(_INT.fullmatch(label) for label in labels)
-    for (line, fields), label in zip(records, labels, strict=True):
-        if not label:
-            raise ValueError(f"{shown}:{line}: empty label")
-        if len(label) > MAX_LABEL_CHARS:
-            raise ValueError(f"{shown}:{line}: label is {len(label):,} characters, over the "
-                             f"limit of {MAX_LABEL_CHARS:,}")
-        split = fields[at["split"]] if "split" in at else None
-        yield line, fields[at["path"]], int(label) if digits else label, split
-
-
-def _csv_error(shown: str, line: int, message: str) -> str:
-    if "field larger than field limit" in message:
-        return (f"{shown}:{line}: a field is longer than {csv.field_size_limit():,} characters "
-                "(the CSV parser's limit); no path or label is that long: is a quote left "
-                "open on an earlier line?")
-    return f"{shown}:{line}: malformed CSV ({printable(message)})"
-
-
-def _read_jsonl(path: Path) -> Iterator[_Row]:
-    shown = printable(path)
-    for line, text in _lines(path):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{shown}:{line}: not JSON ({e.msg})") from None
-        except (ValueError, RecursionError) as e:  # a 5,000-digit number, [[[[... nested deep
-            raise ValueError(f"{shown}:{line}: not usable JSON ({type(e).__name__}: "
-                             f"{printable(e, limit=120)})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
-            raise ValueError(f"{shown}:{line}: expected an object with a string 'path'")
-        label = obj.get("label")
-        if (isinstance(label, bool) or not isinstance(label, (int, str)) or label == ""
-                or (isinstance(label, int) and label < 0)):
-            raise ValueError(f"{shown}:{line}: label {printable(repr(label), limit=60)} must be "
-                             "a class name or an int >= 0")
-        if isinstance(label, str) and len(label) > MAX_LABEL_CHARS:
-            raise ValueError(f"{shown}:{line}: label is {len(label):,} characters, over the "
-                             f"limit of {MAX_LABEL_CHARS:,}")
-        split = obj.get("split")
-        if split is not None and not isinstance(split, str):
-            raise ValueError(f"{shown}:{line}: split {printable(repr(split), limit=60)} must be "
-                             "a string")
-        yield line, obj["path"], label, split
 
 
 def _catalog(root: Path, found: list[tuple[str, str, str, str]], classes: tuple[str, ...],
