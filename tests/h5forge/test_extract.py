@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from h5forge._staging import discard, exclusive
+from h5forge._staging import discard, exclusive, resolve
 from h5forge.errors import UnsafeArchiveError
 from h5forge.extract import MAX_DEPTH, MAX_LINKS, detect_archive, safe_extract
 from h5forge.text import printable
@@ -365,3 +365,23 @@ def test_permission_denied_is_named_as_such(tmp_path: Path) -> None:
     assert text.startswith(f"permission denied at '{locked}' while extracting"), text
     assert "[Errno" not in text
     assert os.listdir(locked) == []
+
+
+def test_resolve_agrees_with_realpath(tmp_path: Path) -> None:
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "sub" / "f.txt").write_text("x")
+    os.symlink("real", tmp_path / "a")
+    os.symlink("a/sub", tmp_path / "b")
+    os.symlink("../..", tmp_path / "real" / "sub" / "up")
+    os.symlink(tmp_path / "real", tmp_path / "abs")
+    os.symlink("nowhere/else", tmp_path / "dangling")
+    os.symlink("self", tmp_path / "self")
+    cases = ["a", "b/f.txt", "b/../sub/f.txt", "b/up/a/sub", "abs/sub/up/b", "dangling/x/..",
+             "missing/../a", ".", "a/./sub//f.txt", "b/f.txt/.."]
+    for rel in cases:
+        assert resolve(tmp_path / rel) == os.path.realpath(tmp_path / rel), rel
+        assert resolve(rel, base=str(tmp_path)) == os.path.realpath(tmp_path / rel), rel
+    with pytest.raises(ValueError, match="more than 3 symbolic links"):
+        resolve(tmp_path / "b" / "up" / "b", max_links=3)
+    with pytest.raises(ValueError, match="more than 40 symbolic links"):
+        resolve(tmp_path / "self")  # os.path.realpath returns a loop as it is
