@@ -14,9 +14,12 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from h5forge.text import printable
 
 __all__: list[str] = []
 
@@ -28,26 +31,102 @@ LEFTOVER_KINDS = ("staging", "incoming", "old")
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
+# Deepest member accepted (folders plus the file itself). Real datasets nest a few levels; a
+# name thousands of folders deep only exists to exhaust something (recursion, PATH_MAX).
+MAX_DEPTH = 64
+# Kernel limits on Linux and macOS: one name component (NAME_MAX) and a whole path (PATH_MAX).
+# A longer member cannot be written anyway; refusing it here names it instead of failing
+# with ENAMETOOLONG halfway through.
+MAX_COMPONENT_BYTES = 255
+MAX_NAME_BYTES = 4096
+
+
 def split_member_name(name: str) -> tuple[str, ...] | str:
     """Split an archive member or object key into safe relative path parts.
 
     Returns the parts (empty tuple for the root itself), or a string saying why the name is
-    unsafe: absolute, a drive letter, a ``..`` component, or a NUL byte. Backslashes count as
+    unsafe: absolute, a drive letter, a ``..`` component, a NUL byte, more than
+    :data:`MAX_DEPTH` parts, or longer than the kernel's name limits. Backslashes count as
     separators so that a name that is harmless here cannot escape on Windows.
     """
     if "\x00" in name:
         return "contains a NUL byte"
     if is_absolute_name(name):
         return "is an absolute path"
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > MAX_NAME_BYTES:
+        return f"is {size} bytes long, over the limit of {MAX_NAME_BYTES} (PATH_MAX)"
     parts = tuple(p for p in re.split(r"[/\\]", name) if p not in ("", "."))
     if ".." in parts:
         return "has a '..' component"
+    if len(parts) > MAX_DEPTH:
+        return (f"is nested {len(parts)} levels deep, over the limit of {MAX_DEPTH} "
+                "(a deep-tree attack?)")
+    for part in parts:
+        if len(part.encode("utf-8", "surrogateescape")) > MAX_COMPONENT_BYTES:
+            return (f"has a component longer than {MAX_COMPONENT_BYTES} bytes (NAME_MAX)")
     return parts
 
 
 def is_absolute_name(name: str) -> bool:
     """Whether ``name`` is absolute here or on Windows (leading separator or drive letter)."""
     return name.startswith(("/", "\\")) or bool(_DRIVE.match(name))
+
+
+# Most symbolic links followed while resolving one path: the kernel's own limit (MAXSYMLINKS
+# is 40 on Linux), so nothing resolves here that open() would refuse with ELOOP.
+MAX_LINKS = 40
+
+
+def resolve(path: str | os.PathLike[str], *, base: str | None = None,
+            max_links: int = MAX_LINKS) -> str:
+    """Return the real absolute path of ``path``, like ``os.path.realpath`` (non-strict).
+
+    Iterative, unlike ``os.path.realpath`` before Python 3.13, which recurses once per link
+    in a chain: an archive of 1,500 links each pointing at the next would raise
+    ``RecursionError`` there. Components that do not exist are kept as written.
+
+    Args:
+        path: the path; relative to ``base`` when that is given, else to the working folder.
+        base: an absolute path already resolved (a real path), so that its own components
+            are not looked up again: one ``lstat`` per component of ``path`` only.
+        max_links: most symbolic links followed.
+
+    Raises:
+        ValueError: resolving needs more than ``max_links`` links (a loop or a chain attack).
+    """
+    text = os.fspath(path)
+    resolved = ""  # "" is the root folder
+    if base is not None and not text.startswith("/"):
+        resolved = base.rstrip("/")
+    elif not text.startswith("/"):
+        text = os.getcwd() + "/" + text
+    pending = text.split("/")[::-1]  # a stack: the next component is last
+    links = 0
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            resolved = resolved.rpartition("/")[0]
+            continue
+        candidate = f"{resolved}/{part}"
+        try:
+            mode = os.lstat(candidate).st_mode
+        except OSError:  # missing (or below a file): the rest is kept as written
+            mode = 0
+        if not stat.S_ISLNK(mode):
+            resolved = candidate
+            continue
+        links += 1
+        if links > max_links:
+            raise ValueError(f"resolving '{printable(text)}' follows more than {max_links} "
+                             "symbolic links (a loop or a chain)")
+        target = os.readlink(candidate)
+        if target.startswith("/"):
+            resolved = ""
+        pending.extend(target.split("/")[::-1])
+    return resolved or "/"
 
 
 def is_within(root: str, path: str) -> bool:
@@ -64,11 +143,71 @@ def new_staging(dest: Path) -> Path:
 
 
 def discard(path: Path) -> None:
-    """Remove a staging folder (symlinks inside are removed, never followed)."""
+    """Remove a staging folder (symlinks inside are removed, never followed).
+
+    Iterative and relative to directory descriptors, unlike ``shutil.rmtree`` (recursive before
+    Python 3.12, and by path): a tree thousands of folders deep, or one whose real path is longer
+    than PATH_MAX (folders created through in-tree links), is removed all the same.
+    """
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.exists():
-        shutil.rmtree(path)
+        remove_tree(path)
+
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Remove the folder ``path`` and everything below it, without recursion or following links.
+
+    One descriptor is open at a time; the way back up is ``..`` of the folder just emptied,
+    checked to be the folder we came from (same device and inode), so a folder moved meanwhile
+    stops the removal instead of redirecting it. Memory is proportional to the depth plus the
+    subfolders not yet visited.
+    """
+    if not (os.supports_dir_fd >= {os.open, os.unlink, os.rmdir} and os.scandir in
+            os.supports_fd):
+        shutil.rmtree(path)  # no descriptor-relative calls here (Windows)
+        return
+    fd = os.open(path, _DIR_FLAGS)
+    # One frame per open level: (identity of the folder, subfolder names left to visit, name
+    # of this folder in its parent).
+    stack: list[tuple[tuple[int, int], list[str], str]] = []
+    name = ""
+    try:
+        while True:
+            st = os.fstat(fd)
+            subdirs = []
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append(entry.name)
+                    else:
+                        os.unlink(entry.name, dir_fd=fd)
+            stack.append(((st.st_dev, st.st_ino), subdirs, name))
+            while stack and not stack[-1][1]:
+                ident, _, done = stack.pop()
+                if not stack:
+                    os.close(fd)
+                    fd = -1
+                    os.rmdir(path)
+                    return
+                parent = os.open("..", _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                pst = os.fstat(fd)
+                if (pst.st_dev, pst.st_ino) != stack[-1][0]:
+                    raise OSError(f"folder {done!r} under {os.fspath(path)!r} was moved while "
+                                  "being removed; removal stopped")
+                os.rmdir(done, dir_fd=fd)
+            name = stack[-1][1].pop()
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def commit(staging: Path, dest: Path, *, replace: bool) -> None:

@@ -5,9 +5,15 @@ folder is a split name (``train``, ``val``, ``validation``, ``test``). Files bel
 are found recursively. Hidden entries (name starts with ``.``), files without an image extension,
 broken links, files outside a class folder, directories already visited below the same class
 folder and links to the class folder or a folder above it (symlink loops) are skipped and counted
-in :attr:`Catalog.skipped`. Symlinks to files and folders are followed.
+in :attr:`Catalog.skipped`. Symlinks to files and folders are followed while they stay inside
+the root: a link whose real target is outside it is skipped (``link-outside-root``), so a tree
+from someone else cannot make a pack read ``/etc`` or a home folder. Folders more than
+:data:`MAX_DEPTH` levels below a class folder are skipped (``folder-too-deep``), as are paths
+the kernel cannot name (``path-too-long``); the walk is iterative, so depth never exhausts the
+stack.
 
-Manifest: see :func:`discover`.
+Manifest: see :func:`discover`; reading and checking its rows is :mod:`h5forge.sample_manifest`.
+Every error names the manifest and the physical line, and names from it are shown escaped.
 
 Order is deterministic: by split (in ``SPLIT_NAMES`` order), then class, then relpath (code
 point order); labels index the sorted class names.
@@ -15,23 +21,23 @@ point order); labels index the sorted class names.
 
 from __future__ import annotations
 
-import csv
-import json
+import errno
 import os
-import re
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from h5forge._staging import MAX_DEPTH, is_within, resolve
 from h5forge.errors import EmptyDatasetError
+from h5forge.sample_manifest import check_file, check_label_range, check_path, read_rows
+from h5forge.text import printable
 
-__all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Catalog", "Sample", "discover"]
+__all__ = ["IMAGE_EXTENSIONS", "MAX_DEPTH", "SPLIT_NAMES", "Catalog", "Sample", "discover"]
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 SPLIT_NAMES = ("train", "val", "validation", "test")
-_INT = re.compile(r"[0-9]+")
+
 
 
 @dataclass(frozen=True)
@@ -85,10 +91,17 @@ def discover(root: str | os.PathLike[str], *,
 
     A manifest is CSV with a header ``path,label[,split]`` (other columns are ignored) or JSONL
     (``.jsonl``/``.ndjson``) with objects holding ``path``, ``label`` and optionally ``split``.
-    Paths are POSIX, relative to the manifest's folder, and may not leave it. Labels are class
-    names (strings) or class indices: JSON integers, or CSV labels that are all decimal digits.
-    Names are sorted to give indices; indices ``0..max`` are kept as given and the classes are
-    named ``"0"``, ``"1"``, ... Manifest entries are used as listed (no extension filter).
+    Paths are POSIX, relative to the manifest's folder, and may not leave it, lexically or
+    through symbolic links (the real target is checked); each must be a regular file (a FIFO or
+    device is refused, never opened). Labels are class names (strings) or class indices: JSON
+    integers, or CSV labels that are all decimal digits. Names are sorted to give indices;
+    indices ``0..max`` are kept as given and the classes are named ``"0"``, ``"1"``, ...; an
+    index must be below ``max(rows, LABEL_FLOOR)``, so the classes made are bounded by the
+    manifest, never by a label's value. Manifest entries are used as listed (no extension
+    filter). Bounds (in :mod:`h5forge.sample_manifest`): ``MAX_MANIFEST_BYTES``,
+    ``MAX_MANIFEST_ROWS``, ``MAX_LINE_BYTES`` per physical line, ``csv.field_size_limit()``
+    per CSV field, ``MAX_PATH_BYTES`` per path, ``MAX_LABEL_CHARS`` per label. CSV rows must
+    have as many fields as the header; text must be UTF-8 (a BOM is allowed) without NUL bytes.
 
     Args:
         root: the ImageFolder root; with ``manifest``, the folder a relative manifest path is
@@ -101,7 +114,8 @@ def discover(root: str | os.PathLike[str], *,
     Raises:
         FileNotFoundError: ``root``, the manifest or a file it lists does not exist.
         NotADirectoryError: ``root`` is not a folder.
-        ValueError: mixed split/class top-level folders, or a malformed manifest line.
+        ValueError: mixed split/class top-level folders, or a malformed manifest line (the
+            message names the manifest, the line, the value and the rule).
         EmptyDatasetError: no image at all, or a class folder without an image.
     """
     base = Path(os.path.abspath(root))
@@ -117,7 +131,8 @@ def discover(root: str | os.PathLike[str], *,
 
 def _from_folder(root: Path) -> Catalog:
     skipped: Counter[str] = Counter()
-    top = _subdirs(root, skipped)
+    root_real = resolve(root)
+    top = _subdirs(root, skipped, root_real)
     if not top:
         raise EmptyDatasetError(f"no class folders in {str(root)!r}; expected root/<class>/<file> "
                                 "or root/<split>/<class>/<file>, or pass a manifest")
@@ -131,28 +146,40 @@ def _from_folder(root: Path) -> Catalog:
     found: list[tuple[str, str, str, str]] = []  # (split, class, relpath, path)
     for split in splits or ("",):
         folder = root / split if split else root
-        class_names = _subdirs(folder, skipped) if split else top
+        class_names = _subdirs(folder, skipped, root_real) if split else top
         if split and not class_names:
             raise EmptyDatasetError(f"split folder {str(folder)!r} holds no class folder")
         for cls in class_names:
-            files = _walk(folder / cls, skipped)
+            before = skipped.copy()
+            files = _walk(folder / cls, skipped, root_real)
             if not files:
+                left_out = ", ".join(f"{n} {why}" for why, n in sorted((skipped - before).items()))
                 raise EmptyDatasetError(f"class folder {str(folder / cls)!r} holds no image file "
                                         f"({', '.join(sorted(IMAGE_EXTENSIONS))}); add images "
-                                        "or remove the folder")
+                                        "or remove the folder"
+                                        + (f" (left out: {left_out})" if left_out else ""))
             prefix = f"{split}/{cls}" if split else cls
             found += [(split, cls, f"{prefix}/{rel}", str(folder / cls / rel)) for rel in files]
     classes = tuple(sorted({cls for _, cls, _, _ in found}))
     return _catalog(root, found, classes, splits, skipped)
 
 
-def _subdirs(folder: Path, skipped: Counter[str]) -> list[str]:
+def _subdirs(folder: Path, skipped: Counter[str], root_real: str) -> list[str]:
     names = []
     with os.scandir(folder) as entries:
         for entry in entries:
             if entry.name.startswith("."):
                 skipped["hidden"] += 1
             elif entry.is_dir():
+                if entry.is_symlink():
+                    real = _real(entry.path)
+                    if real is None or real == root_real or \
+                            root_real.startswith(real.rstrip(os.sep) + os.sep):
+                        skipped["revisited-folder"] += 1  # the root or above it: a loop
+                        continue
+                    if not is_within(root_real, real):
+                        skipped["link-outside-root"] += 1
+                        continue
                 _check_utf8(entry.name, folder)
                 names.append(entry.name)
             elif entry.is_file():
@@ -162,30 +189,60 @@ def _subdirs(folder: Path, skipped: Counter[str]) -> list[str]:
     return sorted(names)
 
 
-def _walk(class_dir: Path, skipped: Counter[str]) -> list[str]:
-    """Relative POSIX paths of the image files below ``class_dir``, following symlinks."""
-    top = os.path.realpath(class_dir)
+def _real(path: str) -> str | None:
+    """The real path of ``path``, or None when resolving it needs over MAX_LINKS links."""
+    try:
+        return resolve(path)
+    except ValueError:
+        return None
+
+
+def _walk(class_dir: Path, skipped: Counter[str], root_real: str) -> list[str]:
+    """Relative POSIX paths of the image files below ``class_dir``, following symlinks.
+
+    Links are followed only while their real target stays inside ``root_real``. Iterative:
+    a stack of ``(relative folder, depth)``, never recursion.
+    """
+    top = resolve(class_dir)
     seen = {top}
-    stack = [""]
+    seen_real = {"": top}  # relative folder -> its real path
+    stack = [("", 0)]
     files = []
     while stack:
-        rel = stack.pop()
-        with os.scandir(class_dir / rel) as entries:
+        rel, depth = stack.pop()
+        try:
+            entries = os.scandir(class_dir / rel)
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                raise
+            skipped["path-too-long"] += 1  # longer than PATH_MAX: the kernel cannot name it
+            continue
+        with entries:
             for entry in entries:
                 name = f"{rel}/{entry.name}" if rel else entry.name
                 if entry.name.startswith("."):
                     skipped["hidden"] += 1
                 elif entry.is_dir():
-                    real = os.path.realpath(entry.path)
+                    # A real folder inside a real folder needs no resolving: one lstat saved
+                    # per folder of a large tree.
+                    real = _real(entry.path) if entry.is_symlink() else f"{seen_real[rel]}/" \
+                        f"{entry.name}"
                     # A link to the class folder or to any folder above it (e.g. "loop -> ..")
                     # would walk back into this class or into the other classes: a loop.
-                    if real in seen or top.startswith(real.rstrip(os.sep) + os.sep):
+                    if real is None or real in seen or top.startswith(real.rstrip(os.sep) + os.sep):
                         skipped["revisited-folder"] += 1  # a symlink loop or a second link
+                    elif not is_within(root_real, real):
+                        skipped["link-outside-root"] += 1
+                    elif depth + 1 > MAX_DEPTH:
+                        skipped["folder-too-deep"] += 1
                     else:
                         seen.add(real)
-                        stack.append(name)
+                        seen_real[name] = real
+                        stack.append((name, depth + 1))
                 elif not entry.is_file():
                     skipped["broken-link-or-special-file"] += 1
+                elif entry.is_symlink() and not is_within(root_real, _real(entry.path) or "/"):
+                    skipped["link-outside-root"] += 1
                 elif os.path.splitext(entry.name)[1].lower() not in IMAGE_EXTENSIONS:
                     skipped["not-an-image-extension"] += 1
                 elif not _is_utf8(name):
@@ -196,35 +253,34 @@ def _walk(class_dir: Path, skipped: Counter[str]) -> list[str]:
 
 
 def _from_manifest(path: Path) -> Catalog:
-    if not path.is_file():
-        raise FileNotFoundError(f"manifest {str(path)!r} does not exist")
-    rows = list(_read_jsonl(path) if path.suffix.lower() in (".jsonl", ".ndjson")
-                else _read_csv(path))
+    shown = printable(path)
+    rows = read_rows(path)
     if not rows:
-        raise EmptyDatasetError(f"manifest {str(path)!r} lists no sample")
+        raise EmptyDatasetError(f"manifest '{shown}' lists no sample")
     folder = path.parent
+    folder_real = resolve(folder)
     has_split = rows[0][3] is not None
     by_index = all(isinstance(r[2], int) for r in rows)
     if not by_index and any(isinstance(r[2], int) for r in rows):
-        raise ValueError(f"manifest {str(path)!r} mixes integer and string labels; use one kind")
+        raise ValueError(f"manifest '{shown}' mixes integer and string labels; use one kind")
+    if by_index:
+        check_label_range(shown, rows)
     found: list[tuple[str, str, str, str]] = []
     seen: dict[str, int] = {}
+    folders: dict[str, str] = {}  # relative folder -> real path
     for line, rel, label, split in rows:
-        where = f"{path}:{line}"
+        where = f"{shown}:{line}"
         if (split is not None) != has_split:
             raise ValueError(f"{where}: give a split on every line or on none")
         if split is not None and split not in SPLIT_NAMES:
-            raise ValueError(f"{where}: split {split!r} is not one of {SPLIT_NAMES}")
-        norm = os.path.normpath(rel).replace(os.sep, "/")
-        if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith("../"):
-            raise ValueError(f"{where}: path {rel!r} must be relative to the manifest's folder "
-                             "and stay inside it")
+            raise ValueError(f"{where}: split '{printable(split)}' is not one of {SPLIT_NAMES}")
+        norm = check_path(where, rel)
         if norm in seen:
-            raise ValueError(f"{where}: path {rel!r} is already listed on line {seen[norm]}")
+            raise ValueError(f"{where}: path '{printable(rel)}' is already listed on line "
+                             f"{seen[norm]}")
         seen[norm] = line
         full = folder / norm
-        if not full.is_file():
-            raise FileNotFoundError(f"{where}: file {rel!r} not found (looked for {str(full)!r})")
+        check_file(where, rel, norm, full, folder_real, folders)
         found.append((split or "", str(label), norm, str(full)))
     if by_index:
         classes = tuple(str(i) for i in range(max(int(r[2]) for r in rows) + 1))
@@ -233,43 +289,6 @@ def _from_manifest(path: Path) -> Catalog:
     splits = tuple(s for s in SPLIT_NAMES if any(f[0] == s for f in found))
     return _catalog(folder, found, classes, splits, Counter())
 
-
-def _read_csv(path: Path) -> Iterator[tuple[int, str, str | int, str | None]]:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        missing = {"path", "label"} - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}:1: header {reader.fieldnames} lacks {sorted(missing)}; "
-                             "expected path,label[,split]")
-        rows = [(reader.line_num, r) for r in reader]
-    digits = all(_INT.fullmatch(r["label"] or "") for _, r in rows)
-    for line, r in rows:
-        label = r["label"] or ""
-        if not label:
-            raise ValueError(f"{path}:{line}: empty label")
-        yield line, r["path"] or "", int(label) if digits else label, r.get("split")
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[int, str, str | int, str | None]]:
-    with open(path, encoding="utf-8-sig") as f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line}: not JSON ({e.msg})") from e
-            if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
-                raise ValueError(f"{path}:{line}: expected an object with a string 'path'")
-            label = obj.get("label")
-            if (isinstance(label, bool) or not isinstance(label, (int, str)) or label == ""
-                    or (isinstance(label, int) and label < 0)):
-                raise ValueError(f"{path}:{line}: label {label!r} must be a class name or an "
-                                 "int >= 0")
-            split = obj.get("split")
-            if split is not None and not isinstance(split, str):
-                raise ValueError(f"{path}:{line}: split {split!r} must be a string")
-            yield line, obj["path"], label, split
 
 
 def _catalog(root: Path, found: list[tuple[str, str, str, str]], classes: tuple[str, ...],

@@ -8,10 +8,22 @@ special members are refused; member count and the bytes actually written (not th
 headers claim) are capped. Python's ``tarfile.data_filter`` runs as a second line of defence.
 Extraction happens in ``DEST.staging-<random>`` next to ``dest``, renamed into place only when
 complete; any failure removes the staging folder, so nothing is left behind.
+
+Depth is bounded too: a member nested more than :data:`MAX_DEPTH` levels, by its name or by
+where in-archive links make it land, is refused before any of its folders is created, and a
+chain of more than :data:`MAX_LINKS` symbolic links is refused as a loop. Nothing here recurses
+by depth or by link count (folders are created and removed iteratively), so a hostile archive
+cannot exhaust the interpreter's stack.
+
+A storage failure while extracting (disk full, quota, read-only, permission denied) is not the
+archive's fault: it is raised as the ``OSError`` it is, in one line naming the condition, the
+path and the fix (:func:`h5forge.oserrors.storage_error`), never as ``UnsafeArchiveError``.
+Names from the archive are shown escaped (:func:`h5forge.text.printable`) in every message.
 """
 
 from __future__ import annotations
 
+import errno
 import lzma
 import os
 import stat
@@ -24,16 +36,21 @@ from pathlib import Path
 from typing import IO, Literal
 
 from h5forge._staging import (
+    MAX_DEPTH,
+    MAX_LINKS,
     commit,
     discard,
     is_absolute_name,
     is_within,
     new_staging,
+    resolve,
     split_member_name,
 )
 from h5forge.errors import UnsafeArchiveError
+from h5forge.oserrors import STORAGE_ERRNOS, storage_error
+from h5forge.text import printable
 
-__all__ = ["ARCHIVE_FORMATS", "detect_archive", "safe_extract"]
+__all__ = ["ARCHIVE_FORMATS", "MAX_DEPTH", "MAX_LINKS", "detect_archive", "safe_extract"]
 
 ARCHIVE_FORMATS = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
 
@@ -77,9 +94,11 @@ class _Writer:
         self.members = 0
         self.written = 0
         self.symlinks: list[tuple[str, Path]] = []
+        self.current: Path = root  # what is being written: named if the storage fails
 
     def error(self, member: str, why: str) -> UnsafeArchiveError:
-        return UnsafeArchiveError(f"unsafe archive {self.archive!r}: member {member!r} {why}")
+        return UnsafeArchiveError(f"unsafe archive '{printable(self.archive)}': member "
+                                  f"'{printable(member)}' {why}")
 
     def count(self, member: str) -> None:
         self.members += 1
@@ -98,19 +117,46 @@ class _Writer:
         if not parts:
             return None
         path = self.root.joinpath(*parts)
-        # realpath follows any link already on disk: a parent that is (or passes through) a
-        # symlink must still land inside the root before we create or write anything.
-        if not is_within(self.root_real, os.path.realpath(path.parent)):
+        # Resolving follows any link already on disk: a parent that is (or passes through) a
+        # symlink must still land inside the root, and not deeper than the cap, before we
+        # create or write anything.
+        real_parent = self.resolve(member, "/".join(parts[:-1]))
+        if not is_within(self.root_real, real_parent):
             raise self.error(member, "would be written through a link that leaves the archive")
+        depth = real_parent[len(self.root_real):].count(os.sep) + 1
+        if depth > MAX_DEPTH:
+            raise self.error(member, f"lands {depth} levels deep through in-archive links, over "
+                                     f"the limit of {MAX_DEPTH} (a deep-tree attack?)")
         with self.clash(member):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self.make_parents(parts)
             if path.is_symlink() or path.is_file():
                 path.unlink()  # a later member replaces an earlier one, never writes through it
         return path
 
+    def make_parents(self, parts: tuple[str, ...]) -> None:
+        """Create the folders above ``root/parts`` one by one (``mkdir(parents=True)`` recurses)."""
+        folder = self.root
+        for part in parts[:-1]:
+            folder = folder / part
+            self.current = folder
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                if not folder.is_dir():  # a file (or a link to one) where a folder must go
+                    raise NotADirectoryError(errno.ENOTDIR, "Not a directory") from None
+
+    def resolve(self, member: str, rel: str) -> str:
+        """The real path of ``rel`` (relative to the root), or an error naming ``member``."""
+        try:
+            return resolve(rel, base=self.root_real)
+        except ValueError:
+            raise self.error(member, f"passes more than {MAX_LINKS} symbolic links "
+                                     "(a link loop or chain)") from None
+
     def mkdir(self, member: str) -> None:
         path = self.target(member)
         if path is not None:
+            self.current = path
             with self.clash(member):
                 path.mkdir(exist_ok=True)
 
@@ -121,6 +167,7 @@ class _Writer:
         if path is None:
             raise self.error(member, "is a file named like the archive root")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        self.current = path
         with self.clash(member):
             fd = os.open(path, flags, 0o644)
         with os.fdopen(fd, "wb") as out:
@@ -138,23 +185,25 @@ class _Writer:
         if not link or "\x00" in link:
             raise self.error(member, "is a symlink with an empty or invalid target")
         if is_absolute_name(link):
-            raise self.error(member, f"is a symlink to absolute path {link!r}")
+            raise self.error(member, f"is a symlink to absolute path '{printable(link)}'")
         path = self.target(member)
         if path is None:
             raise self.error(member, "is a symlink named like the archive root")
         self._check_link(member, path, link)
+        self.current = path
         os.symlink(link, path)
         self.symlinks.append((member, path))
 
     def hardlink(self, member: str, link: str) -> None:
         parts = split_member_name(link)
+        shown = f"'{printable(link)}'"
         if isinstance(parts, str) or not parts:
-            raise self.error(member, f"is a hard link to {link!r}, which {parts or 'is empty'}")
-        source = os.path.realpath(self.root.joinpath(*parts))
+            raise self.error(member, f"is a hard link to {shown}, which {parts or 'is empty'}")
+        source = self.resolve(member, "/".join(parts))
         if not is_within(self.root_real, source):
-            raise self.error(member, f"is a hard link to {link!r} outside the archive")
+            raise self.error(member, f"is a hard link to {shown} outside the archive")
         if not os.path.isfile(source):
-            raise self.error(member, f"is a hard link to {link!r}, not an extracted file")
+            raise self.error(member, f"is a hard link to {shown}, not an extracted file")
         # Copy rather than link: the copy is counted against max_bytes and cannot alias a
         # file that a later member rewrites.
         with open(source, "rb") as src:
@@ -167,9 +216,12 @@ class _Writer:
                 self._check_link(member, path, os.readlink(path))
 
     def _check_link(self, member: str, path: Path, link: str) -> None:
-        resolved = os.path.realpath(os.path.join(path.parent, link))
+        # Not normalised: "a/../x" must resolve "a" first, as the kernel will (a may be a link).
+        rel = f"{path.parent.relative_to(self.root).as_posix()}/{link}"
+        resolved = self.resolve(member, rel)
         if not is_within(self.root_real, resolved):
-            raise self.error(member, f"is a symlink to {link!r}, which resolves outside")
+            raise self.error(member, f"is a symlink to '{printable(link)}', which resolves "
+                                     "outside")
 
     def _bomb(self, total: int, verb: str) -> str:
         return (
@@ -191,9 +243,15 @@ class _Writer:
             yield
         except UnsafeArchiveError:
             raise
+        except OSError as exc:
+            if exc.errno in STORAGE_ERRNOS:
+                raise  # the storage failed, not the archive: safe_extract names it
+            raise self.error(
+                member, f"cannot be read, archive corrupt or truncated: {printable(exc)}"
+            ) from exc
         except _CORRUPT as exc:
             raise self.error(
-                member, f"cannot be read, archive corrupt or truncated: {exc}"
+                member, f"cannot be read, archive corrupt or truncated: {printable(exc)}"
             ) from exc
 
 
@@ -283,9 +341,12 @@ def safe_extract(
         The absolute path of ``dest``.
 
     Raises:
-        UnsafeArchiveError: a member is unsafe, over a cap, or unreadable; names the member.
+        UnsafeArchiveError: a member is unsafe, over a cap (including :data:`MAX_DEPTH` and
+            :data:`MAX_LINKS`), or unreadable; names the member.
         ValueError: an argument is invalid or the file is not a supported archive.
         FileExistsError: ``dest`` is not empty and ``replace`` is False.
+        OSError: the storage failed (disk full, quota, read-only, permission denied): one
+            line naming it, the path and the fix; ``errno`` is kept. Nothing is left behind.
     """
     if max_members < 1 or max_bytes < 1:
         raise ValueError(f"max_members={max_members} and max_bytes={max_bytes} must both be >= 1")
@@ -302,12 +363,29 @@ def safe_extract(
             f"destination {str(target)!r} already exists and is not empty; "
             "remove it, choose a new folder, or pass replace=True"
         )
-    staging = new_staging(target)
+    doing = f"extracting '{printable(archive)}' into '{printable(target)}'"
     try:
-        writer = _Writer(archive, staging, max_members, max_bytes)
+        staging = new_staging(target)
+    except OSError as exc:
+        named = storage_error(exc, target.parent, doing=doing)
+        if named is None:
+            raise
+        raise named from None
+    writer = _Writer(archive, staging, max_members, max_bytes)
+    try:
         (_extract_zip if kind == "zip" else _extract_tar)(archive, writer)
         writer.verify_links()
+        writer.current = target
         commit(staging, target, replace=replace)
+    except OSError as exc:
+        discard(staging)  # first: a full disk gets its space back before anything else runs
+        # Named as the user will know it: the staging folder is gone and was never theirs.
+        shown = target / os.path.relpath(writer.current, staging)
+        named = storage_error(exc, os.path.normpath(shown), doing=doing)
+        if named is None:
+            raise
+        # The one line says all the OS said (condition, path); the chain would only repeat it.
+        raise named from None
     except BaseException:
         discard(staging)
         raise

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 import tempfile
 import unicodedata
 from pathlib import Path
@@ -12,8 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from h5forge.catalog import IMAGE_EXTENSIONS, SPLIT_NAMES, Catalog, discover
+from h5forge._staging import remove_tree
+from h5forge.catalog import IMAGE_EXTENSIONS, MAX_DEPTH, SPLIT_NAMES, Catalog, discover
 from h5forge.errors import EmptyDatasetError
+from h5forge.sample_manifest import LABEL_FLOOR
 
 PNG = b"\x89PNG\r\n\x1a\n"  # contents do not matter to discovery
 
@@ -100,14 +104,62 @@ def test_hidden_and_non_images_are_skipped_and_counted(image_folder: Path) -> No
 
 
 def test_nested_folders_and_file_symlinks_are_followed(tmp_path: Path) -> None:
-    real = _touch(tmp_path / "elsewhere" / "real.png")
     root = tmp_path / "root"
-    _touch(root / "a" / "deep" / "er" / "x.jpg")
+    real = _touch(root / "a" / "deep" / "er" / "x.jpg")
     (root / "b").mkdir()
     (root / "b" / "link.png").symlink_to(real)
+    (root / "b" / "rel.png").symlink_to("../a/deep/er/x.jpg")
     cat = discover(root)
-    assert [s.relpath for s in cat.samples] == ["a/deep/er/x.jpg", "b/link.png"]
+    assert [s.relpath for s in cat.samples] == ["a/deep/er/x.jpg", "b/link.png", "b/rel.png"]
     assert cat.samples[1].path == str(root / "b" / "link.png")
+
+
+def test_links_out_of_the_root_are_skipped_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    secret = _touch(outside / "secret.png")
+    root = tmp_path / "root"
+    _touch(root / "a" / "x.png")
+    (root / "a" / "leak.png").symlink_to(secret)  # a file link out
+    (root / "a" / "chain.png").symlink_to("leak.png")  # a link to that link: still out
+    (root / "a" / "dir").symlink_to(outside)  # a folder link out
+    (root / "b").symlink_to(outside)  # a whole class folder out
+    cat = discover(root)
+    assert [s.relpath for s in cat.samples] == ["a/x.png"]
+    assert cat.classes == ("a",)
+    assert cat.skipped == {"link-outside-root": 4}
+    (root / "c").mkdir()
+    (root / "c" / "only.png").symlink_to(secret)
+    with pytest.raises(EmptyDatasetError, match=r"'.*/c' holds no image.*1 link-outside-root"):
+        discover(root)
+
+
+def test_root_given_through_a_link_still_counts_as_inside(tmp_path: Path) -> None:
+    real_root = tmp_path / "data"
+    _touch(real_root / "a" / "x.png")
+    (real_root / "a" / "same.png").symlink_to(real_root / "a" / "x.png")
+    (tmp_path / "alias").symlink_to(real_root)
+    cat = discover(tmp_path / "alias")
+    assert [s.relpath for s in cat.samples] == ["a/same.png", "a/x.png"]
+
+
+@pytest.mark.slow  # 1,200 folders: seconds on a busy disk
+def test_a_1200_deep_local_tree_is_cut_at_the_depth_limit(tmp_path: Path) -> None:
+    _touch(tmp_path / "a" / "top.png")
+    fd = os.open(tmp_path / "a", os.O_RDONLY)
+    for level in range(1_200):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+        if level in (10, MAX_DEPTH - 2, MAX_DEPTH + 5):
+            os.close(os.open(f"at{level + 1}.png", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+    os.close(fd)
+    try:
+        cat = discover(tmp_path)
+    finally:
+        remove_tree(tmp_path / "a")  # shutil.rmtree (pytest's clean-up) recurses on 3.11
+    assert [s.relpath.count("/") for s in cat.samples] == [12, MAX_DEPTH, 1]
+    assert cat.skipped == {"folder-too-deep": 1}
 
 
 @pytest.mark.timeout(20)
@@ -275,3 +327,187 @@ def test_discover_property(tree: dict[str, list[tuple[str, str]]]) -> None:
         (c, f"{c}/{f}") for c, files in classes.items() for f in files}
     keys = [(s.label, s.relpath) for s in cat.samples]
     assert keys == sorted(keys)
+
+
+# --------------------------------------------------------------------------- hostile manifests
+
+
+def _write(root: Path, name: str, data: str | bytes) -> str:
+    (root / name).write_bytes(data.encode() if isinstance(data, str) else data)
+    return name
+
+
+_BIG = "x" * (128 * 1024)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "match"),
+    [
+        # Labels bounded by the rows, never allocated by value.
+        ("m.csv", "path,label\nimgs/1.jpg,0\nimgs/2.png,1099511627776\n",
+         r"m\.csv:3: label 1099511627776 is out of range: a manifest of 2 rows may use integer "
+         r"labels 0\.\.1,023"),
+        ("m.jsonl", '{"path": "imgs/1.jpg", "label": 1099511627776}\n',
+         r"m\.jsonl:1: label 1099511627776 is out of range"),
+        ("m.csv", "path,label\nimgs/1.jpg,0\nimgs/2.png," + "9" * 1000 + "\n",
+         r"m\.csv:3: label 9{20}\.\.\.\[\d+ characters omitted\]\.\.\.9+ is out of range"),
+        ("m.jsonl", '{"path": "imgs/1.jpg", "label": ' + "9" * 5000 + "}\n",
+         r"m\.jsonl:1: not usable JSON \(ValueError"),
+        # Sizes.
+        ("m.csv", f"path,label\nimgs/1.jpg,a\nimgs/2.png,{_BIG}\n",  # at the csv limit
+         r"m\.csv:3: label is 131,072 characters, over the limit of 1,024"),
+        ("m.csv", f"path,label\nimgs/1.jpg,a\nimgs/2.png,{_BIG}y\n",  # over it
+         r"m\.csv:3: a field is longer than 131,072 characters \(the CSV parser's limit\)"),
+        ("m.csv", f'path,label\nimgs/1.jpg,a\n"{_BIG}\n{_BIG}",b\n',  # over it at line 3's end
+         r"m\.csv:3: a field is longer than 131,072 characters"),
+        ("m.csv", "path,label\nimgs/1.jpg," + "a" * 2000 + "\n",
+         r"m\.csv:2: label is 2,000 characters, over the limit of 1,024"),
+        ("m.jsonl", '{"path": "' + "a" * (2 << 20) + '", "label": 0}\n',
+         r"m\.jsonl:1: line is longer than 1,048,576 bytes"),
+        ("m.csv", "path,label\n" + "a/" * 2100 + "x.png,a\n",
+         r"m\.csv:2: path 'a/a/.*' is 4,205 bytes, over the limit of 4,096"),
+        # Bytes that are not text.
+        ("m.csv", b"path,label\nimgs/1.jpg,a\nimgs/2.png,b\x00c\n",
+         r"m\.csv:3: NUL byte at column 13"),
+        ("m.jsonl", b'{"path": "imgs/1.jpg", "label": 0}\n{"path": "a\x00", "label": 0}\n',
+         r"m\.jsonl:2: NUL byte at column 12"),
+        ("m.csv", b"path,label\nimgs/1.jpg,caf\xe9\n", r"m\.csv:2: byte 0xe9 at column 15 is not "
+                                                      r"UTF-8; save the manifest as UTF-8"),
+        ("m.jsonl", b'{"path": "imgs/1.jpg", "label": 0}\n\xff\xfe{\n',
+         r"m\.jsonl:2: byte 0xff at column 1 is not UTF-8"),
+        ("m.csv", "\ufeffpath,label\n".encode("utf-16"), r"m\.csv:1: NUL byte"),
+        # Shapes.
+        ("m.csv", "path,label\nimgs/1.jpg,a,extra\n",
+         r"m\.csv:2: 3 fields, but the header has 2 \(path,label\); quote fields"),
+        ("m.csv", "path,label,split\nimgs/1.jpg,a\n", r"m\.csv:2: 2 fields, but the header has 3"),
+        ("m.csv", "path,label,path\nimgs/1.jpg,a,b\n", r"m\.csv:1: header names \['path'\] more "
+                                                      "than once"),
+        ("m.csv", "path,label\n,a\n", r"m\.csv:2: empty path"),
+        ("m.jsonl", '{"path": "", "label": 0}\n', r"m\.jsonl:1: empty path"),
+        ("m.jsonl", "[" * 100_000 + "\n", r"m\.jsonl:1: not usable JSON \(RecursionError"),
+        ("m.jsonl", '{"path": "imgs/1.jpg", "label": 0.5}\n', r"m\.jsonl:1: label 0\.5 must be"),
+        # A quoted field holding newlines: the count stays on physical lines.
+        ("m.csv", 'path,label\nimgs/1.jpg,"a\nb\nc"\n"x\ny",z,extra\n',
+         r"m\.csv:5: 3 fields, but the header has 2"),
+        ("m.csv", 'path,label\nimgs/1.jpg,"multi\nline\nlabel"\n\n\nimgs/missing.png,a\n',
+         r"m\.csv:7: file 'imgs/missing.png' not found"),
+        # Names are shown escaped.
+        ("m.csv", "path,label\nimgs/\x1b[2J\x1b]0;pwned\x07.png,a\n",
+         r"m\.csv:2: file 'imgs/\\x1b\[2J\\x1b\]0;pwned\\x07\.png' not found"),
+        ("m.csv", "path,label,split\nimgs/1.jpg,a,\x1b[31mred\n",
+         r"m\.csv:2: split '\\x1b\[31mred' is not one of"),
+    ],
+)
+def test_hostile_manifest_errors_name_file_line_value_and_rule(
+        tmp_path: Path, name: str, data: str | bytes, match: str) -> None:
+    root = _manifest_tree(tmp_path)
+    _write(root, name, data)
+    with pytest.raises((ValueError, FileNotFoundError)) as info:
+        discover(root, manifest=name)
+    text = str(info.value)
+    assert re.search(match, text), text
+    assert str(root / name) in text
+    assert text.isprintable()
+    assert len(text) < 2_000
+
+
+def test_integer_labels_up_to_the_row_bound_are_kept(tmp_path: Path) -> None:
+    root = _manifest_tree(tmp_path)
+    _write(root, "m.csv", f"path,label\nimgs/1.jpg,{LABEL_FLOOR - 1}\nimgs/2.png,0\n")
+    assert len(discover(root, manifest="m.csv").classes) == LABEL_FLOOR
+    _write(root, "m.csv", f"path,label\nimgs/1.jpg,{LABEL_FLOOR}\nimgs/2.png,0\n")
+    with pytest.raises(ValueError, match=f"m.csv:2: label {LABEL_FLOOR} is out of range"):
+        discover(root, manifest="m.csv")
+
+
+def test_many_rows_justify_many_classes(tmp_path: Path) -> None:
+    rows = LABEL_FLOOR + 200
+    (tmp_path / "imgs").mkdir()
+    for i in range(rows):
+        (tmp_path / "imgs" / f"{i}.png").touch()
+    body = "".join(f"imgs/{i}.png,{rows - 1 - i}\n" for i in range(rows))
+    _write(tmp_path, "m.csv", "path,label\n" + body)
+    cat = discover(tmp_path, manifest="m.csv")
+    assert len(cat.classes) == rows
+    _write(tmp_path, "m.csv", "path,label\n" + body.replace(f",{rows - 1}\n", f",{rows}\n"))
+    with pytest.raises(ValueError, match=f"m.csv:2: label {rows} is out of range: a manifest "
+                                         f"of {rows:,} rows"):
+        discover(tmp_path, manifest="m.csv")
+
+
+def _links_tree(tmp_path: Path) -> Path:
+    root = _manifest_tree(tmp_path / "set")
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"not yours")
+    (root / "out.png").symlink_to(secret)
+    (root / "hop.png").symlink_to("out.png")  # a link to a link out
+    (root / "updir").symlink_to(tmp_path)  # a folder link out
+    (root / "in.png").symlink_to("imgs/1.jpg")
+    (root / "loop.png").symlink_to("loop.png")
+    os.mkfifo(root / "pipe.png")
+    return root
+
+
+@pytest.mark.timeout(20)  # a FIFO opened for reading would block forever
+@pytest.mark.parametrize(
+    ("rel", "match"),
+    [
+        ("out.png", r"path 'out\.png' is a symbolic link \(or passes through one\) to '.*/secret"
+                    r"\.png', outside the manifest's folder"),
+        ("hop.png", r"path 'hop\.png' is a symbolic link .* to '.*/secret\.png', outside"),
+        ("updir/secret.png", r"path 'updir/secret\.png' is a symbolic link .*outside"),
+        ("/etc/passwd", r"path '/etc/passwd' must be relative to the manifest's folder"),
+        ("imgs/../../secret.png", r"path 'imgs/\.\./\.\./secret\.png' must be relative to the "
+                                  r"manifest's folder and stay inside"),
+        ("loop.png", r"path 'loop\.png' passes more than 40 symbolic links"),
+        ("pipe.png", r"path 'pipe\.png' is a FIFO \(named pipe\), not a regular file"),
+        ("imgs", r"path 'imgs' is a folder, not a regular file"),
+    ],
+)
+def test_manifest_paths_may_not_leave_the_folder_or_name_special_files(
+        tmp_path: Path, rel: str, match: str) -> None:
+    root = _links_tree(tmp_path)
+    _write(root, "m.csv", f"path,label\nimgs/1.jpg,a\n{rel},b\n")
+    with pytest.raises(ValueError, match=r"m\.csv:3: " + match):
+        discover(root, manifest="m.csv")
+
+
+def test_device_files_are_refused_without_opening_them(tmp_path: Path) -> None:
+    root = _manifest_tree(tmp_path)
+    (root / "dev.png").symlink_to("/dev/zero")  # out of the folder: refused as such
+    _write(root, "m.csv", "path,label\ndev.png,a\n")
+    with pytest.raises(ValueError, match="outside the manifest's folder"):
+        discover(root, manifest="m.csv")
+    if os.geteuid() == 0:  # a device node inside the folder (mknod needs root)
+        os.mknod(root / "null.png", 0o644 | stat.S_IFCHR, os.makedev(1, 3))
+        _write(root, "m.csv", "path,label\nnull.png,a\n")
+        with pytest.raises(ValueError, match="'null.png' is a character device, not a regular"):
+            discover(root, manifest="m.csv")
+
+
+def test_links_and_dotdot_that_stay_inside_are_allowed(tmp_path: Path) -> None:
+    root = _links_tree(tmp_path)
+    _write(root, "m.csv", "path,label\nin.png,a\nimgs/sub/../../other/4.png,b\n")
+    cat = discover(root, manifest="m.csv")
+    assert [s.relpath for s in cat.samples] == ["in.png", "other/4.png"]
+    assert cat.samples[0].path == str(root / "in.png")
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_as_the_manifest_is_refused_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "m.csv")
+    with pytest.raises(ValueError, match=r"manifest '.*m\.csv' is a FIFO \(named pipe\), not a "
+                                         "regular file"):
+        discover(tmp_path, manifest="m.csv")
+
+
+def test_bom_and_crlf_manifests(tmp_path: Path) -> None:
+    root = _manifest_tree(tmp_path)
+    _write(root, "m.csv", b"\xef\xbb\xbfpath,label\r\nimgs/1.jpg,a\r\n\r\nimgs/2.png,b\r\n")
+    assert [s.relpath for s in discover(root, manifest="m.csv").samples] == [
+        "imgs/1.jpg", "imgs/2.png"]
+    _write(root, "m.jsonl", b'\xef\xbb\xbf{"path": "imgs/1.jpg", "label": "a"}\r\n')
+    assert discover(root, manifest="m.jsonl").classes == ("a",)
+    _write(root, "m.csv", b"\xef\xbb\xbfpath,label\r\nimgs/1.jpg,a\r\nimgs/missing.png,b\r\n")
+    with pytest.raises(FileNotFoundError, match=r"m\.csv:3: file 'imgs/missing\.png'"):
+        discover(root, manifest="m.csv")

@@ -8,7 +8,10 @@ more bytes than it holds. Each archive goes through ``safe_extract`` directly an
 ``fetch`` served by the loopback HTTP server. Requirements: ``UnsafeArchiveError`` whose
 message names the member (for the corrupt ones, an ``UnsafeArchiveError`` saying so), the
 destination does not exist afterwards, the folder around it is exactly as before (no staging,
-incoming or lock left), and no file appeared outside (``/tmp/h5forge-evil.txt``).
+incoming or lock left), and no file appeared outside (``/tmp/h5forge-evil.txt``). Issue 11 added
+deep members (65 and 1,200 levels, tar and zip), depth reached through an in-archive link, a
+chain of 1,500 links, an over-long name component and terminal escape sequences in names; every
+message must also be printable (no control character reaches a terminal).
 """
 
 from __future__ import annotations
@@ -92,6 +95,10 @@ def _short_member(path: Path) -> None:
 
 
 _REG: dict[str, object] = {"mode": 0o644}
+_DEEP_65 = "/".join(["d"] * 64) + "/f.txt"
+_HALF = "/".join(["h"] * 40)
+_THROUGH = "l/" + "/".join(["e"] * 40) + "/f.txt"
+_ESC = "x\x1b]0;pwned\x07\x1b[2J\u202e/../../h5forge-evil.txt"
 _SYM = tarfile.SYMTYPE
 _LNK = tarfile.LNKTYPE
 
@@ -132,6 +139,26 @@ EXTRA: list[Attack] = [
            _zip([(_zinfo("up", stat.S_IFLNK), b".."), ("up/h5forge-evil.txt", b"x")]), "up"),
     Attack("targz-truncated", ".tar.gz", _truncated_targz, ""),
     Attack("tar-header-claims-more-than-it-holds", ".tar", _short_member, "short.bin"),
+    # Depth and links (issue 11): refused before any folder of the member is made, and without
+    # recursion (a 1,200-deep member used to end in RecursionError).
+    Attack("tar-member-65-deep", ".tar", _tar([(_DEEP_65, b"x", _REG)]), _DEEP_65),
+    Attack("tar-member-1200-deep", ".tar",
+           _tar([("/".join(["d"] * 1_199) + "/f.txt", b"x", _REG)]), ""),
+    Attack("zip-member-1200-deep", ".zip", _zip([("/".join(["d"] * 1_199) + "/f.txt", b"x")]),
+           ""),
+    Attack("tar-deep-through-in-archive-link", ".tar",
+           _tar([(_HALF, b"", {"type": tarfile.DIRTYPE, "mode": 0o755}),
+                 ("l", b"", {"type": _SYM, "linkname": _HALF}),
+                 (_THROUGH, b"x", _REG)]), _THROUGH),
+    Attack("tar-symlink-chain-1500", ".tar",
+           _tar([*((f"l{i}", b"", {"type": _SYM, "linkname": f"l{i + 1}"}) for i in range(1_499)),
+                 ("l1499", b"", {"type": _SYM, "linkname": "."}), ("l0/x", b"x", _REG)]),
+           "l0/x"),
+    Attack("tar-name-component-over-255-bytes", ".tar", _tar([("a" * 300, b"x", _REG)]),
+           "a" * 300),
+    # Terminal escape sequences in a refused member's name: shown escaped (repr-like).
+    Attack("tar-escape-sequences-in-name", ".tar", _tar([(_ESC, b"x", _REG)]), _ESC),
+    Attack("zip-escape-sequences-in-name", ".zip", _zip([(_ESC, b"x")]), _ESC),
 ]
 
 TABLE: list[Attack] = [*ATTACKS, *EXTRA]
@@ -156,6 +183,8 @@ def _check(attack: Attack, run_it: Callable[[Path], object], work: Path, how: st
     except UnsafeArchiveError as e:
         if attack.member and repr(attack.member) not in str(e):
             problem = f"refused without naming {attack.member!r}: {e}"
+        elif not str(e).isprintable():
+            problem = f"message holds control characters: {str(e)!r}"
     except Exception as e:  # noqa: BLE001 - any other escape is a finding
         problem = f"raised {type(e).__name__} instead of UnsafeArchiveError: {e}"
     after = _tree(box / "out")

@@ -5,11 +5,20 @@
 extensions, YCCK JPEG, every EXIF orientation, decompression-bomb headers in three formats, a
 PNG text-chunk bomb, odd modes, 1x1 and very elongated images, unicode, spaces and newlines in
 file and class names, deep nesting, symlinks to files and folders, symlink loops, broken links,
-a FIFO, duplicate files, hidden and non-image files) and says what must happen to each: packed
-(pixels checked against an independent Pillow decode where that is meaningful), quarantined with
-a reason of a given kind, or skipped by discovery for a given reason. An empty class folder is a
-separate tree: ``h5forge pack`` must refuse it with a clear ``EmptyDatasetError`` (exit 2),
-because packing it would either invent a class with no samples or silently drop one.
+a FIFO, duplicate files, hidden and non-image files, links out of the root) and says what must
+happen to each: packed (pixels checked against an independent Pillow decode where that is
+meaningful), quarantined with a reason of a given kind, or skipped by discovery for a given
+reason. An empty class folder is a separate tree: ``h5forge pack`` must refuse it with a clear
+``EmptyDatasetError`` (exit 2), because packing it would either invent a class with no samples
+or silently drop one.
+
+Manifests (issue 11): :data:`MANIFEST_ATTACKS` go through ``discover`` (huge and 1,000-digit
+labels, 128 KB fields, 2 MiB lines, NUL, UTF-16 and Latin-1 bytes, wrong column counts, empty
+paths, bad and deeply nested JSON, absolute and ``..`` paths, links out, a link to a link out,
+a folder link out, a link loop, a FIFO, a device, escape sequences) and must be refused with
+a short printable message naming the manifest and line, or, for the odd but valid ones,
+accepted; two go through ``h5forge pack --manifest`` (exit 2, one line, nothing written). A
+1,200-deep folder tree must be cut at the depth limit, not crash discovery.
 
 ``h5forge pack`` runs as a subprocess on the corpus (decoded at source size, and the default
 224x224 shorter-side resize); it must exit 0 with no "Traceback" in its output, and the file must
@@ -41,6 +50,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
+from h5forge._staging import remove_tree
 from h5forge.catalog import Catalog, discover
 from h5forge.demo import synth_photo, write_bad_files
 from h5forge.errors import EmptyDatasetError
@@ -49,7 +59,8 @@ from tests.fixtures.images import EXPECTED_OUTCOME
 from tests.reliability._procs import REPO
 from tests.reliability._result import CampaignResult
 
-__all__ = ["Expect", "fuzz_discover", "fuzz_process_file", "run", "run_pack",
+__all__ = ["MANIFEST_ATTACKS", "Expect", "ManifestAttack", "deep_local_tree", "fuzz_discover",
+           "fuzz_process_file", "manifest_attacks", "manifest_pack", "run", "run_pack",
            "write_hostile_corpus"]
 
 REASON_KINDS = ("zero-byte file", "unreadable", "not an image", "image too large",
@@ -237,6 +248,23 @@ def write_hostile_corpus(root: Path) -> dict[str, Expect]:
     out["links/.DS_Store"] = Expect("hidden-file", "skipped", "hidden")
     (links / "README.txt").write_text("not an image")
     out["links/README.txt"] = Expect("non-image-extension", "skipped", "not-an-image-extension")
+
+    # 6. Links out of the root (issue 11): never followed, whatever they point at.
+    outside = root.parent / f"{root.name}-outside"
+    shutil.rmtree(outside, ignore_errors=True)
+    outside.mkdir()
+    (outside / "secret.png").write_bytes(good)
+    os.symlink(outside / "secret.png", links / "leak.png")
+    out["links/leak.png"] = Expect("symlink-to-file-outside-root", "skipped", "link-outside-root")
+    os.symlink("leak.png", links / "leak-via-link.png")
+    out["links/leak-via-link.png"] = Expect("symlink-to-symlink-outside-root", "skipped",
+                                            "link-outside-root")
+    os.symlink(outside, links / "outside-dir")
+    out["links/outside-dir/secret.png"] = Expect("symlink-to-folder-outside-root", "skipped",
+                                                 "link-outside-root")
+    os.symlink(outside, root / "outside-class")
+    out["outside-class/secret.png"] = Expect("class-folder-linked-outside-root", "skipped",
+                                             "link-outside-root")
     return out
 
 
@@ -292,6 +320,169 @@ def _check_packed(out: Path, corpus: dict[str, Expect], res: CampaignResult,
                                                f"EXIF-transposed decode {want.shape}")
         else:
             res.record(f"{e.kind}: packed", detected=True)
+
+
+# --------------------------------------------------------------------------- manifests
+
+_FIELD = "x" * (128 * 1024)
+
+
+@dataclass(frozen=True)
+class ManifestAttack:
+    """One hostile manifest: its name and bytes, and what ``discover`` must say.
+
+    ``expect`` is a fragment of the message (``None``: the manifest is valid and must be
+    accepted); the message must also name the manifest and ``line``, be one printable line
+    and stay short.
+    """
+
+    kind: str
+    name: str
+    data: bytes
+    line: int
+    expect: str | None
+
+
+def _m(kind: str, text: str | bytes, line: int, expect: str | None,
+       name: str = "m.csv") -> ManifestAttack:
+    return ManifestAttack(kind, name, text.encode() if isinstance(text, str) else text, line,
+                          expect)
+
+
+MANIFEST_ATTACKS: list[ManifestAttack] = [
+    _m("huge-integer-label-csv", "path,label\na.png,0\nb.png,1099511627776\n", 3,
+       "label 1099511627776 is out of range"),
+    _m("huge-integer-label-jsonl", '{"path": "a.png", "label": 1099511627776}\n', 1,
+       "is out of range", "m.jsonl"),
+    _m("1000-digit-label", "path,label\na.png," + "9" * 1000 + "\n", 2, "is out of range"),
+    _m("5000-digit-json-number", '{"path": "a.png", "label": ' + "9" * 5000 + "}\n", 1,
+       "not usable JSON", "m.jsonl"),
+    _m("128k-csv-field-label", f"path,label\na.png,{_FIELD}\n", 2, "label is 131,072 characters"),
+    _m("over-csv-field-limit", f"path,label\na.png,{_FIELD}y\n", 2,
+       "a field is longer than 131,072 characters"),
+    _m("unclosed-quote", f'path,label\na.png,a\n"{_FIELD}\n{_FIELD}\n', 3,
+       "a field is longer than"),
+    _m("2-mib-line", '{"path": "' + "a" * (2 << 20) + '", "label": 0}\n', 1,
+       "line is longer than", "m.jsonl"),
+    _m("nul-byte-csv", b"path,label\na.png,a\x00b\n", 2, "NUL byte at column 8"),
+    _m("nul-byte-jsonl", b'{"path": "a\x00.png", "label": 0}\n', 1, "NUL byte", "m.jsonl"),
+    _m("utf16-manifest", "path,label\na.png,a\n".encode("utf-16"), 1, "NUL byte"),
+    _m("latin1-bytes", b"path,label\na.png,caf\xe9\n", 2, "byte 0xe9 at column 10 is not UTF-8"),
+    _m("too-many-columns", "path,label\na.png,a,b\n", 2, "3 fields, but the header has 2"),
+    _m("too-few-columns", "path,label,split\na.png,a\n", 2, "2 fields, but the header has 3"),
+    _m("empty-path", "path,label\n,a\n", 2, "empty path"),
+    _m("bad-json", '{"path": "a.png", "label": 0}\n{"path": \n', 2, "not JSON", "m.jsonl"),
+    _m("deeply-nested-json", "[" * 100_000 + "\n", 1, "not usable JSON", "m.jsonl"),
+    _m("absolute-path", "path,label\n/etc/passwd,a\n", 2, "must be relative"),
+    _m("dotdot-out", "path,label\nsub/../../secret.png,a\n", 2, "stay inside"),
+    _m("symlink-out", "path,label\nleak.png,a\n", 2, "outside the manifest's folder"),
+    _m("symlink-to-symlink-out", "path,label\nhop.png,a\n", 2, "outside the manifest's folder"),
+    _m("folder-symlink-out", "path,label\nup/secret.png,a\n", 2, "outside the manifest's folder"),
+    _m("symlink-loop", "path,label\nloop.png,a\n", 2, "more than 40 symbolic links"),
+    _m("fifo", "path,label\npipe.png,a\n", 2, "is a FIFO (named pipe), not a regular file"),
+    _m("device-via-link", "path,label\nzero.png,a\n", 2, "outside the manifest's folder"),
+    _m("escape-sequences-in-path", "path,label\nx\x1b[2J\x1b]0;pwned\x07.png,a\n", 2,
+       "'x\\x1b[2J\\x1b]0;pwned\\x07.png' not found"),
+    _m("escape-sequences-in-split", "path,label,split\na.png,a,\x1b[31m\n", 2,
+       "split '\\x1b[31m' is not one of"),
+    # Valid manifests that look odd: accepted.
+    _m("dotdot-that-comes-back", "path,label\nsub/../a.png,a\n", 0, None),
+    _m("bom-and-crlf", b"\xef\xbb\xbfpath,label\r\na.png,a\r\n", 0, None),
+    _m("quoted-newlines-in-label", 'path,label\na.png,"two\nlines"\n', 0, None),
+    _m("integer-labels-up-to-the-floor", "path,label\na.png,1023\n", 0, None),
+]
+
+
+def _manifest_folder(folder: Path) -> None:
+    """The images and links every manifest attack refers to."""
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.png").write_bytes(_png(Image.new("RGB", (4, 4))))
+    secret = folder.parent / f"{folder.name}-secret.png"
+    secret.write_bytes(b"not yours")
+    os.symlink(secret, folder / "leak.png")
+    os.symlink("leak.png", folder / "hop.png")
+    os.symlink(folder.parent, folder / "up")
+    os.symlink("loop.png", folder / "loop.png")
+    os.symlink("/dev/zero", folder / "zero.png")
+    os.mkfifo(folder / "pipe.png")
+
+
+def manifest_attacks(work: Path, res: CampaignResult) -> None:
+    """Every :data:`MANIFEST_ATTACKS` entry through ``discover`` in this process."""
+    folder = work / "manifests"
+    _manifest_folder(folder)
+    for attack in MANIFEST_ATTACKS:
+        path = folder / attack.name
+        path.write_bytes(attack.data)
+        problem = None
+        try:
+            cat = discover(folder, manifest=attack.name)
+            if attack.expect is not None:
+                problem = f"ACCEPTED ({len(cat.samples)} samples, {len(cat.classes)} classes)"
+        except (ValueError, FileNotFoundError) as e:
+            text = str(e)
+            if attack.expect is None:
+                problem = f"refused a valid manifest: {text}"
+            elif f"{path}:{attack.line}: " not in text:
+                problem = f"does not name {path.name}:{attack.line}: {text[:300]}"
+            elif attack.expect not in text:
+                problem = f"message lacks {attack.expect!r}: {text[:300]}"
+            elif not text.isprintable() or len(text) > 2_000:
+                problem = f"message not one short printable line: {text[:300]!r}"
+        except Exception as e:  # noqa: BLE001 - any other escape is a finding
+            problem = f"raised {type(e).__name__}: {str(e)[:300]}"
+        path.unlink()
+        verdict = "accepted" if attack.expect is None else "refused, file:line named"
+        res.record(f"manifest {attack.kind}: {verdict}" if problem is None else
+                   f"manifest {attack.kind}: FAILED", detected=problem is None,
+                   lost=bool(problem and "ACCEPTED" in problem),
+                   problem=None if problem is None else f"manifest {attack.kind}: {problem}")
+
+
+def manifest_pack(work: Path, res: CampaignResult) -> None:
+    """``h5forge pack --manifest``: a link out and escape sequences end in exit 2, one line."""
+    folder = work / "manifests"
+    _manifest_folder(folder)
+    for kind, body in (("symlink-out", "path,label\na.png,a\nleak.png,b\n"),
+                       ("escape-sequences", "path,label\na.png,a\n\x1b[2J\x1b]0;x\x07.png,b\n")):
+        (folder / "m.csv").write_text(body)
+        out = work / f"manifest-{kind}.h5"
+        proc = run_pack(folder, out, "--manifest", str(folder / "m.csv"))
+        text = proc.stdout + proc.stderr
+        ok = (proc.returncode == 2 and "Traceback" not in text and "\x1b" not in text
+              and f"{folder / 'm.csv'}:3: " in text and not out.exists())
+        res.record(f"pack --manifest {kind}: exit 2, file:line, escaped" if ok else
+                   f"pack --manifest {kind}: WRONG", detected=ok,
+                   lost=out.exists(), problem=None if ok else
+                   f"pack --manifest {kind}: exit {proc.returncode}: {text[-800:]!r}")
+
+
+def deep_local_tree(work: Path, res: CampaignResult) -> None:
+    """``discover`` on an ImageFolder whose class holds a 1,200-deep chain of folders."""
+    root = work / "deep-tree"
+    if root.exists():
+        remove_tree(root)
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "top.png").write_bytes(_png(Image.new("RGB", (4, 4))))
+    fd = os.open(root / "a", os.O_RDONLY)
+    for _ in range(1_200):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+    try:
+        cat = discover(root)
+        ok = [s.relpath for s in cat.samples] == ["a/top.png"] and \
+            cat.skipped.get("folder-too-deep") == 1
+        problem = None if ok else f"deep tree: samples {len(cat.samples)}, skipped {cat.skipped}"
+    except Exception as e:  # noqa: BLE001 - RecursionError was the finding
+        problem = f"deep tree: discover raised {type(e).__name__}: {str(e)[:200]}"
+    finally:
+        remove_tree(root)
+    res.record("1,200-deep folder tree: skipped (folder-too-deep)" if problem is None else
+               "1,200-deep folder tree: FAILED", detected=problem is None, problem=problem)
 
 
 # --------------------------------------------------------------------------- fuzzing
@@ -474,6 +665,10 @@ def run(*, fuzz_examples: int = 300, work: Path, full: bool = True,
     res.record("empty class folder: EmptyDatasetError, exit 2" if ok else "empty class: WRONG",
                detected=ok, problem=None if ok else f"empty class folder: exit "
                                                     f"{proc.returncode}: {text[-1000:]}")
+    manifest_attacks(work, res)
+    log(f"  manifests: {len(MANIFEST_ATTACKS)} attacks through discover")
+    manifest_pack(work, res)
+    deep_local_tree(work, res)
     fuzz_discover(work, fuzz_examples, res)
     log(f"  discover fuzz: {fuzz_examples} examples")
     fuzz_process_file(work, fuzz_examples, res)

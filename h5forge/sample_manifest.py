@@ -1,0 +1,298 @@
+"""The sample manifest: a CSV or JSONL file listing ``path,label[,split]``, read as untrusted input.
+
+:func:`read_rows` reads a manifest line by line: strictly UTF-8 (a BOM is allowed), no NUL byte,
+each physical line and CSV field bounded, every CSV row as wide as its header, every JSON line an
+object. :func:`check_label_range` bounds integer labels by the number of rows, so the classes made
+from them never depend on a label's value. :func:`check_path` and :func:`check_file` keep every
+listed path inside the manifest's folder, symbolic links included (their real target is checked),
+and refuse anything that is not a regular file without opening it. Every error names the manifest
+and the physical line (a quoted CSV field holding newlines does not shift the count); names from
+the file are shown escaped (:func:`h5forge.text.printable`). :mod:`h5forge.catalog` turns the
+rows into a :class:`~h5forge.catalog.Catalog`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from h5forge._staging import MAX_LINKS, is_within, resolve
+from h5forge.text import printable
+
+__all__ = [
+    "LABEL_FLOOR",
+    "MAX_LABEL_CHARS",
+    "MAX_LINE_BYTES",
+    "MAX_MANIFEST_BYTES",
+    "MAX_MANIFEST_ROWS",
+    "MAX_PATH_BYTES",
+    "ManifestRow",
+    "check_file",
+    "check_label_range",
+    "check_path",
+    "read_rows",
+]
+
+# Manifest bounds. Each is far above a real manifest (ImageNet-21k's 14 M rows are ~1 GB of
+# CSV and would be split) and keeps a hostile one from costing more than its size justifies.
+MAX_MANIFEST_BYTES = 2 * 2**30
+MAX_MANIFEST_ROWS = 10_000_000
+MAX_LINE_BYTES = 2**20  # one physical line; a CSV field is also capped by csv.field_size_limit()
+MAX_PATH_BYTES = 4096  # PATH_MAX
+MAX_LABEL_CHARS = 1024
+# Integer labels must be below max(rows, LABEL_FLOOR): see check_label_range.
+LABEL_FLOOR = 1024
+_INT = re.compile(r"[0-9]+")
+
+# (line, path, label, split): ``line`` is the physical line the record starts on.
+ManifestRow = tuple[int, str, str | int, str | None]
+
+
+def read_rows(path: Path) -> list[ManifestRow]:
+    """Read and check every row of a CSV or JSONL manifest (format by suffix).
+
+    Args:
+        path: the manifest; ``.jsonl``/``.ndjson`` is JSON Lines, anything else CSV.
+
+    Returns:
+        One ``(line, path, label, split)`` per sample, in file order; ``line`` is the physical
+        line the record starts on, ``label`` an ``int`` when every label is a number.
+
+    Raises:
+        FileNotFoundError: the manifest does not exist.
+        ValueError: it is not a regular file, is over a bound, or a line is malformed; the
+            message names the manifest and the line.
+    """
+    shown = printable(path)
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"manifest '{shown}' does not exist") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"manifest '{shown}' is {_kind(st.st_mode)}, not a regular file")
+    if st.st_size > MAX_MANIFEST_BYTES:
+        raise ValueError(f"manifest '{shown}' is {st.st_size:,} bytes, over the limit of "
+                         f"{MAX_MANIFEST_BYTES:,}; split it or pack from an ImageFolder")
+    return list(_read_jsonl(path) if path.suffix.lower() in (".jsonl", ".ndjson")
+                else _read_csv(path))
+
+
+def check_label_range(shown: str, rows: list[ManifestRow]) -> None:
+    """Refuse an integer label at or above ``max(len(rows), LABEL_FLOOR)``.
+
+    Integer labels name classes ``0..max``: bound ``max`` by what the rows can justify.
+
+    ``max + 1`` class names are made, so a label of 2**40 would allocate for 2**40 names. A
+    manifest of R rows uses at most R classes; up to :data:`LABEL_FLOOR` is allowed whatever
+    the row count, so a small manifest can keep the indices of a 1,000-class dataset.
+    """
+    bound = max(len(rows), LABEL_FLOOR)
+    for line, _, label, _ in rows:
+        if isinstance(label, int) and label >= bound:
+            raise ValueError(
+                f"{shown}:{line}: label {printable(label, limit=40)} is out of range: a manifest "
+                f"of {len(rows):,} rows may use integer labels 0..{bound - 1:,} (at most one "
+                f"class per row, or {LABEL_FLOOR:,} for a small manifest); number the classes "
+                "from 0, or give class names instead of numbers")
+
+
+def check_path(where: str, rel: str) -> str:
+    """Return the normalised POSIX form of a manifest path.
+
+    Raises:
+        ValueError: ``rel`` is empty, holds a NUL byte, is over :data:`MAX_PATH_BYTES`, is
+            absolute or leaves the folder lexically; ``where`` (``FILE:LINE``) starts the message.
+    """
+    if not rel:
+        raise ValueError(f"{where}: empty path; give the image's path relative to the "
+                         "manifest's folder")
+    if "\x00" in rel:
+        raise ValueError(f"{where}: path '{printable(rel)}' contains a NUL byte")
+    size = len(rel.encode("utf-8", "surrogateescape"))
+    if size > MAX_PATH_BYTES:
+        raise ValueError(f"{where}: path '{printable(rel)}' is {size:,} bytes, over the limit of "
+                         f"{MAX_PATH_BYTES:,} (PATH_MAX)")
+    norm = os.path.normpath(rel).replace(os.sep, "/")
+    if os.path.isabs(rel) or norm == ".." or norm.startswith("../"):
+        raise ValueError(f"{where}: path '{printable(rel)}' must be relative to the manifest's "
+                         "folder and stay inside it")
+    return norm
+
+
+def check_file(where: str, rel: str, norm: str, full: Path, folder_real: str,
+                folders: dict[str, str]) -> None:
+    """Check that ``full`` is a regular file whose real path (links resolved) is in the folder.
+
+    Args:
+        where: ``FILE:LINE``, the start of every message.
+        rel: the path as the manifest wrote it (shown, escaped, in messages).
+        norm: its normalised form (from :func:`check_path`); ``full`` is the folder / ``norm``.
+        full: the path to check.
+        folder_real: the manifest folder's real path.
+        folders: a cache of the real path of each parent folder seen, shared across rows, so
+            a plain file costs one ``lstat``.
+
+    Raises:
+        ValueError: the real path leaves the folder, needs more than :data:`MAX_LINKS` links,
+            or is not a regular file (FIFO, device, folder: found by ``stat``, never opened).
+        FileNotFoundError: nothing is there.
+    """
+    parent, _, leaf = norm.rpartition("/")
+    try:
+        parent_real = folders.get(parent)
+        if parent_real is None:
+            parent_real = folders[parent] = resolve(parent, base=folder_real)
+        real = f"{parent_real}/{leaf}"
+        try:
+            st = os.lstat(real)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            real = resolve(leaf, base=parent_real)
+            st = None
+    except ValueError:
+        raise ValueError(f"{where}: path '{printable(rel)}' passes more than {MAX_LINKS} symbolic "
+                         "links (a loop?)") from None
+    if not is_within(folder_real, real):
+        raise ValueError(
+            f"{where}: path '{printable(rel)}' is a symbolic link (or passes through one) to "
+            f"'{printable(real)}', outside the manifest's folder '{printable(folder_real)}'; "
+            "copy the file in, or put the manifest in a folder that holds both")
+    try:
+        st = st or os.stat(real)  # stat, never open: opening a FIFO would block
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"{where}: file '{printable(rel)}' not found (looked for "
+                                f"'{printable(full)}')") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{where}: path '{printable(rel)}' is {_kind(st.st_mode)}, not a "
+                         "regular file; list image files only")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each physical line, decoded strictly, bounded in length."""
+    shown = printable(path)
+    with open(path, "rb") as f:
+        number = 0
+        while True:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            number += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise ValueError(f"{shown}:{number}: line is longer than {MAX_LINE_BYTES:,} "
+                                 "bytes; is this really a manifest?")
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte order mark, as some spreadsheets write
+            nul = raw.find(b"\x00")
+            if nul >= 0:
+                raise ValueError(f"{shown}:{number}: NUL byte at column {nul + 1}; a manifest "
+                                 "is UTF-8 text (is it UTF-16, or binary?)")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{shown}:{number}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is "
+                    "not UTF-8; save the manifest as UTF-8") from None
+            if number > MAX_MANIFEST_ROWS + 1:  # +1: the CSV header
+                raise ValueError(f"{shown}:{number}: more than {MAX_MANIFEST_ROWS:,} lines; "
+                                 "split the manifest")
+            yield number, text
+
+
+def _read_csv(path: Path) -> Iterator[ManifestRow]:
+    shown = printable(path)
+    # _lines yields every physical line, so the reader's line_num counts physical lines.
+    reader = csv.reader(text for _, text in _lines(path))
+    header: list[str] | None = None
+    records: list[tuple[int, list[str]]] = []
+    consumed = 0
+    while True:
+        start = consumed + 1  # the physical line this record starts on
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise ValueError(_csv_error(shown, reader.line_num, str(e))) from None
+        consumed = reader.line_num
+        if not fields:
+            continue  # a blank line
+        if header is None:
+            header = fields
+            missing = {"path", "label"} - set(header)
+            if missing:
+                raise ValueError(f"{shown}:{start}: header {[printable(h) for h in header]} "
+                                 f"lacks {sorted(missing)}; expected path,label[,split]")
+            dupes = sorted({h for h in header if header.count(h) > 1})
+            if dupes:
+                raise ValueError(f"{shown}:{start}: header names {dupes} more than once")
+            continue
+        if len(fields) != len(header):
+            raise ValueError(f"{shown}:{start}: {len(fields)} fields, but the header has "
+                             f"{len(header)} ({','.join(printable(h) for h in header)}); quote "
+                             "fields that contain commas")
+        records.append((start, fields))
+    if header is None:
+        return
+    at = {name: header.index(name) for name in ("path", "label", "split") if name in header}
+    labels = [fields[at["label"]] for _, fields in records]
+    digits = all(_INT.fullmatch(label) for label in labels)
+    for (line, fields), label in zip(records, labels, strict=True):
+        if not label:
+            raise ValueError(f"{shown}:{line}: empty label")
+        if len(label) > MAX_LABEL_CHARS:
+            raise ValueError(f"{shown}:{line}: label is {len(label):,} characters, over the "
+                             f"limit of {MAX_LABEL_CHARS:,}")
+        split = fields[at["split"]] if "split" in at else None
+        yield line, fields[at["path"]], int(label) if digits else label, split
+
+
+def _csv_error(shown: str, line: int, message: str) -> str:
+    if "field larger than field limit" in message:
+        return (f"{shown}:{line}: a field is longer than {csv.field_size_limit():,} characters "
+                "(the CSV parser's limit); no path or label is that long: is a quote left "
+                "open on an earlier line?")
+    return f"{shown}:{line}: malformed CSV ({printable(message)})"
+
+
+def _read_jsonl(path: Path) -> Iterator[ManifestRow]:
+    shown = printable(path)
+    for line, text in _lines(path):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{shown}:{line}: not JSON ({e.msg})") from None
+        except (ValueError, RecursionError) as e:  # a 5,000-digit number, [[[[... nested deep
+            raise ValueError(f"{shown}:{line}: not usable JSON ({type(e).__name__}: "
+                             f"{printable(e, limit=120)})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
+            raise ValueError(f"{shown}:{line}: expected an object with a string 'path'")
+        label = obj.get("label")
+        if (isinstance(label, bool) or not isinstance(label, (int, str)) or label == ""
+                or (isinstance(label, int) and label < 0)):
+            raise ValueError(f"{shown}:{line}: label {printable(repr(label), limit=60)} must be "
+                             "a class name or an int >= 0")
+        if isinstance(label, str) and len(label) > MAX_LABEL_CHARS:
+            raise ValueError(f"{shown}:{line}: label is {len(label):,} characters, over the "
+                             f"limit of {MAX_LABEL_CHARS:,}")
+        split = obj.get("split")
+        if split is not None and not isinstance(split, str):
+            raise ValueError(f"{shown}:{line}: split {printable(repr(split), limit=60)} must be "
+                             "a string")
+        yield line, obj["path"], label, split
