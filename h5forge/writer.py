@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import h5py
 import numpy as np
@@ -32,11 +32,12 @@ from h5forge._placement import utf8 as _utf8
 from h5forge.catalog import Catalog, discover
 from h5forge.errors import EmptyDatasetError, MissingExtraError, TooManyBadImagesError
 from h5forge.images import ImageConfig, Processed, Quarantined
+from h5forge.options import CODEC_LEVELS, Compression, check_compression, option
 from h5forge.preprocess import iter_processed
 
 __all__ = ["COMPRESSIONS", "PackResult", "pack"]
 
-COMPRESSIONS = ("none", "gzip", "lzf", "blosc-lz4", "zstd")
+COMPRESSIONS: tuple[str, ...] = get_args(Compression)
 _COPY_BLOCK = 16 << 20
 
 
@@ -66,20 +67,14 @@ def _filter_kwargs(compression: str | None, level: int | None, fletcher32: bool)
     name = compression or "none"
     if name not in COMPRESSIONS:
         raise ValueError(f"compression {compression!r} is not supported; use one of {COMPRESSIONS}")
+    check_compression(name, level)  # the codec-level rules of h5forge.options, shared with the CLI
     kwargs: dict[str, Any] = {"fletcher32": True} if fletcher32 else {}
     if name == "none":
-        if level is not None:
-            raise ValueError(f"compression_level={level} given without a compression; "
-                             "set compression='gzip' (or another codec) or drop the level")
         return kwargs
+    lvl = CODEC_LEVELS[name][2] if level is None and name in CODEC_LEVELS else level
     if name == "gzip":
-        lvl = 4 if level is None else level
-        if not 0 <= lvl <= 9:
-            raise ValueError(f"gzip compression_level {lvl} is out of range 0..9")
         return {**kwargs, "compression": "gzip", "compression_opts": lvl}
     if name == "lzf":
-        if level is not None:
-            raise ValueError("lzf takes no compression_level; drop it")
         return {**kwargs, "compression": "lzf"}
     try:
         import hdf5plugin
@@ -89,14 +84,8 @@ def _filter_kwargs(compression: str | None, level: int | None, fletcher32: bool)
             "pip install 'h5forge[plugins]'"
         ) from e
     if name == "blosc-lz4":
-        lvl = 5 if level is None else level
-        if not 0 <= lvl <= 9:
-            raise ValueError(f"blosc-lz4 compression_level {lvl} is out of range 0..9")
         return {**kwargs, **hdf5plugin.Blosc(cname="lz4", clevel=lvl,
                                              shuffle=hdf5plugin.Blosc.SHUFFLE)}
-    lvl = 3 if level is None else level
-    if not 1 <= lvl <= 22:
-        raise ValueError(f"zstd compression_level {lvl} is out of range 1..22")
     return {**kwargs, **hdf5plugin.Zstd(clevel=lvl)}
 
 
@@ -273,8 +262,7 @@ def _pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
     image = image or ImageConfig()
     image.validate()
     filters = _filter_kwargs(compression, compression_level, fletcher32)
-    if workers is not None and workers < 1:
-        raise ValueError(f"workers={workers} must be >= 1 (or None for the CPU count)")
+    option("workers").check(workers)
     out_path = _check_output(out, overwrite, max_bad_fraction, "(CLI: --overwrite) ")
     catalog = src if isinstance(src, Catalog) else discover(src, manifest=manifest)
     partial = str(out_path) + fmt.PARTIAL_SUFFIX
@@ -439,8 +427,7 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
 def _check_output(out: str | os.PathLike[str], overwrite: bool, max_bad_fraction: float,
                   how: str = "") -> Path:
     """The output path of a pack or merge, after checking it and ``max_bad_fraction``."""
-    if not 0.0 <= max_bad_fraction <= 1.0:
-        raise ValueError(f"max_bad_fraction={max_bad_fraction} must be between 0 and 1")
+    option("max_bad_fraction").check(max_bad_fraction)
     out_path = Path(out)
     if out_path.suffix == fmt.PARTIAL_SUFFIX:
         raise ValueError(f"output {out} must not end in {fmt.PARTIAL_SUFFIX}")
