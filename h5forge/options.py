@@ -140,9 +140,10 @@ class PackOption:
             self.high is None or value <= self.high)
         if not in_range:
             what = "an int" if self.kind == "int" else "a number"
-            empty = "; leave it empty for the default" if self.optional else ""
+            hint = (" or empty for the default" if self.default is None
+                    else f" (default {self.default!r})")
             raise OptionError(self.name, f"{self.name}={value!r} must be {what} {self.bounds}"
-                              f" (default {self.default!r}){empty}")
+                              f"{hint}")
         return value
 
 

@@ -71,11 +71,11 @@ def _filter_kwargs(compression: str | None, level: int | None, fletcher32: bool)
     kwargs: dict[str, Any] = {"fletcher32": True} if fletcher32 else {}
     if name == "none":
         return kwargs
-    lvl = CODEC_LEVELS[name][2] if level is None and name in CODEC_LEVELS else level
-    if name == "gzip":
-        return {**kwargs, "compression": "gzip", "compression_opts": lvl}
     if name == "lzf":
         return {**kwargs, "compression": "lzf"}
+    lvl = CODEC_LEVELS[name][2] if level is None else level
+    if name == "gzip":
+        return {**kwargs, "compression": "gzip", "compression_opts": lvl}
     try:
         import hdf5plugin
     except ImportError as e:
@@ -108,15 +108,30 @@ class _Progress:
     def __init__(self, total: int, show: bool, callback: Callable[[int, int], None] | None):
         self.total, self.callback, self._bar, self._task = total, callback, None, None
         if show:
-            from rich.progress import Progress
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            self._bar = Progress(transient=False)
+            # rich's default columns end in the time *remaining*, which reads 0:00:00 once the
+            # pack is done (and on every line a log captures): show count, elapsed and rate.
+            self._bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                transient=False)
             self._bar.start()
-            self._task = self._bar.add_task("pack", total=total)
+            self._task = self._bar.add_task("pack", total=total, rate="")
+        self._t0 = time.perf_counter()
 
     def advance(self, done: int) -> None:
         if self._bar is not None:
-            self._bar.update(self._task, completed=done)  # type: ignore[arg-type]
+            rate = done / max(time.perf_counter() - self._t0, 1e-9)
+            self._bar.update(self._task, completed=done,  # type: ignore[arg-type]
+                             rate=f"{rate:,.0f} img/s")
         if self.callback is not None:
             self.callback(done, self.total)
 
