@@ -85,8 +85,11 @@ def pack_flag(name: str) -> Any:
 
 def fail(message: str, code: int) -> typer.Exit:
     """Print ``message`` to stderr (control characters escaped) and return the Exit to raise."""
-    # Line by line: a multi-line report keeps its lines; no terminal escape gets through.
-    safe = "\n".join(printable(line, limit=None) for line in message.splitlines() or [""])
+    # Line by line: a multi-line report keeps its lines; no terminal control gets through.
+    # Only what is not printable is escaped here: names the message already passed through
+    # printable() keep their single backslashes.
+    safe = "\n".join("".join(ch if ch.isprintable() else printable(ch) for ch in line)
+                      for line in message.splitlines() or [""])
     typer.secho(f"error: {safe}", err=True, fg=typer.colors.RED)
     return typer.Exit(code)
 
@@ -200,7 +203,7 @@ def pack(
         check_destination(str(out), source=str(src), overwrite=overwrite)
     except (OSError, ValueError) as e:
         raise usage_error(e) from e
-    result = run_guarded(do_pack, src, out, what=str(out), image=image, manifest=manifest,
+    result = run_guarded(do_pack, src, out, what=str(out), image=image, manifest=v["manifest"],
                          compression=compression, compression_level=compression_level,
                          fletcher32=fletcher32, workers=workers,
                          max_bad_fraction=max_bad_fraction, overwrite=overwrite, progress=True)

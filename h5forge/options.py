@@ -128,6 +128,8 @@ class PackOption:
                 raise OptionError(self.name, f"{self.name}={value!r} must be true or false")
             return value
         if self.kind == "path":
+            if value == "" and self.optional:
+                return None  # an empty form field or an empty flag: not given
             if not isinstance(value, str) or not value.strip() or "\x00" in value:
                 raise OptionError(self.name, f"{self.name}={value!r} must be a non-empty path")
             return value

@@ -109,7 +109,9 @@ def _probe(folder: Path) -> None:
     except OSError as e:
         raise _unwritable(e, folder) from e
     try:
-        os.write(fd, b"\0" * PROBE_BYTES)
+        block = memoryview(b"\0" * PROBE_BYTES)
+        while block:  # a nearly full disk takes part of a write; the next one fails
+            block = block[os.write(fd, block):]
         os.fsync(fd)
     except OSError as e:
         raise _unwritable(e, folder) from e
