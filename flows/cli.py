@@ -91,7 +91,8 @@ def _config_error(e: ValidationError) -> typer.Exit:
     lines = []
     for err in e.errors():
         cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, OptionError) and len(e.errors()) == 1:
+        if len(e.errors()) == 1 and (isinstance(cause, OptionError) or (
+                isinstance(cause, ValueError) and not err["loc"])):
             return usage_error(cause)  # the same line as `pack` gives for this value
         where = ".".join(str(p) for p in err["loc"]) or "config"
         lines.append(f"{where}: {cause if isinstance(cause, Exception) else err['msg']}")

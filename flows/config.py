@@ -190,11 +190,6 @@ class BuildConfig(BaseModel):
         assert info.field_name is not None
         return option(info.field_name).check(value)
 
-    @field_validator("manifest", mode="before")
-    @classmethod
-    def _manifest(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and not value.strip() else value
-
     @field_validator("source")
     @classmethod
     def _source(cls, value: str) -> str:
