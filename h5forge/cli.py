@@ -97,7 +97,7 @@ def fail(message: str, code: int) -> typer.Exit:
 def usage_error(e: BaseException) -> typer.Exit:
     """The exit for an error found before any work (a bad argument or path): exit 2."""
     if isinstance(e, DestinationExistsError):
-        return fail(f"{e.url} exists; pass --overwrite to replace it", EXIT_USAGE)
+        return fail(f"{e.url} already exists; pass --overwrite to replace it", EXIT_USAGE)
     if isinstance(e, OptionError):
         return fail(f"invalid value for {option(e.option).flag}: {e}", EXIT_USAGE)
     text = describe_os_error(e, overwrite_flag="--overwrite") if isinstance(e, OSError) else str(e)

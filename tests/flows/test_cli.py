@@ -159,7 +159,7 @@ def test_an_existing_destination_names_the_flag(small_folder: Path, tmp_path: Pa
     dest.write_bytes(b"not replaced")
     run = h5forge("build", str(small_folder), str(dest), cwd=tmp_path, cache=tmp_path / "c")
     assert run.returncode == 2
-    assert _error_line(run) == f"error: {dest} exists; pass --overwrite to replace it"
+    assert _error_line(run) == f"error: {dest} already exists; pass --overwrite to replace it"
     assert dest.read_bytes() == b"not replaced"
 
 

@@ -212,7 +212,7 @@ def test_existing_output_names_the_flag(small_tree: Path, packed: Path) -> None:
     before = packed.stat().st_mtime_ns
     r = _cli("pack", str(small_tree), str(packed))
     assert r.returncode == 2
-    assert _error_line(r) == f"error: {packed} exists; pass --overwrite to replace it"
+    assert _error_line(r) == f"error: {packed} already exists; pass --overwrite to replace it"
     assert packed.stat().st_mtime_ns == before
 
 
