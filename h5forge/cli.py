@@ -347,9 +347,13 @@ def format_summary(info: Mapping[str, Any]) -> str:
         parsed = config
     lines.append("config:")
     lines.extend(_lines(parsed, "  ") if parsed else ["  (none)"])
-    lines.append(f"quarantined:  {get('num_quarantined', len(quarantined))}")
+    total_bad = get("num_quarantined", len(quarantined))
+    lines.append(f"quarantined:  {total_bad}")
     for path, reason in quarantined:
         lines.append(f"  {printable(path)}: {printable(reason)}")
+    if isinstance(total_bad, int) and total_bad > len(quarantined):
+        lines.append(f"  ... and {total_bad - len(quarantined)} more (all are in the file's "
+                     "/quarantine group)")
     return "\n".join(lines)
 
 
