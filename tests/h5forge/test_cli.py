@@ -117,6 +117,19 @@ def test_integrity_failure_exits_1(small_tree: Path, tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
+def test_too_many_bad_images_exit_1_listing_them(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    write_image_folder(src, classes=("a", "b"), per_class=2, size=(20, 20))
+    (src / "a" / "zero.jpg").write_bytes(b"")
+    out = tmp_path / "o.h5"
+    r = _cli("pack", str(src), str(out), "--workers", "1", "--size", "16",
+             "--max-bad-fraction", "0")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "max_bad_fraction=0 allows" in _error_line(r)
+    assert "a/zero.jpg: zero-byte file" in r.stderr
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------- verify + manifest
 
 
