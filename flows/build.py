@@ -20,15 +20,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
 
 from flows.config import BuildConfig, check_url
 from flows.credentials import default_cache_dir, load_storage_options
-from h5forge.access import url_to_fs
-from h5forge.redact import redact_url
+from h5forge.preflight import check_destination
 from tasks._common import dataset_name
 from tasks.discover import discover_samples
 from tasks.fetch import fetch_task, source_dir
@@ -73,15 +71,6 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         seconds[name] = round(time.perf_counter() - start, 3)
-
-
-def _refuse_existing(dest: str, storage_options: dict[str, Any]) -> None:
-    # Checked before any work, so a forgotten --overwrite costs seconds, not a whole build.
-    fs, path = url_to_fs(dest, storage_options)
-    if fs.exists(path):
-        raise FileExistsError(
-            f"{redact_url(dest)} already exists; set overwrite=True to replace it"
-        )
 
 
 _WORK_PREFIX = "h5forge-build-"
@@ -143,8 +132,10 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     """
     logger = get_run_logger()
     options = load_storage_options(config.credentials_block)
-    if not config.overwrite:
-        _refuse_existing(config.destination, options)
+    # Before any work, so a forgotten overwrite, a read-only or full destination, or one
+    # inside the source costs a second, not a whole build.
+    check_destination(config.destination, source=config.source, overwrite=config.overwrite,
+                      storage_options=options)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     dataset = dataset_name(config.destination)
     seconds: dict[str, float] = {}
@@ -160,7 +151,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                 storage_options=options,
             )
         with _stage(seconds, "discover"):
-            discover_samples(fetched.root)
+            discover_samples(fetched.root, manifest=config.manifest)
         sharded = None
         if config.executor == "dask":
             from flows._dask_stage import pack_on_dask
@@ -180,6 +171,8 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                     image=config.image_config(),
                     compression=config.compression,
                     compression_level=config.compression_level,
+                    fletcher32=config.fletcher32,
+                    manifest=config.manifest,
                     workers=config.workers,
                     max_bad_fraction=config.max_bad_fraction,
                     source_url=fetched.source_url,

@@ -4,8 +4,11 @@
 ``PREFECT_API_URL`` set, Prefect starts a temporary local server for the run and stops it at the
 end, so both work offline on a fresh machine.
 
-Exit codes: 0 success; 1 the build or an integrity check failed; 2 usage error (bad option,
-destination exists without ``--overwrite``, unknown credentials block).
+Exit codes (the table of :mod:`h5forge.cli`): 0 success; 1 the build or an integrity check
+failed; 2 usage error (bad option, a local source that is not there, a destination that exists
+without ``--overwrite``, is read-only, full or inside the source, unknown credentials block).
+Every argument is checked before Prefect is imported, so a usage error costs well under a
+second, not the ~18 s of starting Prefect.
 """
 
 from __future__ import annotations
@@ -20,17 +23,20 @@ import typer
 from pydantic import ValidationError
 
 from h5forge.cli import (
-    EXIT_INTEGRITY,
+    EXIT_FAILURE,
     EXIT_USAGE,
-    Compression,
-    Encoding,
-    Layout,
-    Resize,
     app,
+    check_pack_options,
     fail,
+    pack_default,
+    pack_flag,
+    usage_error,
 )
-from h5forge.errors import H5ForgeError
+from h5forge.errors import DestinationExistsError, H5ForgeError, PreviewPublishError
+from h5forge.messages import describe_os_error, os_error_in
+from h5forge.options import OptionError
 from h5forge.redact import redact_text
+from h5forge.text import printable
 
 __all__ = ["app", "main"]
 
@@ -80,12 +86,17 @@ def _quiet_console_tracebacks() -> None:
                 handler.setFormatter(_NoTraceback(handler.formatter))
 
 
-def _config_error(e: ValidationError) -> str:
+def _config_error(e: ValidationError) -> typer.Exit:
+    """Exit 2 with every problem of a BuildConfig, each in the words of its validator."""
     lines = []
     for err in e.errors():
+        cause = (err.get("ctx") or {}).get("error")
+        if len(e.errors()) == 1 and (isinstance(cause, OptionError) or (
+                isinstance(cause, ValueError) and not err["loc"])):
+            return usage_error(cause)  # the same line as `pack` gives for this value
         where = ".".join(str(p) for p in err["loc"]) or "config"
-        lines.append(f"{where}: {err['msg']}")
-    return "invalid options: " + "; ".join(lines)
+        lines.append(f"{where}: {cause if isinstance(cause, Exception) else err['msg']}")
+    return fail("invalid options: " + "; ".join(lines), EXIT_USAGE)
 
 
 def _prepare_prefect() -> str | None:
@@ -128,43 +139,76 @@ def _run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
         _quiet_console_tracebacks()
     try:
         return build_dataset(config, cache_dir=str(cache_dir) if cache_dir else None)
+    except DestinationExistsError as e:
+        raise usage_error(e) from e
+    except PreviewPublishError as e:  # the asset is there: say so, not "nothing was published"
+        raise fail(f"build failed after publishing: {redact_text(str(e))}", EXIT_FAILURE) from e
     except (FileExistsError, FileNotFoundError, ValidationError) as e:
-        raise fail(redact_text(str(e)), EXIT_USAGE) from e
+        raise usage_error(_redacted(e)) from e
+    except OSError as e:
+        raise fail(f"build failed, nothing was published: "
+                   f"{redact_text(describe_os_error(e, overwrite_flag='--overwrite'))}",
+                   EXIT_FAILURE) from e
     except H5ForgeError as e:
-        raise fail(f"build failed, nothing was published: {redact_text(str(e))}",
-                   EXIT_INTEGRITY) from e
+        cause = os_error_in(e)
+        text = describe_os_error(cause) if cause is not None else str(e)
+        raise fail(f"build failed, nothing was published: {redact_text(text)}",
+                   EXIT_FAILURE) from e
     except ValueError as e:
         raise fail(redact_text(str(e)), EXIT_USAGE) from e
     except Exception as e:  # noqa: BLE001 - the CLI's job: one paragraph instead of a traceback
         startup = _startup_failure(e)
         if startup is not None:
-            raise fail(startup, EXIT_INTEGRITY) from e
+            raise fail(startup, EXIT_FAILURE) from e
         if debug:
             raise
-        raise fail(f"build failed, nothing was published: {type(e).__name__}: "
-                   f"{redact_text(str(e))} (run with --debug for the traceback)",
-                   EXIT_INTEGRITY) from e
+        cause = os_error_in(e)
+        text = describe_os_error(cause) if cause is not None else (
+            f"{type(e).__name__}: {redact_text(str(e))}")
+        raise fail(f"build failed, nothing was published: {text} (run with --debug for the "
+                   "traceback)", EXIT_FAILURE) from e
+
+
+def _redacted(e: BaseException) -> BaseException:
+    """``e`` with its message redacted, for a usage line (same type, errno kept)."""
+    text = describe_os_error(e) if isinstance(e, OSError) else str(e)
+    new = type(e)(redact_text(text)) if isinstance(e, OSError) else ValueError(redact_text(text))
+    return new
 
 
 def _print_summary(summary: Any) -> None:
     dest = summary.destination
     where = dest if "://" in dest else str(Path(dest).resolve())
-    typer.echo(f"asset:       {where}")
+    typer.echo(f"asset:       {printable(where)}")
     typer.echo(f"samples:     {summary.num_samples} in {summary.num_classes} classes, "
                f"{summary.num_quarantined} quarantined")
     for split, per_class in sorted(summary.counts.items()):
-        typer.echo(f"  {split or '(all)'}: " + ", ".join(f"{c} {n}" for c, n in per_class.items()))
+        typer.echo(f"  {printable(split) or '(all)'}: "
+                   + ", ".join(f"{printable(c)} {n}" for c, n in per_class.items()))
     typer.echo(f"sha256:      {summary.sha256}")
     typer.echo(f"size:        {summary.bytes:,} bytes")
-    typer.echo(f"manifest:    {summary.manifest_url}")
-    typer.echo(f"preview:     {summary.preview_url}")
+    typer.echo(f"manifest:    {printable(summary.manifest_url)}")
+    typer.echo(f"preview:     {printable(summary.preview_url)}")
     rates = ", ".join(f"{m} {r:,.0f} img/s" for m, r in summary.smoke_per_method.items())
     typer.echo(f"smoke-load:  {rates} (DataLoader workers, after start-up)")
     typer.echo("stages:      " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.seconds.items()))
     if summary.shards is not None:
         shards = summary.shards
         typer.echo(f"shards:      {shards.total} on {shards.address}: {len(shards.packed)} packed, "
-                   f"{len(shards.skipped)} already done in {shards.staging}")
+                   f"{len(shards.skipped)} already done in {printable(shards.staging)}")
+
+
+def _check_paths(config: Any) -> None:
+    """Before Prefect: a local source exists; a local destination can take the asset."""
+    from h5forge.preflight import check_destination, check_source, local_path
+
+    try:
+        check_source(config.source)
+        if local_path(config.destination) is not None:  # remote: the flow checks, with keys
+            check_destination(config.destination, source=config.source,
+                              overwrite=config.overwrite)
+    except (OSError, ValueError) as e:
+        raise usage_error(e) from e
 
 
 @app.command()
@@ -174,20 +218,26 @@ def build(
     sha256: Annotated[str | None, typer.Option(help="sha256 of the source archive")] = None,
     credentials_block: Annotated[str | None, typer.Option(
         help="Prefect Secret block holding fsspec storage_options as JSON")] = None,
-    layout: Annotated[Layout, typer.Option(help="decoded pixels or encoded bytes")]
-    = Layout.decoded,
-    encoding: Annotated[Encoding, typer.Option(help="encoded layout only")] = Encoding.original,
-    resize: Annotated[Resize, typer.Option(help="resize policy")] = Resize.shorter_side,
-    size: Annotated[int, typer.Option(help="output height and width")] = 224,
-    mode: Annotated[str, typer.Option(help="RGB or L")] = "RGB",
-    compression: Annotated[Compression, typer.Option(help="filter on decoded images")]
-    = Compression.none,
-    compression_level: Annotated[int | None, typer.Option(help="codec level")] = None,
-    workers: Annotated[int | None, typer.Option(help="preprocessing processes")] = None,
+    manifest: Annotated[str | None, pack_flag("manifest")] = pack_default("manifest"),
+    layout: Annotated[str, pack_flag("layout")] = pack_default("layout"),
+    encoding: Annotated[str, pack_flag("encoding")] = pack_default("encoding"),
+    quality: Annotated[int, pack_flag("quality")] = pack_default("quality"),
+    resize: Annotated[str, pack_flag("resize")] = pack_default("resize"),
+    size: Annotated[str, pack_flag("size")] = pack_default("size"),
+    shorter_side: Annotated[int | None, pack_flag("shorter_side")] = pack_default("shorter_side"),
+    mode: Annotated[str, pack_flag("mode")] = pack_default("mode"),
+    max_image_pixels: Annotated[int, pack_flag("max_image_pixels")]
+    = pack_default("max_image_pixels"),
+    compression: Annotated[str, pack_flag("compression")] = pack_default("compression"),
+    compression_level: Annotated[int | None, pack_flag("compression_level")]
+    = pack_default("compression_level"),
+    fletcher32: Annotated[bool, pack_flag("fletcher32")] = pack_default("fletcher32"),
+    workers: Annotated[int | None, pack_flag("workers")] = pack_default("workers"),
+    max_bad_fraction: Annotated[float, pack_flag("max_bad_fraction")]
+    = pack_default("max_bad_fraction"),
+    overwrite: Annotated[bool, pack_flag("overwrite")] = pack_default("overwrite"),
     smoke_workers: Annotated[int, typer.Option(help="DataLoader workers in the smoke-load")] = 2,
     smoke_batches: Annotated[int, typer.Option(help="batches per start method")] = 4,
-    max_bad_fraction: Annotated[float, typer.Option(help="quarantine limit, 0..1")] = 0.01,
-    overwrite: Annotated[bool, typer.Option(help="replace an existing asset")] = False,
     executor: Annotated[Executor, typer.Option(
         help="local: process pool here; dask: shards on a Dask cluster, merged here")]
     = Executor.local,
@@ -204,21 +254,29 @@ def build(
     debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
 ) -> None:
     """Run the build-h5-dataset flow: fetch, pack, verify, smoke-load and publish."""
-    from flows.build import BuildConfig
+    # flows.config, not flows.build: validating must not import Prefect (seconds).
+    from flows.config import BuildConfig
 
+    v = check_pack_options({
+        "manifest": manifest, "layout": layout, "encoding": encoding, "quality": quality,
+        "resize": resize, "size": size, "shorter_side": shorter_side, "mode": mode,
+        "max_image_pixels": max_image_pixels, "compression": compression,
+        "compression_level": compression_level, "fletcher32": fletcher32, "workers": workers,
+        "max_bad_fraction": max_bad_fraction, "overwrite": overwrite,
+    })
+    hw = v.pop("size")
+    sized = {} if hw is None else {"size": hw[0], "width": hw[1] if hw[1] != hw[0] else None}
     try:
         config = BuildConfig.model_validate({
-            "source": source, "destination": dest, "sha256": sha256,
-            "credentials_block": credentials_block, "layout": layout.value,
-            "encoding": encoding.value, "resize": resize.value, "size": size, "mode": mode,
-            "compression": compression.value, "compression_level": compression_level,
-            "workers": workers, "smoke_workers": smoke_workers, "smoke_batches": smoke_batches,
-            "max_bad_fraction": max_bad_fraction, "overwrite": overwrite,
-            "executor": executor.value, "dask_address": dask_address, "shard_size": shard_size,
+            **v, **sized, "source": source, "destination": dest, "sha256": sha256,
+            "credentials_block": credentials_block, "smoke_workers": smoke_workers,
+            "smoke_batches": smoke_batches, "executor": executor.value,
+            "dask_address": dask_address, "shard_size": shard_size,
             "shard_bytes": shard_bytes, "staging": staging,
         })
     except ValidationError as e:
-        raise fail(_config_error(e), EXIT_USAGE) from e
+        raise _config_error(e) from e
+    _check_paths(config)
     _print_summary(_run_build(config, cache_dir, debug))
 
 
@@ -231,15 +289,23 @@ def demo(
     debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
 ) -> None:
     """Generate the built-in demo dataset and run the whole build flow on it, offline."""
-    from flows.build import BuildConfig
+    from flows.config import BuildConfig
     from h5forge.demo import make_demo_archive
+    from h5forge.preflight import check_destination
     from h5forge.storage import sha256_file
 
     if dest.suffix != ".h5":
         raise fail(f"DEST {dest} must end in .h5", EXIT_USAGE)
+    try:  # before writing the demo source beside it
+        check_destination(str(dest), overwrite=True)
+    except (OSError, ValueError) as e:
+        raise usage_error(e) from e
     source_dir = dest.resolve().parent / f"{dest.stem}-source"
-    archive = make_demo_archive(source_dir)
-    typer.echo(f"demo source: {archive}")
+    try:
+        archive = make_demo_archive(source_dir)
+    except OSError as e:
+        raise fail(describe_os_error(e, path=str(source_dir)), EXIT_FAILURE) from e
+    typer.echo(f"demo source: {printable(archive)}")
     config = BuildConfig(
         source=str(archive),
         sha256=sha256_file(archive),

@@ -7,12 +7,25 @@ credentials, writable where the flow writes), codec settings, and the executor s
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import fsspec
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from h5forge.images import ImageConfig
+from h5forge.options import (
+    PACK_OPTIONS,
+    SIZE_MAX,
+    SIZE_MIN,
+    Compression,
+    Encoding,
+    Layout,
+    Mode,
+    ResizePolicy,
+    check_compression,
+    check_size,
+    option,
+)
 from h5forge.redact import redact_url
 
 __all__ = ["BuildConfig", "check_url"]
@@ -24,8 +37,30 @@ _DASK_ADDRESS = re.compile(
     r"^(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})$")
 # fsspec can read these but not write them.
 _READ_ONLY = frozenset({"http", "https", "github", "zip", "tar", "libarchive", "reference"})
-# Highest compression_level each codec accepts.
-_MAX_LEVEL = {"gzip": 9, "blosc-lz4": 9, "zstd": 22}
+_CHOICES = tuple(o.name for o in PACK_OPTIONS if o.kind == "choice")
+# Checked after pydantic's type check; size is checked with width, in _image_settings.
+_CHECKED = tuple(o.name for o in PACK_OPTIONS if o.kind in ("int", "float", "bool", "path"))
+
+
+def _default(name: str) -> Any:
+    return option(name).default
+
+
+def _form(name: str, *, description: str | None = None) -> Any:
+    """The pydantic ``Field`` of a pack option: its description, and its bounds in the JSON
+    schema (the UI form and the server enforce them; the validators give the message)."""
+    o = option(name)
+    low, high = (SIZE_MIN, SIZE_MAX) if o.kind == "size" else (o.low, o.high)
+    bounds = {k: v for k, v in (("minimum", low), ("maximum", high)) if v is not None}
+
+    def schema(prop: dict[str, Any]) -> None:
+        # Where pydantic's ge/le would put them: on the number, also inside ``int | None``.
+        for branch in prop.get("anyOf", [prop]):
+            if branch.get("type") in ("integer", "number"):
+                branch.update(bounds)
+
+    return Field(description=description or o.description,
+                 json_schema_extra=schema if bounds else None)
 
 
 def check_url(url: str, *, what: str, writable: bool = False) -> str:
@@ -85,33 +120,25 @@ class BuildConfig(BaseModel):
         description="Name of a Prefect Secret block whose value is a JSON object of fsspec "
         "storage_options (keys, endpoint) for the source and the destination.",
     )] = None
-    layout: Annotated[Literal["decoded", "encoded"], Field(
-        description="decoded: raw uint8 pixels, nothing to decode at read time (fastest). "
-        "encoded: image file bytes (smaller, decoded by the reader).",
-    )] = "decoded"
-    encoding: Annotated[Literal["original", "jpeg", "png", "webp"], Field(
-        description="encoded layout only: keep the original file bytes or re-encode.",
-    )] = "original"
-    resize: Annotated[Literal["none", "resize", "shorter-side"], Field(
-        description="none: keep each image's size; resize: to size x size; shorter-side: "
-        "scale the shorter side to size, then centre-crop to size x size.",
-    )] = "shorter-side"
-    size: Annotated[int, Field(
-        ge=8, le=4096, description="Output height and width in pixels.",
-    )] = 224
-    mode: Annotated[Literal["RGB", "L"], Field(
-        description="RGB (3 channels) or L (grayscale, 1 channel).",
-    )] = "RGB"
-    compression: Annotated[Literal["none", "gzip", "lzf", "blosc-lz4", "zstd"], Field(
-        description="HDF5 compression of decoded fixed-size images. Off by default: photos "
-        "gain 1.0-1.3x and lose most of the read speed. blosc-lz4/zstd need hdf5plugin.",
-    )] = "none"
-    compression_level: Annotated[int | None, Field(
-        ge=0, le=22, description="Codec level (gzip 0-9, zstd 1-22); empty for the default.",
-    )] = None
-    workers: Annotated[int | None, Field(
-        ge=1, le=1024, description="Preprocessing processes; empty for the CPU count.",
-    )] = None
+    # The pack options: types, defaults, bounds and texts come from h5forge.options, shared
+    # with `h5forge pack` and `h5forge build`; the validators below check them with its rules.
+    manifest: Annotated[str | None, _form("manifest")] = _default("manifest")
+    layout: Annotated[Layout, _form("layout")] = _default("layout")
+    encoding: Annotated[Encoding, _form("encoding")] = _default("encoding")
+    quality: Annotated[int, _form("quality")] = _default("quality")
+    resize: Annotated[ResizePolicy, _form("resize")] = _default("resize")
+    size: Annotated[int, _form("size")] = _default("size")[0]
+    width: Annotated[int | None, _form("size", description=(
+        "Output width in pixels when it differs from the height (size); empty for square "
+        "images."))] = None
+    shorter_side: Annotated[int | None, _form("shorter_side")] = _default("shorter_side")
+    mode: Annotated[Mode, _form("mode")] = _default("mode")
+    max_image_pixels: Annotated[int, _form("max_image_pixels")] = _default("max_image_pixels")
+    compression: Annotated[Compression, _form("compression")] = _default("compression")
+    compression_level: Annotated[int | None, _form("compression_level")] = _default(
+        "compression_level")
+    fletcher32: Annotated[bool, _form("fletcher32")] = _default("fletcher32")
+    workers: Annotated[int | None, _form("workers")] = _default("workers")
     smoke_workers: Annotated[int, Field(
         ge=0, le=64, description="DataLoader workers for the smoke-load (0: in-process).",
     )] = 2
@@ -119,13 +146,8 @@ class BuildConfig(BaseModel):
         ge=1, le=10_000, description="Batches read per start method (fork, spawn) by the "
         "smoke-load.",
     )] = 4
-    max_bad_fraction: Annotated[float, Field(
-        ge=0.0, le=1.0, description="Fail when more than this fraction of the images cannot be "
-        "decoded (they are quarantined and listed in the report).",
-    )] = 0.01
-    overwrite: Annotated[bool, Field(
-        description="Replace an existing asset at the destination.",
-    )] = False
+    max_bad_fraction: Annotated[float, _form("max_bad_fraction")] = _default("max_bad_fraction")
+    overwrite: Annotated[bool, _form("overwrite")] = _default("overwrite")
     executor: Annotated[Literal["local", "dask"], Field(
         description="local: preprocess and pack in a process pool on this machine. dask: cut "
         "the dataset into shards, pack each as a Prefect task on an existing Dask cluster "
@@ -154,6 +176,19 @@ class BuildConfig(BaseModel):
         "right only when every worker runs on this machine. Keep it to resume a failed run.",
         examples=["s3://bucket/h5forge-staging/flowers-224/", "/mnt/shared/staging/flowers"],
     )] = None
+
+    @field_validator(*_CHOICES, mode="before")
+    @classmethod
+    def _choice(cls, value: Any, info: ValidationInfo) -> Any:
+        # Before pydantic's own Literal check, so the message is the one pack and build give.
+        assert info.field_name is not None
+        return option(info.field_name).check(value)
+
+    @field_validator(*_CHECKED, mode="after")
+    @classmethod
+    def _checked(cls, value: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        return option(info.field_name).check(value)
 
     @field_validator("source")
     @classmethod
@@ -231,26 +266,28 @@ class BuildConfig(BaseModel):
 
     @model_validator(mode="after")
     def _image_settings(self) -> BuildConfig:
-        level, codec = self.compression_level, self.compression
-        if level is not None:
-            if codec in ("none", "lzf"):
-                raise ValueError(f"compression_level={level} needs a codec that takes a level "
-                                 f"(gzip, blosc-lz4, zstd); compression is {codec!r}")
-            if level > _MAX_LEVEL[codec]:
-                raise ValueError(f"compression_level={level} is out of range for {codec} "
-                                 f"(0..{_MAX_LEVEL[codec]})")
-        if codec != "none" and (self.layout != "decoded" or self.resize == "none"):
-            raise ValueError(f"compression={codec!r} applies to decoded images of one size only "
-                             "(layout='decoded' and resize != 'none')")
+        # Checked also when resize='none' ignores it: a value is valid or not, whatever else
+        # is set (as on the command line).
+        check_size((self.size, self.width or self.size), self.resize)
+        check_compression(self.compression, self.compression_level,
+                          fixed_size_decoded=self.layout == "decoded" and self.resize != "none")
+        if self.executor == "dask":
+            local_only = [name for name in ("manifest", "fletcher32") if getattr(self, name)]
+            if local_only:
+                raise ValueError(f"{', '.join(local_only)} apply to executor='local' only for "
+                                 "now; drop them or use executor='local'")
         self.image_config().validate()
         return self
 
     def image_config(self) -> ImageConfig:
-        """The library's preprocessing configuration for this build."""
+        """The library's preprocessing configuration for this build (every image option)."""
         return ImageConfig(
             layout=self.layout,
             encoding=self.encoding,
+            quality=self.quality,
             mode=self.mode,
             resize=self.resize,
-            size=None if self.resize == "none" else (self.size, self.size),
+            size=None if self.resize == "none" else (self.size, self.width or self.size),
+            shorter_side=self.shorter_side,
+            max_image_pixels=self.max_image_pixels,
         )

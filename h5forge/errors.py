@@ -11,10 +11,12 @@ from collections.abc import Sequence
 
 __all__ = [
     "ChecksumError",
+    "DestinationExistsError",
     "EmptyDatasetError",
     "H5ForgeError",
     "IntegrityError",
     "MissingExtraError",
+    "PreviewPublishError",
     "TooManyBadImagesError",
     "UnsafeArchiveError",
     "UnsealedFileError",
@@ -73,3 +75,31 @@ class UnsafeArchiveError(H5ForgeError, ValueError):
 
 class MissingExtraError(H5ForgeError, ImportError):
     """An optional dependency is needed for the requested feature (message names the extra)."""
+
+
+class DestinationExistsError(H5ForgeError, FileExistsError):
+    """The output or destination exists and replacing it was not asked for.
+
+    Attributes:
+        url: the destination (redacted); the command line words the fix as ``--overwrite``.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        super().__init__(f"{url} already exists; set overwrite=True to replace it")
+
+
+class PreviewPublishError(H5ForgeError):
+    """The asset and its manifest were published; only the preview beside them failed.
+
+    The asset is complete and valid (the manifest is its commit marker); the cause (e.g. a
+    full disk) is ``__cause__``.
+
+    Attributes:
+        url: the published asset (redacted); manifest_url: its manifest; preview_url: the
+            preview that could not be written.
+    """
+
+    def __init__(self, message: str, *, url: str, manifest_url: str, preview_url: str) -> None:
+        self.url, self.manifest_url, self.preview_url = url, manifest_url, preview_url
+        super().__init__(message)

@@ -43,7 +43,9 @@ from PIL import Image, UnidentifiedImageError
 from PIL.JpegImagePlugin import JpegImageFile
 
 from h5forge import _normalise as norm
+from h5forge import options as opts
 from h5forge.errors import IntegrityError
+from h5forge.options import Encoding, Layout, Mode, ResizePolicy
 
 __all__ = [
     "Encoding",
@@ -57,15 +59,11 @@ __all__ = [
     "process_file",
 ]
 
-Layout = Literal["decoded", "encoded"]
-Encoding = Literal["original", "jpeg", "png", "webp"]
-ResizePolicy = Literal["none", "resize", "shorter-side"]
-
-_LAYOUTS = ("decoded", "encoded")
-_ENCODINGS = ("original", "jpeg", "png", "webp")
-_RESIZES = ("none", "resize", "shorter-side")
+_LAYOUTS = opts.option("layout").choices
+_ENCODINGS = opts.option("encoding").choices
+_RESIZES = opts.option("resize").choices
 _PIL_FORMAT = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
-_DEFAULT_MAX_PIXELS = 89_478_485
+_DEFAULT_MAX_PIXELS = opts.option("max_image_pixels").default
 
 
 @dataclass(frozen=True)
@@ -89,7 +87,7 @@ class ImageConfig:
     layout: Layout = "decoded"
     encoding: Encoding = "original"
     quality: int = 90
-    mode: Literal["RGB", "L"] = "RGB"
+    mode: Mode = "RGB"
     resize: ResizePolicy = "shorter-side"
     size: tuple[int, int] | None = (224, 224)
     shorter_side: int | None = None
@@ -106,28 +104,18 @@ class ImageConfig:
         Raises:
             ValueError: naming the field, the value found, what is allowed and the fix.
         """
-        _one_of("layout", self.layout, _LAYOUTS)
-        _one_of("encoding", self.encoding, _ENCODINGS)
-        _one_of("mode", self.mode, ("RGB", "L"))
-        _one_of("resize", self.resize, _RESIZES)
+        # The bounds and their messages are the pack options' (h5forge.options), shared
+        # with the command line and the build form.
+        for name in ("layout", "encoding", "mode", "resize", "quality", "max_image_pixels"):
+            opts.option(name).check(getattr(self, name))
         if self.layout == "decoded" and self.encoding != "original":
             raise ValueError(f"encoding={self.encoding!r} only applies to layout='encoded'; "
                              "set layout='encoded' or leave encoding='original'")
-        if not _is_int(self.quality) or not 1 <= self.quality <= 100:
-            raise ValueError(f"quality={self.quality!r} must be an int in 1..100; 90 is typical")
-        if not _is_int(self.max_image_pixels) or self.max_image_pixels < 1:
-            raise ValueError(f"max_image_pixels={self.max_image_pixels!r} must be an int >= 1; "
-                             f"Pillow's default is {_DEFAULT_MAX_PIXELS}")
-        if self.size is None:
-            if self.resize != "none":
-                raise ValueError(f"size=None needs resize='none', got resize={self.resize!r}; "
-                                 "give size=(H, W) or set resize='none'")
-        elif (not isinstance(self.size, tuple) or len(self.size) != 2
-              or not all(_is_int(v) and v >= 1 for v in self.size)):
-            raise ValueError(f"size={self.size!r} must be (H, W), two ints >= 1, or None")
+        opts.check_size(self.size, self.resize)
         if self.shorter_side is not None:
+            opts.option("shorter_side").check(self.shorter_side)
             least = max(self.size) if self.size else 1
-            if not _is_int(self.shorter_side) or self.shorter_side < least:
+            if self.shorter_side < least:
                 raise ValueError(
                     f"shorter_side={self.shorter_side!r} must be an int >= max(size) = {least} "
                     "so the centre crop fits; raise it or leave it None")
@@ -310,7 +298,3 @@ def _is_truncation(e: BaseException) -> bool:
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

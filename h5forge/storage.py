@@ -27,13 +27,14 @@ from typing import IO, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from h5forge.errors import ChecksumError
+from h5forge.errors import ChecksumError, IntegrityError
 from h5forge.redact import REDACTED, is_sensitive_key, redact_storage_options, redact_url
 
 __all__ = [
     "FORMAT_NAME",
     "MANIFEST_SUFFIX",
     "PublishResult",
+    "check_manifest",
     "manifest_url",
     "publish",
     "read_manifest",
@@ -124,6 +125,34 @@ def read_manifest(url: str, *, storage_options: Mapping[str, Any] | None = None)
             "is written last, after the file is verified); publish it again"
         )
     return manifest
+
+
+def check_manifest(url: str, manifest: Mapping[str, Any], *, sha256: str, bytes: int,
+                   num_samples: int, num_classes: int, format_version: int,
+                   counts: Mapping[str, Mapping[str, int]] | None = None) -> None:
+    """Compare what the file at ``url`` is with what its manifest promises.
+
+    The verify command, the re-verify flow and anyone holding a manifest call this one
+    function. ``sha256`` and ``bytes`` must be in the manifest; ``num_samples``,
+    ``num_classes``, ``format_version`` and ``counts`` (split -> class -> n; compared when
+    given) must agree when the manifest records them.
+
+    Raises:
+        IntegrityError: one line per disagreement, naming the field, the manifest's value and
+            the file's.
+    """
+    found: dict[str, Any] = {"bytes": bytes, "sha256": sha256, "num_samples": num_samples,
+                             "num_classes": num_classes, "format_version": format_version}
+    if counts is not None:
+        found["counts"] = {split: dict(per) for split, per in counts.items()}
+    failures = [f"manifest lacks {k!r}" for k in ("bytes", "sha256") if k not in manifest]
+    for key, actual in found.items():
+        if key in manifest and manifest[key] != actual:
+            failures.append(f"{key}: manifest says {manifest[key]!r}, the file has {actual!r}")
+    if failures:
+        raise IntegrityError(
+            f"{redact_url(url)} does not match its manifest (sha256, size, counts, format "
+            "version)", failures)
 
 
 def _load(fs: Any, path: str, shown: str) -> dict[str, Any] | None:

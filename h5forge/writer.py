@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import h5py
 import numpy as np
@@ -32,11 +32,12 @@ from h5forge._placement import utf8 as _utf8
 from h5forge.catalog import Catalog, discover
 from h5forge.errors import EmptyDatasetError, MissingExtraError, TooManyBadImagesError
 from h5forge.images import ImageConfig, Processed, Quarantined
+from h5forge.options import CODEC_LEVELS, Compression, check_compression, option
 from h5forge.preprocess import iter_processed
 
 __all__ = ["COMPRESSIONS", "PackResult", "pack"]
 
-COMPRESSIONS = ("none", "gzip", "lzf", "blosc-lz4", "zstd")
+COMPRESSIONS: tuple[str, ...] = get_args(Compression)
 _COPY_BLOCK = 16 << 20
 
 
@@ -66,21 +67,15 @@ def _filter_kwargs(compression: str | None, level: int | None, fletcher32: bool)
     name = compression or "none"
     if name not in COMPRESSIONS:
         raise ValueError(f"compression {compression!r} is not supported; use one of {COMPRESSIONS}")
+    check_compression(name, level)  # the codec-level rules of h5forge.options, shared with the CLI
     kwargs: dict[str, Any] = {"fletcher32": True} if fletcher32 else {}
     if name == "none":
-        if level is not None:
-            raise ValueError(f"compression_level={level} given without a compression; "
-                             "set compression='gzip' (or another codec) or drop the level")
         return kwargs
-    if name == "gzip":
-        lvl = 4 if level is None else level
-        if not 0 <= lvl <= 9:
-            raise ValueError(f"gzip compression_level {lvl} is out of range 0..9")
-        return {**kwargs, "compression": "gzip", "compression_opts": lvl}
     if name == "lzf":
-        if level is not None:
-            raise ValueError("lzf takes no compression_level; drop it")
         return {**kwargs, "compression": "lzf"}
+    lvl = CODEC_LEVELS[name][2] if level is None else level
+    if name == "gzip":
+        return {**kwargs, "compression": "gzip", "compression_opts": lvl}
     try:
         import hdf5plugin
     except ImportError as e:
@@ -89,14 +84,8 @@ def _filter_kwargs(compression: str | None, level: int | None, fletcher32: bool)
             "pip install 'h5forge[plugins]'"
         ) from e
     if name == "blosc-lz4":
-        lvl = 5 if level is None else level
-        if not 0 <= lvl <= 9:
-            raise ValueError(f"blosc-lz4 compression_level {lvl} is out of range 0..9")
         return {**kwargs, **hdf5plugin.Blosc(cname="lz4", clevel=lvl,
                                              shuffle=hdf5plugin.Blosc.SHUFFLE)}
-    lvl = 3 if level is None else level
-    if not 1 <= lvl <= 22:
-        raise ValueError(f"zstd compression_level {lvl} is out of range 1..22")
     return {**kwargs, **hdf5plugin.Zstd(clevel=lvl)}
 
 
@@ -119,15 +108,30 @@ class _Progress:
     def __init__(self, total: int, show: bool, callback: Callable[[int, int], None] | None):
         self.total, self.callback, self._bar, self._task = total, callback, None, None
         if show:
-            from rich.progress import Progress
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            self._bar = Progress(transient=False)
+            # rich's default columns end in the time *remaining*, which reads 0:00:00 once the
+            # pack is done (and on every line a log captures): show count, elapsed and rate.
+            self._bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                transient=False)
             self._bar.start()
-            self._task = self._bar.add_task("pack", total=total)
+            self._task = self._bar.add_task("pack", total=total, rate="")
+        self._t0 = time.perf_counter()
 
     def advance(self, done: int) -> None:
         if self._bar is not None:
-            self._bar.update(self._task, completed=done)  # type: ignore[arg-type]
+            rate = done / max(time.perf_counter() - self._t0, 1e-9)
+            self._bar.update(self._task, completed=done,  # type: ignore[arg-type]
+                             rate=f"{rate:,.0f} img/s")
         if self.callback is not None:
             self.callback(done, self.total)
 
@@ -273,8 +277,7 @@ def _pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
     image = image or ImageConfig()
     image.validate()
     filters = _filter_kwargs(compression, compression_level, fletcher32)
-    if workers is not None and workers < 1:
-        raise ValueError(f"workers={workers} must be >= 1 (or None for the CPU count)")
+    option("workers").check(workers)
     out_path = _check_output(out, overwrite, max_bad_fraction, "(CLI: --overwrite) ")
     catalog = src if isinstance(src, Catalog) else discover(src, manifest=manifest)
     partial = str(out_path) + fmt.PARTIAL_SUFFIX
@@ -439,8 +442,7 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
 def _check_output(out: str | os.PathLike[str], overwrite: bool, max_bad_fraction: float,
                   how: str = "") -> Path:
     """The output path of a pack or merge, after checking it and ``max_bad_fraction``."""
-    if not 0.0 <= max_bad_fraction <= 1.0:
-        raise ValueError(f"max_bad_fraction={max_bad_fraction} must be between 0 and 1")
+    option("max_bad_fraction").check(max_bad_fraction)
     out_path = Path(out)
     if out_path.suffix == fmt.PARTIAL_SUFFIX:
         raise ValueError(f"output {out} must not end in {fmt.PARTIAL_SUFFIX}")

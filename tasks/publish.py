@@ -3,11 +3,13 @@
 The upload is a Prefect asset materialisation keyed by the destination URL, so every build of
 one destination shows up as one asset with its metadata (counts, sha256, bytes, format version).
 The preview PNG is rendered locally before publishing (a file that cannot be previewed is not
-published) and uploaded beside the asset afterwards.
+published) and uploaded beside the asset afterwards; when only that upload fails, the error
+(:class:`~h5forge.errors.PreviewPublishError`) says the asset itself was published.
 """
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from prefect.utilities.hashing import hash_objects
 from pydantic import BaseModel, ConfigDict
 
 from h5forge.access import url_to_fs
+from h5forge.errors import PreviewPublishError
+from h5forge.messages import describe_os_error
 from h5forge.preview import write_preview
 from h5forge.redact import redact_url
 from h5forge.storage import publish
@@ -107,7 +111,17 @@ def _publish(
         extra={**(metadata or {}), "preview": posixpath.basename(preview_url(dest))},
     )
     fs, png_path = url_to_fs(preview_url(dest), storage_options)
-    fs.put_file(preview_png, png_path)
+    try:
+        fs.put_file(preview_png, png_path)
+    except OSError as e:
+        # The asset is committed (its manifest is written): say so, and leave no torn PNG.
+        with contextlib.suppress(OSError):
+            fs.rm_file(png_path)
+        raise PreviewPublishError(
+            f"{redact_url(result.url)} and its manifest were published; only the preview "
+            f"{redact_url(preview_url(dest))} could not be written: {describe_os_error(e)}",
+            url=redact_url(result.url), manifest_url=redact_url(result.manifest_url),
+            preview_url=redact_url(preview_url(dest))) from e
     key = asset_key(dest)
     add_asset_metadata(
         key,

@@ -7,8 +7,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from pydantic import BaseModel, ConfigDict
 
-from h5forge.errors import IntegrityError
 from h5forge.redact import redact_url
+from h5forge.storage import check_manifest as check_file_manifest
 from h5forge.storage import read_manifest
 from h5forge.verify import verify
 from tasks._common import (
@@ -72,24 +72,12 @@ def load_manifest(url: str, *, storage_options: dict[str, Any] | None = None) ->
 
 @task(name="check-manifest", task_run_name=run_name("check-manifest"))
 def check_manifest(url: str, *, manifest: dict[str, Any], report: VerifySummary) -> None:
-    """Compare what the file is (``report``) with what its published manifest promises.
+    """Compare what the file is (``report``) with what its published manifest promises
+    (see :func:`h5forge.storage.check_manifest`).
 
     Raises:
         IntegrityError: size, sha256, counts or format version differ (all differences listed).
     """
-    fields = {
-        "bytes": report.bytes,
-        "sha256": report.sha256,
-        "num_samples": report.num_samples,
-        "num_classes": report.num_classes,
-        "format_version": report.format_version,
-    }
-    missing = [k for k in ("bytes", "sha256") if k not in manifest]
-    failures = [f"manifest lacks {k!r}" for k in missing]
-    for key, actual in fields.items():
-        if key in manifest and manifest[key] != actual:
-            failures.append(f"{key}: manifest says {manifest[key]!r}, the file has {actual!r}")
-    if failures:
-        raise IntegrityError(
-            f"{redact_url(url)} does not match its manifest (sha256, size, counts)", failures
-        )
+    check_file_manifest(url, manifest, sha256=report.sha256, bytes=report.bytes,
+                        num_samples=report.num_samples, num_classes=report.num_classes,
+                        format_version=report.format_version)

@@ -188,12 +188,20 @@ GOOD = {"source": "/data/flowers.tar.gz", "destination": "/assets/flowers.h5"}
         ({"destination": "https://example.org/flowers.h5"}, "read-only"),
         ({"destination": "nope://bucket/flowers.h5"}, "fsspec does not know"),
         ({"sha256": "abc"}, "64 hexadecimal"),
-        ({"size": -1}, "greater than or equal to 8"),
-        ({"size": 5000}, "less than or equal to 4096"),
-        ({"workers": 0}, "greater than or equal to 1"),
+        ({"size": -1}, r"size -1 is out of range: height and width must be 8\.\.4096"),
+        ({"size": 5000}, "size 5000 is out of range"),
+        ({"size": 224, "width": 7}, "size 224x7 is out of range"),
+        ({"workers": 0}, r"workers=0 must be an int in 1\.\.1024"),
         ({"smoke_workers": -1}, "greater than or equal to 0"),
-        ({"max_bad_fraction": 1.5}, "less than or equal to 1"),
-        ({"layout": "jpeg"}, "'decoded' or 'encoded'"),
+        ({"max_bad_fraction": 1.5}, r"max_bad_fraction=1\.5 must be a number in 0\.\.1"),
+        ({"layout": "jpeg"}, "layout='jpeg' is not one of 'decoded', 'encoded'"),
+        ({"quality": 0}, r"quality=0 must be an int in 1\.\.100"),
+        ({"shorter_side": 100}, r"shorter_side=100 must be an int >= max\(size\) = 224"),
+        ({"compression": "zstd", "compression_level": 0}, "out of range for zstd"),
+        ({"executor": "dask", "dask_address": "tcp://h:8786", "manifest": "m.csv"},
+         "manifest apply to executor='local' only"),
+        ({"executor": "dask", "dask_address": "tcp://h:8786", "fletcher32": True},
+         "fletcher32 apply to executor='local' only"),
         ({"compression_level": 3}, "needs a codec"),
         ({"compression": "gzip", "compression_level": 12}, "out of range for gzip"),
         ({"compression": "gzip", "resize": "none"}, "one size only"),
@@ -218,6 +226,30 @@ def test_build_config_accepts_local_paths_and_fsspec_urls(source: str) -> None:
     config = BuildConfig(source=source, destination="s3://bucket/out.h5", sha256="A" * 64)
     assert config.sha256 == "a" * 64
     assert config.image_config().size == (224, 224)
+
+
+def test_build_config_passes_every_image_option_to_the_library() -> None:
+    config = BuildConfig(**GOOD, layout="encoded", encoding="webp", quality=55, size=64,
+                         width=96, shorter_side=120, mode="L", max_image_pixels=10**6)
+    image = config.image_config()
+    assert (image.quality, image.shorter_side, image.size) == (55, 120, (64, 96))
+    assert (image.encoding, image.mode, image.max_image_pixels) == ("webp", "L", 10**6)
+
+
+def test_a_destination_inside_the_source_fails_before_any_task(
+    prefect_harness: str, tmp_path: Path
+) -> None:
+    from h5forge.demo import write_image_folder
+
+    source = tmp_path / "images"
+    write_image_folder(source, classes=("a", "b"), per_class=2, size=(20, 20))
+    config = BuildConfig(source=str(source), destination=str(source / "a" / "x.h5"))
+    state = build_dataset(config, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(ValueError, match="is inside the source folder"):
+        state.result()
+    assert flow_run_task_runs(state.state_details.flow_run_id) == []
+    assert not (source / "a" / "x.h5").exists()
 
 
 def test_build_config_schema_explains_every_field() -> None:

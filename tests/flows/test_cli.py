@@ -7,15 +7,19 @@ starting its own temporary server, and the commands behave the same otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
 
 from h5forge.demo import write_bad_files, write_image_folder
+from h5forge.storage import manifest_url
 from h5forge.verify import verify
+from tests.fixtures.mounts import in_mounts
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +27,31 @@ _SCRIPT = Path(sys.executable).with_name("h5forge")
 
 
 def h5forge(
-    *args: str, cwd: Path, cache: Path, timeout: float = 240
+    *args: str, cwd: Path, cache: Path, timeout: float = 240,
+    mounts: list[tuple[Path, str]] | None = None, python: list[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the ``h5forge`` console script (the pyproject entry point)."""
-    command = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "flows.cli"]
+    """Run the ``h5forge`` console script (the pyproject entry point), optionally with a
+    read-only or tiny file system mounted for it (see tests/fixtures/mounts.py)."""
+    command = _command()
+    if python is not None:
+        command = [sys.executable, *python, "-m", "flows.cli"]
+    command = [*command, *args]
+    if mounts:
+        command = in_mounts(command, mounts)
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True,
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
+
+
+def _command() -> list[str]:
+    return [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "flows.cli"]
+
+
+def _error_line(run: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in run.stderr + run.stdout, run.stderr[-3000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert errors, run.stderr[-3000:]
+    return errors[0]
 
 
 @pytest.fixture
@@ -90,10 +112,17 @@ def test_a_usage_error_exits_2_without_traceback(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["build", "images", "out.h5", "--size", "-1"], "size: Input should be greater than"),
+        (["build", "images", "out.h5", "--size", "-1"],
+         "error: invalid value for --size: size '-1' is not S, HxW or none"),
+        (["build", "images", "out.h5", "--size", "4"],
+         "error: invalid value for --size: size 4 is out of range"),
+        (["build", "images", "out.h5", "--compression", "zstd", "--compression-level", "0"],
+         "compression_level=0 is out of range for zstd (1..22)"),
+        (["build", "/nonexistent", "out.h5"], "source /nonexistent does not exist"),
         (["build", "images", "out.hdf5"], "must end in .h5"),
         (["build", "images", "out.h5", "--sha256", "xyz"], "64 hexadecimal digits"),
-        (["build", "images", "out.h5", "--layout", "blob"], "Invalid value for '--layout'"),
+        (["build", "images", "out.h5", "--layout", "blob"],
+         "invalid value for --layout: layout='blob' is not one of 'decoded', 'encoded'"),
         (["build", "images"], "Missing argument"),
         (["demo", "out.hdf5"], "must end in .h5"),
     ],
@@ -106,3 +135,130 @@ def test_usage_errors_exit_2_before_any_work(args: list[str], message: str) -> N
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+# --------------------------------------------------------------------------- before Prefect
+
+
+def test_a_usage_error_is_found_without_importing_prefect(tmp_path: Path) -> None:
+    # Validating a BuildConfig and the paths must not start (or even import) Prefect: that is
+    # what made every rejected `build` cost ~18 s.
+    for args in (["build", "/nonexistent", "out.h5", "--size", "0"],
+                 ["build", "/nonexistent", "out.h5"]):
+        run = h5forge(*args, cwd=tmp_path, cache=tmp_path / "cache",
+                      python=["-X", "importtime"])
+        assert run.returncode == 2, run.stderr[-3000:]
+        imported = [ln.rsplit("|", 1)[-1].strip() for ln in run.stderr.splitlines()
+                    if ln.startswith("import time:")]
+        assert "flows.config" in imported or args[3:] == ["--size", "0"]
+        assert not [m for m in imported if m.split(".")[0] == "prefect"], "prefect imported"
+
+
+def test_an_existing_destination_names_the_flag(small_folder: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "out.h5"
+    dest.write_bytes(b"not replaced")
+    run = h5forge("build", str(small_folder), str(dest), cwd=tmp_path, cache=tmp_path / "c")
+    assert run.returncode == 2
+    assert _error_line(run) == f"error: {dest} already exists; pass --overwrite to replace it"
+    assert dest.read_bytes() == b"not replaced"
+
+
+@pytest.mark.parametrize("command", ["build", "demo"])
+def test_a_read_only_destination_exits_2_before_any_work(
+    command: str, small_folder: Path, tmp_path: Path
+) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    args = [str(small_folder), str(ro / "x.h5")] if command == "build" else [str(ro / "x.h5")]
+    run = h5forge(command, *args, cwd=tmp_path, cache=tmp_path / "cache", mounts=[(ro, "ro")])
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert _error_line(run) == (f"error: cannot write the destination: {ro} is on a read-only "
+                                "file system; choose a writable destination")
+    assert "Prefect" not in run.stderr  # refused before Prefect was started
+    assert list(ro.iterdir()) == []
+
+
+def test_demo_run_failure_exits_1(prefect_harness: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache-is-a-file"
+    cache.write_text("")
+    run = h5forge("demo", str(tmp_path / "d" / "demo.h5"), "--cache-dir", str(cache),
+                  cwd=tmp_path, cache=tmp_path / "xdg")
+    assert run.returncode == 1, run.stderr[-3000:]
+    line = _error_line(run)
+    assert line.startswith("error: build failed, nothing was published: ")
+    assert str(cache) in line
+    assert "[Errno" not in line  # (Prefect's own log lines above it are Prefect's)
+
+
+# --------------------------------------------------------------------------- build options
+
+
+def test_build_takes_every_pack_option(
+    prefect_harness: str, small_folder: Path, tmp_path: Path
+) -> None:
+    # The options `build` could not set before: --manifest, --quality, --shorter-side,
+    # --fletcher32, and an HxW size.
+    rows = [f"{p.relative_to(small_folder).as_posix()},{p.parent.name}"
+            for p in sorted(small_folder.rglob("*.*"))[::2]]
+    (small_folder / "labels.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    dest = tmp_path / "out" / "opts.h5"
+    run = h5forge("build", str(small_folder), str(dest), "--manifest", "labels.csv",
+                  "--size", "32x48", "--shorter-side", "60", "--quality", "55", "--fletcher32",
+                  "--smoke-workers", "0", cwd=tmp_path, cache=tmp_path / "cache")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"samples:     {len(rows)} in 2 classes" in run.stdout
+    with h5py.File(dest) as h5:
+        config = json.loads(h5.attrs["config_json"])
+        assert h5["images"].fletcher32
+        assert h5["images"].shape[1:] == (32, 48, 3)
+    assert config["fletcher32"] is True
+    assert (config["image"]["quality"], config["image"]["shorter_side"]) == (55, 60)
+    assert verify(str(dest)).num_samples == len(rows)
+
+
+# --------------------------------------------------------------------------- partial publish
+
+
+def test_a_full_disk_at_the_preview_says_the_asset_was_published(
+    prefect_harness: str, small_folder: Path, tmp_path: Path
+) -> None:
+    args = ("--size", "64", "--smoke-workers", "0", "--workers", "1")
+    # A first build, to a roomy folder, measures what the publish writes.
+    roomy = tmp_path / "roomy" / "a.h5"
+    first = h5forge("build", str(small_folder), str(roomy), *args, cwd=tmp_path,
+                    cache=tmp_path / "cache")
+    assert first.returncode == 0, first.stderr[-3000:]
+    page = 4096
+
+    def pages(path: Path | str) -> int:
+        return -(-Path(path).stat().st_size // page) * page
+
+    preview = Path(f"{roomy}.preview.png")
+    assert preview.stat().st_size > 2 * page, "the preview must not fit in the slack"
+    # Room for the asset and its manifest (and the 64 KiB probe before them), not the preview.
+    room = pages(roomy) + pages(manifest_url(str(roomy))) + page
+    full = tmp_path / "full"
+    full.mkdir()
+    dest = full / "a.h5"
+    # The mount lives as long as the namespace: look at what was published from inside it.
+    script = ('"$@"; echo "build-exit=$?"; ls -a "$DEST_DIR"; '
+              '"$PY" -m h5forge.cli verify "$DEST_DIR/a.h5"; echo "verify-exit=$?"')
+    command = [*_command(), "build", str(small_folder), str(dest), *args]
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "DEST_DIR": str(full),
+           "PY": sys.executable,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    run = subprocess.run(in_mounts(["sh", "-c", script, "sh", *command],
+                                   [(full, f"tmpfs:{room}")]),
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+                         check=False)
+    assert "build-exit=1" in run.stdout, run.stderr[-3000:]
+    line = _error_line(run)
+    assert "nothing was published" not in run.stderr
+    assert line.startswith(f"error: build failed after publishing: {dest} and its manifest "
+                           f"were published; only the preview {dest}.preview.png could not "
+                           "be written: no space left on the device")
+    listed = run.stdout.split("build-exit=1", 1)[1].split()
+    assert {"a.h5", "a.h5.manifest.json"} <= set(listed)
+    assert "a.h5.preview.png" not in listed  # no torn PNG left behind
+    assert "verify-exit=0" in run.stdout  # the published asset is whole, and matches its manifest
+    assert "matches its manifest" in run.stdout
