@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "BusyError",
     "ChecksumError",
     "EmptyDatasetError",
     "H5ForgeError",
@@ -17,6 +18,7 @@ __all__ = [
     "MissingExtraError",
     "TooManyBadImagesError",
     "UnsafeArchiveError",
+    "UnsafePathError",
     "UnsealedFileError",
 ]
 
@@ -73,3 +75,12 @@ class UnsafeArchiveError(H5ForgeError, ValueError):
 
 class MissingExtraError(H5ForgeError, ImportError):
     """An optional dependency is needed for the requested feature (message names the extra)."""
+
+
+class UnsafePathError(H5ForgeError, FileExistsError):
+    """A name h5forge is about to create is taken by something it did not make (a planted
+    symlink, a hard link, a file of another run or user); nothing was written through it."""
+
+
+class BusyError(H5ForgeError, BlockingIOError):
+    """Another live run holds the output; the message names it (pid, host) and what to do."""
