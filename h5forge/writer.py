@@ -174,6 +174,10 @@ class _Sink:
             # Read back in finish() through this same handle, never reopened by name.
             self._spool = os.fdopen(lock.create(spool_path, 0o600, flags=os.O_RDWR), "w+b")
 
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+
     def images_kwargs(self, total: int, filters: dict[str, Any]) -> dict[str, Any]:
         """``create_dataset`` arguments of ``/images`` (blob: after every sample was added)."""
         if self.storage == "array":
@@ -450,6 +454,7 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
     try:
         with contextlib.ExitStack() as stack:
             sink = _Sink(image, spool, filters, lock)
+            stack.callback(sink.close)
 
             def head(capacity: int) -> tuple[h5py.File, Head]:
                 # Everything but the image bytes goes first (see h5forge._placement).

@@ -19,10 +19,9 @@ from prefect.types.names import MAX_ASSET_KEY_LENGTH, RESTRICTED_ASSET_CHARACTER
 from prefect.utilities.hashing import hash_objects
 from pydantic import BaseModel, ConfigDict
 
-from h5forge.access import url_to_fs
 from h5forge.preview import write_preview
 from h5forge.redact import redact_url
-from h5forge.storage import publish
+from h5forge.storage import publish, put_file
 from tasks._common import (
     dataset_name,
     retry_upload,
@@ -106,8 +105,8 @@ def _publish(
         overwrite=overwrite,
         extra={**(metadata or {}), "preview": posixpath.basename(preview_url(dest))},
     )
-    fs, png_path = url_to_fs(preview_url(dest), storage_options)
-    fs.put_file(preview_png, png_path)
+    # Temp name + rename at a local destination: a link planted at the name is replaced.
+    put_file(preview_png, preview_url(dest), storage_options=storage_options)
     key = asset_key(dest)
     add_asset_metadata(
         key,
