@@ -306,12 +306,13 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
     # Leaving this stops the shard hashes still running (the merge failed).
     with FileChecks() as files:
         return _merge(urls, out_path, files, options, max_bad_fraction=max_bad_fraction,
-                      source_url=source_url, source_sha256=source_sha256, tmp_dir=tmp_dir, t0=t0)
+                      source_url=source_url, source_sha256=source_sha256, tmp_dir=tmp_dir, t0=t0,
+                      overwrite=overwrite)
 
 
 def _merge(urls: list[str], out_path: Path, files: FileChecks, options: dict[str, Any] | None,
            *, max_bad_fraction: float, source_url: str, source_sha256: str,
-           tmp_dir: str | os.PathLike[str] | None, t0: float) -> PackResult:
+           tmp_dir: str | os.PathLike[str] | None, t0: float, overwrite: bool) -> PackResult:
     found, counts, bad = survey(urls, options, files)
     first, n = found[0], sum(s.n for s in found)
     if n == 0:
@@ -329,6 +330,8 @@ def _merge(urls: list[str], out_path: Path, files: FileChecks, options: dict[str
     out_path.parent.mkdir(parents=True, exist_ok=True)
     partial = str(out_path) + fmt.PARTIAL_SUFFIX
     with output_lock(out_path) as lock:  # BusyError while another run writes out_path
+        # Again, now that no other run can: one may have finished since merge_shards checked.
+        _check_output(out_path, overwrite, max_bad_fraction)
         lock.remove_leftovers()  # the partial a killed merge recorded making
         try:
             _write(partial, found, options, tmp_dir, bad, attrs, files, lock)

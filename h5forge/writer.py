@@ -302,6 +302,8 @@ def _pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
     out_path.parent.mkdir(parents=True, exist_ok=True)
     config_json = _config_json(image, compression, compression_level, fletcher32)
     with output_lock(out_path) as lock:  # BusyError while another run writes out_path
+        # Again, now that no other run can: one may have finished since the check above.
+        _check_output(out, overwrite, max_bad_fraction, "(CLI: --overwrite) ")
         lock.remove_leftovers()  # what a killed run recorded making: its partial and spool
         try:
             result = _write(catalog, partial, spool, image, filters, config_json, workers,
