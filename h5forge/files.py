@@ -194,7 +194,10 @@ def _marker(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     try:
         if hasattr(os, "getuid") and os.fstat(dfd).st_uid != os.getuid():
             return None
-        fd = os.open(MARKER_NAME, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC, dir_fd=dfd)
+        flags = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+        # Relative to the folder just checked, so a folder swapped in meanwhile is not read.
+        fd = (os.open(MARKER_NAME, flags, dir_fd=dfd) if os.open in os.supports_dir_fd
+              else os.open(os.path.join(folder, MARKER_NAME), flags))
         try:
             raw = _read_small(fd)
         finally:

@@ -296,6 +296,9 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
         TooManyBadImagesError: too many inputs were quarantined in total.
         EmptyDatasetError: a class has no packed sample in any shard.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
+        BusyError: another live run is writing ``out`` (the message names its pid and host).
+        UnsafePathError: ``OUT.partial`` or ``OUT.lock`` is taken by something h5forge did not
+            make (a planted symlink or hard link); nothing is written through it.
     """
     t0 = time.perf_counter()
     urls = [os.fspath(s) for s in shards]

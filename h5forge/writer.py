@@ -40,7 +40,7 @@ from h5forge.errors import (
     TooManyBadImagesError,
     UnsafePathError,
 )
-from h5forge.files import OutputLock, output_lock, same_file
+from h5forge.files import OutputLock, describe, output_lock, same_file
 from h5forge.images import ImageConfig, Processed, Quarantined
 from h5forge.preprocess import iter_processed
 
@@ -272,6 +272,9 @@ def pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
 
     Raises:
         FileExistsError: ``out`` exists and ``overwrite`` is false.
+        BusyError: another live run is writing ``out`` (the message names its pid and host).
+        UnsafePathError: ``OUT.partial``, its spool or ``OUT.lock`` is taken by something
+            h5forge did not make (a planted symlink or hard link); nothing is written through it.
         TooManyBadImagesError: too many inputs were quarantined (lists the first reasons).
         EmptyDatasetError: nothing usable, or a class lost all its images to quarantine.
     """
@@ -331,8 +334,6 @@ def _create_h5(path: str, lock: OutputLock) -> h5py.File:
     try:
         h5 = h5py.File(path, "x")
     except FileExistsError:
-        from h5forge.files import describe
-
         raise UnsafePathError(
             f"cannot create {path}: {describe(path)} already has that name and no h5forge run "
             "recorded making it; h5forge never writes through an existing name or a link — "
