@@ -13,8 +13,8 @@ collide: input ``i`` uses slot ``i % window``, and it is submitted only after in
 Workers end with the process that owns the pool, even when it is killed with SIGKILL and cleans
 nothing up: left alone they would wait forever on the pool's queue, whose pipe they hold open
 themselves (and keep the fork server and resource tracker alive with them). Each worker watches
-its owner's pid (a pidfd on Linux, else a poll) and asks the kernel for SIGKILL when its parent
-dies (``PR_SET_PDEATHSIG``).
+its owner's pid (a pidfd on Linux, else a poll); a worker of the fork server also asks the
+kernel for SIGKILL when the fork server dies (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -250,10 +250,11 @@ def _end_with_owner(owner: int) -> None:
 
     Module level so that spawn/forkserver workers can unpickle it by name.
     """
-    if sys.platform.startswith("linux"):
+    if sys.platform.startswith("linux") and os.getppid() != owner:
         import ctypes
 
-        # The parent is the fork server (or the owner itself under fork): its death kills us.
+        # The parent is the fork server: its death kills us. Not when the parent is the owner
+        # (fork, spawn): the signal follows the *thread* that started us, which may end first.
         pr_set_pdeathsig = 1
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
