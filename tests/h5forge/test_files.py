@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from h5forge import files
-from h5forge._staging import exclusive, new_staging
+from h5forge._staging import commit, exclusive, new_staging
 from h5forge.demo import write_image_folder
 from h5forge.errors import BusyError, UnsafePathError
 from h5forge.images import ImageConfig
@@ -332,3 +332,22 @@ def test_a_symlinked_fetch_lock_is_refused(tmp_path: Path, victim: Path) -> None
     with pytest.raises(UnsafePathError, match="a symbolic link to"), exclusive(dest):
         pass
     assert victim.read_bytes() == b"precious bytes that must never change"
+
+
+def test_the_marker_stays_until_a_folder_becomes_the_destination(tmp_path: Path) -> None:
+    """fetch extracts into DEST.incoming-<token> (itself committed from a staging folder) and
+    then commits that to DEST: the intermediate stays marked (a kill then leaves a removable
+    leftover), the destination never holds the marker."""
+    dest = tmp_path / "dest"
+    incoming = tmp_path / "dest.incoming-0123456789ab"
+    staging = new_staging(incoming)
+    (staging / "a.jpg").write_bytes(b"x")
+    commit(staging, incoming, replace=False)
+    assert files.is_ours(incoming, "staging")
+    commit(incoming, dest, replace=False)
+    assert sorted(p.name for p in dest.iterdir()) == ["a.jpg"]
+    again = new_staging(dest)
+    (again / "b.jpg").write_bytes(b"y")
+    commit(again, dest, replace=True)  # the old dest is marked once renamed aside, then gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
+    assert sorted(p.name for p in dest.iterdir()) == ["b.jpg"]
