@@ -27,6 +27,9 @@ from pydantic import BaseModel, Field
 from flows.config import BuildConfig, check_url
 from flows.credentials import default_cache_dir, load_storage_options
 from h5forge.preflight import check_destination
+from h5forge.access import url_to_fs
+from h5forge.files import is_ours, mark, remove_marked, same_file
+from h5forge.redact import redact_url
 from tasks._common import dataset_name
 from tasks.discover import discover_samples
 from tasks.fetch import fetch_task, source_dir
@@ -74,46 +77,56 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
 
 
 _WORK_PREFIX = "h5forge-build-"
-_NEW_PREFIX = ".h5forge-new-"  # a work dir before it is locked; never taken for a dead one
+_WORK_MARK = "build-work"  # the kind in the marker h5forge writes into its work folders
 
 
 @contextmanager
 def _work_dir() -> Iterator[Path]:
-    """This run's private scratch folder in TMPDIR, locked (flock) while the run lives.
+    """This run's private scratch folder in TMPDIR, marked as h5forge's and locked (flock)
+    while the run lives.
 
     A killed run cannot delete its folder, which holds the packed file (as large as the
-    dataset); each build first removes the ``h5forge-build-*`` folders of dead runs: those
-    whose lock it can take (the kernel drops a dead process's locks). A folder gets its
-    ``h5forge-build-`` name only once it is locked, so a live one is never taken for dead.
+    dataset); each build first removes the folders of dead runs: ``h5forge-build-*`` folders
+    that carry h5forge's marker (:mod:`h5forge.files`) and whose lock it can take (the kernel
+    drops a dead process's locks). The marker is written only once the folder is locked, so a
+    marked, unlocked folder is a dead run's; a folder of the user's named like one carries no
+    marker and stays, and removal never follows a link.
     """
     import fcntl
 
     root = Path(tempfile.gettempdir())
-    for old in [*root.glob(f"{_WORK_PREFIX}*"), *root.glob(f"{_NEW_PREFIX}*")]:
-        try:
-            if old.stat().st_uid != os.getuid() or (
-                    old.name.startswith(_NEW_PREFIX) and time.time() - old.stat().st_mtime < 60):
-                continue
-            fd = os.open(old, os.O_RDONLY)
-        except OSError:
-            continue  # gone meanwhile, or not ours to look at
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(old)  # its run is dead
-        except BlockingIOError:
-            pass  # a live run holds it
-        finally:
-            os.close(fd)
-    new = Path(tempfile.mkdtemp(prefix=_NEW_PREFIX))
-    fd = os.open(new, os.O_RDONLY)
+    for old in root.glob(f"{_WORK_PREFIX}*"):
+        _remove_if_dead(old)
+    work = Path(tempfile.mkdtemp(prefix=_WORK_PREFIX))  # a new name, mode 0o700
+    fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        work = new.with_name(_WORK_PREFIX + new.name[len(_NEW_PREFIX):])
-        os.rename(new, work)  # the lock stays with the folder
+        mark(work, _WORK_MARK)
         try:
             yield work
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def _remove_if_dead(old: Path) -> None:
+    """Remove ``old`` if it is a dead run's work folder (marked by h5forge, lock free)."""
+    import fcntl
+
+    try:
+        fd = os.open(old, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return  # a symlink, not a folder, gone meanwhile, or not ours to look at
+    try:
+        if not is_ours(old, _WORK_MARK):
+            return  # not made by h5forge (or not by this user): never removed
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a live run holds it
+        if same_file(os.fstat(fd), os.lstat(old)):  # still the folder we locked
+            remove_marked(old, _WORK_MARK)
     finally:
         os.close(fd)
 

@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from h5forge.errors import (
+    BusyError,
     ChecksumError,
     EmptyDatasetError,
     H5ForgeError,
@@ -17,6 +18,7 @@ from h5forge.errors import (
     MissingExtraError,
     TooManyBadImagesError,
     UnsafeArchiveError,
+    UnsafePathError,
     UnsealedFileError,
 )
 
@@ -38,6 +40,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BusyError",
     "ChecksumError",
     "EmptyDatasetError",
     "H5ForgeError",
@@ -45,6 +48,7 @@ __all__ = [
     "MissingExtraError",
     "TooManyBadImagesError",
     "UnsafeArchiveError",
+    "UnsafePathError",
     "UnsealedFileError",
     "__version__",
     *sorted(_LAZY),

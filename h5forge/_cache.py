@@ -18,6 +18,7 @@ from pathlib import Path
 
 from h5forge._staging import exclusive
 from h5forge.errors import ChecksumError
+from h5forge.files import create_exclusive, replace_file
 from h5forge.redact import canonical_url
 from h5forge.storage import sha256_file
 
@@ -60,19 +61,22 @@ def cached_download(
         if _hit(entry, expected):
             return blob, expected, True
         entry.mkdir(parents=True, exist_ok=True)
-        for stale in [*entry.glob("blob.part-*"), *entry.glob("meta.json.tmp-*")]:
+        for stale in [*entry.glob("blob.part-*"), *entry.glob("meta.json.tmp-*"),
+                      *entry.glob(".meta.json.tmp-*")]:
             log.info("removing %s, left by an interrupted download", stale)
             stale.unlink(missing_ok=True)
         part = entry / f"blob.part-{secrets.token_hex(6)}"
+        # Created here, exclusively (never through a link planted in the cache), before
+        # ``get`` writes into it.
+        os.close(create_exclusive(part, 0o600))
         try:
             digest, size = get(part)
             check_digest(expected, digest, shown)
             os.replace(part, blob)
         finally:
             part.unlink(missing_ok=True)
-        tmp = entry / f"meta.json.tmp-{secrets.token_hex(6)}"
-        tmp.write_text(json.dumps({"source_url": shown, "sha256": digest, "bytes": size}))
-        os.replace(tmp, entry / "meta.json")
+        replace_file(entry / "meta.json",
+                     json.dumps({"source_url": shown, "sha256": digest, "bytes": size}).encode())
     return blob, digest, False
 
 

@@ -4,11 +4,15 @@ A staging folder is created next to its destination (same filesystem, so the fin
 atomic), filled, then renamed into place. Anything that goes wrong removes the staging folder.
 A process killed meanwhile cannot clean up: :func:`exclusive` serialises the writers of one
 destination and removes what dead writers left beside it (``DEST.staging-*``,
-``DEST.incoming-*``, ``DEST.old-*``), which are never taken as data.
+``DEST.incoming-*``, ``DEST.old-*``), which are never taken as data. A leftover is recognised by
+the marker h5forge writes into each of these folders (:mod:`h5forge.files`), never by its name
+alone: a folder of the user's with a look-alike name stays. The marker is removed just before a
+folder becomes the destination itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -20,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from h5forge.text import printable
+from h5forge.errors import UnsafePathError
+from h5forge.files import describe, make_marked_dir, mark, remove_marked, unmark
 
 __all__: list[str] = []
 
@@ -27,6 +33,8 @@ log = logging.getLogger("h5forge.sources")
 
 # Names of the temporary siblings of a destination folder (see new_staging, commit, fetch).
 LEFTOVER_KINDS = ("staging", "incoming", "old")
+_LEFTOVER_NAME = re.compile(r"\.(staging|incoming|old)-[0-9a-f]{12}$")
+_MARK = "staging"  # the kind recorded in the marker of these folders
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
@@ -135,11 +143,10 @@ def is_within(root: str, path: str) -> bool:
 
 
 def new_staging(dest: Path) -> Path:
-    """Create and return a fresh, empty staging folder next to ``dest``."""
+    """Create and return a fresh staging folder next to ``dest``, holding only h5forge's marker
+    (which :func:`commit` removes before the folder becomes ``dest``)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = dest.with_name(f"{dest.name}.staging-{secrets.token_hex(6)}")
-    staging.mkdir()
-    return staging
+    return make_marked_dir(dest.with_name(f"{dest.name}.staging-{secrets.token_hex(6)}"), _MARK)
 
 
 def discard(path: Path) -> None:
@@ -219,6 +226,8 @@ def commit(staging: Path, dest: Path, *, replace: bool) -> None:
     Raises:
         FileExistsError: ``dest`` exists, is not an empty folder, and ``replace`` is False.
     """
+    if not _LEFTOVER_NAME.search(dest.name):  # the real destination, not a step towards it
+        unmark(staging)
     if dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
         dest.rmdir()
     if not (dest.exists() or dest.is_symlink()):
@@ -231,6 +240,8 @@ def commit(staging: Path, dest: Path, *, replace: bool) -> None:
         )
     old = dest.with_name(f"{dest.name}.old-{secrets.token_hex(6)}")
     os.rename(dest, old)
+    with contextlib.suppress(OSError):  # unmarked (read-only?): a kill now leaves it, kept
+        mark(old, _MARK)  # so that a run killed before discard() has it removed by the next
     os.rename(staging, dest)
     discard(old)
 
@@ -252,7 +263,14 @@ def exclusive(dest: Path) -> Iterator[None]:
     dest.parent.mkdir(parents=True, exist_ok=True)
     lock = dest.with_name(f"{dest.name}.lock")
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link planted at the name
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError:
+            if lock.is_symlink() or lock.is_dir():
+                raise UnsafePathError(
+                    f"lock file {lock} is {describe(lock)}; h5forge never follows a link or uses "
+                    "a name it did not make: remove it and run again") from None
+            raise
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(lock))
@@ -274,5 +292,8 @@ def _remove_leftovers(dest: Path) -> None:
     with os.scandir(dest.parent) as entries:
         stale = [Path(e.path) for e in entries if e.name.startswith(prefixes)]
     for path in stale:
-        log.info("removing %s, left by an interrupted fetch", path)
-        discard(path)
+        # Only what carries h5forge's marker; a look-alike folder of the user's stays.
+        if remove_marked(path, _MARK):
+            log.info("removed %s, left by an interrupted fetch", path)
+        else:
+            log.info("kept %s: named like a leftover, but h5forge did not make it", path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import secrets
 import struct
 import tarfile
 import zlib
@@ -19,6 +20,7 @@ import numpy as np
 from PIL import Image, ImageChops, ImageDraw
 
 from h5forge.catalog import SPLIT_NAMES
+from h5forge.files import create_exclusive
 
 __all__ = [
     "DEMO_ARCHIVE_NAME",
@@ -186,10 +188,16 @@ def make_demo_archive(dest_dir: str | os.PathLike[str], *, seed: int = 0) -> Pat
     dest = Path(dest_dir)
     dest.mkdir(parents=True, exist_ok=True)
     out = dest / DEMO_ARCHIVE_NAME
-    tmp = dest / f".{DEMO_ARCHIVE_NAME}.partial"
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
-        _write_tar(gz, members)
-    os.replace(tmp, out)
+    # A fresh name created exclusively: never written through a link planted beside ``out``.
+    tmp = dest / f".{DEMO_ARCHIVE_NAME}.partial-{secrets.token_hex(6)}"
+    try:
+        with os.fdopen(create_exclusive(tmp, 0o644), "wb") as raw, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+            _write_tar(gz, members)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "BusyError",
     "ChecksumError",
     "DestinationExistsError",
     "EmptyDatasetError",
@@ -19,6 +20,7 @@ __all__ = [
     "PreviewPublishError",
     "TooManyBadImagesError",
     "UnsafeArchiveError",
+    "UnsafePathError",
     "UnsealedFileError",
 ]
 
@@ -103,3 +105,12 @@ class PreviewPublishError(H5ForgeError):
     def __init__(self, message: str, *, url: str, manifest_url: str, preview_url: str) -> None:
         self.url, self.manifest_url, self.preview_url = url, manifest_url, preview_url
         super().__init__(message)
+
+
+class UnsafePathError(H5ForgeError, FileExistsError):
+    """A name h5forge is about to create is taken by something it did not make (a planted
+    symlink, a hard link, a file of another run or user); nothing was written through it."""
+
+
+class BusyError(H5ForgeError, BlockingIOError):
+    """Another live run holds the output; the message names it (pid, host) and what to do."""

@@ -17,7 +17,7 @@ cannot exhaust the interpreter's stack.
 
 A storage failure while extracting (disk full, quota, read-only, permission denied) is not the
 archive's fault: it is raised as the ``OSError`` it is, in one line naming the condition, the
-path and the fix (:func:`h5forge.oserrors.storage_error`), never as ``UnsafeArchiveError``.
+path and the fix (:func:`h5forge.messages.storage_error`), never as ``UnsafeArchiveError``.
 Names from the archive are shown escaped (:func:`h5forge.text.printable`) in every message.
 """
 
@@ -47,7 +47,7 @@ from h5forge._staging import (
     split_member_name,
 )
 from h5forge.errors import UnsafeArchiveError
-from h5forge.oserrors import STORAGE_ERRNOS, storage_error
+from h5forge.messages import STORAGE_ERRNOS, storage_error
 from h5forge.text import printable
 
 __all__ = ["ARCHIVE_FORMATS", "MAX_DEPTH", "MAX_LINKS", "detect_archive", "safe_extract"]

@@ -68,12 +68,14 @@ from h5forge._kernel_copy import RangeCopy, writeback_starter
 from h5forge._placement import Head, _early
 from h5forge._shard_survey import Shard, survey
 from h5forge.access import is_local, url_to_fs
-from h5forge.errors import EmptyDatasetError, IntegrityError
+from h5forge.errors import EmptyDatasetError, IntegrityError, UnsafePathError
+from h5forge.files import OutputLock, output_lock, same_file
 from h5forge.writer import (
     PackResult,
     _check_bad_fraction,
     _check_every_class,
     _check_output,
+    _create_h5,
     _filter_kwargs,
     _root_attrs,
     _seal,
@@ -186,14 +188,15 @@ def _copy_shard(out: _Out, shard: Shard, local: str, src_fd: int) -> None:
 
 def _write(partial: str, shards: list[Shard], options: dict[str, Any] | None,
            tmp_dir: str | os.PathLike[str] | None,
-           bad: list[tuple[str, str]], attrs: dict[str, Any], files: FileChecks) -> None:
+           bad: list[tuple[str, str]], attrs: dict[str, Any], files: FileChecks,
+           lock: OutputLock) -> None:
     first = shards[0]
     n = sum(s.n for s in shards)
     blob = first.attrs[fmt.A_STORAGE] == "blob"
     raw = not blob and not first.filters
     blob_bytes = sum(s.image_shape[0] for s in shards) if blob else 0
     with contextlib.ExitStack() as stack:
-        h5 = stack.enter_context(h5py.File(partial, "w"))
+        h5 = stack.enter_context(_create_h5(partial, lock))  # exclusive: never via a link
         # The same physical layout as the writer's: index at the head, image bytes after it.
         head = Head(h5, attrs, storage=cast(fmt.Storage, first.attrs[fmt.A_STORAGE]),
                     capacity=n, classes=first.classes, split_names=first.split_names,
@@ -203,8 +206,11 @@ def _write(partial: str, shards: list[Shard], options: dict[str, Any] | None,
             raise ValueError(f"config_json of {first.url} gives /images filters "
                              f"{_filter_ids(images)}, the shard has {first.filters}; the shard "
                              "is inconsistent, re-pack it")
-        fd = os.open(partial, os.O_WRONLY)
+        fd = os.open(partial, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
         stack.callback(os.close, fd)
+        if not same_file(os.fstat(fd), lock.identity(partial)):
+            raise UnsafePathError(f"{partial} was replaced while the merge opened it; "
+                                  "find out who writes into this folder, then merge again")
         out = _Out(head=head, fd=fd, dst=chunk_ranges(images, n) if raw else None,
                    blob_offset=(images.id.get_offset() or 0) if blob else 0,
                    check=stack.enter_context(CheckedCopy()), copy=RangeCopy(),
@@ -290,6 +296,9 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
         TooManyBadImagesError: too many inputs were quarantined in total.
         EmptyDatasetError: a class has no packed sample in any shard.
         FileExistsError: ``out`` exists and ``overwrite`` is false.
+        BusyError: another live run is writing ``out`` (the message names its pid and host).
+        UnsafePathError: ``OUT.partial`` or ``OUT.lock`` is taken by something h5forge did not
+            make (a planted symlink or hard link); nothing is written through it.
     """
     t0 = time.perf_counter()
     urls = [os.fspath(s) for s in shards]
@@ -300,12 +309,13 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
     # Leaving this stops the shard hashes still running (the merge failed).
     with FileChecks() as files:
         return _merge(urls, out_path, files, options, max_bad_fraction=max_bad_fraction,
-                      source_url=source_url, source_sha256=source_sha256, tmp_dir=tmp_dir, t0=t0)
+                      source_url=source_url, source_sha256=source_sha256, tmp_dir=tmp_dir, t0=t0,
+                      overwrite=overwrite)
 
 
 def _merge(urls: list[str], out_path: Path, files: FileChecks, options: dict[str, Any] | None,
            *, max_bad_fraction: float, source_url: str, source_sha256: str,
-           tmp_dir: str | os.PathLike[str] | None, t0: float) -> PackResult:
+           tmp_dir: str | os.PathLike[str] | None, t0: float, overwrite: bool) -> PackResult:
     found, counts, bad = survey(urls, options, files)
     first, n = found[0], sum(s.n for s in found)
     if n == 0:
@@ -322,14 +332,18 @@ def _merge(urls: list[str], out_path: Path, files: FileChecks, options: dict[str
         num_quarantined=len(bad), compression=first.attrs[fmt.A_COMPRESSION])
     out_path.parent.mkdir(parents=True, exist_ok=True)
     partial = str(out_path) + fmt.PARTIAL_SUFFIX
-    try:
-        _write(partial, found, options, tmp_dir, bad, attrs, files)
-        # The copy checked what it wrote (each shard file's sha256, or each sample's digest),
-        # so the seal verifies structure only; the file's sha256 is computed when published.
-        _seal(partial, out_path, check_digests=False)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)
+    with output_lock(out_path) as lock:  # BusyError while another run writes out_path
+        # Again, now that no other run can: one may have finished since merge_shards checked.
+        _check_output(out_path, overwrite, max_bad_fraction)
+        lock.remove_leftovers()  # the partial a killed merge recorded making
+        try:
+            _write(partial, found, options, tmp_dir, bad, attrs, files, lock)
+            # The copy checked what it wrote (each shard file's sha256, or each sample's
+            # digest), so the seal verifies structure only; the file's sha256 is computed when
+            # published.
+            _seal(partial, out_path, lock, check_digests=False)
+        finally:
+            lock.discard()  # this run's partial; never a file it did not create
     split_keys = [s if s else "" for s in first.split_names]
     per_split = {split_keys[i]: {first.classes[k]: int(c) for k, c in enumerate(row) if c}
                  for i, row in enumerate(counts) if row.any()}

@@ -5,35 +5,50 @@ reads ``Unable to synchronously create file (... errno = 30, error message = 'Re
 system' ...)``. :func:`describe_os_error` turns both into one sentence that names the cause,
 the path and the fix; every command of the command line reports an ``OSError`` through it, and
 :func:`os_error_in` finds the disk-full or read-only error behind an error that wraps one.
+:func:`storage_error` does the same for code that re-raises (extraction): an error of the same
+built-in type and ``errno`` whose text is that one line. One table below words every cause.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import re
 
 from h5forge.text import printable
 
-__all__ = ["describe_os_error", "os_error_in", "reworded"]
+__all__ = ["STORAGE_ERRNOS", "describe_os_error", "os_error_in", "reworded", "storage_error"]
+
+# errno -> (the cause in words, the fix). EFBIG is what a file-size limit (ulimit -f,
+# RLIMIT_FSIZE) gives once SIGXFSZ is ignored: the same "no more room" for the writer.
+_WORDS = {
+    errno.ENOSPC: ("disk full", "free space there or choose a destination on another disk"),
+    errno.EDQUOT: ("disk quota exceeded",
+                   "free space within your quota or choose another destination"),
+    errno.EFBIG: ("file too large for this file system or for the process's file-size limit "
+                  "(ulimit -f)", "raise the limit or choose another destination"),
+    errno.EROFS: ("read-only file system", "choose a writable destination"),
+    errno.EACCES: ("permission denied",
+                   "choose a folder you can write to or fix its permissions"),
+    errno.EPERM: ("operation not permitted",
+                  "choose a folder you can write to or fix its permissions"),
+}
+STORAGE_ERRNOS: frozenset[int] = frozenset(_WORDS)
 
 # HDF5 puts the C errno and the file name into its message text.
 _H5_ERRNO = re.compile(r"errno = (\d+)")
 _H5_NAME = re.compile(r"name = '([^']*)'")
-# Causes worth naming even when another error wraps them: the fix is on the machine, not in
-# the input (free space, a writable folder).
-_MACHINE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 def _cause(code: int | None, path: str, overwrite_flag: str) -> str | None:
     where = printable(path) if path else "the destination"
     if code in (errno.ENOSPC, errno.EDQUOT):
-        return (f"no space left on the device of {where} (disk full"
-                f"{' or quota exceeded' if code == errno.EDQUOT else ''}); free space there or "
-                "choose another destination")
+        return (f"no space left on the device of {where} ({_WORDS[code][0]}); "
+                f"{_WORDS[code][1]}")
     if code == errno.EROFS:
-        return f"{where} is on a read-only file system; choose a writable destination"
-    if code in (errno.EACCES, errno.EPERM):
-        return f"permission denied for {where}; choose a folder you can write, or fix its rights"
+        return f"{where} is on a {_WORDS[code][0]}; {_WORDS[code][1]}"
+    if code in (errno.EACCES, errno.EPERM, errno.EFBIG):
+        return f"{_WORDS[code][0]} for {where}; {_WORDS[code][1]}"
     if code == errno.EEXIST:
         return f"{where} exists; pass {overwrite_flag} to replace it"
     if code == errno.ENOENT:
@@ -83,7 +98,7 @@ def os_error_in(e: BaseException) -> OSError | None:
             code = current.errno
             if code is None and (found := _H5_ERRNO.search(str(current))):
                 code = int(found.group(1))
-            if code in _MACHINE:
+            if code in STORAGE_ERRNOS:  # the fix is on the machine, not in the input
                 return current
         current = current.__cause__ or current.__context__
     return None
@@ -94,3 +109,26 @@ def reworded(e: OSError, message: str) -> OSError:
     new = type(e)(message)
     new.errno = e.errno
     return new
+
+
+def storage_error(exc: OSError, path: str | os.PathLike[str] | None, *,
+                  doing: str) -> OSError | None:
+    """Return a one-line error naming a storage failure, or None when ``exc`` is not one.
+
+    Args:
+        exc: the error raised by the OS.
+        path: the file or folder to name, as the user knows it (a temporary name means
+            nothing to them); None names ``exc.filename``, when the OS gave one.
+        doing: what was being done, e.g. ``"extracting 'data.tar' into '/data/x'"``.
+
+    Returns:
+        An error of the same built-in type as ``exc`` (``OSError``, ``PermissionError``) with
+        the same ``errno``, whose ``str()`` is a single line without the raw errno text; or
+        None when ``exc.errno`` is not in :data:`STORAGE_ERRNOS`.
+    """
+    words = _WORDS.get(exc.errno) if exc.errno is not None else None
+    if words is None:
+        return None
+    where = path if path is not None else exc.filename
+    shown = f" at '{printable(os.fspath(where))}'" if where is not None else ""
+    return reworded(exc, f"{words[0]}{shown} while {doing}; {words[1]}")

@@ -7,9 +7,11 @@ import math
 import os
 from typing import Any
 
-import fsspec
 import numpy as np
 from PIL import Image, ImageDraw
+
+from h5forge.access import is_local, url_to_fs
+from h5forge.files import replace_file
 
 __all__ = ["render_preview", "write_preview"]
 
@@ -49,10 +51,17 @@ def render_preview(url: str, *, n: int = 16, tile: int = 96,
 
 def write_preview(url: str, png_url: str | os.PathLike[str], *, n: int = 16, tile: int = 96,
                   storage_options: dict[str, Any] | None = None) -> str:
-    """Write :func:`render_preview` as PNG to ``png_url`` (local path or fsspec URL)."""
+    """Write :func:`render_preview` as PNG to ``png_url`` (local path or fsspec URL).
+
+    A local ``png_url`` is written under a fresh exclusive temp name and renamed over it, so
+    a symlink planted at the name is replaced, never written through.
+    """
     buf = io.BytesIO()
     render_preview(url, n=n, tile=tile, storage_options=storage_options).save(buf, "PNG")
     out = os.fspath(png_url)
-    with fsspec.open(out, "wb", **(storage_options or {})) as f:
-        f.write(buf.getvalue())
+    fs, path = url_to_fs(out, storage_options)
+    if is_local(fs):
+        replace_file(path, buf.getvalue(), 0o644)
+    else:
+        fs.pipe_file(path, buf.getvalue())
     return out

@@ -5,6 +5,12 @@ A published asset is two objects: ``NAME.h5`` and ``NAME.h5.manifest.json``. The
 the file has been read back from the destination and matched byte for byte, so a consumer that
 finds a manifest can trust the file next to it. When replacing, the old manifest is removed
 first, so no reader ever sees a manifest that disagrees with its file.
+
+Local writes never go through a name someone planted: temp files are created exclusively
+(:func:`h5forge.files.create_exclusive`) and renamed over their target, which replaces a
+symlink at the final name instead of writing through it; cleanup of a killed publish's temp
+files removes only regular files of this user with one link, never a symlink or what it
+points to.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import os
 import posixpath
 import re
 import secrets
+import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +35,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from h5forge.errors import ChecksumError, IntegrityError
+from h5forge.files import create_exclusive
 from h5forge.redact import REDACTED, is_sensitive_key, redact_storage_options, redact_url
 
 __all__ = [
@@ -37,6 +45,7 @@ __all__ = [
     "check_manifest",
     "manifest_url",
     "publish",
+    "put_file",
     "read_manifest",
     "sha256_file",
 ]
@@ -354,6 +363,17 @@ def _manifest(sha: str, size: int, fields: dict[str, Any]) -> bytes:
     return json.dumps(manifest, indent=2, sort_keys=True).encode()
 
 
+def put_file(local_file: str | os.PathLike[str], dest_url: str, *,
+             storage_options: Mapping[str, Any] | None = None) -> None:
+    """Copy a (small) local file to ``dest_url``, without verification or manifest.
+
+    A local destination gets a temp name, fsync and a rename: whatever had the name (a file, a
+    planted symlink) is replaced, never written through. Other stores get a plain upload.
+    """
+    fs, path = fsspec.core.url_to_fs(dest_url, **dict(storage_options or {}))
+    _put(fs, path, local=os.fspath(local_file))
+
+
 def _put(fs: Any, path: str, *, local: str | None = None, data: bytes | None = None) -> None:
     """Write a file: temp + fsync + rename where the store has real renames, else upload."""
     if not isinstance(fs, LocalFileSystem):
@@ -372,6 +392,8 @@ def _put(fs: Any, path: str, *, local: str | None = None, data: bytes | None = N
 
 
 _TEMP = ".tmp-"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class _Temp:
@@ -399,7 +421,8 @@ def _temp_copy(path: str, local: str | None, data: bytes | None = None) -> Itera
     # Created under another name and locked before it gets its temp name, so a temp file
     # whose lock can be taken is always a dead writer's.
     fresh = posixpath.join(parent, f".{name}.new-{token}")
-    out = open(fresh, "xb")  # noqa: SIM115 - closed by unlock() or in the finally below
+    # Exclusive: a name planted beside the destination (a symlink, a hard link) is refused.
+    out = os.fdopen(create_exclusive(fresh, 0o644), "wb")
     try:
         _lock(out.fileno(), blocking=True)
         os.rename(fresh, tmp)
@@ -425,14 +448,18 @@ def _remove_stale_temps(parent: str, name: str) -> None:
     """
     prefixes = (f".{name}{_TEMP}", f".{name}{MANIFEST_SUFFIX}{_TEMP}")
     with contextlib.suppress(FileNotFoundError), os.scandir(parent) as entries:
-        stale = [e.path for e in entries if e.name.startswith(prefixes) and e.is_file()]
+        stale = [e.path for e in entries
+                 if e.name.startswith(prefixes) and e.is_file(follow_symlinks=False)]
     for tmp in stale:
-        try:
-            fd = os.open(tmp, os.O_RDONLY)
-        except FileNotFoundError:
+        try:  # never through a link, never blocking on a FIFO swapped in meanwhile
+            fd = os.open(tmp, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+        except OSError:  # gone meanwhile, or now a link (ELOOP): not a temp file of ours
             continue
         try:
-            if _lock(fd, blocking=False):
+            st = os.fstat(fd)
+            ours = stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (
+                not hasattr(os, "getuid") or st.st_uid == os.getuid())
+            if ours and _lock(fd, blocking=False):
                 log.info("removing %s, left by an interrupted publish", tmp)
                 os.remove(tmp)
         finally:
@@ -455,7 +482,7 @@ def _lock(fd: int, *, blocking: bool) -> bool:
 @contextmanager
 def _folder_lock(folder: str) -> Iterator[None]:
     """Hold an exclusive flock on ``folder`` (publishers into it take turns in here)."""
-    fd = os.open(folder, os.O_RDONLY)
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         _lock(fd, blocking=True)
         yield

@@ -4,6 +4,10 @@ The writer is the only process that touches the HDF5 file; preprocessing runs in
 pool and streams results back in order (see :mod:`h5forge.preprocess`). The file is written as
 ``OUT.partial``, flushed, fsynced while it is verified, sealed (the ``sealed`` attribute is set
 last), and only then renamed to ``OUT``: an interrupted pack never leaves a file named ``OUT``.
+One pack per output: the writer holds ``OUT.lock`` (:func:`h5forge.files.output_lock`), creates
+``OUT.partial`` and its spool exclusively (a planted symlink or hard link at either name is
+refused, never written through), and checks that every later open of the ``.partial`` by name
+is still the inode it created.
 Everything but the image bytes is placed at the head of the file (:mod:`h5forge._placement`),
 so a remote reader opens it with one ranged read.
 """
@@ -30,7 +34,13 @@ from h5forge import format as fmt
 from h5forge._placement import Head
 from h5forge._placement import utf8 as _utf8
 from h5forge.catalog import Catalog, discover
-from h5forge.errors import EmptyDatasetError, MissingExtraError, TooManyBadImagesError
+from h5forge.errors import (
+    EmptyDatasetError,
+    MissingExtraError,
+    TooManyBadImagesError,
+    UnsafePathError,
+)
+from h5forge.files import OutputLock, describe, output_lock, same_file
 from h5forge.images import ImageConfig, Processed, Quarantined
 from h5forge.options import CODEC_LEVELS, Compression, check_compression, option
 from h5forge.preprocess import iter_processed
@@ -94,8 +104,11 @@ def _strings(h5: h5py.File, name: str, values: list[str]) -> None:
                       dtype=h5py.string_dtype("utf-8"), shape=(len(values),))
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
 def _fsync(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
     try:
         os.fsync(fd)
     finally:
@@ -144,7 +157,8 @@ class _Sink:
     """Receives processed samples in order: array storage writes each as one chunk at once,
     blob storage spools the bytes and copies them behind the head when the count is known."""
 
-    def __init__(self, image: ImageConfig, spool_path: str, filters: dict[str, Any]) -> None:
+    def __init__(self, image: ImageConfig, spool_path: str, filters: dict[str, Any],
+                 lock: OutputLock) -> None:
         self.storage: fmt.Storage = _storage(image)
         self.digests: list[bytes] = []
         self.shapes: list[tuple[int, int, int]] = []
@@ -161,7 +175,12 @@ class _Sink:
                     "compression and fletcher32 apply to the fixed-size decoded layout only; "
                     "blob storage (encoded, or resize='none') stays uncompressed so each sample "
                     "is one byte range — drop the compression options")
-            self._spool = open(spool_path, "wb")  # noqa: SIM115 - closed in finish()
+            # Read back in finish() through this same handle, never reopened by name.
+            self._spool = os.fdopen(lock.create(spool_path, 0o600, flags=os.O_RDWR), "w+b")
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
 
     def images_kwargs(self, total: int, filters: dict[str, Any]) -> dict[str, Any]:
         """``create_dataset`` arguments of ``/images`` (blob: after every sample was added)."""
@@ -187,7 +206,7 @@ class _Sink:
         self.shapes.append(tuple(r.shape))  # type: ignore[arg-type]
         self.lengths.append(len(r.data))
 
-    def finish(self, spool_path: str) -> tuple[np.ndarray, np.ndarray | None]:
+    def finish(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Lay out the image bytes for good; return ``byte_ranges`` and (blob) ``offsets``."""
         n = len(self.digests)
         images = self.images
@@ -202,10 +221,11 @@ class _Sink:
             images.id.chunk_iter(record)
             return ranges, None
         assert self._spool is not None
-        self._spool.close()
         offsets = np.zeros(n + 1, np.uint64)
         np.cumsum(np.asarray(self.lengths, np.uint64), out=offsets[1:])
-        with open(spool_path, "rb") as f:
+        with self._spool as f:
+            f.flush()
+            f.seek(0)
             pos = 0
             while block := f.read(_COPY_BLOCK):
                 images[pos:pos + len(block)] = np.frombuffer(block, np.uint8)
@@ -256,6 +276,9 @@ def pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
 
     Raises:
         FileExistsError: ``out`` exists and ``overwrite`` is false.
+        BusyError: another live run is writing ``out`` (the message names its pid and host).
+        UnsafePathError: ``OUT.partial``, its spool or ``OUT.lock`` is taken by something
+            h5forge did not make (a planted symlink or hard link); nothing is written through it.
         TooManyBadImagesError: too many inputs were quarantined (lists the first reasons).
         EmptyDatasetError: nothing usable, or a class lost all its images to quarantine.
     """
@@ -284,15 +307,17 @@ def _pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
     spool = partial + ".blob"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     config_json = _config_json(image, compression, compression_level, fletcher32)
-    try:
-        result = _write(catalog, partial, spool, image, filters, config_json, workers,
-                        max_bad_fraction, source_url, source_sha256, progress, on_progress,
-                        compression, compression_level, every_class)
-        _seal(partial, out_path)
-    finally:
-        for p in (partial, spool):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(p)
+    with output_lock(out_path) as lock:  # BusyError while another run writes out_path
+        # Again, now that no other run can: one may have finished since the check above.
+        _check_output(out, overwrite, max_bad_fraction, "(CLI: --overwrite) ")
+        lock.remove_leftovers()  # what a killed run recorded making: its partial and spool
+        try:
+            result = _write(catalog, partial, spool, image, filters, config_json, workers,
+                            max_bad_fraction, source_url, source_sha256, progress, on_progress,
+                            compression, compression_level, every_class, lock)
+            _seal(partial, out_path, lock)
+        finally:
+            lock.discard()  # this run's partial and spool; never a file it did not create
     return PackResult(path=str(out_path), bytes=out_path.stat().st_size,
                       seconds=time.perf_counter() - t0, **result)
 
@@ -306,15 +331,53 @@ def _config_json(image: ImageConfig, compression: str | None, compression_level:
     }, sort_keys=True, separators=(",", ":"))
 
 
-def _seal(partial: str, out_path: Path, *, check_digests: bool = True) -> None:
+def _create_h5(path: str, lock: OutputLock) -> h5py.File:
+    """Create the HDF5 file ``path`` exclusively (HDF5's ``H5F_ACC_EXCL``: ``O_CREAT|O_EXCL``,
+    which refuses any existing name, a symlink included) and record it as this run's."""
+    try:
+        h5 = h5py.File(path, "x")
+    except FileExistsError:
+        raise UnsafePathError(
+            f"cannot create {path}: {describe(path)} already has that name and no h5forge run "
+            "recorded making it; h5forge never writes through an existing name or a link — "
+            "remove it if it is a leftover of yours, or choose another output") from None
+    try:
+        lock.adopt(path, h5.id.get_vfd_handle())
+    except BaseException:
+        h5.close()
+        raise
+    return h5
+
+
+def _open_own(path: str, lock: OutputLock, mode: str = "r+") -> h5py.File:
+    """Reopen a file this run created, checking it is still the very inode it created.
+
+    Raises:
+        UnsafePathError: the name now leads to another file (swapped for a link meanwhile).
+    """
+    h5 = h5py.File(path, mode)
+    try:
+        if not same_file(os.fstat(h5.id.get_vfd_handle()), lock.identity(path)):
+            raise UnsafePathError(
+                f"{path} is no longer the file this run created (replaced, or swapped for a "
+                "link, while the pack ran); nothing was written to it — find out who writes "
+                "into this folder, then pack again")
+    except BaseException:
+        h5.close()
+        raise
+    return h5
+
+
+def _seal(partial: str, out_path: Path, lock: OutputLock, *, check_digests: bool = True) -> None:
     """Digest the metadata, verify ``partial``, seal it (attribute last), fsync, rename.
 
     ``check_digests=False`` verifies structure only, for writers that already checked every
-    sample's digest from the bytes they wrote (the shard merge).
+    sample's digest from the bytes they wrote (the shard merge). Every reopen by name is
+    checked to be the inode ``lock`` recorded creating.
     """
     from h5forge.verify import verify_unsealed
 
-    with h5py.File(partial, "r+") as h5:  # covers every attribute but itself and ``sealed``
+    with _open_own(partial, lock) as h5:  # covers every attribute but itself and ``sealed``
         # modify() rewrites an attribute in place (h5py's item assignment deletes and
         # recreates it), keeping the root object header where the writer put it: at the head.
         h5.attrs.modify(fmt.A_METADATA_SHA256, fmt.metadata_sha256(h5))
@@ -324,10 +387,13 @@ def _seal(partial: str, out_path: Path, *, check_digests: bool = True) -> None:
         synced = pool.submit(_fsync, partial)
         verify_unsealed(partial, check_digests=check_digests)
         synced.result()
-    with h5py.File(partial, "r+") as h5:
+    with _open_own(partial, lock) as h5:
         h5.attrs.modify(fmt.A_SEALED, True)
     _fsync(partial)
+    if not same_file(os.lstat(partial), lock.identity(partial)):
+        raise UnsafePathError(f"{partial} is no longer the file this run created; not renamed")
     _replace(partial, out_path)
+    lock.forget(partial)
     with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
         _fsync(out_path.parent)
 
@@ -340,7 +406,8 @@ def _replace(partial: str, out_path: Path) -> None:
     rename; closing it later frees them off the pack's path.
     """
     try:
-        old = os.open(out_path, os.O_RDONLY)
+        # Never blocks on a FIFO planted at the name, never opens through a link.
+        old = os.open(out_path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except OSError:  # nothing to replace (or unreadable: the rename frees it as usual)
         old = -1
     try:
@@ -375,7 +442,8 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
            filters: dict[str, Any], config_json: str, workers: int | None,
            max_bad_fraction: float, source_url: str, source_sha256: str, show: bool,
            on_progress: Callable[[int, int], None] | None, compression: str | None,
-           compression_level: int | None, every_class: bool) -> dict[str, Any]:
+           compression_level: int | None, every_class: bool,
+           lock: OutputLock) -> dict[str, Any]:
     total = len(catalog.samples)
     comp = compression or "none"
     if comp != "none" and compression_level is not None:
@@ -391,11 +459,12 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
     bar = _Progress(total, show, on_progress)
     try:
         with contextlib.ExitStack() as stack:
-            sink = _Sink(image, spool, filters)
+            sink = _Sink(image, spool, filters, lock)
+            stack.callback(sink.close)
 
             def head(capacity: int) -> tuple[h5py.File, Head]:
                 # Everything but the image bytes goes first (see h5forge._placement).
-                h5 = stack.enter_context(h5py.File(partial, "w"))
+                h5 = stack.enter_context(_create_h5(partial, lock))
                 made = Head(h5, attrs, storage=sink.storage, capacity=capacity,
                             classes=catalog.classes, split_names=split_names,
                             images=sink.images_kwargs(capacity, filters))
@@ -405,7 +474,7 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
             if sink.storage == "array":  # chunks are written as samples arrive
                 h5, index = head(total)
             else:  # the file is written once the sizes are known; mark the pack as under way
-                Path(partial).touch()
+                os.close(lock.create(partial, 0o644))
             results = iter_processed([s.path for s in catalog.samples], image, workers=workers,
                                      borrow=True)  # sink.add() writes each before the next
             try:
@@ -416,8 +485,9 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
                     close()
             _check_quarantine(catalog, kept, bad, max_bad_fraction, every_class)
             if sink.storage == "blob":  # sizes are known only now: the file starts here
+                lock.discard_one(partial)  # the placeholder; HDF5 creates the name anew
                 h5, index = head(len(kept))
-            byte_ranges, offsets = sink.finish(spool)
+            byte_ranges, offsets = sink.finish()
             samples = [catalog.samples[i] for i in kept]
             index.finish(
                 byte_ranges=byte_ranges,

@@ -26,7 +26,7 @@ from h5forge.errors import PreviewPublishError
 from h5forge.messages import describe_os_error
 from h5forge.preview import write_preview
 from h5forge.redact import redact_url
-from h5forge.storage import publish
+from h5forge.storage import publish, put_file
 from tasks._common import (
     dataset_name,
     retry_upload,
@@ -110,11 +110,12 @@ def _publish(
         overwrite=overwrite,
         extra={**(metadata or {}), "preview": posixpath.basename(preview_url(dest))},
     )
-    fs, png_path = url_to_fs(preview_url(dest), storage_options)
     try:
-        fs.put_file(preview_png, png_path)
+        # Temp name + rename at a local destination: a link planted at the name is replaced.
+        put_file(preview_png, preview_url(dest), storage_options=storage_options)
     except OSError as e:
         # The asset is committed (its manifest is written): say so, and leave no torn PNG.
+        fs, png_path = url_to_fs(preview_url(dest), storage_options)
         with contextlib.suppress(OSError):
             fs.rm_file(png_path)
         raise PreviewPublishError(

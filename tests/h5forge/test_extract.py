@@ -331,9 +331,9 @@ def test_read_only_destination_is_named_as_such(tmp_path: Path, tiny_fs: Path) -
         safe_extract(archive, tiny_fs / "dest")
 
     assert info.value.errno == errno.EROFS
-    text = _one_line_storage_error(info.value, "read-only filesystem at ")
+    text = _one_line_storage_error(info.value, "read-only file system at ")
     assert f"'{tiny_fs}'" in text
-    assert "writable filesystem" in text
+    assert "writable destination" in text
     assert os.listdir(tiny_fs) == []
 
 

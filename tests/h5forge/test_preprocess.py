@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +19,7 @@ from h5forge.demo import write_image_folder
 from h5forge.images import ImageConfig, Processed, Quarantined, process_file
 from h5forge.preprocess import iter_processed
 from tests.fixtures.images import BadImages
+from tests.fixtures.processes import descendants, survivors
 
 CFG = ImageConfig(size=(16, 16))
 
@@ -166,3 +171,41 @@ def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Pa
     ok = subprocess.run([sys.executable, "-"], input=script.replace("workers=2", "workers=1"),
                         capture_output=True, text=True, timeout=120, check=False)
     assert ok.returncode == 0, ok.stderr
+
+
+_PACK = """
+import sys
+from h5forge.images import ImageConfig
+from h5forge.writer import pack
+pack(sys.argv[1], sys.argv[2], image=ImageConfig(resize="resize", size=(64, 64)), workers=2)
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "fork"])
+def test_killing_only_the_main_pack_process_takes_its_workers_with_it(
+        tmp_path: Path, method: str) -> None:
+    """SIGKILL of the pack alone (not its group): no worker, fork server or resource tracker
+    may outlive it; left alone they would wait on the pool's queue forever."""
+    src = tmp_path / "src"
+    write_image_folder(src, classes=("a", "b"), per_class=150, seed=5, size=(120, 160),
+                       formats=("png",))
+    code = f"import multiprocessing; multiprocessing.set_start_method({method!r})\n" + _PACK
+    proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(tmp_path / "o.h5")])
+    try:
+        deadline = time.monotonic() + 60
+        tree: dict[int, int] = {}
+        while len(tree) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            tree = descendants(proc.pid)
+        assert len(tree) >= 2, f"the pack started no pool (exit code {proc.poll()})"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        left = survivors(tree, within=3.0)
+        for pid in left:  # do not leak them into the rest of the run
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert not left, f"still running 3 s after the pack was killed: {sorted(left)}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

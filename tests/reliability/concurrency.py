@@ -17,16 +17,31 @@ result with the manifest read just before and just after: when the manifest did 
 between, the verified file must be the one it describes (otherwise the manifest disagreed with
 its file: torn). The destination is checked at the end: a manifest matching its file, verifying.
 
+Packs to one output (``h5forge pack`` processes, :data:`PACK_KINDS`):
+
+* ``pack-race``: two packs to one output started at once. Exactly one succeeds; the other exits
+  2 with a message naming the output and the winner's pid (or, had the winner already finished,
+  that the output exists) and no traceback; the winner's file verifies; nothing else is left.
+* ``pack-killed``: a pack with two workers is killed with SIGKILL — the main process only, at
+  a random moment once its workers run. Within 2 s no process it started (workers, fork server,
+  resource tracker) may be left; a second pack then succeeds (it takes over the dead run's lock
+  and removes the partial that run recorded), verifies, and leaves only the output.
+
 Full campaign only: two ``h5forge build`` runs to one destination at once (Prefect server).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,11 +54,14 @@ from h5forge.images import ImageConfig
 from h5forge.storage import publish, read_manifest, sha256_file
 from h5forge.verify import verify
 from h5forge.writer import pack
+from tests.fixtures.processes import descendants, survivors
 from tests.reliability._result import CampaignResult
 
-__all__ = ["KINDS", "make_assets", "run", "run_trial"]
+__all__ = ["KINDS", "PACK_KINDS", "make_assets", "make_pack_source", "run", "run_pack_trial",
+           "run_trial"]
 
 KINDS = ("replace", "first-wins", "same-bytes")
+PACK_KINDS = ("pack-race", "pack-killed")
 
 
 def make_assets(work: Path) -> dict[str, Path]:
@@ -216,6 +234,100 @@ def run_trial(kind: str, assets: dict[str, Path], work: Path, k: int,
     return seen, problems
 
 
+def make_pack_source(work: Path) -> Path:
+    """An image folder whose pack takes a few seconds (long enough to race and to kill)."""
+    src = work / "pack-src"
+    if not src.exists():
+        write_image_folder(src, classes=("x", "y"), per_class=200, seed=7, size=(120, 160),
+                           formats=("png",))
+    return src
+
+
+def _pack_cmd(src: Path, out: Path, workers: int) -> list[str]:
+    return [sys.executable, "-m", "h5forge.cli", "pack", str(src), str(out), "--size", "64",
+            "--resize", "resize", "--workers", str(workers)]
+
+
+def _leftovers(box: Path, out: Path) -> list[str]:
+    return sorted(p.name for p in box.iterdir() if p != out)
+
+
+def run_pack_trial(kind: str, src: Path, work: Path, k: int,
+                   rng: random.Random) -> tuple[dict[str, int], list[str]]:
+    """One pack race or kill; returns (observation -> count, problems)."""
+    box = work / f"pack-{k}"
+    shutil.rmtree(box, ignore_errors=True)
+    box.mkdir()
+    out = box / "out.h5"
+    seen: dict[str, int] = {}
+    problems: list[str] = []
+    if kind == "pack-race":
+        procs = [subprocess.Popen(_pack_cmd(src, out, 1), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        ends = [(p.pid, p.returncode, err) for p in procs
+                for _, err in [p.communicate(timeout=300)]]
+        codes = sorted(code for _, code, _ in ends)
+        for pid, code, err in ends:
+            other = next(q for q, _, _ in ends if q != pid)
+            if code == 0:
+                seen["pack: won"] = seen.get("pack: won", 0) + 1
+            elif code == 2 and f"another h5forge run (pid {other}" in err:
+                seen["pack: refused, busy (names the winner)"] = \
+                    seen.get("pack: refused, busy (names the winner)", 0) + 1
+            elif code == 2 and "exists" in err:
+                seen["pack: refused, output exists"] = \
+                    seen.get("pack: refused, output exists", 0) + 1
+            else:
+                problems.append(f"pack-race: pid {pid} exited {code}: {err[-400:]}")
+            if "Traceback" in err:
+                problems.append(f"pack-race: pid {pid} printed a traceback: {err[-400:]}")
+        if codes != [0, 2]:
+            problems.append(f"pack-race: exit codes {codes}, expected one 0 and one 2")
+    else:
+        proc = subprocess.Popen(_pack_cmd(src, out, 2), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        tree: dict[int, int] = {}
+        while len(tree) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            tree = descendants(proc.pid)  # workers, fork server, resource tracker
+        time.sleep(rng.uniform(0.0, 1.0))
+        tree.update(descendants(proc.pid))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if proc.returncode != -signal.SIGKILL:
+            problems.append(f"pack-killed: the pack ended ({proc.returncode}) before the kill")
+        left = survivors(tree, within=2.0)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        key = "kill: no process left" if not left else "kill: PROCESSES LEFT"
+        seen[key] = 1
+        if left:
+            problems.append(f"pack-killed: {len(left)} of {len(tree)} processes it started "
+                            f"still ran 2 s after the kill: {sorted(left)}")
+        seen["kill: left " + (", ".join(_leftovers(box, out)) or "nothing")] = 1
+        again = subprocess.run(_pack_cmd(src, out, 2), capture_output=True, text=True,
+                               timeout=300)
+        if again.returncode != 0:
+            problems.append(f"pack-killed: the re-run exited {again.returncode}: "
+                            f"{again.stderr[-400:]}")
+        else:
+            seen["re-run: packed"] = 1
+    if out.exists():
+        try:
+            verify(str(out))
+        except Exception as e:  # noqa: BLE001 - any failure is the finding
+            problems.append(f"{kind}: the output does not verify: {type(e).__name__}: {e}")
+    else:
+        problems.append(f"{kind}: no output")
+    if _leftovers(box, out):
+        problems.append(f"{kind}: left beside the output: {_leftovers(box, out)}")
+    if not problems:
+        shutil.rmtree(box, ignore_errors=True)
+    return seen, problems
+
+
 def run(*, trials: int = 30, seed: int = 0, work: Path,
         builds: Callable[[CampaignResult], None] | None = None,
         log: Callable[[str], None] = lambda s: None) -> CampaignResult:
@@ -239,6 +351,20 @@ def run(*, trials: int = 30, seed: int = 0, work: Path,
             f"{' PROBLEMS' if problems else ''}")
     res.notes.append("observations over all races: " + ", ".join(
         f"{k} {v}" for k, v in sorted(totals.items())))
+    src = make_pack_source(work)
+    pack_totals: dict[str, int] = {}
+    for k in range(max(2, trials // 3)):
+        kind = PACK_KINDS[k % len(PACK_KINDS)]
+        seen, problems = run_pack_trial(kind, src, work, k, rng)
+        for key, n in seen.items():
+            pack_totals[key] = pack_totals.get(key, 0) + n
+        res.record(f"{kind}: {'clean' if not problems else 'PROBLEM'}", detected=not problems,
+                   lost=any("does not verify" in p for p in problems),
+                   problem="\n    ".join(problems) if problems else None)
+        log(f"  {kind} {k}: {json.dumps(seen, sort_keys=True)}"
+            f"{' PROBLEMS' if problems else ''}")
+    res.notes.append("observations over all pack trials: " + ", ".join(
+        f"{k} {v}" for k, v in sorted(pack_totals.items())))
     if builds is not None:
         builds(res)
     res.seconds = time.perf_counter() - t0

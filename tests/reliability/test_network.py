@@ -86,10 +86,12 @@ def test_killed_fetch_leaves_nothing_that_blocks_or_lingers(tmp_path: Path) -> N
     _killed_while_holding(
         "import os, signal; from pathlib import Path; "
         "from h5forge._staging import exclusive, new_staging; "
+        "from h5forge.files import make_marked_dir; "
         f"d = Path({str(dest)!r}); "
         "cm = exclusive(d); cm.__enter__(); s = new_staging(d); "
         "(s / 'half.jpg').write_bytes(b'x'); "
-        "d.with_name(d.name + '.incoming-dead').mkdir(); "
+        # as fetch leaves it: the extraction's staging folder renamed, its marker kept
+        "make_marked_dir(d.with_name(d.name + '.incoming-dead'), 'staging'); "
         "os.kill(os.getpid(), signal.SIGKILL)")
     left = sorted(p.name for p in dest.parent.iterdir())
     assert left[:2] == ["dest.incoming-dead", "dest.lock"]
