@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from h5forge.text import printable
 from h5forge.errors import UnsafePathError
 from h5forge.files import describe, make_marked_dir, mark, remove_marked, unmark
+from h5forge.text import printable
 
 __all__: list[str] = []
 
