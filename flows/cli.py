@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from flows.temporary_server import STARTUP_SETTING, ServerStartError, start_temporary_server
 from h5forge.cli import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -42,10 +43,10 @@ __all__ = ["app", "main"]
 
 DEFAULT_DEMO_DEST = Path("h5forge-demo") / "demo.h5"
 
-# How long build and demo wait for Prefect's temporary server, unless the user set it: a first
-# start (it creates its SQLite database) took over 20 s on a 2-core machine with a load of ~3.
-EPHEMERAL_STARTUP_TIMEOUT_S = 180
-_STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+# How long build and demo wait for their temporary Prefect server unless STARTUP_SETTING is
+# set: a first start (it creates its SQLite database) took over 20 s, Prefect's default, on a
+# 2-core machine with a load of ~3.
+EPHEMERAL_STARTUP_TIMEOUT_S = 180.0
 
 
 class Executor(str, Enum):
@@ -99,40 +100,36 @@ def _config_error(e: ValidationError) -> typer.Exit:
     return fail("invalid options: " + "; ".join(lines), EXIT_USAGE)
 
 
-def _prepare_prefect() -> str | None:
-    """Set Prefect up for a run in this process; return what is worth telling the user.
-
-    Without ``PREFECT_API_URL`` Prefect starts a temporary local server and waits for it for
-    ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` (Prefect's default, 20 s, is too short
-    for a first start, which creates the server's database, on a busy 2-core machine). A value
-    the user set is kept.
-    """
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    if os.environ.get("PREFECT_API_URL"):
-        return None
-    os.environ.setdefault(_STARTUP_SETTING, str(EPHEMERAL_STARTUP_TIMEOUT_S))
-    return (f"starting Prefect's temporary local server (up to {os.environ[_STARTUP_SETTING]} s; "
-            "the first start on a machine also creates its database) ...")
-
-
-def _startup_failure(e: BaseException) -> str | None:
-    """The message for a temporary server that did not come up in time, else None."""
-    if "ephemeral Prefect API server" not in str(e):
-        return None
-    said = " ".join(str(e).split())[:600]
-    return (f"Prefect's temporary local server did not start within "
-            f"{os.environ.get(_STARTUP_SETTING, '?')} s ({_STARTUP_SETTING}); nothing was "
-            f"published. On a slow or busy machine raise it, e.g. {_STARTUP_SETTING}=300, or "
-            "run a persistent server: `prefect server start` in another shell, then "
-            "`export PREFECT_API_URL=http://127.0.0.1:4200/api` and run this again. "
-            f"(Prefect said: {redact_text(said)})")
+def _startup_bound() -> float:
+    """Seconds to wait for the temporary server: the user's setting, else our default."""
+    raw = os.environ.get(STARTUP_SETTING)
+    if raw is None:
+        return EPHEMERAL_STARTUP_TIMEOUT_S
+    try:
+        return float(raw)
+    except ValueError:
+        raise fail(f"{STARTUP_SETTING}={printable(raw)} is not a number of seconds",
+                   EXIT_USAGE) from None
 
 
 def _run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
-    """Run the flow; map failures to an exit code and one paragraph (no traceback)."""
-    note = _prepare_prefect()
-    if note:
-        typer.echo(note, err=True)
+    """Run the flow; map failures to an exit code and one paragraph (no traceback).
+
+    With no ``PREFECT_API_URL`` the run gets its own temporary server (see
+    :mod:`flows.temporary_server`), started before Prefect is imported so that Prefect's
+    settings see its URL.
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if os.environ.get("PREFECT_API_URL"):
+        return _run_flow(config, cache_dir, debug)
+    try:
+        start_temporary_server(_startup_bound(), lambda line: typer.echo(line, err=True))
+    except ServerStartError as e:
+        raise fail(str(e), EXIT_FAILURE) from e
+    return _run_flow(config, cache_dir, debug)
+
+
+def _run_flow(config: Any, cache_dir: Path | None, debug: bool) -> Any:
     from flows.build import build_dataset
 
     if not debug:
@@ -157,9 +154,6 @@ def _run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
     except ValueError as e:
         raise fail(redact_text(str(e)), EXIT_USAGE) from e
     except Exception as e:  # noqa: BLE001 - the CLI's job: one paragraph instead of a traceback
-        startup = _startup_failure(e)
-        if startup is not None:
-            raise fail(startup, EXIT_FAILURE) from e
         if debug:
             raise
         cause = os_error_in(e)

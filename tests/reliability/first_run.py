@@ -12,10 +12,13 @@ bounded in time, killed when the trial ends), on the built-in demo archive pinne
 
 - ``busy``: one build; it must exit 0 and publish an asset that verifies and matches its
   manifest (300 samples, 2 quarantined).
-- ``kill``: one build SIGKILLed (its whole process group: the build, its temporary server, its
-  workers) at a random moment in the first ``kill_window`` seconds, which covers the server's
-  first start and the stages after it; then the same command again in the same ``PREFECT_HOME``
-  (whatever the killed start left of its database) must pass like a ``busy`` trial.
+- ``kill``: one build SIGKILLed at a random moment in the first ``kill_window`` seconds, which
+  covers the server's first start and the stages after it — the command's process alone in
+  even trials (``kill -9 PID``), its whole process group (the build, its temporary server, its
+  workers) in odd ones. A command killed alone may leave nothing it started (the temporary
+  server, the preprocessing workers) running for more than ``ORPHAN_BOUND_S``. Then the same command again in the
+  same ``PREFECT_HOME`` (whatever the killed start left of its database) must pass like a
+  ``busy`` trial.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +37,7 @@ from pathlib import Path
 from h5forge.demo import make_demo_archive
 from h5forge.storage import read_manifest, sha256_file
 from h5forge.verify import verify
+from tests.fixtures.processes import descendants, survivors
 from tests.reliability._procs import REPO, base_env, run_cli
 from tests.reliability._result import CampaignResult
 
@@ -41,6 +46,8 @@ __all__ = ["busy_cores", "run", "run_busy", "run_kill"]
 EXPECTED = {"num_samples": 300, "num_quarantined": 2}
 # A build that has not finished after this long failed (a hang is a failure, not a wait).
 BUILD_TIMEOUT_S = 600.0
+# What a killed command leaves running (its temporary server, workers) must end within this.
+ORPHAN_BOUND_S = 10.0
 _SPIN = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
 
 
@@ -102,6 +109,17 @@ def _run_to_end(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, f
     return rc, time.perf_counter() - w.t0, w.text
 
 
+def _cmdlines(pids: dict[int, int]) -> str:
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out.append(f"{pid}: " + f.read().replace(b"\0", b" ").decode()[:100])
+        except OSError:
+            out.append(f"{pid}: (gone)")
+    return "; ".join(out)
+
+
 def _tail(text: str, lines: int = 6) -> str:
     return " | ".join(text.strip().splitlines()[-lines:])
 
@@ -127,15 +145,26 @@ def run_kill(i: int, archive: Path, sha: str, work: Path, res: CampaignResult,
     env, box = _fresh(work, f"kill-{i:02d}")
     args = _build_args(archive, sha, box)
     delay = rng.uniform(0.5, kill_window)
+    only_main = i % 2 == 0  # even trials kill the command alone, as `kill -9 PID` does
+    left: dict[int, int] = {}
     with busy_cores():
         w = run_cli(args, env, box)
         time.sleep(delay)
         finished_first = w.proc.poll() is not None
-        w.kill()
+        if only_main and not finished_first:
+            started = descendants(w.proc.pid)
+            os.kill(w.proc.pid, signal.SIGKILL)
+            # Its temporary server and its workers must end with it, not linger orphaned.
+            left = survivors(started, within=ORPHAN_BOUND_S)
+        w.kill()  # the rest of the group, if anything is left (checked above)
         rc, seconds, text = _run_to_end(args + ["--overwrite"], env, box)
     problem = f"re-run exited {rc} after {seconds:.0f} s: {_tail(text)}" if rc else \
         _check_published(box / "out" / "demo.h5")
-    where = "after it finished" if finished_first else f"at {delay:.1f} s"
+    if left:
+        problem = (f"{len(left)} processes of the killed command outlived it by "
+                   f"{ORPHAN_BOUND_S:.0f} s: {_cmdlines(left)}")
+    where = "after it finished" if finished_first else \
+        f"{'the command alone' if only_main else 'its process group'} at {delay:.1f} s"
     res.record("kill -9, then re-run in the same PREFECT_HOME: passed" if problem is None else
                "kill -9, then re-run: FAILED", detected=problem is None,
                problem=f"kill trial {i} (killed {where}): {problem}" if problem else None)
