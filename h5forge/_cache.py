@@ -18,7 +18,7 @@ from pathlib import Path
 
 from h5forge._staging import exclusive
 from h5forge.errors import ChecksumError
-from h5forge.files import create_exclusive, replace_file
+from h5forge.files import replace_file
 from h5forge.redact import canonical_url
 from h5forge.storage import sha256_file
 
@@ -46,9 +46,10 @@ def cached_download(
 ) -> tuple[Path, str, bool]:
     """Return ``(blob path, sha256, hit)``, calling ``get(part_path)`` only on a miss.
 
-    ``get`` writes the file and returns ``(sha256, size)``. A digest mismatch deletes the
-    partial download and raises :class:`ChecksumError`; the entry is published (renamed) only
-    after the check passes, with ``meta.json`` written last.
+    ``get`` creates the new file ``part_path`` exclusively (``O_EXCL | O_NOFOLLOW``: never
+    through a link planted in the cache), writes it and returns ``(sha256, size)``. A digest
+    mismatch deletes the partial download and raises :class:`ChecksumError`; the entry is
+    published (renamed) only after the check passes, with ``meta.json`` written last.
     """
     key = hashlib.sha256(f"{canonical_url(url)}\n{expected}".encode()).hexdigest()[:40]
     entry = cache / key
@@ -66,9 +67,6 @@ def cached_download(
             log.info("removing %s, left by an interrupted download", stale)
             stale.unlink(missing_ok=True)
         part = entry / f"blob.part-{secrets.token_hex(6)}"
-        # Created here, exclusively (never through a link planted in the cache), before
-        # ``get`` writes into it.
-        os.close(create_exclusive(part, 0o600))
         try:
             digest, size = get(part)
             check_digest(expected, digest, shown)

@@ -17,14 +17,13 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from h5forge.errors import UnsafePathError
-from h5forge.files import describe, make_marked_dir, mark, remove_marked, unmark
+from h5forge.files import describe, make_marked_dir, mark, remove_marked, remove_tree, unmark
 from h5forge.text import printable
 
 __all__: list[str] = []
@@ -160,61 +159,6 @@ def discard(path: Path) -> None:
         path.unlink()
     elif path.exists():
         remove_tree(path)
-
-
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
-
-
-def remove_tree(path: str | os.PathLike[str]) -> None:
-    """Remove the folder ``path`` and everything below it, without recursion or following links.
-
-    One descriptor is open at a time; the way back up is ``..`` of the folder just emptied,
-    checked to be the folder we came from (same device and inode), so a folder moved meanwhile
-    stops the removal instead of redirecting it. Memory is proportional to the depth plus the
-    subfolders not yet visited.
-    """
-    if not (os.supports_dir_fd >= {os.open, os.unlink, os.rmdir} and os.scandir in
-            os.supports_fd):
-        shutil.rmtree(path)  # no descriptor-relative calls here (Windows)
-        return
-    fd = os.open(path, _DIR_FLAGS)
-    # One frame per open level: (identity of the folder, subfolder names left to visit, name
-    # of this folder in its parent).
-    stack: list[tuple[tuple[int, int], list[str], str]] = []
-    name = ""
-    try:
-        while True:
-            st = os.fstat(fd)
-            subdirs = []
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        subdirs.append(entry.name)
-                    else:
-                        os.unlink(entry.name, dir_fd=fd)
-            stack.append(((st.st_dev, st.st_ino), subdirs, name))
-            while stack and not stack[-1][1]:
-                ident, _, done = stack.pop()
-                if not stack:
-                    os.close(fd)
-                    fd = -1
-                    os.rmdir(path)
-                    return
-                parent = os.open("..", _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
-                os.close(fd)
-                fd = parent
-                pst = os.fstat(fd)
-                if (pst.st_dev, pst.st_ino) != stack[-1][0]:
-                    raise OSError(f"folder {done!r} under {os.fspath(path)!r} was moved while "
-                                  "being removed; removal stopped")
-                os.rmdir(done, dir_fd=fd)
-            name = stack[-1][1].pop()
-            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = child
-    finally:
-        if fd >= 0:
-            os.close(fd)
 
 
 def commit(staging: Path, dest: Path, *, replace: bool) -> None:

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import typer
 
 from h5forge.errors import (
+    BusyError,
     DestinationExistsError,
     H5ForgeError,
     IntegrityError,
@@ -118,7 +119,7 @@ def run_guarded(fn: Callable[..., Any], *args: Any, what: str | None = None,
         return fn(*args, **kwargs)
     except (IntegrityError, TooManyBadImagesError) as e:
         raise fail(str(e), EXIT_FAILURE) from e
-    except (DestinationExistsError, OptionError, MissingExtraError, FileExistsError,
+    except (DestinationExistsError, OptionError, MissingExtraError, BusyError, FileExistsError,
             FileNotFoundError) as e:
         raise usage_error(e) from e
     except OSError as e:

@@ -12,7 +12,7 @@ such a name and have h5forge delete it. The rules, kept in this one module:
 - A scratch folder carries a marker file h5forge wrote (created exclusively; a format tag, a
   random token, the pid and host). Cleanup removes only folders holding a marker that is a
   regular file owned by this user, never a folder by its name alone, and removes them without
-  following links inside (``shutil.rmtree`` is file-descriptor based on Linux).
+  following links inside and without recursion (:func:`remove_tree`).
 - One writer per output: :func:`output_lock` takes an ``flock`` on ``OUT.lock`` beside it and
   records the run's pid and host and the inodes of the files it creates, so a second run refuses
   with a message naming the first, and the next run after a crash removes exactly the files the
@@ -50,6 +50,7 @@ __all__ = [
     "mark",
     "output_lock",
     "remove_marked",
+    "remove_tree",
     "replace_file",
     "same_file",
     "unmark",
@@ -216,15 +217,71 @@ def is_ours(folder: str | os.PathLike[str], kind: str | None = None) -> bool:
     return found is not None and (kind is None or found.get("kind") == kind)
 
 
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Remove the folder ``path`` and everything below it, without recursion or following links.
+
+    One descriptor is open at a time; the way back up is ``..`` of the folder just emptied,
+    checked to be the folder we came from (same device and inode), so a folder moved meanwhile
+    stops the removal instead of redirecting it. Memory is proportional to the depth plus the
+    subfolders not yet visited.
+    """
+    if not (os.supports_dir_fd >= {os.open, os.unlink, os.rmdir} and os.scandir in
+            os.supports_fd):
+        shutil.rmtree(path)  # no descriptor-relative calls here (Windows)
+        return
+    fd = os.open(path, _DIR_FLAGS)
+    # One frame per open level: (identity of the folder, subfolder names left to visit, name
+    # of this folder in its parent).
+    stack: list[tuple[tuple[int, int], list[str], str]] = []
+    name = ""
+    try:
+        while True:
+            st = os.fstat(fd)
+            subdirs = []
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append(entry.name)
+                    else:
+                        os.unlink(entry.name, dir_fd=fd)
+            stack.append(((st.st_dev, st.st_ino), subdirs, name))
+            while stack and not stack[-1][1]:
+                ident, _, done = stack.pop()
+                if not stack:
+                    os.close(fd)
+                    fd = -1
+                    os.rmdir(path)
+                    return
+                parent = os.open("..", _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                pst = os.fstat(fd)
+                if (pst.st_dev, pst.st_ino) != stack[-1][0]:
+                    raise OSError(f"folder {done!r} under {os.fspath(path)!r} was moved while "
+                                  "being removed; removal stopped")
+                os.rmdir(done, dir_fd=fd)
+            name = stack[-1][1].pop()
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def remove_marked(folder: str | os.PathLike[str], kind: str | None = None) -> bool:
     """Remove ``folder`` if it carries h5forge's marker (of ``kind``); True when removed.
 
-    Links inside are removed, never followed (``shutil.rmtree`` works from file descriptors on
-    Linux); a folder without the marker — one the user made with a look-alike name — stays.
+    Links inside are removed, never followed, and depth costs no recursion
+    (:func:`remove_tree`); a folder without the marker — one the user made with a look-alike
+    name — stays.
     """
     if not is_ours(folder, kind):
         return False
-    shutil.rmtree(folder)
+    remove_tree(folder)
     return True
 
 

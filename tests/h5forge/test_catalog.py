@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from h5forge._staging import remove_tree
 from h5forge.catalog import IMAGE_EXTENSIONS, MAX_DEPTH, SPLIT_NAMES, Catalog, discover
 from h5forge.errors import EmptyDatasetError
+from h5forge.files import remove_tree
 from h5forge.sample_manifest import LABEL_FLOOR
 
 PNG = b"\x89PNG\r\n\x1a\n"  # contents do not matter to discovery

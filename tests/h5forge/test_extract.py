@@ -17,6 +17,7 @@ import pytest
 from h5forge._staging import discard, exclusive, resolve
 from h5forge.errors import UnsafeArchiveError
 from h5forge.extract import MAX_DEPTH, MAX_LINKS, detect_archive, safe_extract
+from h5forge.files import mark, remove_tree
 from h5forge.text import printable
 from tests.fixtures.archives import (
     ATTACKS,
@@ -235,8 +236,20 @@ def _deep_tree(top: Path, depth: int) -> None:
     os.close(fd)
 
 
+@pytest.fixture
+def deep_leftovers(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path``, emptied afterwards without recursion whatever the test left: a 1,200-deep
+    tree left in pytest's temp folder would break pytest's own (recursive) clean-up."""
+    yield tmp_path
+    for entry in os.listdir(tmp_path):
+        path = tmp_path / entry
+        if path.is_dir() and not path.is_symlink():
+            remove_tree(path)
+
+
 @pytest.mark.slow  # ~1,200 rmdir calls: seconds on a busy ext4
-def test_a_1200_deep_staging_tree_is_removed_without_recursion(tmp_path: Path) -> None:
+def test_a_1200_deep_staging_tree_is_removed_without_recursion(deep_leftovers: Path) -> None:
+    tmp_path = deep_leftovers
     staging = tmp_path / "dest.staging-0123456789ab"
     _deep_tree(staging, 1_200)
     (tmp_path / "keep.txt").write_text("outside")
@@ -245,9 +258,11 @@ def test_a_1200_deep_staging_tree_is_removed_without_recursion(tmp_path: Path) -
 
 
 @pytest.mark.slow  # ~1,200 rmdir calls: seconds on a busy ext4
-def test_leftover_1200_deep_staging_is_cleared_by_the_next_writer(tmp_path: Path) -> None:
+def test_leftover_1200_deep_staging_is_cleared_by_the_next_writer(deep_leftovers: Path) -> None:
+    tmp_path = deep_leftovers
     dest = tmp_path / "dest"
     _deep_tree(tmp_path / "dest.staging-0123456789ab", 1_200)
+    mark(tmp_path / "dest.staging-0123456789ab", "staging")  # as a killed run leaves it
     with exclusive(dest):
         pass
     assert os.listdir(tmp_path) == []

@@ -248,7 +248,13 @@ def test_two_cli_packs_to_one_output_one_wins_the_other_exits_2(tmp_path: Path) 
     deadline = time.monotonic() + 60
     while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    # Hold the first run still while the second tries (a fast first run could otherwise finish
+    # before the second starts); a stopped process keeps its lock, as a busy one does.
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     _, first_err = first.communicate(timeout=300)
     assert first.returncode == 0, first_err
     assert second.returncode == 2, second.stderr

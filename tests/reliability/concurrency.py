@@ -291,7 +291,8 @@ def run_pack_trial(kind: str, src: Path, work: Path, k: int,
         while len(tree) < 3 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
             tree = descendants(proc.pid)  # workers, fork server, resource tracker
-        time.sleep(rng.uniform(0.0, 1.0))
+        # Soon after the workers exist: a small pack on an idle machine is done within a second.
+        time.sleep(rng.uniform(0.0, 0.15))
         tree.update(descendants(proc.pid))
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -16,9 +16,9 @@ bounded in time, killed when the trial ends), on the built-in demo archive pinne
   covers the server's first start and the stages after it — the command's process alone in
   even trials (``kill -9 PID``), its whole process group (the build, its temporary server, its
   workers) in odd ones. A command killed alone may leave nothing it started (the temporary
-  server, the preprocessing workers) running for more than ``ORPHAN_BOUND_S``. Then the same command again in the
-  same ``PREFECT_HOME`` (whatever the killed start left of its database) must pass like a
-  ``busy`` trial.
+  server, the preprocessing workers) running for more than ``ORPHAN_BOUND_S``. Then the same
+  command runs again in the same ``PREFECT_HOME`` (whatever the killed start left of its
+  database) and must pass like a ``busy`` trial.
 """
 
 from __future__ import annotations
