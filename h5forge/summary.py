@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from h5forge import format as fmt
-from h5forge.access import load_index, open_h5, url_to_fs
+from h5forge.access import check_labels, load_index, open_h5, url_to_fs
 
 __all__ = ["summarize"]
 
@@ -27,10 +27,17 @@ def summarize(url: str, *, storage_options: dict[str, Any] | None = None,
     Returns:
         ``attributes`` (root attributes), ``bytes``, ``counts`` (split -> class -> n),
         ``quarantined`` (first ``max_quarantined`` (path, reason) pairs), ``image_shape``.
+
+    Raises:
+        IntegrityError: the file refers outside itself, declares sizes it cannot hold, or has
+            a label or split code out of range (the counts could not be made); see
+            docs/FORMAT.md, "What readers refuse".
+        MissingExtraError: the file is compressed with a codec that needs ``hdf5plugin``.
     """
     fs, path = url_to_fs(url, storage_options)
     with open_h5(url, storage_options) as h5:
         idx = load_index(h5, where=url, require_sealed=False)
+        check_labels(idx, where=url)  # the counts below are indexed by label and split
         attrs = {k: _plain(v) for k, v in sorted(h5.attrs.items()) if k != fmt.A_CONFIG_JSON}
         counts: dict[str, dict[str, int]] = {}
         for code, split in enumerate(idx.split_names):
