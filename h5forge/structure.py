@@ -158,7 +158,8 @@ def check_declared(h5: h5py.File, header: fmt.Header, *, file_size: int, where: 
     FORMAT.md gives it, and fit in the file: a dataset whose declared size exceeds the file's
     cannot be stored in it (HDF5 would hand back fill values, allocated in full). ``/classes``
     must have ``num_classes`` names, the quarantine lists ``num_quarantined`` entries, and
-    ``/images`` the storage's shape, type, chunking and channel count.
+    ``/images`` the storage's shape, type, chunking and channel count. No chunk may be larger
+    than the file either (HDF5 inflates whole chunks to read any row of one).
 
     Raises:
         IntegrityError: naming the dataset, what it declares and what was expected.
@@ -213,10 +214,17 @@ def _check_index_dataset(h5: h5py.File, name: str, want_rows: int | None, size: 
     if not ok:
         raise IntegrityError(f"{where}: /{name} has type {dt}, expected "
                              f"{_TYPE_NAMES[(kind, itemsize)]}; {_FIX}")
-    stored = int(np.prod(shape, dtype=object)) * (itemsize if not is_str else 16)
+    item = itemsize if not is_str else 16
+    stored = int(np.prod(shape, dtype=object)) * item
     if stored > size:
         raise IntegrityError(f"{where}: /{name} declares {shape} = {stored} bytes, more than "
                              f"the whole {size}-byte file; {_FIX}")
+    # HDF5 reads (and inflates) whole chunks: a compressed chunk far larger than the dataset
+    # would be allocated in full to read a few rows of it.
+    chunk = int(np.prod(ds.chunks, dtype=object)) * item if ds.chunks else 0
+    if chunk > max(size, stored):
+        raise IntegrityError(f"{where}: /{name} has chunks of {ds.chunks} = {chunk} bytes, more "
+                             f"than the whole {size}-byte file; {_FIX}")
     return int(shape[0])
 
 

@@ -31,7 +31,8 @@ from tests.reliability._result import CampaignResult
 
 __all__ = ["CAMPAIGNS", "main", "update_doc"]
 
-CAMPAIGNS = ("crash", "corruption", "hostile", "archives", "network", "concurrency")
+CAMPAIGNS = ("crash", "corruption", "hostile", "archives", "network", "concurrency",
+             "hostile-h5")
 DOC = REPO / "docs" / "RELIABILITY.md"
 _NEEDS_PREFECT = ("crash", "network", "concurrency")
 _LABEL = {"crash": "1. crash safety (SIGKILL `h5forge build`)",
@@ -39,7 +40,8 @@ _LABEL = {"crash": "1. crash safety (SIGKILL `h5forge build`)",
           "hostile": "3. hostile and odd input",
           "archives": "4. archives and paths",
           "network": "5. network faults (HTTP, S3)",
-          "concurrency": "6. concurrency (publishers, readers, re-verify)"}
+          "concurrency": "6. concurrency (publishers, readers, re-verify)",
+          "hostile-h5": "7. hostile .h5 assets"}
 
 
 def _log(text: str) -> None:
@@ -83,6 +85,10 @@ def _run_one(name: str, trials: int | None, seed: int, work: Path, api_url: str 
 
         race = b.concurrent_builds(api_url, box, _log) if builds and api_url else None
         return concurrency.run(trials=trials or 30, seed=seed, work=box, builds=race, log=_log)
+    if name == "hostile-h5":
+        from tests.reliability import hostile_h5
+
+        return hostile_h5.run(work=box, log=_log)
     raise ValueError(f"unknown campaign {name!r}; one of {CAMPAIGNS}")
 
 
