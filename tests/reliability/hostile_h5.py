@@ -34,44 +34,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from tests.fixtures.hostile_h5 import KINDS, SECRET, Kind, craft, make_aux
+from tests.fixtures.hostile_h5 import KINDS, SECRET, Kind, build_bases, craft, make_aux
 from tests.reliability._procs import REPO
 from tests.reliability._result import CampaignResult
 
-__all__ = ["LIB_ENTRIES", "build_bases", "run"]
+__all__ = ["LIB_ENTRIES", "run"]
 
 LIB_ENTRIES = ("reader", "reader-http", "verify", "inspect")
 _PLUGIN_BASES = ("blosc-lz4", "zstd")
 # Blocks hdf5plugin in a fresh interpreter (a None entry in sys.modules makes import fail).
 _NO_PLUGIN = "import sys; sys.modules['hdf5plugin'] = None\n"
-
-
-def build_bases(work: Path) -> dict[str, Path]:
-    """Pack one small image folder in every storage the kinds start from (and the plugins)."""
-    from h5forge.demo import write_image_folder
-    from h5forge.images import ImageConfig
-    from h5forge.writer import pack
-
-    src = work / "images"
-    if not src.exists():
-        write_image_folder(src, classes=("a", "b", "c"), per_class=3, seed=3, size=(16, 20),
-                           formats=("jpeg", "png"))
-    fixed = ImageConfig(resize="resize", size=(16, 16))
-    configs: dict[str, dict[str, Any]] = {
-        "decoded": {"image": fixed},
-        "encoded": {"image": ImageConfig(layout="encoded", resize="none", size=None)},
-        "varsize": {"image": ImageConfig(resize="none", size=None)},
-        "gzip": {"image": fixed, "compression": "gzip"},
-        "blosc-lz4": {"image": fixed, "compression": "blosc-lz4"},
-        "zstd": {"image": fixed, "compression": "zstd"},
-    }
-    out = {}
-    for name, kw in configs.items():
-        path = work / f"base-{name}.h5"
-        if not path.exists():
-            pack(src, path, workers=1, **kw)
-        out[name] = path
-    return out
 
 
 # --------------------------------------------------------------------------- trial side
@@ -211,8 +183,10 @@ class _Worker:
 
     def close(self) -> None:
         assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
+        self.proc.stdout.close()
 
 
 # --------------------------------------------------------------------------- campaign side
@@ -225,9 +199,9 @@ def _env(extra_path: Path | None = None) -> dict[str, str]:
 
 
 def _judge(res: CampaignResult, kind: Kind, entry: str, got: dict[str, Any],
-           rss: list[float], want: str = "IntegrityError") -> None:
+           rss: list[tuple[float, str]], want: str = "IntegrityError") -> None:
     where = f"{kind.name} via {entry}"
-    rss.append(float(got.get("rss_growth_mib", 0.0)))
+    rss.append((float(got.get("rss_growth_mib", 0.0)), where))
     outcome, message = got["outcome"], got.get("message", "")
     must_refuse = entry.split("-")[0] in kind.refused_by
     if got.get("leak"):
@@ -287,13 +261,14 @@ def _plugin_kinds() -> list[Kind]:
 
 _PLUGIN_TRIAL = _NO_PLUGIN + """
 import json, sys
+import torch, h5forge.dataset, h5forge.preview, h5forge.summary, h5forge.verify
 from tests.reliability.hostile_h5 import _trial
 print(json.dumps(_trial(sys.argv[1], sys.argv[2], int(sys.argv[3]))))
 """
 
 
 def _plugin_missing(kind: Kind, path: Path, work: Path, res: CampaignResult, seconds: float,
-                    mem_bound: int, rss: list[float], cli: bool) -> None:
+                    mem_bound: int, rss: list[tuple[float, str]], cli: bool) -> None:
     empty = work / "no-plugins"
     empty.mkdir(exist_ok=True)
     site = work / "block-hdf5plugin"
@@ -325,7 +300,7 @@ def run(*, work: Path, kinds: Iterable[str] | None = None, cli: bool = True, htt
     aux = make_aux(work / "aux")
     bases = build_bases(work)
     chosen = [k for k in KINDS if kinds is None or k.name in set(kinds)]
-    rss: list[float] = []
+    rss: list[tuple[float, str]] = []
     fifo_asset = Kind("asset-is-a-fifo", "decoded", lambda h, a: None, r"not a regular file",
                       "the asset path itself is a FIFO")
     worker = _Worker(_env())
@@ -356,8 +331,9 @@ def run(*, work: Path, kinds: Iterable[str] | None = None, cli: bool = True, htt
     n_kinds = len(chosen) + (1 + len(_PLUGIN_BASES) * plugins if kinds is None else 0)
     res.notes.append(f"{n_kinds} kinds x entry points (reader local and over loopback HTTP, "
                      "verify, inspect + preview; CLI verify and inspect)")
+    top, where = max(rss, default=(0.0, "-"))
     res.notes.append(f"address space capped at +{mem_bound >> 20} MiB per trial; largest peak "
-                     f"RSS growth {max(rss, default=0.0):.1f} MiB")
+                     f"RSS growth of a trial {top:.1f} MiB ({where})")
     res.seconds = time.perf_counter() - t0
     return res
 
