@@ -9,8 +9,9 @@ size: HDF5 returns the fill value for storage that was never written, so reading
 data is read:
 
 * :func:`check_links` walks every link of the file once (``H5Lvisit``, which never follows a
-  soft or external link) and refuses anything but hard links, virtual datasets and external
-  storage; it also resolves every HDF5 filter the file uses (:func:`require_filters`). It only
+  soft or external link) and refuses anything but hard links, virtual datasets, external
+  storage, and a dataset (any but ``/images``) declaring more bytes than the file has; it also
+  resolves every HDF5 filter the file uses (:func:`require_filters`). It only
   reads object headers, which the writer places in the head of the file, so a remote open
   costs no extra request. :func:`h5forge.access.open_h5` runs it on every file it opens.
 * :func:`check_declared` compares every dataset's declared shape and type with the root
@@ -52,41 +53,65 @@ def check_links(h5: h5py.File, *, where: str) -> None:
         IntegrityError: naming the object, what it points at, and that readers refuse it.
         MissingExtraError: a dataset uses a filter that needs ``hdf5plugin``, not installed.
     """
-    links: list[tuple[str, Any]] = []
+    links: list[tuple[bytes, int]] = []
 
-    def visit(name: str, link: Any) -> bool | None:
-        links.append((name, link))
+    def visit(name: bytes, info: Any) -> bool | None:
+        # The link's type comes with the visit: no lookup by name per link (slow in a group
+        # of many links, and a lookup is what a hostile file would make us repeat).
+        links.append((name, info.type))
         return True if len(links) > MAX_LINKS else None  # anything but None stops the walk
 
     try:
-        h5.visititems_links(visit)
-    except (TypeError, KeyError, ValueError, RuntimeError) as e:  # e.g. a user-defined link
+        h5.id.links.visit(visit, info=True)
+    except (TypeError, KeyError, ValueError, RuntimeError) as e:
         raise IntegrityError(f"{where}: a link cannot be inspected ({type(e).__name__}: {e}); "
                              f"h5forge files hold hard links only — {_FIX}") from e
     if len(links) > MAX_LINKS:
         raise IntegrityError(f"{where} holds more than {MAX_LINKS} links (an h5forge file has "
                              f"about 14); {_FIX}")
     filters: dict[int, tuple[str, str]] = {}
-    for name, link in links:
-        if isinstance(link, h5py.SoftLink):
-            raise IntegrityError(f"{where}: /{name} is a soft link to {link.path!r}; readers "
-                                 f"refuse links (h5forge files hold hard links only) — {_FIX}")
-        if isinstance(link, h5py.ExternalLink):
-            raise IntegrityError(
-                f"{where}: /{name} is an external link to {link.path!r} in file "
-                f"{link.filename!r}; readers never follow a reference out of the file — {_FIX}")
-        if not isinstance(link, h5py.HardLink):
-            raise IntegrityError(f"{where}: /{name} is a {type(link).__name__}; h5forge files "
-                                 f"hold hard links only — {_FIX}")
-        obj = h5.get(name)  # a hard link: an object of this file
+    size = int(h5.id.get_filesize())
+    for raw, kind in links:
+        name = raw.decode("utf-8", "backslashreplace")
+        if kind != h5py.h5l.TYPE_HARD:
+            _refuse_link(h5, raw, kind, where)
+        obj = h5.get(raw)  # a hard link: an object of this file (raw: names may not decode)
         if isinstance(obj, h5py.Dataset):
-            _check_dataset(obj, f"/{name}", where, filters)
+            _check_dataset(obj, f"/{name}", where, filters, size)
     require_filters(filters, where=where)
 
 
+def _refuse_link(h5: h5py.File, raw: bytes, kind: int, where: str) -> None:
+    """Raise the IntegrityError for a link that is not a hard link, saying where it points."""
+    name = raw.decode("utf-8", "backslashreplace")
+    try:
+        link = h5.get(raw, getlink=True)  # the link itself, not followed
+    except (TypeError, KeyError, ValueError, RuntimeError, OSError):
+        link = None  # e.g. a user-defined link type h5py does not know
+    if isinstance(link, h5py.SoftLink):
+        raise IntegrityError(f"{where}: /{name} is a soft link to {link.path!r}; readers "
+                             f"refuse links (h5forge files hold hard links only) — {_FIX}")
+    if isinstance(link, h5py.ExternalLink):
+        raise IntegrityError(
+            f"{where}: /{name} is an external link to {link.path!r} in file "
+            f"{link.filename!r}; readers never follow a reference out of the file — {_FIX}")
+    raise IntegrityError(f"{where}: /{name} is a link of type {kind}; h5forge files hold hard "
+                         f"links only — {_FIX}")
+
+
 def _check_dataset(ds: h5py.Dataset, name: str, where: str,
-                   filters: dict[int, tuple[str, str]]) -> None:
+                   filters: dict[int, tuple[str, str]], size: int) -> None:
     dcpl = ds.id.get_create_plist()
+    if name != "/" + fmt.IMAGES:  # /images: checked against the storage in check_declared
+        # Any dataset may be read whole (verify hashes every one but /images): none may
+        # declare more than the file holds, nor a chunk larger than it.
+        item = 16 if ds.dtype.kind == "O" else ds.dtype.itemsize
+        declared = int(np.prod(ds.shape, dtype=object)) * item if ds.shape else item
+        chunk = int(np.prod(ds.chunks, dtype=object)) * item if ds.chunks else 0
+        if max(declared, chunk) > size:
+            raise IntegrityError(
+                f"{where}: {name} declares {ds.shape} (chunks {ds.chunks}) of {ds.dtype} = "
+                f"{max(declared, chunk)} bytes, more than the whole {size}-byte file; {_FIX}")
     if dcpl.get_layout() == h5py.h5d.VIRTUAL:
         source = dcpl.get_virtual_filename(0) if dcpl.get_virtual_count() else "?"
         raise IntegrityError(
