@@ -124,3 +124,13 @@ def test_hdf5plugin_is_imported_only_for_files_that_need_it(bases: dict[str, Pat
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "True"]
+
+
+def test_cli_verifies_and_inspects_a_plugin_file(bases: dict[str, Path]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for command in ("verify", "inspect"):
+        r = subprocess.run([sys.executable, "-m", "h5forge.cli", command, str(bases["zstd"])],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (command, r.stderr)
+        assert "Traceback" not in r.stderr
+    assert "zstd" in r.stdout  # the summary names the codec (in whatever format inspect prints)
