@@ -110,7 +110,9 @@ def test_missing_plugin_through_the_cli(bases: dict[str, Path], tmp_path: Path) 
         r = subprocess.run([sys.executable, "-m", "h5forge.cli", command,
                             str(bases["blosc-lz4"])], cwd=REPO, env=env, capture_output=True,
                            text=True, timeout=120)
-        assert r.returncode == 2, (r.stdout, r.stderr)
+        # 2 today (MissingExtraError is an environment problem the user fixes, like usage);
+        # never 0, never a traceback.
+        assert r.returncode in (1, 2), (r.stdout, r.stderr)
         assert "Traceback" not in r.stderr
         assert "pip install 'h5forge[plugins]'" in r.stderr
 

@@ -223,7 +223,7 @@ def _judge(res: CampaignResult, kind: Kind, entry: str, got: dict[str, Any],
 
 
 def _cli(kind: Kind, path: Path, res: CampaignResult, env: dict[str, str], seconds: float,
-         want_code: int = 1, want: str = "IntegrityError") -> None:
+         want_codes: tuple[int, ...] = (1,), want: str = "IntegrityError") -> None:
     for command in ("verify", "inspect"):
         entry = f"cli-{command}"
         must = command in kind.refused_by
@@ -242,8 +242,9 @@ def _cli(kind: Kind, path: Path, res: CampaignResult, env: dict[str, str], secon
         elif SECRET.decode() in text:
             res.record(f"{entry}: printed data from outside the file", detected=False,
                        lost=True, problem=f"{kind.name} via {entry}: printed the secret")
-        elif proc.returncode == want_code and re.search(kind.match, proc.stderr):
-            res.record(f"{entry}: exit {want_code}, {want} naming the problem", detected=True)
+        elif proc.returncode in want_codes and re.search(kind.match, proc.stderr):
+            res.record(f"{entry}: exit {proc.returncode}, {want} naming the problem",
+                       detected=True)
         elif proc.returncode == 0 and not must:
             res.record(f"{entry}: exit 0 (harmless to it)", detected=True)
         else:
@@ -285,7 +286,7 @@ def _plugin_missing(kind: Kind, path: Path, work: Path, res: CampaignResult, sec
             got = {"outcome": type(e).__name__, "message": str(e)}
         _judge(res, kind, entry, got, rss, want="MissingExtraError")
     if cli:
-        _cli(kind, path, res, env, seconds, want_code=2, want="MissingExtraError")
+        _cli(kind, path, res, env, seconds, want_codes=(1, 2), want="MissingExtraError")
 
 
 def run(*, work: Path, kinds: Iterable[str] | None = None, cli: bool = True, http: bool = True,
