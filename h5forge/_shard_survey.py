@@ -20,7 +20,7 @@ import numpy as np
 
 from h5forge import format as fmt
 from h5forge._file_check import Expected, FileChecks, FileIdentity
-from h5forge.access import is_local, load_index, open_h5, url_to_fs
+from h5forge.access import check_labels, is_local, load_index, open_h5, url_to_fs
 from h5forge.storage import manifest_url, read_manifest
 
 __all__ = ["Shard", "survey"]
@@ -83,6 +83,7 @@ def survey(urls: Sequence[str], options: dict[str, Any] | None, files: FileCheck
                 files.start(i, path, expected)
         with open_h5(url, options) as h5:
             idx = load_index(h5, where=url)
+            check_labels(idx, where=url)  # the counts below are indexed by label and split
             images = h5[fmt.IMAGES]
             plist = images.id.get_create_plist()
             shard = Shard(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,9 +29,11 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from h5forge import format as fmt
-from h5forge.errors import IntegrityError
+from h5forge import structure
+from h5forge.errors import H5ForgeError, IntegrityError
 
-__all__ = ["AssetIndex", "RangeReader", "load_index", "open_h5", "open_ranges"]
+__all__ = ["AssetIndex", "RangeReader", "check_index", "check_labels", "load_index", "open_h5",
+           "open_ranges"]
 
 # The first read of a remote file fetches this much from offset 0: the writer keeps everything
 # an open needs there (about 25 bytes per sample of index), so one request serves the open of
@@ -152,17 +155,37 @@ def open_h5(url: str, storage_options: dict[str, Any] | None = None) -> _Opened:
     """Open an HDF5 file read-only from a local path or any fsspec URL.
 
     Remote files cost one ``info`` request and one ranged read of the file's head for files this
-    version writes (see the module docstring).
+    version writes (see the module docstring). Every link and dataset of the file is checked
+    before it is returned (:func:`h5forge.structure.check_links`): soft, external and
+    user-defined links, virtual datasets and external storage are refused, and the filters the
+    file uses are resolved (``hdf5plugin`` is imported when one needs it).
 
     Raises:
         FileNotFoundError: nothing at ``url``.
-        IntegrityError: the file exists but HDF5 cannot open it (truncated or not HDF5).
+        IntegrityError: the file exists but HDF5 cannot open it (truncated or not HDF5), or it
+            holds a link, virtual dataset or external storage, or an unknown filter.
+        MissingExtraError: the file uses a plugin filter and ``hdf5plugin`` is not installed.
     """
+    opened = _open(url, storage_options)
+    try:
+        structure.check_links(opened.h5, where=url)
+    except BaseException as e:
+        opened.close()
+        if isinstance(e, H5ForgeError) or not isinstance(e, H5_DAMAGE):
+            raise
+        raise IntegrityError(f"{url}: its HDF5 structure cannot be read ({type(e).__name__}: "
+                             f"{e}); it is damaged — re-fetch or re-pack it") from e
+    return opened
+
+
+def _open(url: str, storage_options: dict[str, Any] | None) -> _Opened:
     fs, path = url_to_fs(url, storage_options)
     try:
         if is_local(fs):
             if not os.path.exists(path):
                 raise FileNotFoundError(f"no file at {url}")
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
+                raise IntegrityError(f"{url} is not a regular file; an asset is one .h5 file")
             return _Opened(h5py.File(path, "r"), None)
         try:
             info = fs.info(path)
@@ -244,17 +267,52 @@ def load_index(h5: h5py.File, *, where: str, require_sealed: bool = True) -> Ass
             "re-fetch or re-pack it") from e
 
 
-def check_index(index: AssetIndex, file_size: int, *, where: str) -> None:
-    """Refuse an index a reader cannot use safely: rows missing, byte ranges past the end of
-    the file, or (unfiltered ``array`` storage) a range that is not one sample's size.
+def check_labels(index: AssetIndex, *, where: str) -> None:
+    """Refuse labels outside ``0..K-1`` (``K`` the number of class names) and split codes
+    outside the split names: what a reader hands out, and what counts are indexed by.
 
-    Cheap (vectorised, at open); it keeps a damaged index from turning into a huge allocation
-    or a read at a nonsense offset. It does not prove the data right: that is ``verify``.
+    Raises:
+        IntegrityError: naming the first bad value and its row.
+    """
+    k, labels = len(index.classes), index.labels
+    if index.header.num_classes != k:
+        raise IntegrityError(f"{where}: /classes has {k} names, root attribute num_classes "
+                             f"says {index.header.num_classes}; the file is damaged — run "
+                             "`h5forge verify`")
+    bad = np.flatnonzero((labels < 0) | (labels >= k))
+    if len(bad):
+        i = int(bad[0])
+        raise IntegrityError(f"{where}: label {int(labels[i])} out of range: file declares {k} "
+                             f"classes (0..{k - 1}) in /labels[{i}] ({len(bad)} bad label(s)); "
+                             "the file is damaged — run `h5forge verify`")
+    s = len(index.split_names)
+    bad = np.flatnonzero(index.split_codes >= s)
+    if len(bad):
+        i = int(bad[0])
+        raise IntegrityError(f"{where}: split code {int(index.split_codes[i])} out of range "
+                             f"0..{s - 1} in /splits[{i}]; the file is damaged — run "
+                             "`h5forge verify`")
+
+
+def check_index(index: AssetIndex, file_size: int, *, where: str,
+                max_pixels: int | None = None) -> None:
+    """Refuse an index a reader cannot use safely, before any sample is read.
+
+    Refused: rows missing; a label or split code out of range (:func:`check_labels`); a byte
+    range past the end of the file, overlapping another, or (unfiltered storage of decoded
+    pixels) not one sample's size; a ``/shapes`` row of the wrong channel count; and, with
+    ``max_pixels``, a sample whose decoded size is more than ``max_pixels`` pixels where that
+    size is not bounded by the file's (encoded samples, and compressed ``array`` chunks).
+
+    Cheap (vectorised, at open); it keeps a damaged or hostile index from turning into a huge
+    allocation or a read at a nonsense offset. It does not prove the data right: that is
+    ``verify``.
 
     Raises:
         IntegrityError: naming the first bad sample.
     """
-    n, r = index.header.num_samples, index.byte_ranges
+    hdr = index.header
+    n, r = hdr.num_samples, index.byte_ranges
     wanted = {"byte_ranges": (r, (n, 2)), "labels": (index.labels, (n,)),
               "splits": (index.split_codes, (n,))}
     if index.shapes is not None:
@@ -263,17 +321,73 @@ def check_index(index: AssetIndex, file_size: int, *, where: str) -> None:
         if arr.shape != shape:
             raise IntegrityError(f"{where}: /{name} has shape {arr.shape}, num_samples is {n}; "
                                  "the file is damaged — run `h5forge verify`")
+    check_labels(index, where=where)
     size = np.uint64(max(file_size, 0))
     bad = (r[:, 1] > size) | (r[:, 0] > size - np.minimum(r[:, 1], size))
     if index.image_shape is not None and not index.filtered:
         bad |= r[:, 1] != np.uint64(np.prod(index.image_shape))
-    if index.shapes is not None and index.header.layout == "decoded":
-        bad |= r[:, 1] != np.prod(index.shapes.astype(np.uint64), axis=1)
+    if index.shapes is not None:
+        _check_shapes(index, int(size), where, max_pixels)
+        if hdr.layout == "decoded":
+            # No overflow: H*W <= file size (checked above) and C <= 3.
+            bad |= r[:, 1] != np.prod(index.shapes.astype(np.uint64), axis=1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise IntegrityError(f"{where}: /byte_ranges[{i}] = {tuple(int(x) for x in r[i])} does "
                              f"not fit a sample of this {file_size}-byte file; the file is "
                              "damaged — run `h5forge verify`")
+    _check_overlap(r, where)
+    if (max_pixels is not None and index.image_shape is not None and index.filtered
+            and index.image_shape[0] * index.image_shape[1] > max_pixels):
+        h, w, _ = index.image_shape
+        raise IntegrityError(f"{where}: /images holds compressed samples of {h} x {w} = "
+                             f"{h * w} pixels, more than max_pixels={max_pixels}; pass a larger "
+                             "max_pixels if you trust this file")
+
+
+def _check_shapes(index: AssetIndex, size: int, where: str, max_pixels: int | None) -> None:
+    """``/shapes`` rows: the file's channel count, at least 1 x 1, and a bounded pixel count
+    (computed so that no product can overflow: each factor is below 2**32)."""
+    assert index.shapes is not None
+    shapes = index.shapes.astype(np.uint64)
+    hw = shapes[:, 0] * shapes[:, 1]  # < 2**64: both factors are uint32
+    channels = index.header.channels
+    decoded = index.header.layout == "decoded"
+    limit = size if decoded else (max_pixels if max_pixels is not None else None)
+    bad = (shapes[:, 2] != channels) | (hw == 0)
+    if limit is not None:
+        bad |= hw > np.uint64(limit)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        h, w, c = (int(x) for x in index.shapes[i])
+        if c != channels or h * w == 0:
+            why = f"expected (H >= 1, W >= 1, {channels}) for mode {index.header.mode}"
+        elif decoded:
+            why = f"more pixels than the whole {size}-byte file holds"
+        else:
+            why = (f"{h * w} pixels, more than max_pixels={max_pixels}; pass a larger "
+                   "max_pixels if you trust this file")
+        raise IntegrityError(f"{where}: /shapes[{i}] = ({h}, {w}, {c}): {why}")
+
+
+def _check_overlap(r: np.ndarray, where: str) -> None:
+    """No two samples may share stored bytes (the writer's are in order: one O(N) pass)."""
+    if len(r) < 2:
+        return
+    starts, ends = r[:, 0], r[:, 0] + r[:, 1]  # no overflow: each range lies in the file
+    if not np.all(starts[1:] >= starts[:-1]):
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+    else:
+        order = None
+    clash = np.flatnonzero(starts[1:] < ends[:-1])
+    if len(clash):
+        a, b = int(clash[0]), int(clash[0]) + 1
+        if order is not None:
+            a, b = int(order[a]), int(order[b])
+        raise IntegrityError(f"{where}: /byte_ranges[{b}] = {tuple(int(x) for x in r[b])} "
+                             f"overlaps /byte_ranges[{a}] = {tuple(int(x) for x in r[a])}; "
+                             "the file is damaged — run `h5forge verify`")
 
 
 def _load_index(h5: h5py.File, *, where: str, require_sealed: bool) -> AssetIndex:
@@ -283,6 +397,8 @@ def _load_index(h5: h5py.File, *, where: str, require_sealed: bool) -> AssetInde
     missing = [n for n in fmt.REQUIRED_DATASETS[header.storage] if n not in h5]
     if missing:
         raise IntegrityError(f"{where} lacks required datasets {missing}; the file is damaged")
+    # Declared shapes and types against the counts and the file size, before reading any.
+    structure.check_declared(h5, header, file_size=h5.id.get_filesize(), where=where)
     images = h5[fmt.IMAGES]
     filtered = images.id.get_create_plist().get_nfilters() > 0
     return AssetIndex(

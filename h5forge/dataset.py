@@ -22,6 +22,7 @@ from h5forge import _batches
 from h5forge import format as fmt
 from h5forge.access import H5_DAMAGE, AssetIndex, RangeReader, check_index, load_index, open_h5
 from h5forge.errors import IntegrityError
+from h5forge.images import DEFAULT_MAX_PIXELS
 
 __all__ = ["H5ImageDataset"]
 
@@ -58,12 +59,14 @@ def _same_file(h5: Any, reader: RangeReader) -> bool:
 class _State:
     """Per-process handles: index, range reader and (for filtered files) an HDF5 handle."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None, want_digests: bool):
+    def __init__(self, url: str, storage_options: dict[str, Any] | None, want_digests: bool,
+                 max_pixels: int):
         self.pid = os.getpid()
         self.opened = open_h5(url, storage_options)
         try:
             self.index = load_index(self.opened.h5, where=url)
-            check_index(self.index, self.opened.h5.id.get_filesize(), where=url)
+            check_index(self.index, self.opened.h5.id.get_filesize(), where=url,
+                        max_pixels=max_pixels)
             self.digests = (_digests(self.opened.h5, url) if want_digests else None)
         except BaseException:
             self.opened.close()
@@ -123,17 +126,31 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         verify_reads: check each sample's sha256 as it is read; an ``IntegrityError`` names the
             sample. Without it a flipped byte in an uncompressed sample is returned as is (run
             :func:`h5forge.verify` on the file, or enable ``fletcher32`` when packing).
+        max_pixels: most pixels one sample may decode to where the file's size does not bound
+            it (encoded images, compressed chunks); default Pillow's limit,
+            :data:`h5forge.images.DEFAULT_MAX_PIXELS` (89.5 M). The file's ``/shapes`` are
+            checked against it at open and never raise it.
+
+    Opening checks the whole file before reading any sample (see docs/FORMAT.md, "What
+    readers refuse"): links, virtual datasets and external storage, declared sizes against
+    the counts and the file size, labels against the classes, byte ranges against the file.
 
     Raises:
         UnsealedFileError: the file is a ``.partial``, unsealed, or of an unknown version.
-        ValueError: ``split`` is not in the file.
+        IntegrityError: the file is damaged or refers outside itself (the message says how).
+        MissingExtraError: the file is compressed with a codec that needs ``hdf5plugin``.
+        ValueError: ``split`` is not in the file, or ``max_pixels`` is not an int >= 1.
     """
 
     def __init__(self, url: str | os.PathLike[str], *, split: str | None = None,
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[Any], Any] | None = None,
                  storage_options: dict[str, Any] | None = None,
-                 verify_reads: bool = False) -> None:
+                 verify_reads: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+        if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+            raise ValueError(f"max_pixels={max_pixels!r} must be an int >= 1; the default is "
+                             f"{DEFAULT_MAX_PIXELS}")
+        self.max_pixels = max_pixels
         self.url = os.fspath(url)
         self.split = split
         self.transform = transform
@@ -149,7 +166,7 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
     # --- pickling: URL and options only ------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         keep = ("url", "split", "transform", "target_transform", "storage_options",
-                "verify_reads")
+                "verify_reads", "max_pixels")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -168,7 +185,8 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             self._orphans.append(st)
         for _ in range(3):  # a publish may replace the file while it is opened: open again
             try:
-                st = self._state = _State(self.url, self.storage_options, self.verify_reads)
+                st = self._state = _State(self.url, self.storage_options, self.verify_reads,
+                                          self.max_pixels)
                 break
             except _Replaced:
                 continue
@@ -397,7 +415,8 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
 
         return (decode_stored(memoryview(b), tuple(int(x) for x in idx.shapes[r]),
                               layout="encoded",
-                              encoding=cast(Encoding, idx.header.encoding), mode=idx.header.mode)
+                              encoding=cast(Encoding, idx.header.encoding), mode=idx.header.mode,
+                              max_pixels=self.max_pixels)
                 for b, r in zip(raw, rows, strict=True))
 
     def _check(self, bufs: Sequence[Any], rows: list[int], st: _State) -> None:

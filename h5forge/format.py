@@ -231,10 +231,13 @@ _UNHASHED_ATTRS = frozenset({A_METADATA_SHA256, A_SEALED})
 
 def _canonical(value: object) -> object:
     """A JSON-able, type-preserving form of an attribute value as h5py returns it."""
+    import h5py
     import numpy as np
 
     if isinstance(value, bytes):
         return {"bytes": value.hex()}
+    if isinstance(value, h5py.Reference):  # never written by h5forge; hashed, never followed
+        return {"reference": repr(value)}
     if isinstance(value, np.ndarray):
         return {"array": value.dtype.str, "shape": list(value.shape),
                 "items": [_canonical(v) for v in value.ravel().tolist()]}

@@ -48,6 +48,7 @@ from h5forge.errors import IntegrityError
 from h5forge.options import Encoding, Layout, Mode, ResizePolicy
 
 __all__ = [
+    "DEFAULT_MAX_PIXELS",
     "Encoding",
     "ImageConfig",
     "Layout",
@@ -63,7 +64,11 @@ _LAYOUTS = opts.option("layout").choices
 _ENCODINGS = opts.option("encoding").choices
 _RESIZES = opts.option("resize").choices
 _PIL_FORMAT = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
-_DEFAULT_MAX_PIXELS = opts.option("max_image_pixels").default
+#: Pillow's own decompression-bomb limit: the default most pixels one image may decode to, in
+#: packing (``ImageConfig.max_image_pixels``) and in reading (``max_pixels=`` of
+#: :func:`decode_stored`, ``H5ImageDataset`` and ``verify``). 89.5 M pixels is 268 MB of RGB.
+DEFAULT_MAX_PIXELS: int = opts.option("max_image_pixels").default
+_DEFAULT_MAX_PIXELS = DEFAULT_MAX_PIXELS
 
 
 @dataclass(frozen=True)
@@ -243,7 +248,8 @@ def process_file(index: int, path: str, cfg: ImageConfig) -> Processed | Quarant
 
 
 def decode_stored(data: bytes | memoryview, shape: tuple[int, ...] | None, *, layout: Layout,
-                  mode: Literal["RGB", "L"], encoding: Encoding = "original") -> np.ndarray:
+                  mode: Literal["RGB", "L"], encoding: Encoding = "original",
+                  max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Turn one stored sample back into pixels.
 
     Decoded samples are reshaped; encoded ones are decoded with :func:`load_normalised`
@@ -256,16 +262,23 @@ def decode_stored(data: bytes | memoryview, shape: tuple[int, ...] | None, *, la
         layout: the file's layout.
         mode: the file's mode.
         encoding: the file's encoding (every encoding decodes the same way).
+        max_pixels: most pixels an encoded sample may decode to, the caller's limit (checked
+            against ``shape`` and the image's own header before any pixel is allocated; the
+            file's recorded shape never raises it). Decoded samples are bounded by their bytes.
 
     Returns:
         A writable C-contiguous ``(H, W, C)`` uint8 array.
 
     Raises:
-        IntegrityError: the bytes do not decode, or do not match ``shape``.
-        ValueError: an unknown ``layout``, ``encoding`` or ``mode``.
+        IntegrityError: the bytes do not decode, do not match ``shape``, or are (or say they
+            are) more than ``max_pixels`` pixels.
+        ValueError: an unknown ``layout``, ``encoding`` or ``mode``, or a bad ``max_pixels``.
     """
     _one_of("layout", layout, _LAYOUTS)
     _one_of("encoding", encoding, _ENCODINGS)
+    if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < 1:
+        raise ValueError(f"max_pixels={max_pixels!r} must be an int >= 1; the default is "
+                         f"{DEFAULT_MAX_PIXELS}")
     if layout == "decoded":
         if shape is None or len(shape) != 3:
             raise ValueError(f"shape={shape!r}: decoded samples need (H, W, C)")
@@ -275,13 +288,19 @@ def decode_stored(data: bytes | memoryview, shape: tuple[int, ...] | None, *, la
                                  f"needs {int(np.prod(shape))}")
         arr = arr.reshape(shape)
         return arr if arr.flags.writeable else arr.copy()
-    pixels = int(np.prod(shape)) // max(1, shape[-1]) if shape else 0
-    cfg = ImageConfig(mode=mode, resize="none", size=None,
-                      max_image_pixels=max(_DEFAULT_MAX_PIXELS, pixels))
+    if shape is not None and len(shape) >= 2 and int(shape[0]) * int(shape[1]) > max_pixels:
+        raise IntegrityError(f"encoded sample is recorded as {int(shape[0])} x {int(shape[1])} "
+                             f"= {int(shape[0]) * int(shape[1])} pixels, more than "
+                             f"max_pixels={max_pixels}; pass a larger max_pixels if you trust "
+                             "the file")
+    cfg = ImageConfig(mode=mode, resize="none", size=None, max_image_pixels=max_pixels)
     try:
         arr = np.array(load_normalised(bytes(data), cfg), dtype=np.uint8)
-    except (OSError, EOFError, SyntaxError, struct.error, ValueError,
-            Image.DecompressionBombError) as e:
+    except Image.DecompressionBombError as e:
+        raise IntegrityError(f"encoded sample is too large to decode: {e} "
+                             f"(max_pixels={max_pixels}); pass a larger max_pixels if you "
+                             "trust the file") from e
+    except (OSError, EOFError, SyntaxError, struct.error, ValueError) as e:
         raise IntegrityError(f"encoded sample does not decode: {e}") from e
     if arr.ndim == 2:
         arr = arr[:, :, None]

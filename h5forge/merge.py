@@ -67,7 +67,7 @@ from h5forge._file_check import FileChecks, FileIdentity
 from h5forge._kernel_copy import RangeCopy, writeback_starter
 from h5forge._placement import Head, _early
 from h5forge._shard_survey import Shard, survey
-from h5forge.access import is_local, url_to_fs
+from h5forge.access import is_local, load_index, open_h5, url_to_fs
 from h5forge.errors import EmptyDatasetError, IntegrityError, UnsafePathError
 from h5forge.files import OutputLock, output_lock, same_file
 from h5forge.writer import (
@@ -161,7 +161,12 @@ def _copy_shard(out: _Out, shard: Shard, local: str, src_fd: int) -> None:
     ds, base, stop = out.head.ds, out.base, out.base + shard.n
     # A published shard is checked by its file's sha256: no per-sample hash.
     check = None if shard.expected is not None else out.check
-    with h5py.File(local, "r") as src:
+    # Through the checked open: a downloaded shard is a new file, not the one surveyed.
+    with open_h5(local) as src:
+        if load_index(src, where=shard.url).header.num_samples != shard.n:
+            raise IntegrityError(f"{shard.url} changed during the merge: it held {shard.n} "
+                                 "samples when surveyed and holds a different number now; "
+                                 "run the merge again")
         digests = src[fmt.DIGESTS][()]
         ds[fmt.DIGESTS][base:stop] = digests
         for name in (fmt.LABELS, fmt.SPLITS):

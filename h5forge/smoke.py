@@ -27,6 +27,7 @@ from h5forge import format as fmt
 from h5forge.access import open_h5
 from h5forge.dataset import H5ImageDataset
 from h5forge.errors import IntegrityError
+from h5forge.structure import check_declared
 
 __all__ = ["MethodReport", "SmokeReport", "smoke_load"]
 
@@ -115,6 +116,8 @@ def _read_expected(
     with open_h5(url, storage_options) as h5:
         header = fmt.read_header(h5.attrs, where=url)
         fmt.require_sealed(header, where=url)
+        # Declared sizes against the counts and the file, before reading the index whole.
+        check_declared(h5, header, file_size=h5.id.get_filesize(), where=url)
         images = h5[fmt.IMAGES]
         raw: dict[int, bytes] = {}
         shapes = h5[fmt.SHAPES][()] if header.storage == "blob" else None

@@ -7,17 +7,23 @@ from typing import Any
 import numpy as np
 
 from h5forge import format as fmt
-from h5forge.access import load_index, open_h5, url_to_fs
+from h5forge.access import check_index, check_labels, load_index, open_h5, url_to_fs
+from h5forge.images import DEFAULT_MAX_PIXELS
 
 __all__ = ["summarize"]
 
 
 def _plain(value: Any) -> Any:
+    """A JSON-able form of an attribute value (a foreign file may hold any type)."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.ravel().tolist()[:64]]
     if isinstance(value, np.generic):
-        return value.item()
-    return value
+        return _plain(value.item())
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)  # e.g. an object reference: shown, never followed
 
 
 def summarize(url: str, *, storage_options: dict[str, Any] | None = None,
@@ -27,10 +33,20 @@ def summarize(url: str, *, storage_options: dict[str, Any] | None = None,
     Returns:
         ``attributes`` (root attributes), ``bytes``, ``counts`` (split -> class -> n),
         ``quarantined`` (first ``max_quarantined`` (path, reason) pairs), ``image_shape``.
+
+    Raises:
+        IntegrityError: the file refers outside itself, declares sizes it cannot hold, or has
+            a label or split code out of range (the counts could not be made); see
+            docs/FORMAT.md, "What readers refuse".
+        MissingExtraError: the file is compressed with a codec that needs ``hdf5plugin``.
     """
     fs, path = url_to_fs(url, storage_options)
     with open_h5(url, storage_options) as h5:
         idx = load_index(h5, where=url, require_sealed=False)
+        if idx.header.sealed:  # what a reader refuses, inspect refuses too
+            check_index(idx, h5.id.get_filesize(), where=url, max_pixels=DEFAULT_MAX_PIXELS)
+        else:  # an unfinished file's byte ranges are not written yet; its labels may be
+            check_labels(idx, where=url)  # the counts below are indexed by label and split
         attrs = {k: _plain(v) for k, v in sorted(h5.attrs.items()) if k != fmt.A_CONFIG_JSON}
         counts: dict[str, dict[str, int]] = {}
         for code, split in enumerate(idx.split_names):

@@ -24,8 +24,17 @@ import h5py
 import numpy as np
 
 from h5forge import format as fmt
-from h5forge.access import H5_DAMAGE, AssetIndex, is_local, load_index, open_h5, url_to_fs
+from h5forge.access import (
+    H5_DAMAGE,
+    AssetIndex,
+    check_index,
+    is_local,
+    load_index,
+    open_h5,
+    url_to_fs,
+)
 from h5forge.errors import IntegrityError
+from h5forge.images import DEFAULT_MAX_PIXELS
 
 __all__ = ["VerifyReport", "verify", "verify_unsealed"]
 
@@ -247,7 +256,7 @@ def _check_samples(url: str, storage_options: dict[str, Any] | None, h5_digests:
                    idx: AssetIndex, chosen: list[int],
                    filtered_reader: Callable[[int], bytes | None] | None, fails: list[str],
                    on_bytes: Callable[[int], None], *,
-                   file_hash: bool, decode: bool) -> str:
+                   file_hash: bool, decode: bool, max_pixels: int) -> str:
     """Check the digest of every chosen sample (and, with ``decode``, that encoded ones decode).
 
     Returns the file's sha256, or ``""`` without ``file_hash``: then a local file's samples are
@@ -264,7 +273,8 @@ def _check_samples(url: str, storage_options: dict[str, Any] | None, h5_digests:
         shape = tuple(int(x) for x in idx.shapes[i]) if idx.shapes is not None else None
         try:
             arr = decode_stored(data, shape, layout=hdr.layout,
-                                encoding=cast(Encoding, hdr.encoding), mode=hdr.mode)
+                                encoding=cast(Encoding, hdr.encoding), mode=hdr.mode,
+                                max_pixels=max_pixels)
         except (OSError, ValueError, SyntaxError) as e:
             found.append((i, f"sample {i}: encoded bytes do not decode: {e}"))
             return
@@ -320,7 +330,7 @@ def _usable_cpus() -> int:
 def _verify(url: str, *, sample_fraction: float, seed: int,
             storage_options: dict[str, Any] | None, progress: bool,
             require_sealed: bool, thorough: bool = True,
-            check_digests: bool = True) -> VerifyReport:
+            check_digests: bool = True, max_pixels: int = DEFAULT_MAX_PIXELS) -> VerifyReport:
     if not 0.0 < sample_fraction <= 1.0:
         raise ValueError(f"sample_fraction={sample_fraction} must be in (0, 1]")
     t0 = time.perf_counter()
@@ -332,6 +342,8 @@ def _verify(url: str, *, sample_fraction: float, seed: int,
         _structure(h5, idx, fails)
         if not fails:
             _layout(h5, idx, file_size, fails, lookup=thorough)
+        if not fails:  # what a reader refuses at open, verify refuses too
+            check_index(idx, file_size, where=url, max_pixels=max_pixels)
         digests = h5[fmt.DIGESTS][()]
         n = idx.header.num_samples
         chosen = list(range(n)) if sample_fraction >= 1.0 else sorted(
@@ -364,7 +376,8 @@ def _verify(url: str, *, sample_fraction: float, seed: int,
                     bar.advance(task, nbytes)
 
             sha = _check_samples(url, storage_options, digests, idx, chosen, filtered, fails,
-                                 advance, file_hash=thorough, decode=thorough)
+                                 advance, file_hash=thorough, decode=thorough,
+                                 max_pixels=max_pixels)
         finally:
             if bar is not None:
                 bar.stop()
@@ -417,7 +430,8 @@ def _lookup(images: h5py.Dataset, n: int, actual: np.ndarray, fails: list[str]) 
 
 
 def verify(path_or_url: str, *, sample_fraction: float = 1.0, seed: int = 0,
-           storage_options: dict[str, Any] | None = None, progress: bool = False) -> VerifyReport:
+           storage_options: dict[str, Any] | None = None, progress: bool = False,
+           max_pixels: int = DEFAULT_MAX_PIXELS) -> VerifyReport:
     """Verify a sealed h5forge file, local or at any fsspec URL.
 
     Args:
@@ -425,6 +439,13 @@ def verify(path_or_url: str, *, sample_fraction: float = 1.0, seed: int = 0,
         sample_fraction: fraction of samples whose digest is recomputed (seeded random subset);
             structure, labels, byte ranges and the file sha256 are always checked in full.
         seed: seed of the subset.
+        max_pixels: most pixels one encoded sample may decode to (the check decodes every
+            chosen one), and one compressed chunk may hold; default Pillow's limit,
+            :data:`h5forge.images.DEFAULT_MAX_PIXELS`. Never raised by the file's ``/shapes``.
+
+    Before anything is read, the file's structure is checked as a reader's open checks it
+    (links, virtual datasets, external storage, declared sizes; see docs/FORMAT.md, "What
+    readers refuse").
 
     Returns:
         counts, bytes, the file's sha256 and the elapsed time.
@@ -434,6 +455,9 @@ def verify(path_or_url: str, *, sample_fraction: float = 1.0, seed: int = 0,
         IntegrityError: every failing check, one line each.
     """
     url = str(path_or_url)
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+        raise ValueError(f"max_pixels={max_pixels!r} must be an int >= 1; the default is "
+                         f"{DEFAULT_MAX_PIXELS}")
     fmt.refuse_partial(url)
     # A publish may replace the file while it is read (index from one version, bytes from the
     # next would fail as "corrupt"): verify again when the file changed identity meanwhile.
@@ -442,7 +466,8 @@ def verify(path_or_url: str, *, sample_fraction: float = 1.0, seed: int = 0,
         try:
             report = _damage_is_integrity(url, lambda: _verify(
                 url, sample_fraction=sample_fraction, seed=seed,
-                storage_options=storage_options, progress=progress, require_sealed=True))
+                storage_options=storage_options, progress=progress, require_sealed=True,
+                max_pixels=max_pixels))
         except IntegrityError:
             if _identity(url, storage_options) != before:
                 continue

@@ -9,6 +9,7 @@ import pytest
 from h5forge.demo import write_image_folder
 from h5forge.images import ImageConfig
 from h5forge.writer import PackResult, pack
+from tests.fixtures.hostile_h5 import build_bases
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +32,9 @@ def packed_encoded(split_tree: Path, tmp_path_factory: pytest.TempPathFactory) -
     out = tmp_path_factory.mktemp("packed") / "encoded.h5"
     return pack(split_tree, out, image=ImageConfig(layout="encoded", encoding="original",
                                                    resize="none", size=None), workers=2)
+
+
+@pytest.fixture(scope="session")
+def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One 9-image folder packed decoded, encoded, varsize, gzip, blosc-lz4 and zstd."""
+    return build_bases(tmp_path_factory.mktemp("bases"))

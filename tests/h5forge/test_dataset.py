@@ -70,7 +70,7 @@ def test_pickles_as_url_and_options_only(packed_decoded: PackResult) -> None:
     ds[0]
     state = ds.__getstate__()
     assert set(state) == {"url", "split", "transform", "target_transform", "storage_options",
-                          "verify_reads"}
+                          "verify_reads", "max_pixels"}
     clone = pickle.loads(pickle.dumps(ds))
     assert len(clone) == len(ds)
     assert clone.classes == ds.classes

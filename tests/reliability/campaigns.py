@@ -32,7 +32,7 @@ from tests.reliability._result import CampaignResult
 __all__ = ["CAMPAIGNS", "main", "update_doc"]
 
 CAMPAIGNS = ("crash", "corruption", "hostile", "archives", "network", "concurrency",
-             "first-run")
+             "hostile-h5", "first-run")
 DOC = REPO / "docs" / "RELIABILITY.md"
 _NEEDS_PREFECT = ("crash", "network", "concurrency")
 _LABEL = {"crash": "1. crash safety (SIGKILL `h5forge build`)",
@@ -41,6 +41,7 @@ _LABEL = {"crash": "1. crash safety (SIGKILL `h5forge build`)",
           "archives": "4. archives and paths",
           "network": "5. network faults (HTTP, S3)",
           "concurrency": "6. concurrency (publishers, readers, re-verify)",
+          "hostile-h5": "7. hostile .h5 assets",
           "first-run": "8. first contact (fresh PREFECT_HOME, busy cores, kill -9 + re-run)"}
 
 
@@ -85,6 +86,10 @@ def _run_one(name: str, trials: int | None, seed: int, work: Path, api_url: str 
 
         race = b.concurrent_builds(api_url, box, _log) if builds and api_url else None
         return concurrency.run(trials=trials or 30, seed=seed, work=box, builds=race, log=_log)
+    if name == "hostile-h5":
+        from tests.reliability import hostile_h5
+
+        return hostile_h5.run(work=box, log=_log)
     if name == "first-run":
         from tests.reliability import first_run
 
