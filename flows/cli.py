@@ -29,9 +29,8 @@ from h5forge.cli import (
     app,
     check_pack_options,
     fail,
-    pack_default,
-    pack_flag,
     usage_error,
+    with_pack_options,
 )
 from h5forge.errors import DestinationExistsError, H5ForgeError, PreviewPublishError
 from h5forge.messages import describe_os_error, os_error_in
@@ -206,30 +205,13 @@ def _check_paths(config: Any) -> None:
 
 
 @app.command()
+@with_pack_options
 def build(
     source: Annotated[str, typer.Argument(help="local folder/archive or fsspec URL of images")],
     dest: Annotated[str, typer.Argument(help="where to publish the .h5 (path or fsspec URL)")],
     sha256: Annotated[str | None, typer.Option(help="sha256 of the source archive")] = None,
     credentials_block: Annotated[str | None, typer.Option(
         help="Prefect Secret block holding fsspec storage_options as JSON")] = None,
-    manifest: Annotated[str | None, pack_flag("manifest")] = pack_default("manifest"),
-    layout: Annotated[str, pack_flag("layout")] = pack_default("layout"),
-    encoding: Annotated[str, pack_flag("encoding")] = pack_default("encoding"),
-    quality: Annotated[int, pack_flag("quality")] = pack_default("quality"),
-    resize: Annotated[str, pack_flag("resize")] = pack_default("resize"),
-    size: Annotated[str, pack_flag("size")] = pack_default("size"),
-    shorter_side: Annotated[int | None, pack_flag("shorter_side")] = pack_default("shorter_side"),
-    mode: Annotated[str, pack_flag("mode")] = pack_default("mode"),
-    max_image_pixels: Annotated[int, pack_flag("max_image_pixels")]
-    = pack_default("max_image_pixels"),
-    compression: Annotated[str, pack_flag("compression")] = pack_default("compression"),
-    compression_level: Annotated[int | None, pack_flag("compression_level")]
-    = pack_default("compression_level"),
-    fletcher32: Annotated[bool, pack_flag("fletcher32")] = pack_default("fletcher32"),
-    workers: Annotated[int | None, pack_flag("workers")] = pack_default("workers"),
-    max_bad_fraction: Annotated[float, pack_flag("max_bad_fraction")]
-    = pack_default("max_bad_fraction"),
-    overwrite: Annotated[bool, pack_flag("overwrite")] = pack_default("overwrite"),
     smoke_workers: Annotated[int, typer.Option(help="DataLoader workers in the smoke-load")] = 2,
     smoke_batches: Annotated[int, typer.Option(help="batches per start method")] = 4,
     executor: Annotated[Executor, typer.Option(
@@ -246,18 +228,13 @@ def build(
     cache_dir: Annotated[Path | None, typer.Option(
         help="fetch cache (default ~/.cache/h5forge)")] = None,
     debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
+    pack_options: dict[str, Any] | None = None,
 ) -> None:
     """Run the build-h5-dataset flow: fetch, pack, verify, smoke-load and publish."""
     # flows.config, not flows.build: validating must not import Prefect (seconds).
     from flows.config import BuildConfig
 
-    v = check_pack_options({
-        "manifest": manifest, "layout": layout, "encoding": encoding, "quality": quality,
-        "resize": resize, "size": size, "shorter_side": shorter_side, "mode": mode,
-        "max_image_pixels": max_image_pixels, "compression": compression,
-        "compression_level": compression_level, "fletcher32": fletcher32, "workers": workers,
-        "max_bad_fraction": max_bad_fraction, "overwrite": overwrite,
-    })
+    v = check_pack_options(pack_options or {})
     hw = v.pop("size")
     sized = {} if hw is None else {"size": hw[0], "width": hw[1] if hw[1] != hw[0] else None}
     try:

@@ -17,6 +17,9 @@ added to this app by ``flows/cli.py``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect as pyinspect
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,6 +37,7 @@ from h5forge.errors import (
 )
 from h5forge.messages import describe_os_error, os_error_in
 from h5forge.options import (
+    PACK_OPTIONS,
     OptionError,
     check_compression,
     format_size,
@@ -66,6 +70,9 @@ EXIT_INTEGRITY = EXIT_FAILURE
 EXIT_USAGE = 2
 
 
+_PANEL = "Pack options (the same in pack, build and the UI form)"
+
+
 def pack_flag(name: str) -> Any:
     """The Typer option of the pack option ``name``: its flag and help, from h5forge.options.
 
@@ -75,13 +82,13 @@ def pack_flag(name: str) -> Any:
     o = option(name)
     if o.kind == "choice":
         return typer.Option(o.flag, help=o.help, metavar="[" + "|".join(o.choices) + "]",
-                            show_default=True)
+                            show_default=True, rich_help_panel=_PANEL)
     if o.kind == "bool":
-        return typer.Option(f"{o.flag}/--no-{o.flag[2:]}", help=o.help)
+        return typer.Option(f"{o.flag}/--no-{o.flag[2:]}", help=o.help, rich_help_panel=_PANEL)
     if o.kind == "size":
-        return typer.Option(o.flag, help=o.help, metavar="S|HxW|none")
+        return typer.Option(o.flag, help=o.help, metavar="S|HxW|none", rich_help_panel=_PANEL)
     shown = f" [{o.bounds}]" if o.kind in ("int", "float") else ""
-    return typer.Option(o.flag, help=o.help + shown)
+    return typer.Option(o.flag, help=o.help + shown, rich_help_panel=_PANEL)
 
 
 def fail(message: str, code: int) -> typer.Exit:
@@ -161,53 +168,63 @@ def pack_default(name: str) -> Any:
     return format_size(o.default) if o.kind == "size" else o.default
 
 
+_PY_TYPES = {"choice": str, "size": str, "path": str, "int": int, "float": float, "bool": bool}
+
+
+def with_pack_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``command`` every option of :data:`h5forge.options.PACK_OPTIONS` as a Typer option.
+
+    The options are declared once, in :mod:`h5forge.options`; ``pack`` and ``build`` take them
+    from there instead of restating them. ``command`` receives them as one dict, its keyword
+    ``pack_options`` (name -> value as typed; ``size`` as text), and lists them in ``--help``
+    after its own parameters.
+    """
+    own = [p for name, p in pyinspect.signature(command).parameters.items()
+           if name != "pack_options"]
+    added = []
+    for o in PACK_OPTIONS:
+        kind: Any = _PY_TYPES[o.kind]
+        if o.optional:
+            kind = kind | None
+        added.append(pyinspect.Parameter(o.name, pyinspect.Parameter.KEYWORD_ONLY,
+                                       default=pack_default(o.name),
+                                       annotation=Annotated[kind, pack_flag(o.name)]))
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        chosen = {o.name: kwargs.pop(o.name) for o in PACK_OPTIONS}
+        return command(*args, pack_options=chosen, **kwargs)
+
+    signature = pyinspect.Signature([
+        *(p.replace(kind=pyinspect.Parameter.KEYWORD_ONLY) for p in own), *added])
+    run.__signature__ = signature  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+    return run
+
+
 @app.command()
+@with_pack_options
 def pack(
     src: Annotated[Path, typer.Argument(help="dataset root: ImageFolder, or manifest's folder")],
     out: Annotated[Path, typer.Argument(help="the .h5 file to write")],
-    manifest: Annotated[str | None, pack_flag("manifest")] = pack_default("manifest"),
-    layout: Annotated[str, pack_flag("layout")] = pack_default("layout"),
-    encoding: Annotated[str, pack_flag("encoding")] = pack_default("encoding"),
-    quality: Annotated[int, pack_flag("quality")] = pack_default("quality"),
-    resize: Annotated[str, pack_flag("resize")] = pack_default("resize"),
-    size: Annotated[str, pack_flag("size")] = pack_default("size"),
-    shorter_side: Annotated[int | None, pack_flag("shorter_side")] = pack_default("shorter_side"),
-    mode: Annotated[str, pack_flag("mode")] = pack_default("mode"),
-    max_image_pixels: Annotated[int, pack_flag("max_image_pixels")]
-    = pack_default("max_image_pixels"),
-    compression: Annotated[str, pack_flag("compression")] = pack_default("compression"),
-    compression_level: Annotated[int | None, pack_flag("compression_level")]
-    = pack_default("compression_level"),
-    fletcher32: Annotated[bool, pack_flag("fletcher32")] = pack_default("fletcher32"),
-    workers: Annotated[int | None, pack_flag("workers")] = pack_default("workers"),
-    max_bad_fraction: Annotated[float, pack_flag("max_bad_fraction")]
-    = pack_default("max_bad_fraction"),
-    overwrite: Annotated[bool, pack_flag("overwrite")] = pack_default("overwrite"),
+    pack_options: dict[str, Any],
 ) -> None:
     """Pack an image folder into a sealed HDF5 file (no Prefect)."""
     from h5forge.images import ImageConfig
     from h5forge.preflight import check_destination, check_source
     from h5forge.writer import pack as do_pack
 
-    v = check_pack_options({
-        "manifest": manifest, "layout": layout, "encoding": encoding, "quality": quality,
-        "resize": resize, "size": size, "shorter_side": shorter_side, "mode": mode,
-        "max_image_pixels": max_image_pixels, "compression": compression,
-        "compression_level": compression_level, "fletcher32": fletcher32, "workers": workers,
-        "max_bad_fraction": max_bad_fraction, "overwrite": overwrite,
-    })
-    image = run_guarded(ImageConfig, layout=layout, encoding=encoding, quality=quality,
-                        mode=mode, resize=resize, size=v["size"], shorter_side=shorter_side,
-                        max_image_pixels=max_image_pixels)
+    v = check_pack_options(pack_options)
+    # The image policy goes to ImageConfig, the rest (codec, checksums, workers...) to pack().
+    image_fields = {f.name for f in dataclasses.fields(ImageConfig)} & v.keys()
+    image = run_guarded(ImageConfig, **{k: v[k] for k in image_fields})
     try:  # before any work: the source is there, the output can be written and is not in it
         check_source(str(src))
-        check_destination(str(out), source=str(src), overwrite=overwrite)
+        check_destination(str(out), source=str(src), overwrite=v["overwrite"])
     except (OSError, ValueError) as e:
         raise usage_error(e) from e
-    result = run_guarded(do_pack, src, out, what=str(out), image=image, manifest=v["manifest"],
-                         compression=compression, compression_level=compression_level,
-                         fletcher32=fletcher32, workers=workers,
-                         max_bad_fraction=max_bad_fraction, overwrite=overwrite, progress=True)
+    result = run_guarded(do_pack, src, out, what=str(out), image=image, progress=True,
+                         **{k: val for k, val in v.items() if k not in image_fields})
     typer.echo(f"wrote {printable(result.path)}: {result.num_samples} samples, "
                f"{result.num_classes} classes, {result.num_quarantined} quarantined, "
                f"{result.bytes:,} bytes, "
