@@ -10,11 +10,8 @@ instead and return only the digest; the consumer's side reads each slot once. Sl
 collide: input ``i`` uses slot ``i % window``, and it is submitted only after input
 ``i - window`` was read out.
 
-Workers end with the process that owns the pool, even when it is killed with SIGKILL and cleans
-nothing up: left alone they would wait forever on the pool's queue, whose pipe they hold open
-themselves (and keep the fork server and resource tracker alive with them). Each worker watches
-its owner's pid (a pidfd on Linux, else a poll); a worker of the fork server also asks the
-kernel for SIGKILL when the fork server dies (``PR_SET_PDEATHSIG``).
+Workers end with the process that owns the pool, even when it is killed with SIGKILL
+(:mod:`h5forge.lifetime`).
 """
 
 from __future__ import annotations
@@ -23,13 +20,9 @@ import contextlib
 import mmap
 import multiprocessing
 import os
-import select
 import shutil
-import signal
 import sys
 import tempfile
-import threading
-import time
 from collections import deque
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -38,6 +31,7 @@ from multiprocessing.context import BaseContext
 from typing import NamedTuple
 
 from h5forge.images import ImageConfig, Processed, Quarantined, process_file
+from h5forge.lifetime import end_with_owner
 
 __all__ = ["iter_processed"]
 
@@ -208,7 +202,7 @@ def _pooled_with(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, w
     ctx = _context()
     _check_main_importable(ctx)
     pool = ProcessPoolExecutor(max_workers=min(workers, -(-n // chunk)), mp_context=ctx,
-                               initializer=_end_with_owner, initargs=(os.getpid(),))
+                               initializer=end_with_owner, initargs=(os.getpid(),))
     spec = ring.spec if ring is not None else None
     pending: deque[tuple[int, int, Future[list[Result | _InRing]]]] = deque()
     in_flight = 0  # submitted and not yet yielded
@@ -243,50 +237,6 @@ def _pooled_with(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, w
         for _, _, task in pending:
             task.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _end_with_owner(owner: int) -> None:
-    """Pool initializer: end this worker as soon as ``owner`` (the pack's process) is gone.
-
-    Module level so that spawn/forkserver workers can unpickle it by name.
-    """
-    if sys.platform.startswith("linux") and os.getppid() != owner:
-        import ctypes
-
-        # The parent is the fork server: its death kills us. Not when the parent is the owner
-        # (fork, spawn): the signal follows the *thread* that started us, which may end first.
-        pr_set_pdeathsig = 1
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    pidfd = -1
-    if hasattr(os, "pidfd_open"):
-        try:
-            pidfd = os.pidfd_open(owner)
-        except ProcessLookupError:  # the owner died before this worker started
-            os._exit(1)
-        except OSError:  # a kernel without pidfds: poll instead
-            pidfd = -1
-    threading.Thread(target=_watch_owner, args=(owner, pidfd), daemon=True,
-                     name="h5forge-owner-watch").start()
-
-
-def _watch_owner(owner: int, pidfd: int) -> None:
-    if pidfd >= 0:
-        select.select([pidfd], [], [])  # readable once the owner has exited
-    else:
-        while _alive(owner):
-            time.sleep(0.5)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's: our owner's pid was reused
-        return False
-    return True
 
 
 def _check_main_importable(ctx: BaseContext) -> None:

@@ -27,6 +27,7 @@ from h5forge import format as fmt
 from h5forge.access import open_h5
 from h5forge.dataset import H5ImageDataset
 from h5forge.errors import IntegrityError
+from h5forge.lifetime import worker_init
 from h5forge.structure import check_declared
 
 __all__ = ["MethodReport", "SmokeReport", "smoke_load"]
@@ -206,7 +207,8 @@ def _run_once(
         "num_workers": workers,
         "multiprocessing_context": method if workers > 0 else None,
         "timeout": _BATCH_TIMEOUT_S if workers > 0 else 0,
-        "worker_init_fn": worker_init_fn if workers > 0 else None,
+        # Workers end with this process even when it is SIGKILLed (see h5forge.lifetime).
+        "worker_init_fn": worker_init(worker_init_fn) if workers > 0 else None,
     }
     loader: Iterable[list[tuple[Any, Any]]]
     if exp.header.storage == "array":

@@ -147,6 +147,7 @@ def run_kill(i: int, archive: Path, sha: str, work: Path, res: CampaignResult,
     delay = rng.uniform(0.5, kill_window)
     only_main = i % 2 == 0  # even trials kill the command alone, as `kill -9 PID` does
     left: dict[int, int] = {}
+    left_what = ""
     with busy_cores():
         w = run_cli(args, env, box)
         time.sleep(delay)
@@ -156,13 +157,14 @@ def run_kill(i: int, archive: Path, sha: str, work: Path, res: CampaignResult,
             os.kill(w.proc.pid, signal.SIGKILL)
             # Its temporary server and its workers must end with it, not linger orphaned.
             left = survivors(started, within=ORPHAN_BOUND_S)
+            left_what = _cmdlines(left)  # read before the group kill below ends them
         w.kill()  # the rest of the group, if anything is left (checked above)
         rc, seconds, text = _run_to_end(args + ["--overwrite"], env, box)
     problem = f"re-run exited {rc} after {seconds:.0f} s: {_tail(text)}" if rc else \
         _check_published(box / "out" / "demo.h5")
     if left:
         problem = (f"{len(left)} processes of the killed command outlived it by "
-                   f"{ORPHAN_BOUND_S:.0f} s: {_cmdlines(left)}")
+                   f"{ORPHAN_BOUND_S:.0f} s: {left_what}")
     where = "after it finished" if finished_first else \
         f"{'the command alone' if only_main else 'its process group'} at {delay:.1f} s"
     res.record("kill -9, then re-run in the same PREFECT_HOME: passed" if problem is None else
