@@ -12,8 +12,9 @@ bounded in time, killed when the trial ends), on the built-in demo archive pinne
 
 - ``busy``: one build; it must exit 0 and publish an asset that verifies and matches its
   manifest (300 samples, 2 quarantined).
-- ``kill``: one build SIGKILLed at a random moment in the first ``kill_window`` seconds, which
-  covers the server's first start and the stages after it — the command's process alone in
+- ``kill``: one build SIGKILLed at a random moment in the first ``kill_window`` seconds (at
+  most 90% of the fastest ``busy`` build), which covers the server's first start and the
+  stages after it — the command's process alone in
   even trials (``kill -9 PID``), its whole process group (the build, its temporary server, its
   workers) in odd ones. A command killed alone may leave nothing it started (the temporary
   server, the preprocessing workers) running for more than ``ORPHAN_BOUND_S``. Then the same
@@ -181,9 +182,13 @@ def run(*, busy: int = 5, kills: int = 10, seed: int = 0, work: Path, kill_windo
     sha = sha256_file(archive)
     rng = random.Random(seed)
     t0 = time.perf_counter()
+    took = []
     for i in range(busy):
-        seconds = run_busy(i, archive, sha, work, res)
-        log(f"busy {i}: {seconds:.1f} s, {res.outcomes}")
+        took.append(run_busy(i, archive, sha, work, res))
+        log(f"busy {i}: {took[-1]:.1f} s, {res.outcomes}")
+    if took:  # aim every kill inside a run: no later than 90% of the fastest build seen
+        kill_window = min(kill_window, 0.9 * min(took))
+        res.notes.append(f"kills land in the first {kill_window:.1f} s of a run")
     for i in range(kills):
         run_kill(i, archive, sha, work, res, rng, kill_window)
         log(f"kill {i}: {res.outcomes}")
