@@ -68,7 +68,6 @@ _PIL_FORMAT = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 #: packing (``ImageConfig.max_image_pixels``) and in reading (``max_pixels=`` of
 #: :func:`decode_stored`, ``H5ImageDataset`` and ``verify``). 89.5 M pixels is 268 MB of RGB.
 DEFAULT_MAX_PIXELS: int = opts.option("max_image_pixels").default
-_DEFAULT_MAX_PIXELS = DEFAULT_MAX_PIXELS
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ class ImageConfig:
     resize: ResizePolicy = "shorter-side"
     size: tuple[int, int] | None = (224, 224)
     shorter_side: int | None = None
-    max_image_pixels: int = _DEFAULT_MAX_PIXELS
+    max_image_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         if isinstance(self.size, list):  # e.g. from JSON

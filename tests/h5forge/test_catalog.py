@@ -18,6 +18,7 @@ from h5forge.catalog import IMAGE_EXTENSIONS, MAX_DEPTH, SPLIT_NAMES, Catalog, d
 from h5forge.errors import EmptyDatasetError
 from h5forge.files import remove_tree
 from h5forge.sample_manifest import LABEL_FLOOR
+from tests.fixtures.trees import deep_chain, touch_at
 
 PNG = b"\x89PNG\r\n\x1a\n"  # contents do not matter to discovery
 
@@ -145,15 +146,8 @@ def test_root_given_through_a_link_still_counts_as_inside(tmp_path: Path) -> Non
 @pytest.mark.slow  # 1,200 folders: seconds on a busy disk
 def test_a_1200_deep_local_tree_is_cut_at_the_depth_limit(tmp_path: Path) -> None:
     _touch(tmp_path / "a" / "top.png")
-    fd = os.open(tmp_path / "a", os.O_RDONLY)
-    for level in range(1_200):
-        os.mkdir("d", dir_fd=fd)
-        child = os.open("d", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-        if level in (10, MAX_DEPTH - 2, MAX_DEPTH + 5):
-            os.close(os.open(f"at{level + 1}.png", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
-    os.close(fd)
+    deep_chain(tmp_path / "a", 1_200, lambda level, fd: touch_at(f"at{level}.png", fd) if level
+               in (11, MAX_DEPTH - 1, MAX_DEPTH + 6) else None)
     try:
         cat = discover(tmp_path)
     finally:

@@ -27,6 +27,7 @@ from tests.fixtures.archives import (
     tar_bytes,
     write_good_archive,
 )
+from tests.fixtures.trees import deep_chain, touch_at
 
 
 def _tree(root: Path) -> list[str]:
@@ -223,17 +224,13 @@ def test_short_link_chain_inside_the_archive_still_works(tmp_path: Path) -> None
 
 def _deep_tree(top: Path, depth: int) -> None:
     """``top/d/d/.../d``, ``depth`` levels, with a file and a link to / now and then."""
-    top.mkdir()
-    fd = os.open(top, os.O_RDONLY)
-    for level in range(depth):
-        os.mkdir("d", dir_fd=fd)
+    def now_and_then(level: int, fd: int) -> None:
         if level % 100 == 0:
-            os.close(os.open("f", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+            touch_at("f", fd)
             os.symlink("/", "up", dir_fd=fd)  # must be removed, never followed
-        child = os.open("d", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-    os.close(fd)
+
+    top.mkdir()
+    deep_chain(top, depth, now_and_then)
 
 
 @pytest.fixture

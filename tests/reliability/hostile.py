@@ -56,6 +56,7 @@ from h5forge.errors import EmptyDatasetError
 from h5forge.files import remove_tree
 from h5forge.images import ImageConfig, Processed, Quarantined, process_file
 from tests.fixtures.images import EXPECTED_OUTCOME
+from tests.fixtures.trees import deep_chain
 from tests.reliability._procs import REPO
 from tests.reliability._result import CampaignResult
 
@@ -465,13 +466,7 @@ def deep_local_tree(work: Path, res: CampaignResult) -> None:
         remove_tree(root)
     (root / "a").mkdir(parents=True)
     (root / "a" / "top.png").write_bytes(_png(Image.new("RGB", (4, 4))))
-    fd = os.open(root / "a", os.O_RDONLY)
-    for _ in range(1_200):
-        os.mkdir("d", dir_fd=fd)
-        child = os.open("d", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-    os.close(fd)
+    deep_chain(root / "a", 1_200)
     try:
         cat = discover(root)
         ok = [s.relpath for s in cat.samples] == ["a/top.png"] and \
