@@ -246,7 +246,9 @@ def test_two_cli_packs_to_one_output_one_wins_the_other_exits_2(tmp_path: Path) 
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lock = Path(str(out) + ".lock")
     deadline = time.monotonic() + 60
-    while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
+    # Until the first run holds the lock and has written its record (pid, host) into it.
+    while first.poll() is None and time.monotonic() < deadline and not (
+            lock.exists() and lock.stat().st_size > 0):
         time.sleep(0.01)
     # Hold the first run still while the second tries (a fast first run could otherwise finish
     # before the second starts); a stopped process keeps its lock, as a busy one does.
