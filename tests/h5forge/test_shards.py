@@ -123,7 +123,10 @@ def test_dask_build_equals_local_pack(build: str, source: Source, client: Client
     kw = BUILDS[build]
     specs = plan_shards(source.catalog, samples_per_shard=PER_SHARD)
     assert len(specs) >= 6
-    whole = client.scatter(source.catalog, broadcast=True)  # or one slice per task (_build)
+    # hash=False: a fresh key per test. Scattered by content, every build case would reuse one
+    # key, and the scheduler's release of the previous case's copy could race this broadcast
+    # ("lost dependencies", seen in 2 of 5 full runs).
+    whole = client.scatter(source.catalog, broadcast=True, hash=False)  # or one slice per task
     futures = client.map(pack_shard, [whole] * len(specs), specs,
                          staging_url=str(tmp_path / "staging"), pure=False, **kw)
     results: list[ShardResult] = client.gather(futures)
