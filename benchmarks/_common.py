@@ -34,15 +34,26 @@ RESULTS = HERE / "RESULTS.md"
 def parser(description: str) -> argparse.ArgumentParser:
     """An argument parser with the options every benchmark shares."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--images", type=Path, default=None,
-                   help="a real image folder (ImageFolder layout, or a flat folder of images) "
-                        "instead of the generated photo set")
-    p.add_argument("--count", type=int, default=2000,
-                   help="images in the generated photo set (ignored with --images)")
+    p.add_argument(
+        "--images",
+        type=Path,
+        default=None,
+        help="a real image folder (ImageFolder layout, or a flat folder of images) "
+        "instead of the generated photo set",
+    )
+    p.add_argument(
+        "--count",
+        type=int,
+        default=2000,
+        help="images in the generated photo set (ignored with --images)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the generated photo set")
     p.add_argument("--repeat", type=int, default=3, help="runs per variant; the best is kept")
-    p.add_argument("--no-record", action="store_true",
-                   help="print only; do not append to benchmarks/RESULTS.md")
+    p.add_argument(
+        "--no-record",
+        action="store_true",
+        help="print only; do not append to benchmarks/RESULTS.md",
+    )
     return p
 
 
@@ -114,7 +125,7 @@ def machine_facts() -> dict[str, str]:
     with contextlib.suppress(OSError), open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemTotal"):
-                mem = f"{int(line.split()[1]) / 1024 ** 2:.1f} GiB"
+                mem = f"{int(line.split()[1]) / 1024**2:.1f} GiB"
                 break
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -134,6 +145,7 @@ def machine_facts() -> dict[str, str]:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A markdown table."""
+
     def cell(v: object) -> str:
         if isinstance(v, float):
             return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
@@ -164,15 +176,20 @@ class Report:
     def write(self, record: bool) -> None:
         if not record:
             return
-        command = "python -m benchmarks." + Path(sys.argv[0]).stem + (
-            " " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
+        command = (
+            "python -m benchmarks."
+            + Path(sys.argv[0]).stem
+            + (" " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
+        )
         facts = "; ".join(f"{k} {v}" for k, v in self.facts.items())
         body = "\n\n".join([f"## {self.title}", f"`{command}`", f"Machine: {facts}.", *self.parts])
         with open(RESULTS, "a", encoding="utf-8") as f:
             fcntl.flock(f, fcntl.LOCK_EX)  # another benchmark may append at the same moment
             if f.tell() == 0:
-                f.write("# Benchmark results\n\nAppended by the scripts in `benchmarks/`; newest "
-                        "last. Ratios are measured in one run; absolute rates drift with load.\n")
+                f.write(
+                    "# Benchmark results\n\nAppended by the scripts in `benchmarks/`; newest "
+                    "last. Ratios are measured in one run; absolute rates drift with load.\n"
+                )
             f.write("\n" + body.rstrip() + "\n")
         print(f"\nappended to {RESULTS}")
 
@@ -228,8 +245,10 @@ def tree_cpu(root_pid: int | None = None) -> float:
     and after a run counts them as long as the forkserver lives (it lives as long as we do).
     """
     tick = os.sysconf("SC_CLK_TCK")
-    return _tree_sum(root_pid or os.getpid(),  # utime stime cutime cstime
-                     lambda _, fields: sum(int(x) for x in fields[11:15]) / tick)
+    return _tree_sum(
+        root_pid or os.getpid(),  # utime stime cutime cstime
+        lambda _, fields: sum(int(x) for x in fields[11:15]) / tick,
+    )
 
 
 @contextlib.contextmanager
@@ -280,8 +299,11 @@ class LoopbackS3:
     latency: float
 
     def storage_options(self) -> dict[str, Any]:
-        return {"key": "testing", "secret": "testing",
-                "client_kwargs": {"endpoint_url": self.endpoint_url}}
+        return {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": self.endpoint_url},
+        }
 
 
 def _serve_ranges_without_copying_objects() -> None:
@@ -329,10 +351,14 @@ def loopback_s3(latency_ms: float = 0.0) -> Iterator[LoopbackS3]:
     )
     from werkzeug.serving import make_server
 
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-                        "AWS_CONFIG_FILE": os.devnull,
-                        "AWS_SHARED_CREDENTIALS_FILE": os.devnull}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }.items():
         os.environ[name] = value  # inherited by DataLoader workers; never the real ~/.aws
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     log = RequestLog()
@@ -345,14 +371,20 @@ def loopback_s3(latency_ms: float = 0.0) -> Iterator[LoopbackS3]:
 
             def recording(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
                 with log.lock:
-                    log.items.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
-                                      environ.get("HTTP_RANGE")))
+                    log.items.append(
+                        (
+                            environ["REQUEST_METHOD"],
+                            environ.get("PATH_INFO", ""),
+                            environ.get("HTTP_RANGE"),
+                        )
+                    )
                 if delay:
                     time.sleep(delay)
                 return app(environ, start_response)
 
-            self._server = make_server(self._ip_address, self._port, recording, True,
-                                       request_handler=MotoRequestHandler)
+            self._server = make_server(
+                self._ip_address, self._port, recording, True, request_handler=MotoRequestHandler
+            )
             self._server_ready_event.set()
             self._server.serve_forever()
 

@@ -86,8 +86,7 @@ class MemmapBatches(Memmap):
         shape = (len(idx), *self._array.shape[1:])
         nbytes = int(np.prod(shape))
         if get_worker_info() is not None:
-            out = torch.empty(0, dtype=torch.uint8).set_(
-                torch.UntypedStorage._new_shared(nbytes))  # type: ignore[attr-defined]
+            out = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))  # type: ignore[attr-defined]
         else:
             out = torch.empty(nbytes, dtype=torch.uint8)
         pixels = out.view(shape)
@@ -113,8 +112,7 @@ class H5pyOverFsspec(Dataset[tuple[torch.Tensor, int]]):
         self._h5: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "storage_options": self.storage_options, "n": self.n,
-                "_h5": None}
+        return {"url": self.url, "storage_options": self.storage_options, "n": self.n, "_h5": None}
 
     def __len__(self) -> int:
         return self.n
@@ -154,10 +152,11 @@ def resize_crop_tensor(image: torch.Tensor, side: int = SIDE) -> torch.Tensor:
     h, w = image.shape[1:]
     nw, nh = (side, int(side * h / w)) if w <= h else (int(side * w / h), side)
     x = image.unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    x = torch.nn.functional.interpolate(x, size=(nh, nw), mode="bilinear", antialias=True,
-                                        align_corners=False)
+    x = torch.nn.functional.interpolate(
+        x, size=(nh, nw), mode="bilinear", antialias=True, align_corners=False
+    )
     left, top = int(round((nw - side) / 2.0)), int(round((nh - side) / 2.0))
-    return x[0, :, top:top + side, left:left + side]
+    return x[0, :, top : top + side, left : left + side]
 
 
 class TensorResizeCrop:

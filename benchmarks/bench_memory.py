@@ -62,8 +62,11 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "n": result.num_samples})
 
 def _pack_in_child(root: Path, n: int, out: Path, workers: int) -> tuple[float, int]:
     """(seconds, peak RSS of the child's process tree) of one pack in a fresh process."""
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(root), str(n), str(out),
-                             str(workers)], stdout=subprocess.PIPE, cwd=HERE.parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(root), str(n), str(out), str(workers)],
+        stdout=subprocess.PIPE,
+        cwd=HERE.parent,
+    )
     with peak_tree_rss(proc.pid) as peak:
         stdout, _ = proc.communicate()
     if proc.returncode:
@@ -91,19 +94,23 @@ def _proc_memory(pid: int) -> tuple[int, int, int]:
     return rss, uss, pss
 
 
-def _worker_peaks(ds: Any, method: str, epochs: int, *,
-                  batches: bool = False) -> tuple[int, int, int]:
+def _worker_peaks(
+    ds: Any, method: str, epochs: int, *, batches: bool = False
+) -> tuple[int, int, int]:
     """Peak RSS, USS and PSS over the DataLoader's worker processes during ``epochs`` epochs;
     ``batches``: through ``ds.loader()`` (whole batches in reusable slots) instead of
     ``DataLoader(ds, batch_size=64)``."""
     import torch
     from torch.utils.data import DataLoader
 
-    options: dict[str, Any] = {"shuffle": True, "num_workers": 2,
-                               "multiprocessing_context": method, "persistent_workers": True,
-                               "generator": torch.Generator().manual_seed(0)}
-    loader = (ds.loader(64, **options) if batches
-              else DataLoader(ds, batch_size=64, **options))
+    options: dict[str, Any] = {
+        "shuffle": True,
+        "num_workers": 2,
+        "multiprocessing_context": method,
+        "persistent_workers": True,
+        "generator": torch.Generator().manual_seed(0),
+    }
+    loader = ds.loader(64, **options) if batches else DataLoader(ds, batch_size=64, **options)
     it = iter(loader)
     pids = [w.pid for w in it._workers]  # type: ignore[attr-defined]
     peaks = [0, 0, 0]
@@ -144,8 +151,9 @@ def _tiny_file(tmp: Path, n: int) -> Path:
         Image.new("RGB", (8, 8), (200, 100, 50)).save(png)
     classes = tuple(f"c{k}" for k in range(10))
     samples = tuple(Sample(str(png), f"c{i % 10}/{i:07d}.png", i % 10, "") for i in range(n))
-    catalog = Catalog(str(tmp), tuple(sorted(samples, key=lambda s: (s.label, s.relpath))),
-                      classes, (), {})
+    catalog = Catalog(
+        str(tmp), tuple(sorted(samples, key=lambda s: (s.label, s.relpath))), classes, (), {}
+    )
     out = tmp / f"tiny-{n}.h5"
     pack(catalog, out, image=ImageConfig(size=(8, 8)), workers=2, overwrite=True)
     return out
@@ -167,8 +175,10 @@ def main() -> None:
         for _ in range(args.repeat):
             for n in runs:
                 runs[n].append(_pack_in_child(small, n, tmp / f"pack-{n}.h5", args.workers))
-                print(f"  pack {n}: {runs[n][-1][0]:.2f} s, peak {runs[n][-1][1] / MB:.0f} MB",
-                      flush=True)
+                print(
+                    f"  pack {n}: {runs[n][-1][0]:.2f} s, peak {runs[n][-1][1] / MB:.0f} MB",
+                    flush=True,
+                )
         fixed = best([s for s, _ in runs[16]])
         t1k, t10k = best([s for s, _ in runs[1000]]), best([s for s, _ in runs[10_000]])
         peak1k = median([r for _, r in runs[1000]])
@@ -176,15 +186,34 @@ def main() -> None:
         raw = (t10k / 10_000) / (t1k / 1000)
         net = ((t10k - fixed) / 10_000) / ((t1k - fixed) / 1000)
         growth = (peak10k - peak1k) / MB
-        report.add(f"Pack input: {small.name} (10,000 JPEGs 96x128, q90) packed decoded 64x64 "
-                   f"with {args.workers} workers; each pack in a fresh process; best time and "
-                   f"median peak of {args.repeat} runs, interleaved.")
-        report.add(table(["images", "best s", "ms / image", "ms / image net of start-up",
-                          "peak RSS, all processes (MB)", "peaks of every run (MB)"], [
-            [n, best([s for s, _ in r]), 1e3 * best([s for s, _ in r]) / n,
-             "" if n == 16 else f"{1e3 * (best([s for s, _ in r]) - fixed) / n:.3f}",
-             median([x for _, x in r]) / MB, ", ".join(f"{x / MB:.0f}" for _, x in r)]
-            for n, r in runs.items()]))
+        report.add(
+            f"Pack input: {small.name} (10,000 JPEGs 96x128, q90) packed decoded 64x64 "
+            f"with {args.workers} workers; each pack in a fresh process; best time and "
+            f"median peak of {args.repeat} runs, interleaved."
+        )
+        report.add(
+            table(
+                [
+                    "images",
+                    "best s",
+                    "ms / image",
+                    "ms / image net of start-up",
+                    "peak RSS, all processes (MB)",
+                    "peaks of every run (MB)",
+                ],
+                [
+                    [
+                        n,
+                        best([s for s, _ in r]),
+                        1e3 * best([s for s, _ in r]) / n,
+                        "" if n == 16 else f"{1e3 * (best([s for s, _ in r]) - fixed) / n:.3f}",
+                        median([x for _, x in r]) / MB,
+                        ", ".join(f"{x / MB:.0f}" for _, x in r),
+                    ]
+                    for n, r in runs.items()
+                ],
+            )
+        )
 
         # --- reader workers
         import torch  # noqa: F401  (after the packs: their children must not inherit it)
@@ -207,18 +236,40 @@ def main() -> None:
                 worker_pss = max(h5[2], bat[2]) / MB
             mem_rows += [
                 [method, "H5ImageDataset, DataLoader(batch_size=64)", *(v / MB for v in h5)],
-                [method, "H5ImageDataset.loader(64) (slots shared with the main process)",
-                 *(v / MB for v in bat)],
+                [
+                    method,
+                    "H5ImageDataset.loader(64) (slots shared with the main process)",
+                    *(v / MB for v in bat),
+                ],
                 [method, "control (zeros, same shapes)", *(v / MB for v in ctl)],
-                [method, "**h5forge's share** (difference, DataLoader)",
-                 *((a - b) / MB for a, b in zip(h5, ctl, strict=True))],
-                [method, "**h5forge's share** (difference, loader())",
-                 *((a - b) / MB for a, b in zip(bat, ctl, strict=True))]]
-        report.add(f"Reader: {what}, packed decoded 224 ({decoded.num_samples} samples, "
-                   f"{decoded.bytes / MB:.0f} MB); DataLoader 2 workers, batch 64, shuffled, "
-                   "two epochs; peak over both workers.")
-        report.add(table(["start method", "dataset", "worker peak RSS (MB)",
-                          "worker peak USS (MB)", "worker peak PSS (MB)"], mem_rows))
+                [
+                    method,
+                    "**h5forge's share** (difference, DataLoader)",
+                    *((a - b) / MB for a, b in zip(h5, ctl, strict=True)),
+                ],
+                [
+                    method,
+                    "**h5forge's share** (difference, loader())",
+                    *((a - b) / MB for a, b in zip(bat, ctl, strict=True)),
+                ],
+            ]
+        report.add(
+            f"Reader: {what}, packed decoded 224 ({decoded.num_samples} samples, "
+            f"{decoded.bytes / MB:.0f} MB); DataLoader 2 workers, batch 64, shuffled, "
+            "two epochs; peak over both workers."
+        )
+        report.add(
+            table(
+                [
+                    "start method",
+                    "dataset",
+                    "worker peak RSS (MB)",
+                    "worker peak USS (MB)",
+                    "worker peak PSS (MB)",
+                ],
+                mem_rows,
+            )
+        )
 
         # --- open time vs N
         open_rows = []
@@ -233,28 +284,44 @@ def main() -> None:
                 len(ds)
                 times.append(time.perf_counter() - t0)
             opens[n] = best(times)
-            open_rows.append([f"{n:,}", f"{opens[n] * 1e3:.2f}", f"{median(times) * 1e3:.2f}",
-                              f"{os.path.getsize(path) / MB:.1f}"])
+            open_rows.append(
+                [
+                    f"{n:,}",
+                    f"{opens[n] * 1e3:.2f}",
+                    f"{median(times) * 1e3:.2f}",
+                    f"{os.path.getsize(path) / MB:.1f}",
+                ]
+            )
             print(f"  open {n}: {opens[n] * 1e3:.2f} ms", flush=True)
-        report.add("Open: `H5ImageDataset(path)` + `len()` (file opened, header checked, index "
-                   "loaded), in this process after one warm-up open, best of 7.")
+        report.add(
+            "Open: `H5ImageDataset(path)` + `len()` (file opened, header checked, index "
+            "loaded), in this process after one warm-up open, best of 7."
+        )
         report.add(table(["samples", "best ms", "median ms", "file MB"], open_rows))
         largest = max(opens)
         flat = opens[largest] / opens[min(opens)]
-        report.add("\n".join([
-            f"- pack peak RSS growth 1k -> 10k = **{growth:+.0f} MB**, "
-            f"{verdict(growth, 50, at_most=True)}",
-            f"- pack time per image 10k / 1k = **{net:.2f}** net of the {fixed:.2f} s start-up "
-            f"({raw:.2f} raw), {verdict(net, 1.10, at_most=True)}",
-            f"- reader worker (fork) peak PSS = **{worker_pss:.0f} MB** "
-            f"({verdict(worker_pss, 200, at_most=True)}), peak RSS {worker_rss:.0f} MB (counts "
-            "every page shared with the parent in full; a torch worker doing nothing has about "
-            "that much); h5forge's share of the RSS over a torch "
-            f"worker doing nothing = **{worst:.0f} MB** ({verdict(worst, 200, at_most=True)})",
-            f"- open at {largest:,} samples = **{opens[largest] * 1e3:.1f} ms** "
-            f"({verdict(opens[largest] * 1e3, 50, at_most=True)}), {flat:.1f}x the "
-            f"{min(opens):,}-sample open",
-        ]))
+        report.add(
+            "\n".join(
+                [
+                    f"- pack peak RSS growth 1k -> 10k = **{growth:+.0f} MB**, "
+                    f"{verdict(growth, 50, at_most=True)}",
+                    f"- pack time per image 10k / 1k = **{net:.2f}** net of the {fixed:.2f} s "
+                    "start-up "
+                    f"({raw:.2f} raw), {verdict(net, 1.10, at_most=True)}",
+                    f"- reader worker (fork) peak PSS = **{worker_pss:.0f} MB** "
+                    f"({verdict(worker_pss, 200, at_most=True)}), peak RSS {worker_rss:.0f} "
+                    "MB (counts "
+                    "every page shared with the parent in full; a torch worker doing nothing "
+                    "has about "
+                    "that much); h5forge's share of the RSS over a torch "
+                    f"worker doing nothing = **{worst:.0f} MB** "
+                    f"({verdict(worst, 200, at_most=True)})",
+                    f"- open at {largest:,} samples = **{opens[largest] * 1e3:.1f} ms** "
+                    f"({verdict(opens[largest] * 1e3, 50, at_most=True)}), {flat:.1f}x the "
+                    f"{min(opens):,}-sample open",
+                ]
+            )
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report.write(not args.no_record)

@@ -44,20 +44,24 @@ from h5forge.writer import pack
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "decoded 224 (raw chunks)": {"image": ImageConfig()},
-    "decoded 224 + gzip-1 (compressed chunks)": {"image": ImageConfig(), "compression": "gzip",
-                                                 "compression_level": 1},
-    "encoded original (blob)": {"image": ImageConfig(layout="encoded", resize="none",
-                                                     size=None)},
+    "decoded 224 + gzip-1 (compressed chunks)": {
+        "image": ImageConfig(),
+        "compression": "gzip",
+        "compression_level": 1,
+    },
+    "encoded original (blob)": {"image": ImageConfig(layout="encoded", resize="none", size=None)},
 }
 
 
-def _pack_shards(catalog: Catalog, specs: list[ShardSpec], staging: Path,
-                 kw: dict[str, Any]) -> list[str]:
+def _pack_shards(
+    catalog: Catalog, specs: list[ShardSpec], staging: Path, kw: dict[str, Any]
+) -> list[str]:
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(2) as pool:
-        futures = [pool.submit(pack_shard, shard_catalog(catalog, s), s, str(staging), **kw)
-                   for s in specs]
+        futures = [
+            pool.submit(pack_shard, shard_catalog(catalog, s), s, str(staging), **kw) for s in specs
+        ]
         return [f.result().url for f in futures]
 
 
@@ -128,18 +132,25 @@ def _compare(name: str, urls: list[str], work: Path, repeat: int) -> list[object
 
     def merge() -> None:
         cpu = time.process_time()
-        wall = _timed(lambda: merge_shards(urls, work / "merged.h5", overwrite=True,
-                                           max_bad_fraction=1.0))
+        wall = _timed(
+            lambda: merge_shards(urls, work / "merged.h5", overwrite=True, max_bad_fraction=1.0)
+        )
         merge_runs.append((wall, time.process_time() - cpu))
 
     def merge_bare() -> None:
         merge_shards(bare, work / "merged-bare.h5", overwrite=True, max_bad_fraction=1.0)
 
     with _VerifyClock() as clock:
-        times = interleave({"copyfile": lambda: _copy_all(urls, copies, sync=False),
-                            "copyfile+fsync": lambda: _copy_all(urls, copies, sync=True),
-                            "sha256, 1 thread": lambda: _sha256_files(urls),
-                            "merge": merge, "merge, bare shards": merge_bare}, repeat)
+        times = interleave(
+            {
+                "copyfile": lambda: _copy_all(urls, copies, sync=False),
+                "copyfile+fsync": lambda: _copy_all(urls, copies, sync=True),
+                "sha256, 1 thread": lambda: _sha256_files(urls),
+                "merge": merge,
+                "merge, bare shards": merge_bare,
+            },
+            repeat,
+        )
     shutil.rmtree(copies, ignore_errors=True)
     shutil.rmtree(work / "bare", ignore_errors=True)
     c, cs = best(times["copyfile"]), best(times["copyfile+fsync"])
@@ -152,47 +163,78 @@ def _compare(name: str, urls: list[str], work: Path, repeat: int) -> list[object
     mb = sum(Path(u).stat().st_size for u in urls) / 1e6
     # The merge is durable (fsync before the seal); a copy left in the page cache is not. No
     # durable copy of these bytes beats copyfile+fsync: the bound of the strict ratio.
-    return [name, f"{mb:.0f}", mb / c, mb / cs, mb / m, f"{cpu:.2f}", f"{h:.2f}", f"{v:.2f}",
-            f"{c / m:.2f}x", f"{c / cs:.2f}x", f"{bound:.2f}x",
-            f"{c / best(times['merge, bare shards']):.2f}x", f"**{cs / m:.2f}x**",
-            verdict(cs / m, 0.5)]
+    return [
+        name,
+        f"{mb:.0f}",
+        mb / c,
+        mb / cs,
+        mb / m,
+        f"{cpu:.2f}",
+        f"{h:.2f}",
+        f"{v:.2f}",
+        f"{c / m:.2f}x",
+        f"{c / cs:.2f}x",
+        f"{bound:.2f}x",
+        f"{c / best(times['merge, bare shards']):.2f}x",
+        f"**{cs / m:.2f}x**",
+        verdict(cs / m, 0.5),
+    ]
 
 
-def _merge_vs_copy(catalog: Catalog, specs: list[ShardSpec], work: Path, repeat: int,
-                   report: Any) -> None:
+def _merge_vs_copy(
+    catalog: Catalog, specs: list[ShardSpec], work: Path, repeat: int, report: Any
+) -> None:
     rows: list[list[object]] = []
     for name, kw in VARIANTS.items():
         staging = work / f"staging-{len(rows)}"
         print(f"packing {len(specs)} shards: {name} ...", flush=True)
         rows.append(_compare(name, _pack_shards(catalog, specs, staging, kw), work, repeat))
         shutil.rmtree(staging)
-    report.add(table(["shards", "MB", "copyfile MB/s", "copyfile+fsync MB/s",
-                      "merge MB/s", "merge CPU s", "sha256 s (1 thread)", "of which verify s",
-                      "merge / copyfile", "durable bound: copyfile / (copyfile+fsync)",
-                      "hash bound: hash + copy on these CPUs", "bare shards: merge / copyfile",
-                      "merge / (copyfile+fsync)", "target (>= 0.5x a copy as durable)"], rows))
-    report.add("'merge' is everything merge_shards does with published shards: the survey "
-               "(HDF5 header and index of every shard), each shard file's sha256 checked "
-               "against its manifest (mmap, two hash threads started in the survey, beside the "
-               "copy; file identity checked before and after), the stored bytes copied "
-               "(raw-chunk runs and blobs with copy_file_range in the kernel; gzip chunks read "
-               "with pread and written with write_direct_chunk, not inflated), writeback started "
-               "after each shard (sync_file_range), the structural verify_unsealed("
-               "check_digests=False) (counts, labels, metadata digest, byte ranges against the "
-               "HDF5 chunk index) beside the fsync, seal, fsync, rename. 'of which "
-               "verify' is the verify_unsealed time measured inside the same run. 'bare "
-               "shards' are the same files without their manifests: the per-sample fallback "
-               "(every sample's sha256 computed from the bytes copied with pread/pwrite, gzip "
-               "chunks inflated to hash the pixels). 'merge CPU s' is the CPU time of the process "
-               "(all threads) in the best merge run; 'sha256 s' is hashlib over the same "
-               "shards on one thread; 'bound' is the best merge / copyfile ratio any merge "
-               f"that hashes and copies every byte could reach on these {_cpus()} CPUs: "
-               "copyfile / max(copyfile, sha256 / 2 threads, (sha256 + copyfile) / CPUs). "
-               "The merge fsyncs its output before sealing it (nothing is called done before "
-               "it is on disk); 'copyfile' leaves its copy in the page cache. 'durable bound' "
-               "is the best merge / copyfile ratio any copy that reaches the disk could show "
-               "(copyfile / (copyfile+fsync)): below 0.5x on this disk, so the target is "
-               "measured against the copy as durable as the merge, copyfile + fsync.")
+    report.add(
+        table(
+            [
+                "shards",
+                "MB",
+                "copyfile MB/s",
+                "copyfile+fsync MB/s",
+                "merge MB/s",
+                "merge CPU s",
+                "sha256 s (1 thread)",
+                "of which verify s",
+                "merge / copyfile",
+                "durable bound: copyfile / (copyfile+fsync)",
+                "hash bound: hash + copy on these CPUs",
+                "bare shards: merge / copyfile",
+                "merge / (copyfile+fsync)",
+                "target (>= 0.5x a copy as durable)",
+            ],
+            rows,
+        )
+    )
+    report.add(
+        "'merge' is everything merge_shards does with published shards: the survey "
+        "(HDF5 header and index of every shard), each shard file's sha256 checked "
+        "against its manifest (mmap, two hash threads started in the survey, beside the "
+        "copy; file identity checked before and after), the stored bytes copied "
+        "(raw-chunk runs and blobs with copy_file_range in the kernel; gzip chunks read "
+        "with pread and written with write_direct_chunk, not inflated), writeback started "
+        "after each shard (sync_file_range), the structural verify_unsealed("
+        "check_digests=False) (counts, labels, metadata digest, byte ranges against the "
+        "HDF5 chunk index) beside the fsync, seal, fsync, rename. 'of which "
+        "verify' is the verify_unsealed time measured inside the same run. 'bare "
+        "shards' are the same files without their manifests: the per-sample fallback "
+        "(every sample's sha256 computed from the bytes copied with pread/pwrite, gzip "
+        "chunks inflated to hash the pixels). 'merge CPU s' is the CPU time of the process "
+        "(all threads) in the best merge run; 'sha256 s' is hashlib over the same "
+        "shards on one thread; 'bound' is the best merge / copyfile ratio any merge "
+        f"that hashes and copies every byte could reach on these {_cpus()} CPUs: "
+        "copyfile / max(copyfile, sha256 / 2 threads, (sha256 + copyfile) / CPUs). "
+        "The merge fsyncs its output before sealing it (nothing is called done before "
+        "it is on disk); 'copyfile' leaves its copy in the page cache. 'durable bound' "
+        "is the best merge / copyfile ratio any copy that reaches the disk could show "
+        "(copyfile / (copyfile+fsync)): below 0.5x on this disk, so the target is "
+        "measured against the copy as durable as the merge, copyfile + fsync."
+    )
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -201,35 +243,54 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def _build_vs_local(catalog: Catalog, specs: list[ShardSpec], work: Path, repeat: int,
-                    report: Any) -> None:
+def _build_vs_local(
+    catalog: Catalog, specs: list[ShardSpec], work: Path, repeat: int, report: Any
+) -> None:
     from distributed import Client, LocalCluster
 
     image = ImageConfig()
     n = len(catalog.samples)
     t0 = time.perf_counter()
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           dashboard_address=None)
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
     client = Client(cluster)
     client.wait_for_workers(2)
     startup = time.perf_counter() - t0
     phases: dict[str, list[float]] = {"shards": [], "merge": []}
     try:
+
         def local() -> None:
-            pack(catalog, work / "local.h5", image=image, workers=2, overwrite=True,
-                 max_bad_fraction=1.0)
+            pack(
+                catalog,
+                work / "local.h5",
+                image=image,
+                workers=2,
+                overwrite=True,
+                max_bad_fraction=1.0,
+            )
 
         def dask() -> None:
             staging = work / "dask-staging"
             shutil.rmtree(staging, ignore_errors=True)
             t = time.perf_counter()
-            futures = client.map(pack_shard, [shard_catalog(catalog, s) for s in specs], specs,
-                                 staging_url=str(staging), image=image, pure=False)
+            futures = client.map(
+                pack_shard,
+                [shard_catalog(catalog, s) for s in specs],
+                specs,
+                staging_url=str(staging),
+                image=image,
+                pure=False,
+            )
             client.gather(futures)
             phases["shards"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            merge_shards([shard_url(str(staging), s) for s in specs], work / "dask.h5",
-                         overwrite=True, max_bad_fraction=1.0)
+            merge_shards(
+                [shard_url(str(staging), s) for s in specs],
+                work / "dask.h5",
+                overwrite=True,
+                max_bad_fraction=1.0,
+            )
             phases["merge"].append(time.perf_counter() - t)
 
         times = interleave({"local pack (workers=2)": local, "dask 2x1 + merge": dask}, repeat)
@@ -237,13 +298,23 @@ def _build_vs_local(catalog: Catalog, specs: list[ShardSpec], work: Path, repeat
         client.close()
         cluster.close()
     loc, dsk = best(times["local pack (workers=2)"]), best(times["dask 2x1 + merge"])
-    rows = [["local pack, process pool of 2", f"{loc:.2f}", n / loc, "", ""],
-            ["dask LocalCluster 2 workers x 1 thread, shards + merge", f"{dsk:.2f}", n / dsk,
-             f"{best(phases['shards']):.2f}", f"{best(phases['merge']):.2f}"]]
-    report.add(table(["build (decoded 224, no compression)", "s", "img/s", "shards s",
-                      "merge s"], rows))
-    report.add(f"Dask / local throughput: {loc / dsk:.2f}x ({len(specs)} shards of up to "
-               f"{specs[0].count} images; cluster start-up {startup:.1f} s, not counted).")
+    rows = [
+        ["local pack, process pool of 2", f"{loc:.2f}", n / loc, "", ""],
+        [
+            "dask LocalCluster 2 workers x 1 thread, shards + merge",
+            f"{dsk:.2f}",
+            n / dsk,
+            f"{best(phases['shards']):.2f}",
+            f"{best(phases['merge']):.2f}",
+        ],
+    ]
+    report.add(
+        table(["build (decoded 224, no compression)", "s", "img/s", "shards s", "merge s"], rows)
+    )
+    report.add(
+        f"Dask / local throughput: {loc / dsk:.2f}x ({len(specs)} shards of up to "
+        f"{specs[0].count} images; cluster start-up {startup:.1f} s, not counted)."
+    )
 
 
 def main() -> None:
@@ -255,8 +326,10 @@ def main() -> None:
     report = start_report("Shard merge vs file copy; Dask build vs local (bench_merge.py)")
     catalog = discover(root)
     specs = plan_shards(catalog, samples_per_shard=args.shard_size)
-    report.add(f"Input: {described}. {len(specs)} shards of up to {args.shard_size} images; "
-               f"best of {args.repeat}, variants interleaved.")
+    report.add(
+        f"Input: {described}. {len(specs)} shards of up to {args.shard_size} images; "
+        f"best of {args.repeat}, variants interleaved."
+    )
     with tempfile.TemporaryDirectory(prefix="bench-merge-") as tmp:
         _merge_vs_copy(catalog, specs, Path(tmp), args.repeat, report)
         if not args.skip_build:

@@ -72,19 +72,29 @@ def naive_pack(files: list[Path], out: Path) -> None:
         for i, p in enumerate(files):
             img = Image.open(p).convert("RGB").resize((SIDE, SIDE))
             pixels = torch.Tensor(list(img.get_flattened_data())).view(SIDE, SIDE, 3)
-            h5.create_dataset(f"images/{i:06d}", data=pixels.numpy(), compression="gzip",
-                              compression_opts=9)
+            h5.create_dataset(
+                f"images/{i:06d}", data=pixels.numpy(), compression="gzip", compression_opts=9
+            )
             h5.create_dataset(f"labels/{i:06d}", data=i % 10)
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
-                   help="pack worker processes (default: usable CPUs)")
-    p.add_argument("--naive-count", type=int, default=60,
-                   help="images the naive recipe packs (its rate is extrapolated)")
-    p.add_argument("--no-variants", action="store_true",
-                   help="skip the one-off encoded and compressed packs")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="pack worker processes (default: usable CPUs)",
+    )
+    p.add_argument(
+        "--naive-count",
+        type=int,
+        default=60,
+        help="images the naive recipe packs (its rate is extrapolated)",
+    )
+    p.add_argument(
+        "--no-variants", action="store_true", help="skip the one-off encoded and compressed packs"
+    )
     args = p.parse_args()
     from h5forge.images import ImageConfig
     from h5forge.writer import pack
@@ -112,21 +122,24 @@ def main() -> None:
         pack(root, out, workers=args.workers, overwrite=True)
         cpu["pack"].append((tree_cpu() - c0) / len(files))
 
-    shares = [[str(f) for f in files[i::args.workers * 8]] for i in range(args.workers * 8)]
+    shares = [[str(f) for f in files[i :: args.workers * 8]] for i in range(args.workers * 8)]
     ctx = multiprocessing.get_context("forkserver")
     with ctx.Pool(args.workers) as decoders:
         decoders.map(_decode_count, [[str(files[0])]] * args.workers)  # started, warm
-        times = interleave({
-            "one-core decode+resize": one_core_run,
-            "parallel decode+resize": lambda: decoders.map(_decode_count, shares, chunksize=1),
-            "h5forge pack": pack_run,
-        }, args.repeat)
+        times = interleave(
+            {
+                "one-core decode+resize": one_core_run,
+                "parallel decode+resize": lambda: decoders.map(_decode_count, shares, chunksize=1),
+                "h5forge pack": pack_run,
+            },
+            args.repeat,
+        )
     one_core = len(subset) / best(times["one-core decode+resize"])
     ideal = args.workers * one_core
     parallel = len(files) / best(times["parallel decode+resize"])
     rate = len(files) / best(times["h5forge pack"])
     cpu_decode, cpu_pack = min(cpu["decode"]), min(cpu["pack"])
-    naive_files = files[:: max(1, len(files) // args.naive_count)][:args.naive_count]
+    naive_files = files[:: max(1, len(files) // args.naive_count)][: args.naive_count]
     naive_s, _ = timed(lambda: naive_pack(naive_files, tmp / "naive.h5"))
     naive_rate = len(naive_files) / naive_s
     naive_ratio = (tmp / "naive.h5").stat().st_size / sum(f.stat().st_size for f in naive_files)
@@ -136,19 +149,37 @@ def main() -> None:
     rows = [
         ["one-core decode+resize (Pillow, in process)", f"{one_core:,.0f}", "", ""],
         [f"ideal = {args.workers} x one core", f"{ideal:,.0f}", "1.00", ""],
-        [f"parallel ideal: {args.workers} processes decoding at once", f"{parallel:,.0f}",
-         f"{parallel / ideal:.2f}", ""],
-        ["h5forge pack, decoded 224, best", f"{rate:,.0f}", f"{rate / ideal:.2f}",
-         f"{size / src_bytes:.2f}"],
-        ["h5forge pack, first run in the process (pool start-up)",
-         f"{len(files) / first:,.0f}", f"{len(files) / first / ideal:.2f}", ""],
-        [f"naive recipe (gzip-9 per image, {len(naive_files)} images, extrapolated)",
-         f"{naive_rate:,.1f}", f"{naive_rate / ideal:.3f}", f"{naive_ratio:.2f}"],
+        [
+            f"parallel ideal: {args.workers} processes decoding at once",
+            f"{parallel:,.0f}",
+            f"{parallel / ideal:.2f}",
+            "",
+        ],
+        [
+            "h5forge pack, decoded 224, best",
+            f"{rate:,.0f}",
+            f"{rate / ideal:.2f}",
+            f"{size / src_bytes:.2f}",
+        ],
+        [
+            "h5forge pack, first run in the process (pool start-up)",
+            f"{len(files) / first:,.0f}",
+            f"{len(files) / first / ideal:.2f}",
+            "",
+        ],
+        [
+            f"naive recipe (gzip-9 per image, {len(naive_files)} images, extrapolated)",
+            f"{naive_rate:,.1f}",
+            f"{naive_rate / ideal:.3f}",
+            f"{naive_ratio:.2f}",
+        ],
     ]
     if not args.no_variants:
         variants: list[tuple[str, dict[str, object]]] = [
-            ("encoded original (JPEG bytes as is)",
-             {"image": ImageConfig(layout="encoded", resize="none", size=None)}),
+            (
+                "encoded original (JPEG bytes as is)",
+                {"image": ImageConfig(layout="encoded", resize="none", size=None)},
+            ),
             ("encoded jpeg q90, 224", {"image": ImageConfig(layout="encoded", encoding="jpeg")}),
             ("decoded 224 + gzip-4", {"compression": "gzip"}),
             ("decoded 224 + lzf", {"compression": "lzf"}),
@@ -156,25 +187,39 @@ def main() -> None:
         try:
             import hdf5plugin  # noqa: F401
 
-            variants += [("decoded 224 + blosc-lz4", {"compression": "blosc-lz4"}),
-                         ("decoded 224 + zstd-3", {"compression": "zstd"})]
+            variants += [
+                ("decoded 224 + blosc-lz4", {"compression": "blosc-lz4"}),
+                ("decoded 224 + zstd-3", {"compression": "zstd"}),
+            ]
         except ImportError:
             pass
         for name, kwargs in variants:
             path = tmp / "variant.h5"
-            seconds, _ = timed(lambda kw=kwargs, path=path: pack(  # type: ignore[misc]
-                root, path, workers=args.workers, overwrite=True, **kw))
-            rows.append([f"h5forge pack, {name} (one run)", f"{len(files) / seconds:,.0f}",
-                         f"{len(files) / seconds / ideal:.2f}",
-                         f"{path.stat().st_size / src_bytes:.3f}"])
+            seconds, _ = timed(
+                lambda kw=kwargs, path=path: pack(  # type: ignore[misc]
+                    root, path, workers=args.workers, overwrite=True, **kw
+                )
+            )
+            rows.append(
+                [
+                    f"h5forge pack, {name} (one run)",
+                    f"{len(files) / seconds:,.0f}",
+                    f"{len(files) / seconds / ideal:.2f}",
+                    f"{path.stat().st_size / src_bytes:.3f}",
+                ]
+            )
             path.unlink()
     report.add(table(["what", "images/s", "vs ideal", "file / source bytes"], rows))
-    report.add(f"CPU per image: plain decode+resize {cpu_decode * 1e3:.2f} ms, h5forge pack "
-               f"{cpu_pack * 1e3:.2f} ms (writer + workers, verification included): CPU "
-               f"efficiency {cpu_decode / cpu_pack:.2f}.")
-    report.add(f"pack / ideal = **{rate / ideal:.2f}x**, {verdict(rate / ideal, 0.85)}; "
-               f"pack / parallel ideal = **{rate / parallel:.2f}x**; "
-               f"pack / naive = **{rate / naive_rate:.0f}x**, {verdict(rate / naive_rate, 20)}")
+    report.add(
+        f"CPU per image: plain decode+resize {cpu_decode * 1e3:.2f} ms, h5forge pack "
+        f"{cpu_pack * 1e3:.2f} ms (writer + workers, verification included): CPU "
+        f"efficiency {cpu_decode / cpu_pack:.2f}."
+    )
+    report.add(
+        f"pack / ideal = **{rate / ideal:.2f}x**, {verdict(rate / ideal, 0.85)}; "
+        f"pack / parallel ideal = **{rate / parallel:.2f}x**; "
+        f"pack / naive = **{rate / naive_rate:.0f}x**, {verdict(rate / naive_rate, 20)}"
+    )
     for f in tmp.iterdir():
         f.unlink()
     tmp.rmdir()

@@ -78,15 +78,21 @@ def _cpu(loader: DataLoader[Any]) -> float:
 
 def _loader(ds: Any, batches: int, args: Any) -> DataLoader[Any]:
     """A shuffled DataLoader of ``batches`` batches over ``ds`` in the reader's own mode."""
-    sampler = RandomSampler(ds.dataset if isinstance(ds, _Collated) else ds,
-                            num_samples=batches * args.batch_size,
-                            generator=torch.Generator().manual_seed(0))
+    sampler = RandomSampler(
+        ds.dataset if isinstance(ds, _Collated) else ds,
+        num_samples=batches * args.batch_size,
+        generator=torch.Generator().manual_seed(0),
+    )
     common: dict[str, Any] = {"num_workers": args.workers, "persistent_workers": True}
     if isinstance(ds, H5ImageDataset):  # its fast path: one read_batch per batch
         return ds.loader(args.batch_size, sampler=sampler, **common)
     if isinstance(ds, MemmapBatches):  # the same DataLoader mode: automatic batching off
-        return DataLoader(ds, batch_size=None, **common,
-                          sampler=BatchSampler(sampler, args.batch_size, drop_last=False))
+        return DataLoader(
+            ds,
+            batch_size=None,
+            **common,
+            sampler=BatchSampler(sampler, args.batch_size, drop_last=False),
+        )
     if isinstance(ds, _Collated):
         ds = ds.dataset
     return DataLoader(ds, batch_size=args.batch_size, sampler=sampler, **common)
@@ -107,7 +113,7 @@ def _to_npy(h5_path: Path, npy: Path) -> np.ndarray:
         images = h5["images"]
         out = np.lib.format.open_memmap(npy, mode="w+", dtype=np.uint8, shape=images.shape)
         for lo in range(0, images.shape[0], 256):  # never the whole set in memory
-            out[lo:lo + 256] = images[lo:lo + 256]
+            out[lo : lo + 256] = images[lo : lo + 256]
         out.flush()
         del out
         return h5["labels"][()]
@@ -117,10 +123,15 @@ def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--batches", type=int, default=150,
-                   help="batches per timed round of the fast loaders")
-    p.add_argument("--slow-batches", type=int, default=48,
-                   help="batches per timed round of the decoding loaders")
+    p.add_argument(
+        "--batches", type=int, default=150, help="batches per timed round of the fast loaders"
+    )
+    p.add_argument(
+        "--slow-batches",
+        type=int,
+        default=48,
+        help="batches per timed round of the decoding loaders",
+    )
     args = p.parse_args()
     from h5forge import H5ImageDataset
     from h5forge.images import ImageConfig
@@ -131,15 +142,17 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="h5forge-bench-read-"))
     try:
         decoded = pack(root, tmp / "decoded.h5")
-        encoded = pack(root, tmp / "encoded.h5",
-                       image=ImageConfig(layout="encoded", resize="none", size=None))
+        encoded = pack(
+            root, tmp / "encoded.h5", image=ImageConfig(layout="encoded", resize="none", size=None)
+        )
         labels = _to_npy(tmp / "decoded.h5", tmp / "pixels.npy")
         # Further layouts, for the guidance in benchmarks/README.md (no targets).
         extra = {
             "h5forge decoded + gzip-4": pack(root, tmp / "gzip.h5", compression="gzip"),
             "h5forge decoded + lzf": pack(root, tmp / "lzf.h5", compression="lzf"),
             "h5forge encoded jpeg q90 224": pack(
-                root, tmp / "jpeg224.h5", image=ImageConfig(layout="encoded", encoding="jpeg")),
+                root, tmp / "jpeg224.h5", image=ImageConfig(layout="encoded", encoding="jpeg")
+            ),
         }
         from h5forge.catalog import discover
 
@@ -159,15 +172,20 @@ def main() -> None:
             "JPEG folder": JpegFolder(files, folder_labels),
             "JPEG folder, tensor transform": JpegFolderTensor(files, folder_labels),
             "h5forge encoded, tensor transform": H5ImageDataset(
-                encoded.path, transform=TensorResizeCrop()),
+                encoded.path, transform=TensorResizeCrop()
+            ),
             "h5forge encoded, Pillow round trip": H5ImageDataset(
-                encoded.path, transform=ResizeCrop()),
+                encoded.path, transform=ResizeCrop()
+            ),
             **{name: H5ImageDataset(r.path) for name, r in extra.items()},
         }
-        slow = {name for name in datasets if not name.startswith(("h5forge decoded",
-                                                                    "numpy memmap"))}
-        feeds = {name: _loader(ds, args.slow_batches if name in slow else args.batches, args)
-                 for name, ds in datasets.items()}
+        slow = {
+            name for name in datasets if not name.startswith(("h5forge decoded", "numpy memmap"))
+        }
+        feeds = {
+            name: _loader(ds, args.slow_batches if name in slow else args.batches, args)
+            for name, ds in datasets.items()
+        }
         for feed in feeds.values():  # start the workers, open the files
             _epoch(feed)
         rates: dict[str, list[float]] = {name: [] for name in feeds}
@@ -180,31 +198,55 @@ def main() -> None:
                 n = _epoch(feed)
                 rates[name].append(n / (time.perf_counter() - t0))
                 cpu[name].append((_cpu(feed) - c0) / n)
-                print(f"  {name}: {rates[name][-1]:,.0f} img/s, {cpu[name][-1] * 1e3:.2f} CPU "
-                      "ms/img", flush=True)
+                print(
+                    f"  {name}: {rates[name][-1]:,.0f} img/s, {cpu[name][-1] * 1e3:.2f} CPU ms/img",
+                    flush=True,
+                )
         best = {name: max(r) for name, r in rates.items()}
         cost = {name: statistics.median(c) for name, c in cpu.items()}
         size_ratio = Path(encoded.path).stat().st_size / src_bytes
-        report.add(f"Input: {what}. DataLoader: {args.workers} workers, batch "
-                   f"{args.batch_size}, shuffled (random batches; each timed round is one "
-                   f"epoch of {args.batches} batches, {args.slow_batches} for the decoding "
-                   "readers), persistent workers; page "
-                   "cache warm.")
-        sizes = {"h5forge decoded": decoded.bytes, "numpy memmap, batch reads": decoded.bytes,
-                 "h5forge decoded, default collate": decoded.bytes,
-                 "numpy memmap, default collate": decoded.bytes,
-                 "h5forge encoded, tensor transform": encoded.bytes,
-                 "h5forge encoded, Pillow round trip": encoded.bytes,
-                 **{name: r.bytes for name, r in extra.items()}}
-        report.add(table(["reader", "images/s (best)", "all rounds",
-                          "CPU ms / image (median; workers + main)", "file / source bytes"], [
-            [name, f"{best[name]:,.0f}", ", ".join(f"{r:,.0f}" for r in rates[name]),
-             f"{cost[name] * 1e3:.3f}",
-             f"{sizes[name] / src_bytes:.3f}" if name in sizes else "1 (the JPEGs)"]
-            for name in feeds]))
-        report.add("CPU per image is what the machine spends on each image, whatever else runs "
-                   "on it; the ratio of two readers' CPU per image is what their throughput "
-                   "ratio tends to on an otherwise idle machine where both are CPU-bound.")
+        report.add(
+            f"Input: {what}. DataLoader: {args.workers} workers, batch "
+            f"{args.batch_size}, shuffled (random batches; each timed round is one "
+            f"epoch of {args.batches} batches, {args.slow_batches} for the decoding "
+            "readers), persistent workers; page "
+            "cache warm."
+        )
+        sizes = {
+            "h5forge decoded": decoded.bytes,
+            "numpy memmap, batch reads": decoded.bytes,
+            "h5forge decoded, default collate": decoded.bytes,
+            "numpy memmap, default collate": decoded.bytes,
+            "h5forge encoded, tensor transform": encoded.bytes,
+            "h5forge encoded, Pillow round trip": encoded.bytes,
+            **{name: r.bytes for name, r in extra.items()},
+        }
+        report.add(
+            table(
+                [
+                    "reader",
+                    "images/s (best)",
+                    "all rounds",
+                    "CPU ms / image (median; workers + main)",
+                    "file / source bytes",
+                ],
+                [
+                    [
+                        name,
+                        f"{best[name]:,.0f}",
+                        ", ".join(f"{r:,.0f}" for r in rates[name]),
+                        f"{cost[name] * 1e3:.3f}",
+                        f"{sizes[name] / src_bytes:.3f}" if name in sizes else "1 (the JPEGs)",
+                    ]
+                    for name in feeds
+                ],
+            )
+        )
+        report.add(
+            "CPU per image is what the machine spends on each image, whatever else runs "
+            "on it; the ratio of two readers' CPU per image is what their throughput "
+            "ratio tends to on an otherwise idle machine where both are CPU-bound."
+        )
         d_mm = best["h5forge decoded"] / best["numpy memmap, batch reads"]
         c_mm = best["h5forge decoded, default collate"] / best["numpy memmap, default collate"]
         c_jpg = best["h5forge decoded, default collate"] / best["JPEG folder"]
@@ -212,28 +254,35 @@ def main() -> None:
         e_same = best["h5forge encoded, tensor transform"] / best["JPEG folder, tensor transform"]
         e_jpg = best["h5forge encoded, tensor transform"] / best["JPEG folder"]
         e_pil = best["h5forge encoded, Pillow round trip"] / best["JPEG folder"]
+
         def by_cpu(ours: str, base: str) -> str:
             return f"by CPU per image {cost[base] / cost[ours]:.2f}x"
 
-        report.add("\n".join([
-            f"- decoded (`ds.loader()`) / memmap (batch reads, the same DataLoader mode) = "
-            f"**{d_mm:.2f}x**, {verdict(d_mm, 0.95)}; "
-            + by_cpu("h5forge decoded", "numpy memmap, batch reads"),
-            f"- decoded (`ds.loader()`) / JPEG folder = **{d_jpg:.1f}x**, {verdict(d_jpg, 25)}; "
-            + by_cpu("h5forge decoded", "JPEG folder"),
-            f"- standard `DataLoader(ds, batch_size={args.batch_size})` (default collate): "
-            f"decoded / memmap = **{c_mm:.2f}x**, decoded / JPEG folder = **{c_jpg:.1f}x**",
-            f"- encoded / JPEG folder, same tensor transform on both = **{e_same:.2f}x**, "
-            f"{verdict(e_same, 1.0)}; "
-            + by_cpu("h5forge encoded, tensor transform", "JPEG folder, tensor transform"),
-            f"- encoded (tensor transform) / JPEG folder (Pillow recipe) = **{e_jpg:.2f}x**, "
-            f"{verdict(e_jpg, 1.0)}; "
-            + by_cpu("h5forge encoded, tensor transform", "JPEG folder")
-            + f"; with a Pillow round trip instead: {e_pil:.2f}x",
-            f"- encoded file / source bytes = **{size_ratio:.4f}**, "
-            f"{verdict(size_ratio, 1.01, at_most=True)} ({Path(encoded.path).stat().st_size:,}"
-            f" / {src_bytes:,} bytes)",
-        ]))
+        report.add(
+            "\n".join(
+                [
+                    f"- decoded (`ds.loader()`) / memmap (batch reads, the same DataLoader mode) = "
+                    f"**{d_mm:.2f}x**, {verdict(d_mm, 0.95)}; "
+                    + by_cpu("h5forge decoded", "numpy memmap, batch reads"),
+                    f"- decoded (`ds.loader()`) / JPEG folder = **{d_jpg:.1f}x**, "
+                    f"{verdict(d_jpg, 25)}; " + by_cpu("h5forge decoded", "JPEG folder"),
+                    f"- standard `DataLoader(ds, batch_size={args.batch_size})` (default collate): "
+                    f"decoded / memmap = **{c_mm:.2f}x**, decoded / JPEG folder = **{c_jpg:.1f}x**",
+                    f"- encoded / JPEG folder, same tensor transform on both = **{e_same:.2f}x**, "
+                    f"{verdict(e_same, 1.0)}; "
+                    + by_cpu("h5forge encoded, tensor transform", "JPEG folder, tensor transform"),
+                    "- encoded (tensor transform) / JPEG folder (Pillow recipe) = "
+                    f"**{e_jpg:.2f}x**, "
+                    f"{verdict(e_jpg, 1.0)}; "
+                    + by_cpu("h5forge encoded, tensor transform", "JPEG folder")
+                    + f"; with a Pillow round trip instead: {e_pil:.2f}x",
+                    f"- encoded file / source bytes = **{size_ratio:.4f}**, "
+                    f"{verdict(size_ratio, 1.01, at_most=True)} "
+                    f"({Path(encoded.path).stat().st_size:,}"
+                    f" / {src_bytes:,} bytes)",
+                ]
+            )
+        )
         del feeds
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -49,8 +49,9 @@ def _requested_bytes(items: list[tuple[str, str, str | None]]) -> int:
 
 
 def _epoch(ds: Any, batches: int, batch_size: int, workers: int) -> int:
-    sampler = RandomSampler(ds, num_samples=batches * batch_size,
-                            generator=torch.Generator().manual_seed(1))
+    sampler = RandomSampler(
+        ds, num_samples=batches * batch_size, generator=torch.Generator().manual_seed(1)
+    )
     loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers)
     n = 0
     for images, labels in loader:
@@ -68,8 +69,14 @@ def _measure(name: str, ds: Any, batches: int, args: Any, log: RequestLog) -> di
     opens = [r for r in seen if r[0] == "HEAD" or (r[2] or "").startswith("bytes=0-")]
     reads = [r for r in seen if r not in opens]
     print(f"  {name}: {n / seconds:,.0f} img/s, {len(seen)} requests", flush=True)
-    return {"name": name, "samples": n, "seconds": seconds, "requests": len(seen),
-            "reads": len(reads), "bytes": _requested_bytes(seen)}
+    return {
+        "name": name,
+        "samples": n,
+        "seconds": seconds,
+        "requests": len(seen),
+        "reads": len(reads),
+        "bytes": _requested_bytes(seen),
+    }
 
 
 def main() -> None:
@@ -78,8 +85,12 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--batches", type=int, default=16, help="batches per h5forge round")
-    p.add_argument("--baseline-batches", type=int, default=1,
-                   help="batches the h5py-over-fsspec baseline reads (it is slow)")
+    p.add_argument(
+        "--baseline-batches",
+        type=int,
+        default=1,
+        help="batches the h5py-over-fsspec baseline reads (it is slow)",
+    )
     args = p.parse_args()
     import s3fs
 
@@ -110,22 +121,32 @@ def main() -> None:
             rows: list[dict[str, Any]] = []
             baseline = None
             for r in range(args.repeat):
-                rows.append(_measure("h5forge, s3fs default pool", ds, args.batches, args,
-                                     s3.log))
-                rows.append(_measure("h5forge, max_pool_connections=64",
-                                     H5ImageDataset(url, storage_options=tuned), args.batches,
-                                     args, s3.log))
+                rows.append(_measure("h5forge, s3fs default pool", ds, args.batches, args, s3.log))
+                rows.append(
+                    _measure(
+                        "h5forge, max_pool_connections=64",
+                        H5ImageDataset(url, storage_options=tuned),
+                        args.batches,
+                        args,
+                        s3.log,
+                    )
+                )
                 if r == 0:
-                    baseline = _measure("h5py over fsspec default file",
-                                        H5pyOverFsspec(url, opts, local.num_samples),
-                                        args.baseline_batches, args, s3.log)
+                    baseline = _measure(
+                        "h5py over fsspec default file",
+                        H5pyOverFsspec(url, opts, local.num_samples),
+                        args.baseline_batches,
+                        args,
+                        s3.log,
+                    )
         assert baseline is not None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     def best(name: str) -> dict[str, Any]:
-        return max((x for x in rows if x["name"] == name),
-                   key=lambda x: x["samples"] / x["seconds"])
+        return max(
+            (x for x in rows if x["name"] == name), key=lambda x: x["samples"] / x["seconds"]
+        )
 
     ours, fast = best("h5forge, s3fs default pool"), best("h5forge, max_pool_connections=64")
     workers_open = args.workers * len(open_reqs)
@@ -133,30 +154,56 @@ def main() -> None:
     rate = ours["samples"] / ours["seconds"]
     base_rate = baseline["samples"] / baseline["seconds"]
     sample_bytes = local.bytes / local.num_samples
-    report.add(f"Input: {what}; packed decoded 224 ({local.num_samples} samples, "
-               f"{local.bytes / 1e6:.0f} MB) uploaded to moto's S3 server on 127.0.0.1 with "
-               f"**{args.latency_ms:g} ms added per request**. DataLoader: {args.workers} "
-               f"workers, batch {args.batch_size}, random batches ({args.batches} per h5forge "
-               f"round, best of {args.repeat}; {args.baseline_batches} for the baseline).")
+    report.add(
+        f"Input: {what}; packed decoded 224 ({local.num_samples} samples, "
+        f"{local.bytes / 1e6:.0f} MB) uploaded to moto's S3 server on 127.0.0.1 with "
+        f"**{args.latency_ms:g} ms added per request**. DataLoader: {args.workers} "
+        f"workers, batch {args.batch_size}, random batches ({args.batches} per h5forge "
+        f"round, best of {args.repeat}; {args.baseline_batches} for the baseline)."
+    )
     listed = ", ".join(f"{m} {r}" if r else m for m, _, r in open_reqs)
-    report.add(f"Open (`H5ImageDataset(url)`, index loaded): **{len(open_reqs)} requests** "
-               f"({listed}), "
-               f"{open_s * 1e3:.0f} ms; {verdict(len(open_reqs), 3, at_most=True)}.")
-    report.add(table(
-        ["reader", "images/s", "requests", "range reads / sample", "bytes requested / sample "
-         "bytes", "vs h5py+fsspec"],
-        [[x["name"], f"{x['samples'] / x['seconds']:,.0f}", x["requests"],
-          f"{x['reads'] / x['samples']:.3f}",
-          f"{x['bytes'] / x['samples'] / sample_bytes:.2f}",
-          f"{(x['samples'] / x['seconds']) / base_rate:.0f}x"]
-         for x in (ours, fast, baseline)]))
-    report.add("\n".join([
-        f"- range requests per sample (batched reads, excluding the {workers_open} requests of "
-        f"the workers' opens) = **{per_sample:.3f}**, {verdict(per_sample, 1.05, at_most=True)}",
-        f"- open = **{len(open_reqs)} requests**, {verdict(len(open_reqs), 3, at_most=True)}",
-        f"- h5forge / h5py over fsspec = **{rate / base_rate:.0f}x**, "
-        f"{verdict(rate / base_rate, 10)}",
-    ]))
+    report.add(
+        f"Open (`H5ImageDataset(url)`, index loaded): **{len(open_reqs)} requests** "
+        f"({listed}), "
+        f"{open_s * 1e3:.0f} ms; {verdict(len(open_reqs), 3, at_most=True)}."
+    )
+    report.add(
+        table(
+            [
+                "reader",
+                "images/s",
+                "requests",
+                "range reads / sample",
+                "bytes requested / sample bytes",
+                "vs h5py+fsspec",
+            ],
+            [
+                [
+                    x["name"],
+                    f"{x['samples'] / x['seconds']:,.0f}",
+                    x["requests"],
+                    f"{x['reads'] / x['samples']:.3f}",
+                    f"{x['bytes'] / x['samples'] / sample_bytes:.2f}",
+                    f"{(x['samples'] / x['seconds']) / base_rate:.0f}x",
+                ]
+                for x in (ours, fast, baseline)
+            ],
+        )
+    )
+    report.add(
+        "\n".join(
+            [
+                f"- range requests per sample (batched reads, excluding the {workers_open} "
+                "requests of "
+                f"the workers' opens) = **{per_sample:.3f}**, "
+                f"{verdict(per_sample, 1.05, at_most=True)}",
+                f"- open = **{len(open_reqs)} requests**, "
+                f"{verdict(len(open_reqs), 3, at_most=True)}",
+                f"- h5forge / h5py over fsspec = **{rate / base_rate:.0f}x**, "
+                f"{verdict(rate / base_rate, 10)}",
+            ]
+        )
+    )
     report.write(not args.no_record)
 
 

@@ -32,8 +32,12 @@ def _hashlib(path: Path) -> str:
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--side", type=int, default=500,
-                   help="decoded images are side x side x 3 (500: 2,000 images make ~1.5 GB)")
+    p.add_argument(
+        "--side",
+        type=int,
+        default=500,
+        help="decoded images are side x side x 3 (500: 2,000 images make ~1.5 GB)",
+    )
     args = p.parse_args()
     from h5forge.images import ImageConfig
     from h5forge.verify import verify
@@ -47,19 +51,31 @@ def main() -> None:
         pack(root, out, image=ImageConfig(size=(args.side, args.side)))
     size = out.stat().st_size
     _hashlib(out)  # warm the page cache for both
-    times = interleave({"hashlib": lambda: _hashlib(out), "verify": lambda: verify(str(out))},
-                       args.repeat)
+    times = interleave(
+        {"hashlib": lambda: _hashlib(out), "verify": lambda: verify(str(out))}, args.repeat
+    )
     r = verify(str(out))
     assert r.sha256 == _hashlib(out)
     t_hash, t_verify = best(times["hashlib"]), best(times["verify"])
     ratio = t_hash / t_verify
-    report.add(f"Input: {what}; packed decoded {args.side}x{args.side}x3, {r.num_samples} "
-               f"samples, file {size / 1e9:.2f} GB (page cache warm).")
-    report.add(table(["what", "best s", "GB/s", "vs hashlib"], [
-        ["hashlib.file_digest sha256", t_hash, size / t_hash / 1e9, 1.0],
-        ["h5forge verify (every check, every sample + file sha256)", t_verify,
-         size / t_verify / 1e9, ratio],
-    ]))
+    report.add(
+        f"Input: {what}; packed decoded {args.side}x{args.side}x3, {r.num_samples} "
+        f"samples, file {size / 1e9:.2f} GB (page cache warm)."
+    )
+    report.add(
+        table(
+            ["what", "best s", "GB/s", "vs hashlib"],
+            [
+                ["hashlib.file_digest sha256", t_hash, size / t_hash / 1e9, 1.0],
+                [
+                    "h5forge verify (every check, every sample + file sha256)",
+                    t_verify,
+                    size / t_verify / 1e9,
+                    ratio,
+                ],
+            ],
+        )
+    )
     report.add(f"verify / hashlib = **{ratio:.2f}x**, {verdict(ratio, 0.5)}")
     report.write(not args.no_record)
 

@@ -32,10 +32,15 @@ _SHAPES = ((375, 500), (333, 500), (375, 500), (500, 375))  # (H, W)
 def _grain(img: Image.Image, rng: np.random.Generator) -> Image.Image:
     """Film-like grain: luminance texture at 1/3 scale plus per-pixel luma and chroma noise."""
     w, h = img.size
-    mid = Image.fromarray(rng.normal(128, 20, (h // 3 + 1, w // 3 + 1)).clip(0, 255)
-                          .astype(np.uint8)).resize((w, h), Image.Resampling.BICUBIC)
-    out = (np.asarray(img, np.int16) + (np.asarray(mid, np.int16)[..., None] - 128)
-           + rng.normal(0, 10, (h, w, 1)) + rng.normal(0, 3, (h, w, 3)))
+    mid = Image.fromarray(
+        rng.normal(128, 20, (h // 3 + 1, w // 3 + 1)).clip(0, 255).astype(np.uint8)
+    ).resize((w, h), Image.Resampling.BICUBIC)
+    out = (
+        np.asarray(img, np.int16)
+        + (np.asarray(mid, np.int16)[..., None] - 128)
+        + rng.normal(0, 10, (h, w, 1))
+        + rng.normal(0, 3, (h, w, 3))
+    )
     return Image.fromarray(np.clip(out, 0, 255).astype(np.uint8))
 
 
@@ -49,8 +54,9 @@ def _one(args: tuple[int, int, str, tuple[int, int] | None]) -> int:
     return os.path.getsize(path)
 
 
-def ensure_photoset(*, count: int = 2000, seed: int = 0,
-                    size: tuple[int, int] | None = None) -> Path:
+def ensure_photoset(
+    *, count: int = 2000, seed: int = 0, size: tuple[int, int] | None = None
+) -> Path:
     """Return the folder of the set, generating it first if it is not complete.
 
     ``size=(H, W)`` makes every image that size (small sets for the scaling benchmarks);
@@ -80,8 +86,11 @@ def image_files(root: Path) -> list[Path]:
     """Every image file below ``root``, sorted (the order the benchmarks use)."""
     from h5forge.catalog import IMAGE_EXTENSIONS
 
-    return sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS
-                  and p.is_file() and not p.name.startswith("."))
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() and not p.name.startswith(".")
+    )
 
 
 def describe(root: Path, *, generated: bool) -> str:
@@ -90,11 +99,15 @@ def describe(root: Path, *, generated: bool) -> str:
     sample = [Image.open(p).size for p in files[:: max(1, len(files) // 50)]]
     w = int(np.median([s[0] for s in sample])) if sample else 0
     h = int(np.median([s[1] for s in sample])) if sample else 0
-    what = "generated photo set (synth_photo + grain, JPEG q90)" if generated else \
-        f"image folder {root}"
+    what = (
+        "generated photo set (synth_photo + grain, JPEG q90)"
+        if generated
+        else f"image folder {root}"
+    )
     mean = size / max(1, len(files)) / 1e3
-    return (f"{what}: {len(files)} files, {size / 1e6:.1f} MB, mean {mean:.1f} KB, median size "
-            f"{w}x{h}")
+    return (
+        f"{what}: {len(files)} files, {size / 1e6:.1f} MB, mean {mean:.1f} KB, median size {w}x{h}"
+    )
 
 
 def main() -> None:

@@ -59,14 +59,24 @@ def default_staging(cache: Path, config: BuildConfig) -> str:
     Named after both, so builds of other datasets never share shard names, and a re-run of
     the same build finds the shards its failed predecessor left.
     """
-    key = hashlib.sha256("\0".join(
-        [config.destination, config.source, config.sha256 or ""]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        "\0".join([config.destination, config.source, config.sha256 or ""]).encode()
+    ).hexdigest()[:12]
     return str(cache / "staging" / f"{dataset_name(config.destination)}-{key}")
 
 
-def pack_on_dask(config: BuildConfig, *, root: str, out: str, dataset: str, cache: Path,
-                 storage_options: dict[str, Any], source_url: str, source_sha256: str,
-                 seconds: dict[str, float]) -> DaskPacked:
+def pack_on_dask(
+    config: BuildConfig,
+    *,
+    root: str,
+    out: str,
+    dataset: str,
+    cache: Path,
+    storage_options: dict[str, Any],
+    source_url: str,
+    source_sha256: str,
+    seconds: dict[str, float],
+) -> DaskPacked:
     """Plan → pack the shards not done yet on the cluster → merge them into ``out``.
 
     Records the ``pack`` (plan and shard tasks) and ``merge`` stage times in ``seconds``.
@@ -80,28 +90,52 @@ def pack_on_dask(config: BuildConfig, *, root: str, out: str, dataset: str, cach
     options = storage_options if remote and storage_options else None
     image = config.image_config()
     start = time.perf_counter()
-    plan = plan_shard_build(root, staging=staging, samples_per_shard=config.shard_size,
-                            bytes_per_shard=config.shard_bytes, image=image,
-                            compression=config.compression,
-                            compression_level=config.compression_level, storage_options=options)
+    plan = plan_shard_build(
+        root,
+        staging=staging,
+        samples_per_shard=config.shard_size,
+        bytes_per_shard=config.shard_bytes,
+        image=image,
+        compression=config.compression,
+        compression_level=config.compression_level,
+        storage_options=options,
+    )
     _run_on_cluster(config, plan, staging=staging, dataset=dataset, options=options)
     seconds["pack"] = round(time.perf_counter() - start, 3)
     start = time.perf_counter()
-    merged = merge_task([shard_url(staging, s) for s in plan.specs], out=out, dataset=dataset,
-                        max_bad_fraction=config.max_bad_fraction, source_url=source_url,
-                        source_sha256=source_sha256, storage_options=options,
-                        tmp_dir=str(Path(out).parent))
+    merged = merge_task(
+        [shard_url(staging, s) for s in plan.specs],
+        out=out,
+        dataset=dataset,
+        max_bad_fraction=config.max_bad_fraction,
+        source_url=source_url,
+        source_sha256=source_sha256,
+        storage_options=options,
+        tmp_dir=str(Path(out).parent),
+    )
     seconds["merge"] = round(time.perf_counter() - start, 3)
-    stats = ShardStats(address=config.dask_address, staging=redact_url(staging),
-                       total=len(plan.specs), packed=tuple(s.index for s in plan.todo),
-                       skipped=tuple(sorted(plan.done)), samples_per_shard=config.shard_size,
-                       bytes_per_shard=config.shard_bytes)
-    return DaskPacked(packed=merged, stats=stats, staging=staging, specs=plan.specs,
-                      storage_options=options)
+    stats = ShardStats(
+        address=config.dask_address,
+        staging=redact_url(staging),
+        total=len(plan.specs),
+        packed=tuple(s.index for s in plan.todo),
+        skipped=tuple(sorted(plan.done)),
+        samples_per_shard=config.shard_size,
+        bytes_per_shard=config.shard_bytes,
+    )
+    return DaskPacked(
+        packed=merged, stats=stats, staging=staging, specs=plan.specs, storage_options=options
+    )
 
 
-def _run_on_cluster(config: BuildConfig, plan: ShardPlan, *, staging: str, dataset: str,
-                    options: dict[str, Any] | None) -> list[ShardResult]:
+def _run_on_cluster(
+    config: BuildConfig,
+    plan: ShardPlan,
+    *,
+    staging: str,
+    dataset: str,
+    options: dict[str, Any] | None,
+) -> list[ShardResult]:
     """Pack ``plan.todo`` as tasks on the Dask cluster; wait for all, then fail if any did.
 
     Waiting for every shard before failing keeps the work of the others: they are committed
@@ -111,14 +145,20 @@ def _run_on_cluster(config: BuildConfig, plan: ShardPlan, *, staging: str, datas
 
     logger = get_run_logger()
     todo, total = plan.todo, len(plan.specs)
-    progress = cast(UUID, create_progress_artifact(
-        100.0 * (total - len(todo)) / total, key=artifact_key("pack-progress", dataset),
-        description=f"shards of {dataset} packed"))
+    progress = cast(
+        UUID,
+        create_progress_artifact(
+            100.0 * (total - len(todo)) / total,
+            key=artifact_key("pack-progress", dataset),
+            description=f"shards of {dataset} packed",
+        ),
+    )
     if not todo:
         logger.info("all %d shards are already done in %s", total, redact_url(staging))
         return []
-    logger.info("packing %d of %d shards on the Dask cluster at %s", len(todo), total,
-                config.dask_address)
+    logger.info(
+        "packing %d of %d shards on the Dask cluster at %s", len(todo), total, config.dask_address
+    )
     outcomes: dict[int, ShardResult | BaseException] = {}
     with DaskTaskRunner(address=config.dask_address) as runner:
         try:
@@ -130,11 +170,19 @@ def _run_on_cluster(config: BuildConfig, plan: ShardPlan, *, staging: str, datas
             ) from e
         futures: dict[PrefectFuture[ShardResult], ShardSpec] = {}
         for spec in todo:
-            future = runner.submit(pack_shard_task, parameters={
-                "catalog": shard_catalog(plan.catalog, spec), "spec": spec,
-                "staging_url": staging, "dataset": dataset, "image": config.image_config(),
-                "compression": config.compression,
-                "compression_level": config.compression_level, "storage_options": options})
+            future = runner.submit(
+                pack_shard_task,
+                parameters={
+                    "catalog": shard_catalog(plan.catalog, spec),
+                    "spec": spec,
+                    "staging_url": staging,
+                    "dataset": dataset,
+                    "image": config.image_config(),
+                    "compression": config.compression,
+                    "compression_level": config.compression_level,
+                    "storage_options": options,
+                },
+            )
             futures[future] = spec
         for future in as_completed(list(futures)):
             outcomes[futures[future].index] = _outcome(future)

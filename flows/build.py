@@ -40,6 +40,7 @@ from tasks.verify import verify_file
 
 __all__ = ["BuildConfig", "BuildSummary", "build_dataset", "check_url"]
 
+
 class BuildSummary(BaseModel):
     """What a build published (URLs redacted)."""
 
@@ -55,14 +56,22 @@ class BuildSummary(BaseModel):
     bytes: int
     format_version: int
     smoke_images_per_second: float = Field(
-        description="the slowest start method's smoke-load rate, worker start-up excluded")
+        description="the slowest start method's smoke-load rate, worker start-up excluded"
+    )
     smoke_per_method: dict[str, float] = Field(
-        description="smoke-load images/s per multiprocessing start method")
+        description="smoke-load images/s per multiprocessing start method"
+    )
     seconds: dict[str, float] = Field(description="wall time of each stage, in run order")
-    executor: str = Field("local", description="local (process pool) or dask (shards packed "
-                          "on a Dask cluster, merged in the flow's process)")
-    shards: ShardStats | None = Field(None, description="executor dask: the shard plan, the "
-                                      "shards this run packed and those it found done")
+    executor: str = Field(
+        "local",
+        description="local (process pool) or dask (shards packed "
+        "on a Dask cluster, merged in the flow's process)",
+    )
+    shards: ShardStats | None = Field(
+        None,
+        description="executor dask: the shard plan, the "
+        "shards this run packed and those it found done",
+    )
 
 
 @contextmanager
@@ -145,8 +154,12 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     options = load_storage_options(config.credentials_block)
     # Before any work, so a forgotten overwrite, a read-only or full destination, or one
     # inside the source costs a second, not a whole build.
-    check_destination(config.destination, source=config.source, overwrite=config.overwrite,
-                      storage_options=options)
+    check_destination(
+        config.destination,
+        source=config.source,
+        overwrite=config.overwrite,
+        storage_options=options,
+    )
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     dataset = dataset_name(config.destination)
     seconds: dict[str, float] = {}
@@ -168,9 +181,15 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
             from flows._dask_stage import pack_on_dask
 
             sharded = pack_on_dask(
-                config, root=fetched.root, out=str(work / dataset), dataset=dataset,
-                cache=cache, storage_options=options, source_url=fetched.source_url,
-                source_sha256=fetched.sha256, seconds=seconds,
+                config,
+                root=fetched.root,
+                out=str(work / dataset),
+                dataset=dataset,
+                cache=cache,
+                storage_options=options,
+                source_url=fetched.source_url,
+                source_sha256=fetched.sha256,
+                seconds=seconds,
             )
             packed: PackSummary = sharded.packed
         else:
@@ -226,8 +245,9 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         stage_seconds=seconds,
     ) + executor_section(workers=config.workers, shards=shards, seconds=seconds)
     write_report(markdown, dataset=dataset, preview=published.preview_url)
-    logger.info("published %s (%d samples, sha256 %s)", published.url, packed.num_samples,
-                published.sha256)
+    logger.info(
+        "published %s (%d samples, sha256 %s)", published.url, packed.num_samples, published.sha256
+    )
     return BuildSummary(
         destination=published.url,
         manifest_url=published.manifest_url,
@@ -246,4 +266,3 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         executor=config.executor,
         shards=shards,
     )
-

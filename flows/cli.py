@@ -74,10 +74,14 @@ class _NoTraceback(logging.Formatter):
 def _quiet_console_tracebacks() -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    loggers = [logging.getLogger(), *(
-        logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
-        if name.startswith("prefect")
-    )]
+    loggers = [
+        logging.getLogger(),
+        *(
+            logging.getLogger(name)
+            for name in list(logging.root.manager.loggerDict)
+            if name.startswith("prefect")
+        ),
+    ]
     for logger in loggers:
         for handler in logger.handlers:
             if isinstance(handler, PrefectConsoleHandler) and not isinstance(
@@ -91,8 +95,9 @@ def _config_error(e: ValidationError) -> typer.Exit:
     lines = []
     for err in e.errors():
         cause = (err.get("ctx") or {}).get("error")
-        if len(e.errors()) == 1 and (isinstance(cause, OptionError) or (
-                isinstance(cause, ValueError) and not err["loc"])):
+        if len(e.errors()) == 1 and (
+            isinstance(cause, OptionError) or (isinstance(cause, ValueError) and not err["loc"])
+        ):
             return usage_error(cause)  # the same line as `pack` gives for this value
         where = ".".join(str(p) for p in err["loc"]) or "config"
         lines.append(f"{where}: {cause if isinstance(cause, Exception) else err['msg']}")
@@ -107,8 +112,9 @@ def _startup_bound() -> float:
     try:
         return float(raw)
     except ValueError:
-        raise fail(f"{STARTUP_SETTING}={printable(raw)} is not a number of seconds",
-                   EXIT_USAGE) from None
+        raise fail(
+            f"{STARTUP_SETTING}={printable(raw)} is not a number of seconds", EXIT_USAGE
+        ) from None
 
 
 def _run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
@@ -142,24 +148,30 @@ def _run_flow(config: Any, cache_dir: Path | None, debug: bool) -> Any:
     except (FileExistsError, FileNotFoundError, ValidationError) as e:
         raise usage_error(_redacted(e)) from e
     except OSError as e:
-        raise fail(f"build failed, nothing was published: "
-                   f"{redact_text(describe_os_error(e, overwrite_flag='--overwrite'))}",
-                   EXIT_FAILURE) from e
+        raise fail(
+            f"build failed, nothing was published: "
+            f"{redact_text(describe_os_error(e, overwrite_flag='--overwrite'))}",
+            EXIT_FAILURE,
+        ) from e
     except H5ForgeError as e:
         cause = os_error_in(e)
         text = describe_os_error(cause) if cause is not None else str(e)
-        raise fail(f"build failed, nothing was published: {redact_text(text)}",
-                   EXIT_FAILURE) from e
+        raise fail(f"build failed, nothing was published: {redact_text(text)}", EXIT_FAILURE) from e
     except ValueError as e:
         raise fail(redact_text(str(e)), EXIT_USAGE) from e
     except Exception as e:  # noqa: BLE001 - the CLI's job: one paragraph instead of a traceback
         if debug:
             raise
         cause = os_error_in(e)
-        text = describe_os_error(cause) if cause is not None else (
-            f"{type(e).__name__}: {redact_text(str(e))}")
-        raise fail(f"build failed, nothing was published: {text} (run with --debug for the "
-                   "traceback)", EXIT_FAILURE) from e
+        text = (
+            describe_os_error(cause)
+            if cause is not None
+            else (f"{type(e).__name__}: {redact_text(str(e))}")
+        )
+        raise fail(
+            f"build failed, nothing was published: {text} (run with --debug for the traceback)",
+            EXIT_FAILURE,
+        ) from e
 
 
 def _redacted(e: BaseException) -> BaseException:
@@ -173,11 +185,15 @@ def _print_summary(summary: Any) -> None:
     dest = summary.destination
     where = dest if "://" in dest else str(Path(dest).resolve())
     typer.echo(f"asset:       {printable(where)}")
-    typer.echo(f"samples:     {summary.num_samples} in {summary.num_classes} classes, "
-               f"{summary.num_quarantined} quarantined")
+    typer.echo(
+        f"samples:     {summary.num_samples} in {summary.num_classes} classes, "
+        f"{summary.num_quarantined} quarantined"
+    )
     for split, per_class in sorted(summary.counts.items()):
-        typer.echo(f"  {printable(split) or '(all)'}: "
-                   + ", ".join(f"{printable(c)} {n}" for c, n in per_class.items()))
+        typer.echo(
+            f"  {printable(split) or '(all)'}: "
+            + ", ".join(f"{printable(c)} {n}" for c, n in per_class.items())
+        )
     typer.echo(f"sha256:      {summary.sha256}")
     typer.echo(f"size:        {summary.bytes:,} bytes")
     typer.echo(f"manifest:    {printable(summary.manifest_url)}")
@@ -187,8 +203,10 @@ def _print_summary(summary: Any) -> None:
     typer.echo("stages:      " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.seconds.items()))
     if summary.shards is not None:
         shards = summary.shards
-        typer.echo(f"shards:      {shards.total} on {shards.address}: {len(shards.packed)} packed, "
-                   f"{len(shards.skipped)} already done in {printable(shards.staging)}")
+        typer.echo(
+            f"shards:      {shards.total} on {shards.address}: {len(shards.packed)} packed, "
+            f"{len(shards.skipped)} already done in {printable(shards.staging)}"
+        )
 
 
 def _check_paths(config: Any) -> None:
@@ -198,8 +216,7 @@ def _check_paths(config: Any) -> None:
     try:
         check_source(config.source)
         if local_path(config.destination) is not None:  # remote: the flow checks, with keys
-            check_destination(config.destination, source=config.source,
-                              overwrite=config.overwrite)
+            check_destination(config.destination, source=config.source, overwrite=config.overwrite)
     except (OSError, ValueError) as e:
         raise usage_error(e) from e
 
@@ -210,23 +227,32 @@ def build(
     source: Annotated[str, typer.Argument(help="local folder/archive or fsspec URL of images")],
     dest: Annotated[str, typer.Argument(help="where to publish the .h5 (path or fsspec URL)")],
     sha256: Annotated[str | None, typer.Option(help="sha256 of the source archive")] = None,
-    credentials_block: Annotated[str | None, typer.Option(
-        help="Prefect Secret block holding fsspec storage_options as JSON")] = None,
+    credentials_block: Annotated[
+        str | None, typer.Option(help="Prefect Secret block holding fsspec storage_options as JSON")
+    ] = None,
     smoke_workers: Annotated[int, typer.Option(help="DataLoader workers in the smoke-load")] = 2,
     smoke_batches: Annotated[int, typer.Option(help="batches per start method")] = 4,
-    executor: Annotated[Executor, typer.Option(
-        help="local: process pool here; dask: shards on a Dask cluster, merged here")]
-    = Executor.local,
-    dask_address: Annotated[str | None, typer.Option(
-        help="executor dask: scheduler address, tcp://HOST:8786")] = None,
+    executor: Annotated[
+        Executor,
+        typer.Option(help="local: process pool here; dask: shards on a Dask cluster, merged here"),
+    ] = Executor.local,
+    dask_address: Annotated[
+        str | None, typer.Option(help="executor dask: scheduler address, tcp://HOST:8786")
+    ] = None,
     shard_size: Annotated[int, typer.Option(help="executor dask: images per shard")] = 2000,
-    shard_bytes: Annotated[int | None, typer.Option(
-        help="executor dask: also close a shard at this many source bytes")] = None,
-    staging: Annotated[str | None, typer.Option(
-        help="executor dask: shard folder every worker reaches (shared path or bucket); "
-        "default a folder in the cache")] = None,
-    cache_dir: Annotated[Path | None, typer.Option(
-        help="fetch cache (default ~/.cache/h5forge)")] = None,
+    shard_bytes: Annotated[
+        int | None, typer.Option(help="executor dask: also close a shard at this many source bytes")
+    ] = None,
+    staging: Annotated[
+        str | None,
+        typer.Option(
+            help="executor dask: shard folder every worker reaches (shared path or bucket); "
+            "default a folder in the cache"
+        ),
+    ] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="fetch cache (default ~/.cache/h5forge)")
+    ] = None,
     debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
     pack_options: dict[str, Any] | None = None,
 ) -> None:
@@ -238,13 +264,23 @@ def build(
     hw = v.pop("size")
     sized = {} if hw is None else {"size": hw[0], "width": hw[1] if hw[1] != hw[0] else None}
     try:
-        config = BuildConfig.model_validate({
-            **v, **sized, "source": source, "destination": dest, "sha256": sha256,
-            "credentials_block": credentials_block, "smoke_workers": smoke_workers,
-            "smoke_batches": smoke_batches, "executor": executor.value,
-            "dask_address": dask_address, "shard_size": shard_size,
-            "shard_bytes": shard_bytes, "staging": staging,
-        })
+        config = BuildConfig.model_validate(
+            {
+                **v,
+                **sized,
+                "source": source,
+                "destination": dest,
+                "sha256": sha256,
+                "credentials_block": credentials_block,
+                "smoke_workers": smoke_workers,
+                "smoke_batches": smoke_batches,
+                "executor": executor.value,
+                "dask_address": dask_address,
+                "shard_size": shard_size,
+                "shard_bytes": shard_bytes,
+                "staging": staging,
+            }
+        )
     except ValidationError as e:
         raise _config_error(e) from e
     _check_paths(config)
@@ -253,10 +289,10 @@ def build(
 
 @app.command()
 def demo(
-    dest: Annotated[Path, typer.Argument(help="where to publish the demo .h5")]
-    = DEFAULT_DEMO_DEST,
-    cache_dir: Annotated[Path | None, typer.Option(
-        help="fetch cache (default ~/.cache/h5forge)")] = None,
+    dest: Annotated[Path, typer.Argument(help="where to publish the demo .h5")] = DEFAULT_DEMO_DEST,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="fetch cache (default ~/.cache/h5forge)")
+    ] = None,
     debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
 ) -> None:
     """Generate the built-in demo dataset and run the whole build flow on it, offline."""

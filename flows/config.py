@@ -34,7 +34,8 @@ _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _BLOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # A Dask scheduler address: tcp:// or tls://, a host name, IPv4 or [IPv6] address, and a port.
 _DASK_ADDRESS = re.compile(
-    r"^(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})$")
+    r"^(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})$"
+)
 # fsspec can read these but not write them.
 _READ_ONLY = frozenset({"http", "https", "github", "zip", "tar", "libarchive", "reference"})
 _CHOICES = tuple(o.name for o in PACK_OPTIONS if o.kind == "choice")
@@ -59,8 +60,9 @@ def _form(name: str, *, description: str | None = None) -> Any:
             if branch.get("type") in ("integer", "number"):
                 branch.update(bounds)
 
-    return Field(description=description or o.description,
-                 json_schema_extra=schema if bounds else None)
+    return Field(
+        description=description or o.description, json_schema_extra=schema if bounds else None
+    )
 
 
 def check_url(url: str, *, what: str, writable: bool = False) -> str:
@@ -101,25 +103,37 @@ class BuildConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    source: Annotated[str, Field(
-        description="Where the images are: a local folder or archive, or any fsspec URL "
-        "(https://host/data.tar.gz, s3://bucket/prefix/). ImageFolder layout: "
-        "[split/]class/image.jpg.",
-        examples=["https://example.org/flowers.tar.gz", "s3://bucket/datasets/flowers/"],
-    )]
-    sha256: Annotated[str | None, Field(
-        description="sha256 of the source archive (64 hex digits). Pins the content: the "
-        "download is checked against it, and re-runs are served from the fetch cache.",
-    )] = None
-    destination: Annotated[str, Field(
-        description="Where to publish the .h5 asset: a local path or a writable fsspec URL "
-        "ending in .h5. Its .manifest.json and .preview.png are written beside it.",
-        examples=["s3://bucket/assets/flowers-224.h5"],
-    )]
-    credentials_block: Annotated[str | None, Field(
-        description="Name of a Prefect Secret block whose value is a JSON object of fsspec "
-        "storage_options (keys, endpoint) for the source and the destination.",
-    )] = None
+    source: Annotated[
+        str,
+        Field(
+            description="Where the images are: a local folder or archive, or any fsspec URL "
+            "(https://host/data.tar.gz, s3://bucket/prefix/). ImageFolder layout: "
+            "[split/]class/image.jpg.",
+            examples=["https://example.org/flowers.tar.gz", "s3://bucket/datasets/flowers/"],
+        ),
+    ]
+    sha256: Annotated[
+        str | None,
+        Field(
+            description="sha256 of the source archive (64 hex digits). Pins the content: the "
+            "download is checked against it, and re-runs are served from the fetch cache.",
+        ),
+    ] = None
+    destination: Annotated[
+        str,
+        Field(
+            description="Where to publish the .h5 asset: a local path or a writable fsspec URL "
+            "ending in .h5. Its .manifest.json and .preview.png are written beside it.",
+            examples=["s3://bucket/assets/flowers-224.h5"],
+        ),
+    ]
+    credentials_block: Annotated[
+        str | None,
+        Field(
+            description="Name of a Prefect Secret block whose value is a JSON object of fsspec "
+            "storage_options (keys, endpoint) for the source and the destination.",
+        ),
+    ] = None
     # The pack options: types, defaults, bounds and texts come from h5forge.options, shared
     # with `h5forge pack` and `h5forge build`; the validators below check them with its rules.
     manifest: Annotated[str | None, _form("manifest")] = _default("manifest")
@@ -128,54 +142,89 @@ class BuildConfig(BaseModel):
     quality: Annotated[int, _form("quality")] = _default("quality")
     resize: Annotated[ResizePolicy, _form("resize")] = _default("resize")
     size: Annotated[int, _form("size")] = _default("size")[0]
-    width: Annotated[int | None, _form("size", description=(
-        "Output width in pixels when it differs from the height (size); empty for square "
-        "images."))] = None
+    width: Annotated[
+        int | None,
+        _form(
+            "size",
+            description=(
+                "Output width in pixels when it differs from the height (size); empty for square "
+                "images."
+            ),
+        ),
+    ] = None
     shorter_side: Annotated[int | None, _form("shorter_side")] = _default("shorter_side")
     mode: Annotated[Mode, _form("mode")] = _default("mode")
     max_image_pixels: Annotated[int, _form("max_image_pixels")] = _default("max_image_pixels")
     compression: Annotated[Compression, _form("compression")] = _default("compression")
     compression_level: Annotated[int | None, _form("compression_level")] = _default(
-        "compression_level")
+        "compression_level"
+    )
     fletcher32: Annotated[bool, _form("fletcher32")] = _default("fletcher32")
     workers: Annotated[int | None, _form("workers")] = _default("workers")
-    smoke_workers: Annotated[int, Field(
-        ge=0, le=64, description="DataLoader workers for the smoke-load (0: in-process).",
-    )] = 2
-    smoke_batches: Annotated[int, Field(
-        ge=1, le=10_000, description="Batches read per start method (fork, spawn) by the "
-        "smoke-load.",
-    )] = 4
+    smoke_workers: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=64,
+            description="DataLoader workers for the smoke-load (0: in-process).",
+        ),
+    ] = 2
+    smoke_batches: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=10_000,
+            description="Batches read per start method (fork, spawn) by the smoke-load.",
+        ),
+    ] = 4
     max_bad_fraction: Annotated[float, _form("max_bad_fraction")] = _default("max_bad_fraction")
     overwrite: Annotated[bool, _form("overwrite")] = _default("overwrite")
-    executor: Annotated[Literal["local", "dask"], Field(
-        description="local: preprocess and pack in a process pool on this machine. dask: cut "
-        "the dataset into shards, pack each as a Prefect task on an existing Dask cluster "
-        "(dask_address), then merge the shards here by copying their stored bytes. A re-run "
-        "with the same staging skips the shards that are already done.",
-    )] = "local"
-    dask_address: Annotated[str | None, Field(
-        description="executor dask: the scheduler of a running Dask cluster, tcp://HOST:PORT "
-        "or tls://HOST:PORT (start one with `dask scheduler` and `dask worker`). Every worker "
-        "needs the same h5forge installed and must see the source at the same path.",
-        examples=["tcp://scheduler:8786"],
-    )] = None
-    shard_size: Annotated[int, Field(
-        ge=1, le=10_000_000, description="executor dask: most images per shard (one task "
-        "each). Plan at least 4 shards per worker process so the last ones finish together.",
-    )] = 2000
-    shard_bytes: Annotated[int | None, Field(
-        ge=1, description="executor dask: a shard also closes once its source files add up "
-        "to this many bytes; empty to cut by image count only.",
-    )] = None
-    staging: Annotated[str | None, Field(
-        description="executor dask: folder for the shards and their manifests, which every "
-        "worker and this flow can write and read. For a cluster of several machines it must "
-        "be shared storage (an NFS path mounted on all of them) or a bucket prefix "
-        "(s3://bucket/staging/flowers/). Empty: a folder in this machine's h5forge cache, "
-        "right only when every worker runs on this machine. Keep it to resume a failed run.",
-        examples=["s3://bucket/h5forge-staging/flowers-224/", "/mnt/shared/staging/flowers"],
-    )] = None
+    executor: Annotated[
+        Literal["local", "dask"],
+        Field(
+            description="local: preprocess and pack in a process pool on this machine. dask: cut "
+            "the dataset into shards, pack each as a Prefect task on an existing Dask cluster "
+            "(dask_address), then merge the shards here by copying their stored bytes. A re-run "
+            "with the same staging skips the shards that are already done.",
+        ),
+    ] = "local"
+    dask_address: Annotated[
+        str | None,
+        Field(
+            description="executor dask: the scheduler of a running Dask cluster, tcp://HOST:PORT "
+            "or tls://HOST:PORT (start one with `dask scheduler` and `dask worker`). Every worker "
+            "needs the same h5forge installed and must see the source at the same path.",
+            examples=["tcp://scheduler:8786"],
+        ),
+    ] = None
+    shard_size: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=10_000_000,
+            description="executor dask: most images per shard (one task "
+            "each). Plan at least 4 shards per worker process so the last ones finish together.",
+        ),
+    ] = 2000
+    shard_bytes: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="executor dask: a shard also closes once its source files add up "
+            "to this many bytes; empty to cut by image count only.",
+        ),
+    ] = None
+    staging: Annotated[
+        str | None,
+        Field(
+            description="executor dask: folder for the shards and their manifests, which every "
+            "worker and this flow can write and read. For a cluster of several machines it must "
+            "be shared storage (an NFS path mounted on all of them) or a bucket prefix "
+            "(s3://bucket/staging/flowers/). Empty: a folder in this machine's h5forge cache, "
+            "right only when every worker runs on this machine. Keep it to resume a failed run.",
+            examples=["s3://bucket/h5forge-staging/flowers-224/", "/mnt/shared/staging/flowers"],
+        ),
+    ] = None
 
     @field_validator(*_CHOICES, mode="before")
     @classmethod
@@ -255,8 +304,11 @@ class BuildConfig(BaseModel):
                 "`dask worker tcp://scheduler:8786`, or use executor='local'"
             )
         if self.executor == "local":
-            dask_only = [name for name in ("dask_address", "staging", "shard_bytes")
-                         if getattr(self, name) is not None]
+            dask_only = [
+                name
+                for name in ("dask_address", "staging", "shard_bytes")
+                if getattr(self, name) is not None
+            ]
             if dask_only:
                 raise ValueError(
                     f"{', '.join(dask_only)} apply to executor='dask' only, and executor is "
@@ -269,13 +321,18 @@ class BuildConfig(BaseModel):
         # Checked also when resize='none' ignores it: a value is valid or not, whatever else
         # is set (as on the command line).
         check_size((self.size, self.width or self.size), self.resize)
-        check_compression(self.compression, self.compression_level,
-                          fixed_size_decoded=self.layout == "decoded" and self.resize != "none")
+        check_compression(
+            self.compression,
+            self.compression_level,
+            fixed_size_decoded=self.layout == "decoded" and self.resize != "none",
+        )
         if self.executor == "dask":
             local_only = [name for name in ("manifest", "fletcher32") if getattr(self, name)]
             if local_only:
-                raise ValueError(f"{', '.join(local_only)} apply to executor='local' only for "
-                                 "now; drop them or use executor='local'")
+                raise ValueError(
+                    f"{', '.join(local_only)} apply to executor='local' only for "
+                    "now; drop them or use executor='local'"
+                )
         self.image_config().validate()
         return self
 

@@ -79,7 +79,8 @@ def _failure(what: str, timeout_s: float, log: Any) -> ServerStartError:
         f"busy machine raise the bound, e.g. {STARTUP_SETTING}=600 (it was {timeout_s:.0f} s), "
         "or run a persistent server: `prefect server start` in another shell, then "
         "`export PREFECT_API_URL=http://127.0.0.1:4200/api` and run this again."
-        + (f" The server printed: {said}" if said else ""))
+        + (f" The server printed: {said}" if said else "")
+    )
 
 
 def start_temporary_server(timeout_s: float, say: Callable[[str], None]) -> str:
@@ -102,28 +103,54 @@ def start_temporary_server(timeout_s: float, say: Callable[[str], None]) -> str:
     """
     url = f"http://127.0.0.1:{_free_port()}/api"
     port = url.rsplit(":", 1)[1].split("/")[0]
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-           "PREFECT__SERVER_FINAL": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {
+        **os.environ,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
     env.pop("PREFECT_API_URL", None)
     log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by _stop
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
-         "--host", "127.0.0.1", "--port", port, "--log-level", "error", "--lifespan", "on"],
-        env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent)  # the command has started no thread yet
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "prefect.server.api.server:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            port,
+            "--log-level",
+            "error",
+            "--lifespan",
+            "on",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_die_with_parent,
+    )  # the command has started no thread yet
     atexit.register(_stop, proc, log)
-    say(f"starting Prefect's temporary local server on {url} (waiting up to {timeout_s:.0f} s; "
-        "a first start on a machine also creates its database) ...")
+    say(
+        f"starting Prefect's temporary local server on {url} (waiting up to {timeout_s:.0f} s; "
+        "a first start on a machine also creates its database) ..."
+    )
     t0 = time.monotonic()
     next_say = t0 + _SAY_EVERY_S
     while not _healthy(url):
         failure = None
         if proc.poll() is not None:
-            failure = _failure(f"exited with status {proc.returncode} while starting",
-                               timeout_s, log)
+            failure = _failure(
+                f"exited with status {proc.returncode} while starting", timeout_s, log
+            )
         elif time.monotonic() - t0 > timeout_s:
-            failure = _failure(f"did not answer within {timeout_s:.0f} s ({STARTUP_SETTING})",
-                               timeout_s, log)
+            failure = _failure(
+                f"did not answer within {timeout_s:.0f} s ({STARTUP_SETTING})", timeout_s, log
+            )
         if failure is not None:
             _stop(proc, log)
             raise failure

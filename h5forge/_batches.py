@@ -29,8 +29,17 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Batch", "SlotBatch", "SlotRef", "acquire", "collect", "make_batch", "send_batch",
-           "shared_tensor", "views"]
+__all__ = [
+    "Batch",
+    "SlotBatch",
+    "SlotRef",
+    "acquire",
+    "collect",
+    "make_batch",
+    "send_batch",
+    "shared_tensor",
+    "views",
+]
 
 _HEADER = 64  # busy flag, then padding: the pixels start cache-line aligned
 _MAX_SLOTS = 6  # per worker: prefetch_factor (2) results in flight, one filling, the consumer's two
@@ -125,8 +134,12 @@ class SlotBatch(tuple):
         return _rebuild, (DupFd(self.ref.fd), self.ref.capacity, self.ref.nbytes, self.layout)
 
 
-def make_batch(images: torch.Tensor, labels: torch.Tensor, ref: SlotRef,
-               layout: tuple[tuple[int, ...], int, int]) -> SlotBatch:
+def make_batch(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    ref: SlotRef,
+    layout: tuple[tuple[int, ...], int, int],
+) -> SlotBatch:
     batch = SlotBatch((images, labels))
     batch.ref, batch.layout = ref, layout
     return batch
@@ -137,8 +150,9 @@ def _free(mapping: mmap.mmap) -> None:
         mapping[0] = 0
 
 
-def _rebuild(dup: Any, capacity: int, nbytes: int,
-             layout: tuple[tuple[int, ...], int, int]) -> list[torch.Tensor]:
+def _rebuild(
+    dup: Any, capacity: int, nbytes: int, layout: tuple[tuple[int, ...], int, int]
+) -> list[torch.Tensor]:
     fd = dup.detach()
     try:
         mapping = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED)
@@ -150,13 +164,14 @@ def _rebuild(dup: Any, capacity: int, nbytes: int,
     return list(views(torch.frombuffer(array, dtype=torch.uint8), layout))
 
 
-def views(flat: torch.Tensor, layout: tuple[tuple[int, ...], int, int]
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def views(
+    flat: torch.Tensor, layout: tuple[tuple[int, ...], int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(images N x C x H x W channels-last, labels int64)`` over one flat uint8 buffer."""
     shape, label_at, n = layout
     pixels = int(np.prod(shape))
     images = flat[:pixels].view(*shape).permute(0, 3, 1, 2)
-    return images, flat[label_at:label_at + 8 * n].view(torch.int64)
+    return images, flat[label_at : label_at + 8 * n].view(torch.int64)
 
 
 class Batch:
@@ -204,8 +219,13 @@ def collect(items: list[tuple[Any, Any]]) -> Any:
         return None
     shape = first.shape
     for image, label in items:
-        if (not isinstance(image, torch.Tensor) or image.dtype != torch.uint8
-                or image.shape != shape or isinstance(label, bool) or not isinstance(label, int)):
+        if (
+            not isinstance(image, torch.Tensor)
+            or image.dtype != torch.uint8
+            or image.shape != shape
+            or isinstance(label, bool)
+            or not isinstance(label, int)
+        ):
             return None
     c, h, w = shape
     batch = Batch(len(items), (h, w, c), slot=True, shared=True)

@@ -62,8 +62,11 @@ def cached_download(
         if _hit(entry, expected):
             return blob, expected, True
         entry.mkdir(parents=True, exist_ok=True)
-        for stale in [*entry.glob("blob.part-*"), *entry.glob("meta.json.tmp-*"),
-                      *entry.glob(".meta.json.tmp-*")]:
+        for stale in [
+            *entry.glob("blob.part-*"),
+            *entry.glob("meta.json.tmp-*"),
+            *entry.glob(".meta.json.tmp-*"),
+        ]:
             log.info("removing %s, left by an interrupted download", stale)
             stale.unlink(missing_ok=True)
         part = entry / f"blob.part-{secrets.token_hex(6)}"
@@ -73,8 +76,10 @@ def cached_download(
             os.replace(part, blob)
         finally:
             part.unlink(missing_ok=True)
-        replace_file(entry / "meta.json",
-                     json.dumps({"source_url": shown, "sha256": digest, "bytes": size}).encode())
+        replace_file(
+            entry / "meta.json",
+            json.dumps({"source_url": shown, "sha256": digest, "bytes": size}).encode(),
+        )
     return blob, digest, False
 
 

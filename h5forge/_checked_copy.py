@@ -22,6 +22,7 @@ Two ways to know the copy is right, chosen per shard by the merge:
 Memory is bounded: at most :data:`_IN_FLIGHT` bytes wait for their hash at any time, and the
 kernel copy holds none.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,7 +42,7 @@ from h5forge.errors import IntegrityError
 
 __all__ = ["CheckedCopy", "chunk_ranges", "copy_blob", "copy_filtered", "copy_raw"]
 
-_IN_FLIGHT = 48 << 20   # bytes held for hashing at once
+_IN_FLIGHT = 48 << 20  # bytes held for hashing at once
 
 
 def _hash_threads() -> int:
@@ -74,8 +75,9 @@ class CheckedCopy:
         while self._pending and self._held + nbytes > _IN_FLIGHT:
             self._retire()
 
-    def _submit(self, nbytes: int, buffer: bytearray | None, fn: Callable[..., list[str]],
-                *args: Any) -> None:
+    def _submit(
+        self, nbytes: int, buffer: bytearray | None, fn: Callable[..., list[str]], *args: Any
+    ) -> None:
         self._pending.append((self._pool.submit(fn, *args), nbytes, buffer))
         self._held += nbytes
 
@@ -98,8 +100,16 @@ class CheckedCopy:
                 return self._free.pop(k)
         return bytearray(max(size, _BLOCK))
 
-    def copy_ranges(self, src_fd: int, dst_fd: int, src: np.ndarray, dst: np.ndarray,
-                    sizes: np.ndarray, digests: np.ndarray, label: Callable[[int], str]) -> None:
+    def copy_ranges(
+        self,
+        src_fd: int,
+        dst_fd: int,
+        src: np.ndarray,
+        dst: np.ndarray,
+        sizes: np.ndarray,
+        digests: np.ndarray,
+        label: Callable[[int], str],
+    ) -> None:
         """Copy samples ``j`` (``sizes[j]`` bytes from ``src[j]`` to ``dst[j]``) and check them.
 
         Samples that lie back to back in both files are moved in blocks of up to 16 MiB (one
@@ -122,13 +132,26 @@ class CheckedCopy:
             view = memoryview(buf)[:total]
             pread_into(src_fd, view, int(src[j]))
             pwrite_all(dst_fd, view, int(dst[j]))
-            self._submit(len(buf), buf, _check_block, view, size[j:k],
-                         [bytes(d) for d in digests[j:k]], label, j)
+            self._submit(
+                len(buf),
+                buf,
+                _check_block,
+                view,
+                size[j:k],
+                [bytes(d) for d in digests[j:k]],
+                label,
+                j,
+            )
             self.checked += k - j
             j = k
 
-    def check(self, data: bytes | np.ndarray, want: bytes, name: str,
-              decode: Callable[[bytes], bytes] | None = None) -> None:
+    def check(
+        self,
+        data: bytes | np.ndarray,
+        want: bytes,
+        name: str,
+        decode: Callable[[bytes], bytes] | None = None,
+    ) -> None:
         """Check one sample's bytes in hand; ``decode`` (e.g. ``zlib.decompress``) runs first,
         on the helper thread."""
         nbytes = data.nbytes if isinstance(data, np.ndarray) else len(data)
@@ -137,20 +160,24 @@ class CheckedCopy:
         self.checked += 1
 
 
-def _check_block(view: memoryview, sizes: list[int], wants: list[bytes],
-                 label: Callable[[int], str], first: int) -> list[str]:
+def _check_block(
+    view: memoryview, sizes: list[int], wants: list[bytes], label: Callable[[int], str], first: int
+) -> list[str]:
     fails, pos = [], 0
     for k, (size, want) in enumerate(zip(sizes, wants, strict=True)):
-        got = hashlib.sha256(view[pos:pos + size]).digest()
+        got = hashlib.sha256(view[pos : pos + size]).digest()
         if got != want:
-            fails.append(f"{label(first + k)}: sha256 of the copied bytes is {got.hex()}, the "
-                         f"shard's /digests says {want.hex()}")
+            fails.append(
+                f"{label(first + k)}: sha256 of the copied bytes is {got.hex()}, the "
+                f"shard's /digests says {want.hex()}"
+            )
         pos += size
     return fails
 
 
-def _check_one(data: Any, want: bytes, name: str,
-               decode: Callable[[bytes], bytes] | None) -> list[str]:
+def _check_one(
+    data: Any, want: bytes, name: str, decode: Callable[[bytes], bytes] | None
+) -> list[str]:
     if decode is not None:
         try:
             data = decode(data)
@@ -158,8 +185,10 @@ def _check_one(data: Any, want: bytes, name: str,
             return [f"{name}: its stored chunk does not decompress ({type(e).__name__}: {e})"]
     got = hashlib.sha256(data).digest()
     if got != want:
-        return [f"{name}: sha256 of the copied (decompressed) bytes is {got.hex()}, the "
-                f"shard's /digests says {want.hex()}"]
+        return [
+            f"{name}: sha256 of the copied (decompressed) bytes is {got.hex()}, the "
+            f"shard's /digests says {want.hex()}"
+        ]
     return []
 
 
@@ -181,9 +210,16 @@ def chunk_ranges(images: h5py.Dataset, n: int) -> np.ndarray:
     return chunk_table(images, n)[:, :2].copy()
 
 
-def copy_raw(check: CheckedCopy | None, src_fd: int, src: h5py.Dataset, out_fd: int,
-             dst: np.ndarray, digests: np.ndarray, label: Callable[[int], str],
-             copy: RangeCopy) -> None:
+def copy_raw(
+    check: CheckedCopy | None,
+    src_fd: int,
+    src: h5py.Dataset,
+    out_fd: int,
+    dst: np.ndarray,
+    digests: np.ndarray,
+    label: Callable[[int], str],
+    copy: RangeCopy,
+) -> None:
     """Copy unfiltered chunks file to file, into chunks allocated at creation (``dst``).
 
     With ``check`` each sample's digest is checked from the bytes copied; without it (the
@@ -193,9 +229,11 @@ def copy_raw(check: CheckedCopy | None, src_fd: int, src: h5py.Dataset, out_fd: 
     ranges = chunk_ranges(src, n)
     want = int(np.prod(src.shape[1:]))
     for j in np.flatnonzero((ranges[:, 1] != want) | (dst[:, 1] != want))[:1]:
-        raise IntegrityError(f"{label(j)}: its chunk has {ranges[j, 1]} bytes in the shard and "
-                             f"{dst[j, 1]} in the output, expected {want} (-1: no chunk); the "
-                             "shard is damaged, re-pack it")
+        raise IntegrityError(
+            f"{label(j)}: its chunk has {ranges[j, 1]} bytes in the shard and "
+            f"{dst[j, 1]} in the output, expected {want} (-1: no chunk); the "
+            "shard is damaged, re-pack it"
+        )
     if check is not None:
         check.copy_ranges(src_fd, out_fd, ranges[:, 0], dst[:, 0], ranges[:, 1], digests, label)
         return
@@ -203,9 +241,16 @@ def copy_raw(check: CheckedCopy | None, src_fd: int, src: h5py.Dataset, out_fd: 
         copy(src_fd, out_fd, s, d, size)
 
 
-def copy_filtered(check: CheckedCopy | None, src_fd: int, src: h5py.Dataset, dst: h5py.Dataset,
-                  base: int, digests: np.ndarray, label: Callable[[int], str],
-                  filters: tuple[int, ...]) -> None:
+def copy_filtered(
+    check: CheckedCopy | None,
+    src_fd: int,
+    src: h5py.Dataset,
+    dst: h5py.Dataset,
+    base: int,
+    digests: np.ndarray,
+    label: Callable[[int], str],
+    filters: tuple[int, ...],
+) -> None:
     """Copy filtered chunks as stored (filter mask carried), never recompressed.
 
     With ``check``, the digest covers the decompressed pixels, so checking it costs one
@@ -226,32 +271,50 @@ def copy_filtered(check: CheckedCopy | None, src_fd: int, src: h5py.Dataset, dst
             continue
         pixels = np.empty((1, *src.shape[1:]), np.uint8)
         try:
-            src.read_direct(pixels, np.s_[j:j + 1])
+            src.read_direct(pixels, np.s_[j : j + 1])
         except OSError as e:  # fletcher32 mismatch, or the codec rejects the chunk
             check.failures.append(f"{label(j)}: HDF5 cannot decode its chunk ({e})")
             continue
         check.check(pixels, bytes(digests[j]), label(j))
 
 
-def _copy_chunks(src_fd: int, src: h5py.Dataset, dst: h5py.Dataset, base: int, n: int,
-                 label: Callable[[int], str]) -> None:
+def _copy_chunks(
+    src_fd: int,
+    src: h5py.Dataset,
+    dst: h5py.Dataset,
+    base: int,
+    n: int,
+    label: Callable[[int], str],
+) -> None:
     table = chunk_table(src, n)
     for j in np.flatnonzero(table[:, 1] < 0)[:1]:
-        raise IntegrityError(f"{label(j)}: the shard has no chunk for it; the shard is damaged, "
-                             "re-pack it")
+        raise IntegrityError(
+            f"{label(j)}: the shard has no chunk for it; the shard is damaged, re-pack it"
+        )
     # One pread per chunk, found by one pass over the chunk index (no B-tree search per
     # chunk); h5py takes a bytes chunk faster than a slice of a larger buffer.
     for j, (offset, size, mask) in enumerate(table.tolist()):
         chunk = os.pread(src_fd, size, offset)
         if len(chunk) != size:
-            raise IntegrityError(f"{label(j)}: the shard ends inside its chunk (bytes {offset}.."
-                                 f"{offset + size - 1}); the shard is truncated, re-pack it")
+            raise IntegrityError(
+                f"{label(j)}: the shard ends inside its chunk (bytes {offset}.."
+                f"{offset + size - 1}); the shard is truncated, re-pack it"
+            )
         dst.id.write_direct_chunk((base + j, 0, 0, 0), chunk, mask)
 
 
-def copy_blob(check: CheckedCopy | None, src_fd: int, where: str, src: h5py.Dataset,
-              out_fd: int, dst_offset: int, offsets: np.ndarray, digests: np.ndarray,
-              label: Callable[[int], str], copy: RangeCopy) -> int:
+def copy_blob(
+    check: CheckedCopy | None,
+    src_fd: int,
+    where: str,
+    src: h5py.Dataset,
+    out_fd: int,
+    dst_offset: int,
+    offsets: np.ndarray,
+    digests: np.ndarray,
+    label: Callable[[int], str],
+    copy: RangeCopy,
+) -> int:
     """Copy ``src``'s samples to ``dst_offset`` of the fd ``out_fd``; return the byte count.
 
     The output blob is allocated at creation (the writer's head layout), so its file offset is
@@ -267,11 +330,20 @@ def copy_blob(check: CheckedCopy | None, src_fd: int, where: str, src: h5py.Data
     assert base is not None, "a non-empty contiguous dataset has storage"
     starts = offsets.astype(np.int64)
     if int(starts[-1]) != size:
-        raise IntegrityError(f"{where}: /offsets ends at {int(starts[-1])}, /images holds {size}"
-                             " bytes; the shard is damaged, re-pack it")
+        raise IntegrityError(
+            f"{where}: /offsets ends at {int(starts[-1])}, /images holds {size}"
+            " bytes; the shard is damaged, re-pack it"
+        )
     if check is None:
         copy(src_fd, out_fd, base, dst_offset, size)
     else:
-        check.copy_ranges(src_fd, out_fd, base + starts[:-1], dst_offset + starts[:-1],
-                          np.diff(starts), digests, label)
+        check.copy_ranges(
+            src_fd,
+            out_fd,
+            base + starts[:-1],
+            dst_offset + starts[:-1],
+            np.diff(starts),
+            digests,
+            label,
+        )
     return size

@@ -57,16 +57,15 @@ class FileIdentity:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def __str__(self) -> str:
-        return (f"device {self.dev}, inode {self.ino}, {self.size} bytes, "
-                f"mtime {self.mtime_ns} ns")
+        return f"device {self.dev}, inode {self.ino}, {self.size} bytes, mtime {self.mtime_ns} ns"
 
 
 @dataclass(frozen=True)
 class Expected:
     """A shard's manifest, as far as the check needs it."""
 
-    url: str            # the shard, for messages
-    manifest_url: str   # its manifest, for messages
+    url: str  # the shard, for messages
+    manifest_url: str  # its manifest, for messages
     sha256: str
     size: int
 
@@ -79,7 +78,8 @@ def _changed(url: str, first: str, a: FileIdentity, then: str, b: FileIdentity) 
     return IntegrityError(
         f"{url} changed during the merge: {first} it was ({a}), {then} ({b}); what was hashed "
         "may not be what was copied. Run the merge again once nothing writes to the shard; if "
-        "it was re-packed, run the build again (find_done_shards checks it against its manifest)")
+        "it was re-packed, run the build again (find_done_shards checks it against its manifest)"
+    )
 
 
 def _sha256_mapped(path: str, url: str, stop: threading.Event) -> tuple[str, FileIdentity]:
@@ -91,15 +91,16 @@ def _sha256_mapped(path: str, url: str, stop: threading.Event) -> tuple[str, Fil
         if before.size:
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
                 if len(mapped) != before.size:
-                    raise _changed(url, "when opened", before, "when mapped it had",
-                                   FileIdentity.of(fd))
+                    raise _changed(
+                        url, "when opened", before, "when mapped it had", FileIdentity.of(fd)
+                    )
                 if hasattr(mmap, "MADV_SEQUENTIAL"):  # read ahead: it is read once, in order
                     mapped.madvise(mmap.MADV_SEQUENTIAL)
                 with memoryview(mapped) as view:
                     for start in range(0, before.size, _SLICE):
                         if stop.is_set():
                             raise _Cancelled
-                        digest.update(view[start:start + _SLICE])
+                        digest.update(view[start : start + _SLICE])
         after = FileIdentity.of(fd)
         if after != before:
             raise _changed(url, "when the hash began", before, "when it ended it was", after)
@@ -152,7 +153,8 @@ class FileChecks:
                 f"{expected.url} has {size} bytes, its manifest {expected.manifest_url} records "
                 f"{expected.size}: the shard changed after it was published. Run the build again "
                 "(find_done_shards sees the mismatch and re-packs it) or re-pack it with "
-                "h5forge.shards.pack_shard")
+                "h5forge.shards.pack_shard"
+            )
         self._expected[key] = expected
         self._waiting.append((key, path))
         self._pump()
@@ -163,8 +165,9 @@ class FileChecks:
             self._submit(*self._waiting.popleft())
 
     def _submit(self, key: int, path: str) -> None:
-        self._hashes[key] = self._pool.submit(_sha256_mapped, path, self._expected[key].url,
-                                              self._stop)
+        self._hashes[key] = self._pool.submit(
+            _sha256_mapped, path, self._expected[key].url, self._stop
+        )
 
     def copied(self, key: int, path: str, fd: int, opened: FileIdentity) -> None:
         """Record that shard ``key`` was copied through ``fd`` from the file at ``path``.
@@ -176,8 +179,10 @@ class FileChecks:
             IntegrityError: the file changed, or ``path`` names another file, since ``opened``.
         """
         url = self._expected[key].url
-        for now, then in ((FileIdentity.of(fd), "when the copy ended it was"),
-                          (FileIdentity.of(path), "when the copy ended its path named")):
+        for now, then in (
+            (FileIdentity.of(fd), "when the copy ended it was"),
+            (FileIdentity.of(path), "when the copy ended its path named"),
+        ):
             if now != opened:
                 raise _changed(url, "when first opened", opened, then, now)
         if key not in self._hashes:  # copied before its turn to be hashed came
@@ -201,7 +206,8 @@ class FileChecks:
                 f"{expected.url}: sha256 of the shard file is {actual}, its manifest "
                 f"{expected.manifest_url} records {expected.sha256}: the shard changed after it "
                 "was published. Run the build again (find_done_shards sees the mismatch and "
-                "re-packs it) or re-pack it with h5forge.shards.pack_shard")
+                "re-packs it) or re-pack it with h5forge.shards.pack_shard"
+            )
         copied = self._copied.pop(key)
         if copied != hashed:
             raise _changed(expected.url, "when hashed", hashed, "when copied it was", copied)

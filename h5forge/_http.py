@@ -53,9 +53,23 @@ _CONTENT_RANGE = re.compile(rf"bytes ({_NUM})-({_NUM})/({_NUM}|\*)")
 _LENGTH = re.compile(_NUM)
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # Headers the downloader owns: a caller's value would corrupt framing, resuming or decoding.
-_RESERVED = frozenset({"accept-encoding", "connection", "content-length", "expect", "host",
-                       "if-range", "keep-alive", "proxy-connection", "range", "te", "trailer",
-                       "transfer-encoding", "upgrade"})
+_RESERVED = frozenset(
+    {
+        "accept-encoding",
+        "connection",
+        "content-length",
+        "expect",
+        "host",
+        "if-range",
+        "keep-alive",
+        "proxy-connection",
+        "range",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -78,8 +92,9 @@ class _Retry(Exception):
     progress even if it kept bytes, or a trickle could reset the count forever.
     """
 
-    def __init__(self, reason: str, *, timeout: bool = False, delay: float | None = None,
-                 slow: bool = False) -> None:
+    def __init__(
+        self, reason: str, *, timeout: bool = False, delay: float | None = None, slow: bool = False
+    ) -> None:
         super().__init__(reason)
         self.timeout = timeout or slow
         self.delay = delay
@@ -113,11 +128,15 @@ def check_headers(headers: Mapping[str, str]) -> dict[str, str]:
         if not _TOKEN.fullmatch(name):
             raise ValueError(f"header name {name!r} is not a valid HTTP token; fix the name")
         if name.lower() in _RESERVED:
-            raise ValueError(f"header {name!r} may not be set: the downloader sets it itself "
-                             "(framing, resume and decoding); remove it from headers")
+            raise ValueError(
+                f"header {name!r} may not be set: the downloader sets it itself "
+                "(framing, resume and decoding); remove it from headers"
+            )
         if any(c in value for c in "\r\n\0") or not value.isascii() and not _latin1(value):
-            raise ValueError(f"header {name!r} has a value with CR, LF, NUL or non-Latin-1 "
-                             "characters; fix the value")
+            raise ValueError(
+                f"header {name!r} has a value with CR, LF, NUL or non-Latin-1 "
+                "characters; fix the value"
+            )
         out[name] = value
     return out
 
@@ -183,8 +202,9 @@ class _Watchdog:
         self._timer.cancel()
 
 
-def _open(url: str, own: dict[str, str], caller: dict[str, str], timeout: float, st: _State
-          ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, socket.socket]:
+def _open(
+    url: str, own: dict[str, str], caller: dict[str, str], timeout: float, st: _State
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, socket.socket]:
     """GET ``url`` following at most ``_MAX_REDIRECTS`` http(s) redirects.
 
     ``own`` headers (set by the downloader) go to every hop. ``caller`` headers, and Basic auth
@@ -206,7 +226,8 @@ def _open(url: str, own: dict[str, str], caller: dict[str, str], timeout: float,
             if hop:
                 raise UnsafeArchiveError(
                     f"refusing to follow a redirect to {redact_url(url)!r}: only http(s) URLs "
-                    "with a host are followed; ask the server owner for a direct http(s) URL")
+                    "with a host are followed; ask the server owner for a direct http(s) URL"
+                )
             raise OSError(f"cannot download {redact_url(url)!r}: not an http(s) URL with a host")
         if _origin(url) != origin:
             extra = {}  # sticky: a redirect back to the origin gets no caller headers either
@@ -214,7 +235,8 @@ def _open(url: str, own: dict[str, str], caller: dict[str, str], timeout: float,
         conn: http.client.HTTPConnection
         if parts.scheme == "https":
             conn = http.client.HTTPSConnection(
-                parts.hostname, parts.port, timeout=wait, context=ssl.create_default_context())
+                parts.hostname, parts.port, timeout=wait, context=ssl.create_default_context()
+            )
         else:
             conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=wait)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -275,7 +297,8 @@ def over_max_bytes(shown: str, what: str, max_bytes: int) -> UnsafeArchiveError:
     """The error for a download past ``max_bytes`` (``what``: how we know it is)."""
     return UnsafeArchiveError(
         f"download of {shown!r} {what}, over max_bytes={max_bytes}; nothing was kept — "
-        "raise max_bytes if the source is trusted")
+        "raise max_bytes if the source is trusted"
+    )
 
 
 def _accept(resp: http.client.HTTPResponse, st: _State, lim: Limits, shown: str) -> int | None:
@@ -297,18 +320,25 @@ def _accept(resp: http.client.HTTPResponse, st: _State, lim: Limits, shown: str)
         total = None if match[3] == "*" else int(match[3])
         claimed = max(end + 1, total or 0)
         if claimed > lim.max_bytes:  # final whatever else the answer says: it is over the cap
-            raise over_max_bytes(shown, f"declares {claimed} bytes (Content-Range {got[:80]!r})",
-                                 lim.max_bytes)
+            raise over_max_bytes(
+                shown, f"declares {claimed} bytes (Content-Range {got[:80]!r})", lim.max_bytes
+            )
         # An unknown total ("*") is refused too: the download could not tell when it is done.
-        if (start != st.have or end < start or total is None or end >= total
-                or (st.total and total != st.total)
-                or (length is not None and length != end - start + 1)):
+        if (
+            start != st.have
+            or end < start
+            or total is None
+            or end >= total
+            or (st.total and total != st.total)
+            or (length is not None and length != end - start + 1)
+        ):
             # Not the continuation we asked for (also a 206 to a request without Range that
             # does not start at 0): start over, and the attempt made no progress.
             asked = st.have
             _restart(st)
-            raise _Retry(f"bad resume answer (Content-Range {got[:80]!r} to a request from "
-                         f"byte {asked})")
+            raise _Retry(
+                f"bad resume answer (Content-Range {got[:80]!r} to a request from byte {asked})"
+            )
         st.total = total
         return end + 1
     # 200: the whole body, whether or not we asked for a range (a server may ignore Range).
@@ -316,8 +346,7 @@ def _accept(resp: http.client.HTTPResponse, st: _State, lim: Limits, shown: str)
         log.info("server ignored the Range request; restarting from byte 0")
     _restart(st)
     if length is not None and length > lim.max_bytes:
-        raise over_max_bytes(shown, f"declares {length} bytes (Content-Length)",
-                             lim.max_bytes)
+        raise over_max_bytes(shown, f"declares {length} bytes (Content-Length)", lim.max_bytes)
     st.total = length
     etag = resp.getheader("ETag")
     st.validator = etag if etag and not etag.startswith("W/") else resp.getheader("Last-Modified")
@@ -353,8 +382,10 @@ def _attempt(url: str, st: _State, lim: Limits, caller: dict[str, str], bar: Pro
     except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
         raise _Retry(_why(exc), timeout=isinstance(exc, TimeoutError)) from exc
     except ssl.SSLCertVerificationError as exc:
-        raise OSError(f"the TLS certificate of {shown!r} is not trusted ({exc.verify_message}); "
-                      "check the URL or the system's CA certificates") from exc
+        raise OSError(
+            f"the TLS certificate of {shown!r} is not trusted ({exc.verify_message}); "
+            "check the URL or the system's CA certificates"
+        ) from exc
     except OSError as exc:
         if exc.errno is None and not isinstance(exc, ssl.SSLError):
             raise  # our own, already clear (too many redirects ...)
@@ -383,8 +414,15 @@ def _attempt(url: str, st: _State, lim: Limits, caller: dict[str, str], bar: Pro
         raise _Retry(f"connection dropped after {st.have} of {st.total} bytes")
 
 
-def _stream(resp: http.client.HTTPResponse, sock: socket.socket, st: _State,
-            lim: Limits, shown: str, end: int | None, bar: Progress) -> None:
+def _stream(
+    resp: http.client.HTTPResponse,
+    sock: socket.socket,
+    st: _State,
+    lim: Limits,
+    shown: str,
+    end: int | None,
+    bar: Progress,
+) -> None:
     """Append the body to the file, enforcing ``max_bytes``, the rate and the deadline."""
     window_start, window_bytes = time.monotonic(), 0
     while True:
@@ -398,18 +436,19 @@ def _stream(resp: http.client.HTTPResponse, sock: socket.socket, st: _State,
             block = resp.read1(want)  # whatever has arrived: no bytes lost on a stall
         except http.client.IncompleteRead as exc:
             if st.have + len(exc.partial) > lim.max_bytes:
-                raise over_max_bytes(shown, f"sent more than {lim.max_bytes} bytes",
-                                     lim.max_bytes) from exc
+                raise over_max_bytes(
+                    shown, f"sent more than {lim.max_bytes} bytes", lim.max_bytes
+                ) from exc
             _keep(st, exc.partial, bar)
             raise _Retry(f"connection dropped after {st.have} bytes") from exc
         except (http.client.HTTPException, ConnectionError, TimeoutError, ssl.SSLError) as exc:
-            raise _Retry(f"{_why(exc)} after {st.have} bytes",
-                         timeout=isinstance(exc, TimeoutError)) from exc
+            raise _Retry(
+                f"{_why(exc)} after {st.have} bytes", timeout=isinstance(exc, TimeoutError)
+            ) from exc
         if not block:
             return
         if st.have + len(block) > lim.max_bytes:
-            raise over_max_bytes(shown, f"sent more than {lim.max_bytes} bytes",
-                                 lim.max_bytes)
+            raise over_max_bytes(shown, f"sent more than {lim.max_bytes} bytes", lim.max_bytes)
         _keep(st, block, bar)
         now = time.monotonic()
         if now >= st.deadline:
@@ -417,8 +456,11 @@ def _stream(resp: http.client.HTTPResponse, sock: socket.socket, st: _State,
         window_bytes += len(block)
         if now - window_start >= lim.timeout:
             if window_bytes < lim.min_rate * (now - window_start):
-                raise _Retry(f"too slow: {window_bytes} bytes in {now - window_start:.1f}s, "
-                             f"under min_rate={lim.min_rate:g} B/s", slow=True)
+                raise _Retry(
+                    f"too slow: {window_bytes} bytes in {now - window_start:.1f}s, "
+                    f"under min_rate={lim.min_rate:g} B/s",
+                    slow=True,
+                )
             window_start, window_bytes = now, 0
 
 
@@ -436,8 +478,9 @@ def _keep(st: _State, block: bytes, bar: Progress) -> None:
     bar.advance(len(block))
 
 
-def download(url: str, out: Path, *, lim: Limits, progress: bool,
-             headers: Mapping[str, str] | None = None) -> tuple[str, int]:
+def download(
+    url: str, out: Path, *, lim: Limits, progress: bool, headers: Mapping[str, str] | None = None
+) -> tuple[str, int]:
     """Download ``url`` into the new local file ``out``, resuming after drops.
 
     ``out`` is created exclusively (never through a link) and only ever written through that
@@ -461,10 +504,14 @@ def download(url: str, out: Path, *, lim: Limits, progress: bool,
     try:
         fd = os.open(out, flags, 0o666)
     except FileExistsError as exc:
-        raise FileExistsError(f"download file {str(out)!r} already exists (perhaps as a link); "
-                              "refusing to write through it — remove it and retry") from exc
-    with os.fdopen(fd, "wb") as file, \
-            progress_bar(progress, f"download {shown.rsplit('/', 1)[-1]}") as bar:
+        raise FileExistsError(
+            f"download file {str(out)!r} already exists (perhaps as a link); "
+            "refusing to write through it — remove it and retry"
+        ) from exc
+    with (
+        os.fdopen(fd, "wb") as file,
+        progress_bar(progress, f"download {shown.rsplit('/', 1)[-1]}") as bar,
+    ):
         st = _State(file=file, deadline=started + lim.total_timeout)
         failures = attempts = 0
         while True:
@@ -482,13 +529,26 @@ def download(url: str, out: Path, *, lim: Limits, progress: bool,
                 if exc.delay is not None:
                     delay = max(delay, exc.delay)
                 _give_up(shown, exc, st, lim, failures, attempts, started, delay)
-                log.warning("retrying %s in %.2fs at byte %d after: %s", shown, delay, st.have,
-                            redact_text(str(exc)))
+                log.warning(
+                    "retrying %s in %.2fs at byte %d after: %s",
+                    shown,
+                    delay,
+                    st.have,
+                    redact_text(str(exc)),
+                )
                 time.sleep(delay)
 
 
-def _give_up(shown: str, exc: _Retry, st: _State, lim: Limits, failures: int, attempts: int,
-             started: float, delay: float) -> None:
+def _give_up(
+    shown: str,
+    exc: _Retry,
+    st: _State,
+    lim: Limits,
+    failures: int,
+    attempts: int,
+    started: float,
+    delay: float,
+) -> None:
     """Raise when a bound is reached; the message says which, and the option that sets it."""
     elapsed = time.monotonic() - started
     kind: type[OSError]
@@ -498,8 +558,10 @@ def _give_up(shown: str, exc: _Retry, st: _State, lim: Limits, failures: int, at
         why = f"gave up after max_attempts={lim.max_attempts} attempts"
         kind = TimeoutError if exc.timeout else ConnectionError
     elif failures > lim.retries:
-        why = (f"failed after {failures} attempts in a row without progress "
-               f"(retries={lim.retries}, timeout={lim.timeout:g}s, min_rate={lim.min_rate:g} B/s)")
+        why = (
+            f"failed after {failures} attempts in a row without progress "
+            f"(retries={lim.retries}, timeout={lim.timeout:g}s, min_rate={lim.min_rate:g} B/s)"
+        )
         kind = TimeoutError if exc.timeout else ConnectionError
     else:
         return

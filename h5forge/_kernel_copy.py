@@ -21,8 +21,15 @@ __all__ = ["BLOCK", "RangeCopy", "pread_into", "pwrite_all", "runs", "writeback_
 BLOCK = 16 << 20  # bytes read and written per system call when copying through user space
 # copy_file_range cannot serve this pair of files (other filesystems on old kernels, no
 # support in the filesystem or the OS): copy through user space instead.
-_NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL,
-                             getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
+_NO_KERNEL_COPY = frozenset(
+    {
+        errno.EXDEV,
+        errno.ENOSYS,
+        errno.EOPNOTSUPP,
+        errno.EINVAL,
+        getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
+    }
+)
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writeback of the dirty pages, do not wait
 
 
@@ -31,8 +38,10 @@ def pread_into(fd: int, view: memoryview, offset: int) -> None:
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)
         if n == 0:
-            raise EOFError(f"the file ends at byte {offset + done}, inside a sample's stored "
-                           f"bytes ({offset}..{offset + len(view) - 1}): truncated?")
+            raise EOFError(
+                f"the file ends at byte {offset + done}, inside a sample's stored "
+                f"bytes ({offset}..{offset + len(view) - 1}): truncated?"
+            )
         done += n
 
 
@@ -76,7 +85,7 @@ class RangeCopy:
             self._buf = bytearray(BLOCK)
         buf = memoryview(self._buf)
         for pos in range(0, size, BLOCK):
-            view = buf[:min(BLOCK, size - pos)]
+            view = buf[: min(BLOCK, size - pos)]
             pread_into(src_fd, view, src + pos)
             pwrite_all(dst_fd, view, dst + pos)
 
@@ -89,8 +98,9 @@ def runs(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> list[tuple[int,
     starts = np.concatenate([[0], np.flatnonzero(~follows) + 1])
     stops = np.concatenate([starts[1:], [len(sizes)]])
     ends = src[stops - 1] + sizes[stops - 1]
-    return list(zip(src[starts].tolist(), dst[starts].tolist(), (ends - src[starts]).tolist(),
-                    strict=True))
+    return list(
+        zip(src[starts].tolist(), dst[starts].tolist(), (ends - src[starts]).tolist(), strict=True)
+    )
 
 
 def writeback_starter() -> Callable[[int], None]:

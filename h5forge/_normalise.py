@@ -20,8 +20,16 @@ from PIL import Image
 if TYPE_CHECKING:
     from h5forge.images import ImageConfig
 
-__all__ = ["TRANSPOSE", "Plan", "apply", "draft", "normalise_mode", "open_checked", "orientation",
-           "plan"]
+__all__ = [
+    "TRANSPOSE",
+    "Plan",
+    "apply",
+    "draft",
+    "normalise_mode",
+    "open_checked",
+    "orientation",
+    "plan",
+]
 
 Box = tuple[float, float, float, float]
 
@@ -128,7 +136,8 @@ def open_checked(raw: bytes, limit: int) -> Image.Image:
     w, h = img.size
     if w * h > limit:
         raise Image.DecompressionBombError(
-            f"image too large: {w} x {h} = {w * h} pixels > limit {limit}")
+            f"image too large: {w} x {h} = {w * h} pixels > limit {limit}"
+        )
     return img
 
 

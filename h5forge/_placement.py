@@ -62,9 +62,17 @@ class Head:
             object header lies in the head and its bytes follow it.
     """
 
-    def __init__(self, h5: h5py.File, attrs: dict[str, Any], *, storage: fmt.Storage,
-                 capacity: int, classes: Sequence[str], split_names: Sequence[str],
-                 images: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        h5: h5py.File,
+        attrs: dict[str, Any],
+        *,
+        storage: fmt.Storage,
+        capacity: int,
+        classes: Sequence[str],
+        split_names: Sequence[str],
+        images: dict[str, Any],
+    ) -> None:
         self.h5, self.storage, self.capacity = h5, storage, capacity
         for name, value in attrs.items():
             h5.attrs[name] = value
@@ -80,15 +88,20 @@ class Head:
         if blob:
             self._index(fmt.SHAPES, np.uint32, (3,))
         for name, values in ((fmt.SPLIT_NAMES, split_names), (fmt.CLASSES, classes)):
-            h5.create_dataset(name, data=np.array([utf8(v) for v in values], dtype=object),
-                              dtype=_STR, shape=(len(values),))
+            h5.create_dataset(
+                name,
+                data=np.array([utf8(v) for v in values], dtype=object),
+                dtype=_STR,
+                shape=(len(values),),
+            )
         self._index(fmt.DIGESTS, np.uint8, (fmt.DIGEST_SIZE,))
         if blob:
             self._index(fmt.OFFSETS, np.uint64, extra=1)
         self._index(fmt.PATHS, _STR)
         for name in (fmt.QUARANTINE_PATHS, fmt.QUARANTINE_REASONS):
-            self.ds[name] = h5.create_dataset(name, shape=(0,), maxshape=(None,), dtype=_STR,
-                                              chunks=(_QUARANTINE_CHUNK,))
+            self.ds[name] = h5.create_dataset(
+                name, shape=(0,), maxshape=(None,), dtype=_STR, chunks=(_QUARANTINE_CHUNK,)
+            )
         if blob:  # contiguous, allocated now: its bytes start right after the head
             images = {**images, "dcpl": _early(False)}
         self.images: h5py.Dataset = h5.create_dataset(fmt.IMAGES, **images)
@@ -96,19 +109,34 @@ class Head:
     def _index(self, name: str, dtype: Any, row: tuple[int, ...] = (), extra: int = 0) -> None:
         rows = self.capacity + extra
         self.ds[name] = self.h5.create_dataset(
-            name, shape=(rows, *row), maxshape=(max(1, rows), *row),
-            chunks=(max(1, rows), *row), dtype=dtype, dcpl=_early(dtype is _STR))
+            name,
+            shape=(rows, *row),
+            maxshape=(max(1, rows), *row),
+            chunks=(max(1, rows), *row),
+            dtype=dtype,
+            dcpl=_early(dtype is _STR),
+        )
 
-    def finish(self, *, byte_ranges: np.ndarray, labels: np.ndarray, splits: np.ndarray,
-               digests: np.ndarray, paths: Sequence[str],
-               quarantine: Sequence[tuple[str, str]], shapes: np.ndarray | None = None,
-               offsets: np.ndarray | None = None) -> None:
+    def finish(
+        self,
+        *,
+        byte_ranges: np.ndarray,
+        labels: np.ndarray,
+        splits: np.ndarray,
+        digests: np.ndarray,
+        paths: Sequence[str],
+        quarantine: Sequence[tuple[str, str]],
+        shapes: np.ndarray | None = None,
+        offsets: np.ndarray | None = None,
+    ) -> None:
         """Write the index of the ``n`` packed samples and the quarantine list; fix the counts."""
         n = len(labels)
         if n > self.capacity:
             raise AssertionError(f"{n} samples packed, the head was sized for {self.capacity}")
         values: dict[str, Any] = {
-            fmt.BYTE_RANGES: byte_ranges, fmt.LABELS: labels, fmt.SPLITS: splits,
+            fmt.BYTE_RANGES: byte_ranges,
+            fmt.LABELS: labels,
+            fmt.SPLITS: splits,
             fmt.DIGESTS: digests,
             fmt.PATHS: np.array([utf8(p) for p in paths], dtype=object),
         }

@@ -28,8 +28,14 @@ __all__ = ["Shard", "survey"]
 log = logging.getLogger(__name__)
 
 # Root attributes every shard of one build must share.
-_SAME = (fmt.A_LAYOUT, fmt.A_STORAGE, fmt.A_ENCODING, fmt.A_MODE, fmt.A_COMPRESSION,
-         fmt.A_CONFIG_JSON)
+_SAME = (
+    fmt.A_LAYOUT,
+    fmt.A_STORAGE,
+    fmt.A_ENCODING,
+    fmt.A_MODE,
+    fmt.A_COMPRESSION,
+    fmt.A_CONFIG_JSON,
+)
 
 
 def _text(value: object) -> str:
@@ -45,9 +51,9 @@ class Shard:
     attrs: dict[str, str]
     classes: tuple[str, ...]
     split_names: tuple[str, ...]
-    image_shape: tuple[int, ...]   # (H, W, C) for array storage, (B,) for blob storage
-    filters: tuple[int, ...]       # HDF5 filter ids on /images
-    expected: Expected | None      # its manifest: the whole file is checked against it
+    image_shape: tuple[int, ...]  # (H, W, C) for array storage, (B,) for blob storage
+    filters: tuple[int, ...]  # HDF5 filter ids on /images
+    expected: Expected | None  # its manifest: the whole file is checked against it
     identity: FileIdentity | None  # of a local shard when it was surveyed
 
 
@@ -60,12 +66,14 @@ def _expected(url: str, options: dict[str, Any] | None) -> Expected | None:
     except ValueError as e:  # torn or foreign: the per-sample check still covers the shard
         log.warning("%s; checking %s sample by sample instead", e, url)
         return None
-    return Expected(url=url, manifest_url=manifest_url(url), sha256=manifest["sha256"],
-                    size=manifest["bytes"])
+    return Expected(
+        url=url, manifest_url=manifest_url(url), sha256=manifest["sha256"], size=manifest["bytes"]
+    )
 
 
-def survey(urls: Sequence[str], options: dict[str, Any] | None, files: FileChecks
-            ) -> tuple[list[Shard], np.ndarray, list[tuple[str, str]]]:
+def survey(
+    urls: Sequence[str], options: dict[str, Any] | None, files: FileChecks
+) -> tuple[list[Shard], np.ndarray, list[tuple[str, str]]]:
     """Read every shard's header and index; refuse a mix; count samples per (split, class).
 
     The hash of every local shard that has a manifest starts here, before its survey.
@@ -87,33 +95,46 @@ def survey(urls: Sequence[str], options: dict[str, Any] | None, files: FileCheck
             images = h5[fmt.IMAGES]
             plist = images.id.get_create_plist()
             shard = Shard(
-                url=url, n=idx.header.num_samples,
+                url=url,
+                n=idx.header.num_samples,
                 attrs={k: _text(h5.attrs.get(k, "")) for k in _SAME},
-                classes=idx.classes, split_names=idx.split_names,
-                image_shape=tuple(int(x) for x in images.shape[1:]) if idx.header.storage
-                == "array" else (int(images.shape[0]),),
+                classes=idx.classes,
+                split_names=idx.split_names,
+                image_shape=tuple(int(x) for x in images.shape[1:])
+                if idx.header.storage == "array"
+                else (int(images.shape[0]),),
                 filters=tuple(plist.get_filter(k)[0] for k in range(plist.get_nfilters())),
-                expected=expected, identity=identity)
+                expected=expected,
+                identity=identity,
+            )
             if shards:
                 _same(shards[0], shard)
             else:
                 counts = np.zeros(len(shard.split_names) * len(shard.classes), np.int64)
             k = len(shard.classes)
             codes = idx.split_codes.astype(np.int64) * k + idx.labels
-            counts += np.bincount(codes, minlength=len(counts))[:len(counts)]
+            counts += np.bincount(codes, minlength=len(counts))[: len(counts)]
             if idx.header.num_quarantined:
-                bad.extend(zip(h5[fmt.QUARANTINE_PATHS].asstr()[()].tolist(),
-                               h5[fmt.QUARANTINE_REASONS].asstr()[()].tolist(), strict=True))
+                bad.extend(
+                    zip(
+                        h5[fmt.QUARANTINE_PATHS].asstr()[()].tolist(),
+                        h5[fmt.QUARANTINE_REASONS].asstr()[()].tolist(),
+                        strict=True,
+                    )
+                )
         shards.append(shard)
     return shards, counts.reshape(len(shards[0].split_names), len(shards[0].classes)), bad
 
 
 def _same(first: Shard, other: Shard) -> None:
     pairs: list[tuple[str, object, object]] = [
-        (f"root attribute {k}", first.attrs[k], other.attrs[k]) for k in _SAME]
-    pairs += [("/classes", first.classes, other.classes),
-              ("/split_names", first.split_names, other.split_names),
-              ("/images filters", first.filters, other.filters)]
+        (f"root attribute {k}", first.attrs[k], other.attrs[k]) for k in _SAME
+    ]
+    pairs += [
+        ("/classes", first.classes, other.classes),
+        ("/split_names", first.split_names, other.split_names),
+        ("/images filters", first.filters, other.filters),
+    ]
     if first.attrs[fmt.A_STORAGE] == "array":
         pairs.append(("image shape (H, W, C)", first.image_shape, other.image_shape))
     for what, a, b in pairs:
@@ -121,4 +142,5 @@ def _same(first: Shard, other: Shard) -> None:
             raise ValueError(
                 f"shards disagree on {what}: {first.url} has {a!r}, {other.url} has {b!r}; "
                 "every shard of one build must come from the same catalog and options — "
-                "re-pack the odd ones")
+                "re-pack the odd ones"
+            )

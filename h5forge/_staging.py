@@ -67,11 +67,13 @@ def split_member_name(name: str) -> tuple[str, ...] | str:
     if ".." in parts:
         return "has a '..' component"
     if len(parts) > MAX_DEPTH:
-        return (f"is nested {len(parts)} levels deep, over the limit of {MAX_DEPTH} "
-                "(a deep-tree attack?)")
+        return (
+            f"is nested {len(parts)} levels deep, over the limit of {MAX_DEPTH} "
+            "(a deep-tree attack?)"
+        )
     for part in parts:
         if len(part.encode("utf-8", "surrogateescape")) > MAX_COMPONENT_BYTES:
-            return (f"has a component longer than {MAX_COMPONENT_BYTES} bytes (NAME_MAX)")
+            return f"has a component longer than {MAX_COMPONENT_BYTES} bytes (NAME_MAX)"
     return parts
 
 
@@ -85,8 +87,9 @@ def is_absolute_name(name: str) -> bool:
 MAX_LINKS = 40
 
 
-def resolve(path: str | os.PathLike[str], *, base: str | None = None,
-            max_links: int = MAX_LINKS) -> str:
+def resolve(
+    path: str | os.PathLike[str], *, base: str | None = None, max_links: int = MAX_LINKS
+) -> str:
     """Return the real absolute path of ``path``, like ``os.path.realpath`` (non-strict).
 
     Iterative, unlike ``os.path.realpath`` before Python 3.13, which recurses once per link
@@ -127,8 +130,10 @@ def resolve(path: str | os.PathLike[str], *, base: str | None = None,
             continue
         links += 1
         if links > max_links:
-            raise ValueError(f"resolving '{printable(text)}' follows more than {max_links} "
-                             "symbolic links (a loop or a chain)")
+            raise ValueError(
+                f"resolving '{printable(text)}' follows more than {max_links} "
+                "symbolic links (a loop or a chain)"
+            )
         target = os.readlink(candidate)
         if target.startswith("/"):
             resolved = ""
@@ -213,7 +218,8 @@ def exclusive(dest: Path) -> Iterator[None]:
             if lock.is_symlink() or lock.is_dir():
                 raise UnsafePathError(
                     f"lock file {lock} is {describe(lock)}; h5forge never follows a link or uses "
-                    "a name it did not make: remove it and run again") from None
+                    "a name it did not make: remove it and run again"
+                ) from None
             raise
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:

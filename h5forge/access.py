@@ -32,8 +32,15 @@ from h5forge import format as fmt
 from h5forge import structure
 from h5forge.errors import H5ForgeError, IntegrityError
 
-__all__ = ["AssetIndex", "RangeReader", "check_index", "check_labels", "load_index", "open_h5",
-           "open_ranges"]
+__all__ = [
+    "AssetIndex",
+    "RangeReader",
+    "check_index",
+    "check_labels",
+    "load_index",
+    "open_h5",
+    "open_ranges",
+]
 
 # The first read of a remote file fetches this much from offset 0: the writer keeps everything
 # an open needs there (about 25 bytes per sample of index), so one request serves the open of
@@ -98,7 +105,7 @@ class _RangeFile(io.RawIOBase):
             pos = self._pos + done
             start, data = self._span(pos, want - done)
             n = min(want - done, start + len(data) - pos)
-            view[done:done + n] = data[pos - start:pos - start + n]
+            view[done : done + n] = data[pos - start : pos - start + n]
             done += n
         self._pos += done
         return done
@@ -117,8 +124,10 @@ class _RangeFile(io.RawIOBase):
         data = self._fs.cat_file(self._path, start=pos, end=end)
         self.requests += 1
         if len(data) < min(need, end - pos):
-            raise OSError(f"short read: {len(data)} bytes at offset {pos}, expected "
-                          f"{end - pos}; the file is truncated")
+            raise OSError(
+                f"short read: {len(data)} bytes at offset {pos}, expected "
+                f"{end - pos}; the file is truncated"
+            )
         self._spans[pos] = data
         self._held += len(data)
         while self._held > _CACHE_BYTES and len(self._spans) > 1:
@@ -173,8 +182,10 @@ def open_h5(url: str, storage_options: dict[str, Any] | None = None) -> _Opened:
         opened.close()
         if isinstance(e, H5ForgeError) or not isinstance(e, H5_DAMAGE):
             raise
-        raise IntegrityError(f"{url}: its HDF5 structure cannot be read ({type(e).__name__}: "
-                             f"{e}); it is damaged — re-fetch or re-pack it") from e
+        raise IntegrityError(
+            f"{url}: its HDF5 structure cannot be read ({type(e).__name__}: "
+            f"{e}); it is damaged — re-fetch or re-pack it"
+        ) from e
     return opened
 
 
@@ -246,8 +257,17 @@ def _strings(ds: h5py.Dataset) -> tuple[str, ...]:
 
 # What h5py, HDF5 and numpy raise when a file's structure is damaged (bad object header,
 # undecodable name or string, corrupt dataspace, impossible sizes ...).
-H5_DAMAGE = (OSError, KeyError, RuntimeError, TypeError, IndexError, UnicodeError, OverflowError,
-             ValueError, MemoryError)
+H5_DAMAGE = (
+    OSError,
+    KeyError,
+    RuntimeError,
+    TypeError,
+    IndexError,
+    UnicodeError,
+    OverflowError,
+    ValueError,
+    MemoryError,
+)
 
 
 def load_index(h5: h5py.File, *, where: str, require_sealed: bool = True) -> AssetIndex:
@@ -264,7 +284,8 @@ def load_index(h5: h5py.File, *, where: str, require_sealed: bool = True) -> Ass
     except H5_DAMAGE as e:
         raise IntegrityError(
             f"{where} cannot be read: its HDF5 structure is damaged ({type(e).__name__}: {e}); "
-            "re-fetch or re-pack it") from e
+            "re-fetch or re-pack it"
+        ) from e
 
 
 def check_labels(index: AssetIndex, *, where: str) -> None:
@@ -276,26 +297,33 @@ def check_labels(index: AssetIndex, *, where: str) -> None:
     """
     k, labels = len(index.classes), index.labels
     if index.header.num_classes != k:
-        raise IntegrityError(f"{where}: /classes has {k} names, root attribute num_classes "
-                             f"says {index.header.num_classes}; the file is damaged — run "
-                             "`h5forge verify`")
+        raise IntegrityError(
+            f"{where}: /classes has {k} names, root attribute num_classes "
+            f"says {index.header.num_classes}; the file is damaged — run "
+            "`h5forge verify`"
+        )
     bad = np.flatnonzero((labels < 0) | (labels >= k))
     if len(bad):
         i = int(bad[0])
-        raise IntegrityError(f"{where}: label {int(labels[i])} out of range: file declares {k} "
-                             f"classes (0..{k - 1}) in /labels[{i}] ({len(bad)} bad label(s)); "
-                             "the file is damaged — run `h5forge verify`")
+        raise IntegrityError(
+            f"{where}: label {int(labels[i])} out of range: file declares {k} "
+            f"classes (0..{k - 1}) in /labels[{i}] ({len(bad)} bad label(s)); "
+            "the file is damaged — run `h5forge verify`"
+        )
     s = len(index.split_names)
     bad = np.flatnonzero(index.split_codes >= s)
     if len(bad):
         i = int(bad[0])
-        raise IntegrityError(f"{where}: split code {int(index.split_codes[i])} out of range "
-                             f"0..{s - 1} in /splits[{i}]; the file is damaged — run "
-                             "`h5forge verify`")
+        raise IntegrityError(
+            f"{where}: split code {int(index.split_codes[i])} out of range "
+            f"0..{s - 1} in /splits[{i}]; the file is damaged — run "
+            "`h5forge verify`"
+        )
 
 
-def check_index(index: AssetIndex, file_size: int, *, where: str,
-                max_pixels: int | None = None) -> None:
+def check_index(
+    index: AssetIndex, file_size: int, *, where: str, max_pixels: int | None = None
+) -> None:
     """Refuse an index a reader cannot use safely, before any sample is read.
 
     Refused: rows missing; a label or split code out of range (:func:`check_labels`); a byte
@@ -313,14 +341,19 @@ def check_index(index: AssetIndex, file_size: int, *, where: str,
     """
     hdr = index.header
     n, r = hdr.num_samples, index.byte_ranges
-    wanted = {"byte_ranges": (r, (n, 2)), "labels": (index.labels, (n,)),
-              "splits": (index.split_codes, (n,))}
+    wanted = {
+        "byte_ranges": (r, (n, 2)),
+        "labels": (index.labels, (n,)),
+        "splits": (index.split_codes, (n,)),
+    }
     if index.shapes is not None:
         wanted["shapes"] = (index.shapes, (n, 3))
     for name, (arr, shape) in wanted.items():
         if arr.shape != shape:
-            raise IntegrityError(f"{where}: /{name} has shape {arr.shape}, num_samples is {n}; "
-                                 "the file is damaged — run `h5forge verify`")
+            raise IntegrityError(
+                f"{where}: /{name} has shape {arr.shape}, num_samples is {n}; "
+                "the file is damaged — run `h5forge verify`"
+            )
     check_labels(index, where=where)
     size = np.uint64(max(file_size, 0))
     bad = (r[:, 1] > size) | (r[:, 0] > size - np.minimum(r[:, 1], size))
@@ -333,16 +366,24 @@ def check_index(index: AssetIndex, file_size: int, *, where: str,
             bad |= r[:, 1] != np.prod(index.shapes.astype(np.uint64), axis=1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise IntegrityError(f"{where}: /byte_ranges[{i}] = {tuple(int(x) for x in r[i])} does "
-                             f"not fit a sample of this {file_size}-byte file; the file is "
-                             "damaged — run `h5forge verify`")
+        raise IntegrityError(
+            f"{where}: /byte_ranges[{i}] = {tuple(int(x) for x in r[i])} does "
+            f"not fit a sample of this {file_size}-byte file; the file is "
+            "damaged — run `h5forge verify`"
+        )
     _check_overlap(r, where)
-    if (max_pixels is not None and index.image_shape is not None and index.filtered
-            and index.image_shape[0] * index.image_shape[1] > max_pixels):
+    if (
+        max_pixels is not None
+        and index.image_shape is not None
+        and index.filtered
+        and index.image_shape[0] * index.image_shape[1] > max_pixels
+    ):
         h, w, _ = index.image_shape
-        raise IntegrityError(f"{where}: /images holds compressed samples of {h} x {w} = "
-                             f"{h * w} pixels, more than max_pixels={max_pixels}; pass a larger "
-                             "max_pixels if you trust this file")
+        raise IntegrityError(
+            f"{where}: /images holds compressed samples of {h} x {w} = "
+            f"{h * w} pixels, more than max_pixels={max_pixels}; pass a larger "
+            "max_pixels if you trust this file"
+        )
 
 
 def _check_shapes(index: AssetIndex, size: int, where: str, max_pixels: int | None) -> None:
@@ -365,8 +406,10 @@ def _check_shapes(index: AssetIndex, size: int, where: str, max_pixels: int | No
         elif decoded:
             why = f"more pixels than the whole {size}-byte file holds"
         else:
-            why = (f"{h * w} pixels, more than max_pixels={max_pixels}; pass a larger "
-                   "max_pixels if you trust this file")
+            why = (
+                f"{h * w} pixels, more than max_pixels={max_pixels}; pass a larger "
+                "max_pixels if you trust this file"
+            )
         raise IntegrityError(f"{where}: /shapes[{i}] = ({h}, {w}, {c}): {why}")
 
 
@@ -385,9 +428,11 @@ def _check_overlap(r: np.ndarray, where: str) -> None:
         a, b = int(clash[0]), int(clash[0]) + 1
         if order is not None:
             a, b = int(order[a]), int(order[b])
-        raise IntegrityError(f"{where}: /byte_ranges[{b}] = {tuple(int(x) for x in r[b])} "
-                             f"overlaps /byte_ranges[{a}] = {tuple(int(x) for x in r[a])}; "
-                             "the file is damaged — run `h5forge verify`")
+        raise IntegrityError(
+            f"{where}: /byte_ranges[{b}] = {tuple(int(x) for x in r[b])} "
+            f"overlaps /byte_ranges[{a}] = {tuple(int(x) for x in r[a])}; "
+            "the file is damaged — run `h5forge verify`"
+        )
 
 
 def _load_index(h5: h5py.File, *, where: str, require_sealed: bool) -> AssetIndex:
@@ -453,12 +498,16 @@ class RangeReader:
         cut = np.flatnonzero(starts[1:] != starts[:-1] + sizes[:-1]) + 1
         bounds = [0, *cut.tolist(), len(order)]
         order_l, starts_l, sizes_l = order.tolist(), starts.tolist(), sizes.tolist()
-        runs = [(lo, min(lo + _IOV_MAX, hi)) for a, hi in zip(bounds[:-1], bounds[1:], strict=True)
-                for lo in range(a, hi, _IOV_MAX)]
+        runs = [
+            (lo, min(lo + _IOV_MAX, hi))
+            for a, hi in zip(bounds[:-1], bounds[1:], strict=True)
+            for lo in range(a, hi, _IOV_MAX)
+        ]
         if self._fd is not None:
             for lo, hi in runs:
-                self._preadv([buffers[i] for i in order_l[lo:hi]], starts_l[lo],
-                             sum(sizes_l[lo:hi]))
+                self._preadv(
+                    [buffers[i] for i in order_l[lo:hi]], starts_l[lo], sum(sizes_l[lo:hi])
+                )
             return
         run_starts = [starts_l[lo] for lo, _ in runs]
         run_ends = [starts_l[hi - 1] + sizes_l[hi - 1] for _, hi in runs]
@@ -471,7 +520,7 @@ class RangeReader:
             view, pos = memoryview(blob), 0
             for k in range(lo, hi):
                 n = sizes_l[k]
-                buffers[order_l[k]][:] = view[pos:pos + n]
+                buffers[order_l[k]][:] = view[pos : pos + n]
                 pos += n
 
     def _preadv(self, buffers: list[memoryview], offset: int, want: int) -> None:

@@ -35,9 +35,9 @@ from h5forge.text import printable
 __all__ = ["IMAGE_EXTENSIONS", "MAX_DEPTH", "SPLIT_NAMES", "Catalog", "Sample", "discover"]
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+)
 SPLIT_NAMES = ("train", "val", "validation", "test")
-
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,9 @@ class Catalog:
         return out
 
 
-def discover(root: str | os.PathLike[str], *,
-             manifest: str | os.PathLike[str] | None = None) -> Catalog:
+def discover(
+    root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] | None = None
+) -> Catalog:
     """Build the catalog of an ImageFolder tree or of a manifest.
 
     A manifest is CSV with a header ``path,label[,split]`` (other columns are ignored) or JSONL
@@ -122,8 +123,10 @@ def discover(root: str | os.PathLike[str], *,
     if not base.exists():
         raise FileNotFoundError(f"dataset root {str(base)!r} does not exist")
     if not base.is_dir():
-        raise NotADirectoryError(f"dataset root {str(base)!r} is not a folder; give the folder "
-                                 "that holds the class (or split) folders")
+        raise NotADirectoryError(
+            f"dataset root {str(base)!r} is not a folder; give the folder "
+            "that holds the class (or split) folders"
+        )
     if manifest is not None:
         return _from_manifest(base / manifest)
     return _from_folder(base)
@@ -134,14 +137,17 @@ def _from_folder(root: Path) -> Catalog:
     root_real = resolve(root)
     top = _subdirs(root, skipped, root_real)
     if not top:
-        raise EmptyDatasetError(f"no class folders in {str(root)!r}; expected root/<class>/<file> "
-                                "or root/<split>/<class>/<file>, or pass a manifest")
+        raise EmptyDatasetError(
+            f"no class folders in {str(root)!r}; expected root/<class>/<file> "
+            "or root/<split>/<class>/<file>, or pass a manifest"
+        )
     split_dirs = [n for n in top if n in SPLIT_NAMES]
     if split_dirs and len(split_dirs) != len(top):
         others = [n for n in top if n not in SPLIT_NAMES]
         raise ValueError(
             f"{str(root)!r} mixes split folders {split_dirs} with class folders {others}; put "
-            f"every class under a split folder ({', '.join(SPLIT_NAMES)}) or rename the splits")
+            f"every class under a split folder ({', '.join(SPLIT_NAMES)}) or rename the splits"
+        )
     splits = tuple(s for s in SPLIT_NAMES if s in split_dirs)
     found: list[tuple[str, str, str, str]] = []  # (split, class, relpath, path)
     for split in splits or ("",):
@@ -154,10 +160,11 @@ def _from_folder(root: Path) -> Catalog:
             files = _walk(folder / cls, skipped, root_real)
             if not files:
                 left_out = ", ".join(f"{n} {why}" for why, n in sorted((skipped - before).items()))
-                raise EmptyDatasetError(f"class folder {str(folder / cls)!r} holds no image file "
-                                        f"({', '.join(sorted(IMAGE_EXTENSIONS))}); add images "
-                                        "or remove the folder"
-                                        + (f" (left out: {left_out})" if left_out else ""))
+                raise EmptyDatasetError(
+                    f"class folder {str(folder / cls)!r} holds no image file "
+                    f"({', '.join(sorted(IMAGE_EXTENSIONS))}); add images "
+                    "or remove the folder" + (f" (left out: {left_out})" if left_out else "")
+                )
             prefix = f"{split}/{cls}" if split else cls
             found += [(split, cls, f"{prefix}/{rel}", str(folder / cls / rel)) for rel in files]
     classes = tuple(sorted({cls for _, cls, _, _ in found}))
@@ -173,8 +180,11 @@ def _subdirs(folder: Path, skipped: Counter[str], root_real: str) -> list[str]:
             elif entry.is_dir():
                 if entry.is_symlink():
                     real = _real(entry.path)
-                    if real is None or real == root_real or \
-                            root_real.startswith(real.rstrip(os.sep) + os.sep):
+                    if (
+                        real is None
+                        or real == root_real
+                        or root_real.startswith(real.rstrip(os.sep) + os.sep)
+                    ):
                         skipped["revisited-folder"] += 1  # the root or above it: a loop
                         continue
                     if not is_within(root_real, real):
@@ -225,8 +235,11 @@ def _walk(class_dir: Path, skipped: Counter[str], root_real: str) -> list[str]:
                 elif entry.is_dir():
                     # A real folder inside a real folder needs no resolving: one lstat saved
                     # per folder of a large tree.
-                    real = _real(entry.path) if entry.is_symlink() else f"{seen_real[rel]}/" \
-                        f"{entry.name}"
+                    real = (
+                        _real(entry.path)
+                        if entry.is_symlink()
+                        else f"{seen_real[rel]}/{entry.name}"
+                    )
                     # A link to the class folder or to any folder above it (e.g. "loop -> ..")
                     # would walk back into this class or into the other classes: a loop.
                     if real is None or real in seen or top.startswith(real.rstrip(os.sep) + os.sep):
@@ -276,8 +289,9 @@ def _from_manifest(path: Path) -> Catalog:
             raise ValueError(f"{where}: split '{printable(split)}' is not one of {SPLIT_NAMES}")
         norm = check_path(where, rel)
         if norm in seen:
-            raise ValueError(f"{where}: path '{printable(rel)}' is already listed on line "
-                             f"{seen[norm]}")
+            raise ValueError(
+                f"{where}: path '{printable(rel)}' is already listed on line {seen[norm]}"
+            )
         seen[norm] = line
         full = folder / norm
         check_file(where, rel, norm, full, folder_real, folders)
@@ -290,15 +304,24 @@ def _from_manifest(path: Path) -> Catalog:
     return _catalog(folder, found, classes, splits, Counter())
 
 
-
-def _catalog(root: Path, found: list[tuple[str, str, str, str]], classes: tuple[str, ...],
-             splits: tuple[str, ...], skipped: Counter[str]) -> Catalog:
+def _catalog(
+    root: Path,
+    found: list[tuple[str, str, str, str]],
+    classes: tuple[str, ...],
+    splits: tuple[str, ...],
+    skipped: Counter[str],
+) -> Catalog:
     index = {c: i for i, c in enumerate(classes)}
     order = {s: i for i, s in enumerate(("", *SPLIT_NAMES))}
     found.sort(key=lambda f: (order[f[0]], index[f[1]], f[2]))
     samples = tuple(Sample(path=p, relpath=rel, label=index[c], split=s) for s, c, rel, p in found)
-    return Catalog(root=str(root), samples=samples, classes=classes, splits=splits,
-                   skipped=dict(sorted(skipped.items())))
+    return Catalog(
+        root=str(root),
+        samples=samples,
+        classes=classes,
+        splits=splits,
+        skipped=dict(sorted(skipped.items())),
+    )
 
 
 def _is_utf8(name: str) -> bool:

@@ -61,8 +61,12 @@ __all__ = [
     "usage_error",
 ]
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Turn image folders into verified HDF5 assets, and check them.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Turn image folders into verified HDF5 assets, and check them.",
+)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # integrity or run failure
@@ -81,8 +85,13 @@ def pack_flag(name: str) -> Any:
     """
     o = option(name)
     if o.kind == "choice":
-        return typer.Option(o.flag, help=o.help, metavar="[" + "|".join(o.choices) + "]",
-                            show_default=True, rich_help_panel=_PANEL)
+        return typer.Option(
+            o.flag,
+            help=o.help,
+            metavar="[" + "|".join(o.choices) + "]",
+            show_default=True,
+            rich_help_panel=_PANEL,
+        )
     if o.kind == "bool":
         return typer.Option(f"{o.flag}/--no-{o.flag[2:]}", help=o.help, rich_help_panel=_PANEL)
     if o.kind == "size":
@@ -96,8 +105,10 @@ def fail(message: str, code: int) -> typer.Exit:
     # Line by line: a multi-line report keeps its lines; no terminal control gets through.
     # Only what is not printable is escaped here: names the message already passed through
     # printable() keep their single backslashes.
-    safe = "\n".join("".join(ch if ch.isprintable() else printable(ch) for ch in line)
-                      for line in message.splitlines() or [""])
+    safe = "\n".join(
+        "".join(ch if ch.isprintable() else printable(ch) for ch in line)
+        for line in message.splitlines() or [""]
+    )
     typer.secho(f"error: {safe}", err=True, fg=typer.colors.RED)
     return typer.Exit(code)
 
@@ -115,8 +126,7 @@ def usage_error(e: BaseException) -> typer.Exit:
     return fail(text, EXIT_USAGE)
 
 
-def run_guarded(fn: Callable[..., Any], *args: Any, what: str | None = None,
-                **kwargs: Any) -> Any:
+def run_guarded(fn: Callable[..., Any], *args: Any, what: str | None = None, **kwargs: Any) -> Any:
     """Call ``fn``; turn its errors into one message and the exit-code table's code.
 
     Args:
@@ -126,12 +136,19 @@ def run_guarded(fn: Callable[..., Any], *args: Any, what: str | None = None,
         return fn(*args, **kwargs)
     except (IntegrityError, TooManyBadImagesError) as e:
         raise fail(str(e), EXIT_FAILURE) from e
-    except (DestinationExistsError, OptionError, MissingExtraError, BusyError, FileExistsError,
-            FileNotFoundError) as e:
+    except (
+        DestinationExistsError,
+        OptionError,
+        MissingExtraError,
+        BusyError,
+        FileExistsError,
+        FileNotFoundError,
+    ) as e:
         raise usage_error(e) from e
     except OSError as e:
-        raise fail(describe_os_error(e, path=what, overwrite_flag="--overwrite"),
-                   EXIT_FAILURE) from e
+        raise fail(
+            describe_os_error(e, path=what, overwrite_flag="--overwrite"), EXIT_FAILURE
+        ) from e
     except (H5ForgeError, ValueError) as e:
         cause = os_error_in(e)  # e.g. an extraction that ran out of disk
         if cause is not None:
@@ -153,10 +170,13 @@ def check_pack_options(values: Mapping[str, Any]) -> dict[str, Any]:
             else:
                 option(name).check(value)
         if "compression" in values:
-            fixed = (values.get("layout", "decoded") == "decoded"
-                     and values.get("resize", "shorter-side") != "none")
-            check_compression(values["compression"], values.get("compression_level"),
-                              fixed_size_decoded=fixed)
+            fixed = (
+                values.get("layout", "decoded") == "decoded"
+                and values.get("resize", "shorter-side") != "none"
+            )
+            check_compression(
+                values["compression"], values.get("compression_level"), fixed_size_decoded=fixed
+            )
     except OptionError as e:
         raise usage_error(e) from e
     return checked
@@ -179,24 +199,31 @@ def with_pack_options(command: Callable[..., Any]) -> Callable[..., Any]:
     ``pack_options`` (name -> value as typed; ``size`` as text), and lists them in ``--help``
     after its own parameters.
     """
-    own = [p for name, p in pyinspect.signature(command).parameters.items()
-           if name != "pack_options"]
+    own = [
+        p for name, p in pyinspect.signature(command).parameters.items() if name != "pack_options"
+    ]
     added = []
     for o in PACK_OPTIONS:
         kind: Any = _PY_TYPES[o.kind]
         if o.optional:
             kind = kind | None
-        added.append(pyinspect.Parameter(o.name, pyinspect.Parameter.KEYWORD_ONLY,
-                                       default=pack_default(o.name),
-                                       annotation=Annotated[kind, pack_flag(o.name)]))
+        added.append(
+            pyinspect.Parameter(
+                o.name,
+                pyinspect.Parameter.KEYWORD_ONLY,
+                default=pack_default(o.name),
+                annotation=Annotated[kind, pack_flag(o.name)],
+            )
+        )
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
         chosen = {o.name: kwargs.pop(o.name) for o in PACK_OPTIONS}
         return command(*args, pack_options=chosen, **kwargs)
 
-    signature = pyinspect.Signature([
-        *(p.replace(kind=pyinspect.Parameter.KEYWORD_ONLY) for p in own), *added])
+    signature = pyinspect.Signature(
+        [*(p.replace(kind=pyinspect.Parameter.KEYWORD_ONLY) for p in own), *added]
+    )
     run.__signature__ = signature  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
     return run
@@ -223,18 +250,28 @@ def pack(
         check_destination(str(out), source=str(src), overwrite=v["overwrite"])
     except (OSError, ValueError) as e:
         raise usage_error(e) from e
-    result = run_guarded(do_pack, src, out, what=str(out), image=image, progress=True,
-                         **{k: val for k, val in v.items() if k not in image_fields})
-    typer.echo(f"wrote {printable(result.path)}: {result.num_samples} samples, "
-               f"{result.num_classes} classes, {result.num_quarantined} quarantined, "
-               f"{result.bytes:,} bytes, "
-               f"{result.num_samples / max(result.seconds, 1e-9):.0f} img/s")
+    result = run_guarded(
+        do_pack,
+        src,
+        out,
+        what=str(out),
+        image=image,
+        progress=True,
+        **{k: val for k, val in v.items() if k not in image_fields},
+    )
+    typer.echo(
+        f"wrote {printable(result.path)}: {result.num_samples} samples, "
+        f"{result.num_classes} classes, {result.num_quarantined} quarantined, "
+        f"{result.bytes:,} bytes, "
+        f"{result.num_samples / max(result.seconds, 1e-9):.0f} img/s"
+    )
     for path, reason in result.quarantined[:20]:
         typer.echo(f"  quarantined {printable(path)}: {printable(reason)}")
 
 
-def _verify_with_manifest(file: str, manifest_url: str | None, *, sample_fraction: float,
-                          seed: int, progress: bool) -> tuple[Any, str | None]:
+def _verify_with_manifest(
+    file: str, manifest_url: str | None, *, sample_fraction: float, seed: int, progress: bool
+) -> tuple[Any, str | None]:
     """Verify ``file``; then compare it with its manifest (the sidecar, or ``manifest_url``).
 
     Returns the report and the manifest URL checked (None when there is none beside the file).
@@ -259,8 +296,14 @@ def _verify_with_manifest(file: str, manifest_url: str | None, *, sample_fractio
 
     manifest = run_guarded(load)
     for _ in range(3):
-        report = run_guarded(do_verify, file, what=file, sample_fraction=sample_fraction,
-                             seed=seed, progress=progress)
+        report = run_guarded(
+            do_verify,
+            file,
+            what=file,
+            sample_fraction=sample_fraction,
+            seed=seed,
+            progress=progress,
+        )
         latest = run_guarded(load)
         if latest == manifest:
             break
@@ -268,9 +311,17 @@ def _verify_with_manifest(file: str, manifest_url: str | None, *, sample_fractio
     if manifest is None:
         return report, None
     counts = run_guarded(summarize, file)["counts"] if "counts" in manifest else None
-    run_guarded(check_manifest, file, manifest, sha256=report.sha256, bytes=report.bytes,
-                num_samples=report.num_samples, num_classes=report.num_classes,
-                format_version=report.format_version, counts=counts)
+    run_guarded(
+        check_manifest,
+        file,
+        manifest,
+        sha256=report.sha256,
+        bytes=report.bytes,
+        num_samples=report.num_samples,
+        num_classes=report.num_classes,
+        format_version=report.format_version,
+        counts=counts,
+    )
     return report, target
 
 
@@ -279,11 +330,15 @@ def verify(
     file: Annotated[str, typer.Argument(help="path or fsspec URL of the .h5 file")],
     sample_fraction: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
     seed: Annotated[int, typer.Option()] = 0,
-    manifest: Annotated[str | None, typer.Option(
-        help="the manifest to compare with (default: FILE.manifest.json when it exists)")]
-    = None,
-    no_manifest: Annotated[bool, typer.Option(
-        "--no-manifest", help="do not compare with a manifest")] = False,
+    manifest: Annotated[
+        str | None,
+        typer.Option(
+            help="the manifest to compare with (default: FILE.manifest.json when it exists)"
+        ),
+    ] = None,
+    no_manifest: Annotated[
+        bool, typer.Option("--no-manifest", help="do not compare with a manifest")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Verify structure, labels, byte ranges, digests, and the manifest; exit 1 on any failure.
@@ -296,20 +351,32 @@ def verify(
     if no_manifest:
         from h5forge.verify import verify as do_verify
 
-        report = run_guarded(do_verify, file, what=file, sample_fraction=sample_fraction,
-                             seed=seed, progress=not as_json)
+        report = run_guarded(
+            do_verify,
+            file,
+            what=file,
+            sample_fraction=sample_fraction,
+            seed=seed,
+            progress=not as_json,
+        )
         checked = None
     else:
-        report, checked = _verify_with_manifest(file, manifest, sample_fraction=sample_fraction,
-                                                seed=seed, progress=not as_json)
+        report, checked = _verify_with_manifest(
+            file, manifest, sample_fraction=sample_fraction, seed=seed, progress=not as_json
+        )
     if as_json:
         typer.echo(json.dumps({**report.__dict__, "manifest": checked}, indent=2))
         return
-    against = (f"; matches its manifest {printable(checked)}" if checked
-               else "; no manifest checked" + ("" if no_manifest else " (none beside it)"))
-    typer.echo(f"OK {printable(report.path)}: {report.num_samples} samples, "
-               f"{report.num_classes} classes, {report.bytes:,} bytes, sha256 {report.sha256}, "
-               f"{report.checked_samples} digests checked in {report.seconds:.2f} s{against}")
+    against = (
+        f"; matches its manifest {printable(checked)}"
+        if checked
+        else "; no manifest checked" + ("" if no_manifest else " (none beside it)")
+    )
+    typer.echo(
+        f"OK {printable(report.path)}: {report.num_samples} samples, "
+        f"{report.num_classes} classes, {report.bytes:,} bytes, sha256 {report.sha256}, "
+        f"{report.checked_samples} digests checked in {report.seconds:.2f} s{against}"
+    )
 
 
 def _lines(value: Any, indent: str) -> list[str]:
@@ -350,9 +417,10 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"{get('num_quarantined', len(quarantined))} quarantined",
     ]
     if get("source_url"):
-        lines.append(f"source:       {printable(get('source_url'))}"
-                     + (f" (sha256 {printable(get('source_sha256'))})"
-                        if get("source_sha256") else ""))
+        lines.append(
+            f"source:       {printable(get('source_url'))}"
+            + (f" (sha256 {printable(get('source_sha256'))})" if get("source_sha256") else "")
+        )
     lines.append("counts:")
     for split, per_class in sorted(counts.items()):
         total = sum(per_class.values())
@@ -370,8 +438,10 @@ def format_summary(info: Mapping[str, Any]) -> str:
     for path, reason in quarantined:
         lines.append(f"  {printable(path)}: {printable(reason)}")
     if isinstance(total_bad, int) and total_bad > len(quarantined):
-        lines.append(f"  ... and {total_bad - len(quarantined)} more (all are in the file's "
-                     "/quarantine group)")
+        lines.append(
+            f"  ... and {total_bad - len(quarantined)} more (all are in the file's "
+            "/quarantine group)"
+        )
     return "\n".join(lines)
 
 

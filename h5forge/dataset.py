@@ -31,8 +31,10 @@ def _digests(h5: Any, url: str) -> np.ndarray:
     try:
         digests = h5[fmt.DIGESTS][()]
     except H5_DAMAGE as e:
-        raise IntegrityError(f"{url}: /digests cannot be read ({type(e).__name__}: {e}); the "
-                             "file is damaged — run `h5forge verify`") from e
+        raise IntegrityError(
+            f"{url}: /digests cannot be read ({type(e).__name__}: {e}); the "
+            "file is damaged — run `h5forge verify`"
+        ) from e
     if digests.ndim != 2 or digests.shape[1] != fmt.DIGEST_SIZE:
         raise IntegrityError(f"{url}: /digests has shape {digests.shape}; the file is damaged")
     return digests
@@ -59,15 +61,17 @@ def _same_file(h5: Any, reader: RangeReader) -> bool:
 class _State:
     """Per-process handles: index, range reader and (for filtered files) an HDF5 handle."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None, want_digests: bool,
-                 max_pixels: int):
+    def __init__(
+        self, url: str, storage_options: dict[str, Any] | None, want_digests: bool, max_pixels: int
+    ):
         self.pid = os.getpid()
         self.opened = open_h5(url, storage_options)
         try:
             self.index = load_index(self.opened.h5, where=url)
-            check_index(self.index, self.opened.h5.id.get_filesize(), where=url,
-                        max_pixels=max_pixels)
-            self.digests = (_digests(self.opened.h5, url) if want_digests else None)
+            check_index(
+                self.index, self.opened.h5.id.get_filesize(), where=url, max_pixels=max_pixels
+            )
+            self.digests = _digests(self.opened.h5, url) if want_digests else None
         except BaseException:
             self.opened.close()
             raise
@@ -98,7 +102,8 @@ def _same_shape(items: list[tuple[Any, Any]], url: str) -> None:
         raise ValueError(
             f"{url}: the images of one batch differ in size ({' x '.join(map(str, a))} and "
             f"{' x '.join(map(str, b))}), so they cannot be stacked; give H5ImageDataset a "
-            "transform that resizes or crops to one size, or pack with a resize policy")
+            "transform that resizes or crops to one size, or pack with a resize policy"
+        )
 
 
 class _Batches(Dataset[tuple[Any, Any]]):
@@ -142,14 +147,22 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         ValueError: ``split`` is not in the file, or ``max_pixels`` is not an int >= 1.
     """
 
-    def __init__(self, url: str | os.PathLike[str], *, split: str | None = None,
-                 transform: Callable[[Any], Any] | None = None,
-                 target_transform: Callable[[Any], Any] | None = None,
-                 storage_options: dict[str, Any] | None = None,
-                 verify_reads: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        split: str | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        verify_reads: bool = False,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
-            raise ValueError(f"max_pixels={max_pixels!r} must be an int >= 1; the default is "
-                             f"{DEFAULT_MAX_PIXELS}")
+            raise ValueError(
+                f"max_pixels={max_pixels!r} must be an int >= 1; the default is "
+                f"{DEFAULT_MAX_PIXELS}"
+            )
         self.max_pixels = max_pixels
         self.url = os.fspath(url)
         self.split = split
@@ -165,8 +178,15 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
 
     # --- pickling: URL and options only ------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("url", "split", "transform", "target_transform", "storage_options",
-                "verify_reads", "max_pixels")
+        keep = (
+            "url",
+            "split",
+            "transform",
+            "target_transform",
+            "storage_options",
+            "verify_reads",
+            "max_pixels",
+        )
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -185,14 +205,17 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             self._orphans.append(st)
         for _ in range(3):  # a publish may replace the file while it is opened: open again
             try:
-                st = self._state = _State(self.url, self.storage_options, self.verify_reads,
-                                          self.max_pixels)
+                st = self._state = _State(
+                    self.url, self.storage_options, self.verify_reads, self.max_pixels
+                )
                 break
             except _Replaced:
                 continue
         else:
-            raise IntegrityError(f"{self.url} was replaced 3 times while being opened; open it "
-                                 "again once it is no longer being published")
+            raise IntegrityError(
+                f"{self.url} was replaced 3 times while being opened; open it "
+                "again once it is no longer being published"
+            )
         if self._indices is None:
             self._select(st.index)
         return st
@@ -202,8 +225,10 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             self._indices = np.arange(index.header.num_samples)
         else:
             if self.split not in index.split_names:
-                raise ValueError(f"split {self.split!r} is not in {self.url}; it has "
-                                 f"{[s for s in index.split_names if s] or 'no splits'}")
+                raise ValueError(
+                    f"split {self.split!r} is not in {self.url}; it has "
+                    f"{[s for s in index.split_names if s] or 'no splits'}"
+                )
             code = index.split_names.index(self.split)
             self._indices = np.flatnonzero(index.split_codes == code)
         self.classes = list(index.classes)
@@ -246,8 +271,9 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         where = np.where(asked < 0, asked + n, asked)
         outside = (where < 0) | (where >= n)
         if outside.any():
-            raise IndexError(f"index {int(asked[np.flatnonzero(outside)[0]])} out of range for "
-                             f"{n} samples")
+            raise IndexError(
+                f"index {int(asked[np.flatnonzero(outside)[0]])} out of range for {n} samples"
+            )
         return cast(list[int], self._indices[where].tolist())
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
@@ -290,8 +316,12 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         st = self._open()
         idx = st.index
         in_worker = get_worker_info() is not None
-        if (idx.header.storage != "array" or idx.filtered or self.transform is not None
-                or self.target_transform is not None):
+        if (
+            idx.header.storage != "array"
+            or idx.filtered
+            or self.transform is not None
+            or self.target_transform is not None
+        ):
             from torch.utils.data import default_collate
 
             items = self.__getitems__(indices)
@@ -305,11 +335,10 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         assert idx.image_shape is not None
         size, n = int(np.prod(idx.image_shape)), len(rows)
         # Pixels and labels share one buffer: one allocation (and one hand-over) per batch.
-        batch = _batches.Batch(n, idx.image_shape, slot=use_slots and in_worker,
-                               shared=in_worker)
+        batch = _batches.Batch(n, idx.image_shape, slot=use_slots and in_worker, shared=in_worker)
         try:
             view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
-            bufs = [view[k * size:(k + 1) * size] for k in range(n)]
+            bufs = [view[k * size : (k + 1) * size] for k in range(n)]
             st.reader.read_into(idx.byte_ranges[rows].tolist(), bufs)
             self._check(bufs, rows, st)
             batch.labels.numpy()[:] = idx.labels[rows]
@@ -318,10 +347,16 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             raise
         return batch.result()
 
-    def loader(self, batch_size: int = 64, *, shuffle: bool = False,
-               sampler: Iterable[int] | None = None, drop_last: bool = False,
-               generator: torch.Generator | None = None,
-               **dataloader_kwargs: Any) -> DataLoader[Any]:
+    def loader(
+        self,
+        batch_size: int = 64,
+        *,
+        shuffle: bool = False,
+        sampler: Iterable[int] | None = None,
+        drop_last: bool = False,
+        generator: torch.Generator | None = None,
+        **dataloader_kwargs: Any,
+    ) -> DataLoader[Any]:
         """A DataLoader that reads each batch with one :meth:`read_batch` call.
 
         The fast way to feed training: ``for images, labels in ds.loader(64, shuffle=True,
@@ -351,16 +386,27 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             raise ValueError(f"batch_size={batch_size!r} must be an int >= 1")
         for key in ("batch_size", "batch_sampler", "collate_fn", "shuffle"):
             if key in dataloader_kwargs:
-                raise ValueError(f"loader() sets {key} itself; pass batch_size/shuffle/sampler "
-                                 "to loader(), or build a DataLoader over the dataset directly")
+                raise ValueError(
+                    f"loader() sets {key} itself; pass batch_size/shuffle/sampler "
+                    "to loader(), or build a DataLoader over the dataset directly"
+                )
         if sampler is not None and shuffle:
-            raise ValueError("give either shuffle=True or a sampler, not both (a sampler "
-                             "decides the order itself)")
-        order: Any = sampler if sampler is not None else (
-            RandomSampler(self, generator=generator) if shuffle else SequentialSampler(self))
-        return DataLoader(_Batches(self), batch_size=None, collate_fn=_batches.send_batch,
-                          sampler=BatchSampler(order, batch_size, drop_last),
-                          **dataloader_kwargs)
+            raise ValueError(
+                "give either shuffle=True or a sampler, not both (a sampler "
+                "decides the order itself)"
+            )
+        order: Any = (
+            sampler
+            if sampler is not None
+            else (RandomSampler(self, generator=generator) if shuffle else SequentialSampler(self))
+        )
+        return DataLoader(
+            _Batches(self),
+            batch_size=None,
+            collate_fn=_batches.send_batch,
+            sampler=BatchSampler(order, batch_size, drop_last),
+            **dataloader_kwargs,
+        )
 
     def _read(self, st: _State, rows: list[int]) -> Iterable[Any]:
         """The images of ``rows`` as uint8 C x H x W tensors (views of H x W x C pixels).
@@ -381,7 +427,7 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         size = int(np.prod(idx.image_shape))
         batch = np.empty((len(rows), *idx.image_shape), np.uint8)
         view = batch.data.cast("B")
-        bufs = [view[k * size:(k + 1) * size] for k in range(len(rows))]
+        bufs = [view[k * size : (k + 1) * size] for k in range(len(rows))]
         st.reader.read_into(idx.byte_ranges[rows].tolist(), bufs)
         self._check(bufs, rows, st)
         chw = torch.from_numpy(batch).permute(0, 3, 1, 2)
@@ -398,7 +444,8 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
                     raise IntegrityError(
                         f"{self.url}: sample {r} cannot be read ({e}): its chunk fails its "
                         "checksum (fletcher32) or does not decompress; the file is corrupt — "
-                        "re-fetch it or run `h5forge verify`") from e
+                        "re-fetch it or run `h5forge verify`"
+                    ) from e
             self._check([a.data for a in arrays], rows, st)
             return arrays
         assert st.reader is not None
@@ -409,15 +456,23 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         self._check(bufs, rows, st)
         assert idx.shapes is not None
         if idx.header.layout == "decoded":
-            return [np.frombuffer(b, np.uint8).reshape(tuple(idx.shapes[r]))
-                    for b, r in zip(raw, rows, strict=True)]
+            return [
+                np.frombuffer(b, np.uint8).reshape(tuple(idx.shapes[r]))
+                for b, r in zip(raw, rows, strict=True)
+            ]
         from h5forge.images import Encoding, decode_stored
 
-        return (decode_stored(memoryview(b), tuple(int(x) for x in idx.shapes[r]),
-                              layout="encoded",
-                              encoding=cast(Encoding, idx.header.encoding), mode=idx.header.mode,
-                              max_pixels=self.max_pixels)
-                for b, r in zip(raw, rows, strict=True))
+        return (
+            decode_stored(
+                memoryview(b),
+                tuple(int(x) for x in idx.shapes[r]),
+                layout="encoded",
+                encoding=cast(Encoding, idx.header.encoding),
+                mode=idx.header.mode,
+                max_pixels=self.max_pixels,
+            )
+            for b, r in zip(raw, rows, strict=True)
+        )
 
     def _check(self, bufs: Sequence[Any], rows: list[int], st: _State) -> None:
         if not self.verify_reads or st.digests is None:
@@ -429,4 +484,5 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
                 raise IntegrityError(
                     f"{self.url}: sample {r} ({'/paths'}[{r}]) read back with sha256 {got}, "
                     f"the file records {want}; the file is corrupt — re-fetch it or run "
-                    "`h5forge verify`")
+                    "`h5forge verify`"
+                )

@@ -33,10 +33,19 @@ __all__ = [
 DEMO_ARCHIVE_NAME = "h5forge-demo.tar.gz"
 Size = tuple[int, int] | tuple[tuple[int, int], tuple[int, int]]
 
-_FORMATS = {"jpeg": ("JPEG", ".jpg"), "png": ("PNG", ".png"), "webp": ("WEBP", ".webp"),
-            "bmp": ("BMP", ".bmp"), "tiff": ("TIFF", ".tif")}
-_DEMO_CLASSES = {"amber": (255, 170, 30), "cobalt": (30, 70, 220), "jade": (40, 170, 100),
-                 "ruby": (200, 20, 60)}
+_FORMATS = {
+    "jpeg": ("JPEG", ".jpg"),
+    "png": ("PNG", ".png"),
+    "webp": ("WEBP", ".webp"),
+    "bmp": ("BMP", ".bmp"),
+    "tiff": ("TIFF", ".tif"),
+}
+_DEMO_CLASSES = {
+    "amber": (255, 170, 30),
+    "cobalt": (30, 70, 220),
+    "jade": (40, 170, 100),
+    "ruby": (200, 20, 60),
+}
 _NOISE_LUT = [v & 7 for v in range(256)]
 _MTIME = 1_700_000_000  # fixed member mtime: the archive's sha256 must not depend on the clock
 
@@ -57,10 +66,12 @@ def synth_photo(rng: np.random.Generator, height: int, width: int) -> Image.Imag
     # Smooth colour field with blotchy mid-frequency texture, built at 1/8 scale, upsampled once.
     low_h, low_w = max(1, height // 8), max(1, width // 8)
     grid = rng.integers(20, 236, (int(rng.integers(2, 5)), int(rng.integers(2, 5)), 3), np.uint8)
-    low = np.asarray(Image.fromarray(grid).resize((low_w, low_h), Image.Resampling.BICUBIC),
-                     np.int16) + rng.integers(-20, 21, (low_h, low_w, 1), np.int16)
+    low = np.asarray(
+        Image.fromarray(grid).resize((low_w, low_h), Image.Resampling.BICUBIC), np.int16
+    ) + rng.integers(-20, 21, (low_h, low_w, 1), np.int16)
     img = Image.fromarray(np.clip(low, 0, 255).astype(np.uint8)).resize(
-        (width, height), Image.Resampling.BILINEAR)
+        (width, height), Image.Resampling.BILINEAR
+    )
     draw = ImageDraw.Draw(img)  # hard-edged shapes
     for _ in range(int(rng.integers(2, 6))):
         x0, x1 = sorted(rng.integers(-width // 4, width + width // 4 + 1, 2).tolist())
@@ -72,17 +83,25 @@ def synth_photo(rng: np.random.Generator, height: int, width: int) -> Image.Imag
         elif kind == 1:
             draw.rectangle((x0, y0, x1, y1), fill=colour, outline=(0, 0, 0))
         else:
-            corners = zip(rng.integers(0, width, 3).tolist(), rng.integers(0, height, 3).tolist(),
-                          strict=True)
+            corners = zip(
+                rng.integers(0, width, 3).tolist(), rng.integers(0, height, 3).tolist(), strict=True
+            )
             draw.polygon(list(corners), fill=colour)
     # Mild per-pixel noise in -4..3, in C: random bytes masked to 0..7, added with offset -4.
     noise = Image.frombytes("L", (width, height), rng.bytes(width * height)).point(_NOISE_LUT)
     return ImageChops.add(img, Image.merge("RGB", (noise, noise, noise)), 1.0, -4)
 
 
-def write_image_folder(root: str | os.PathLike[str], *, classes: Sequence[str], per_class: int,
-                       splits: Sequence[str] = (), seed: int = 0, size: Size = (48, 64),
-                       formats: Sequence[str] = ("jpeg", "png")) -> list[Path]:
+def write_image_folder(
+    root: str | os.PathLike[str],
+    *,
+    classes: Sequence[str],
+    per_class: int,
+    splits: Sequence[str] = (),
+    seed: int = 0,
+    size: Size = (48, 64),
+    formats: Sequence[str] = ("jpeg", "png"),
+) -> list[Path]:
     """Write an ImageFolder (``root/[split/]class/file``) of synthetic photos.
 
     Args:
@@ -191,8 +210,10 @@ def make_demo_archive(dest_dir: str | os.PathLike[str], *, seed: int = 0) -> Pat
     # A fresh name created exclusively: never written through a link planted beside ``out``.
     tmp = dest / f".{DEMO_ARCHIVE_NAME}.partial-{secrets.token_hex(6)}"
     try:
-        with os.fdopen(create_exclusive(tmp, 0o644), "wb") as raw, \
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+        with (
+            os.fdopen(create_exclusive(tmp, 0o644), "wb") as raw,
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz,
+        ):
             _write_tar(gz, members)
         os.replace(tmp, out)
     except BaseException:
@@ -235,8 +256,12 @@ def _png_header_only(width: int, height: int) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
-            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+        + chunk(b"IEND", b"")
+    )
 
 
 def _pick_size(rng: np.random.Generator, size: Size) -> tuple[int, int]:
@@ -248,14 +273,16 @@ def _pick_size(rng: np.random.Generator, size: Size) -> tuple[int, int]:
     return int(rng.integers(h[0], h[1] + 1)), int(rng.integers(w[0], w[1] + 1))
 
 
-def _check_folder_args(classes: Sequence[str], per_class: int, splits: Sequence[str],
-                       formats: Sequence[str]) -> None:
+def _check_folder_args(
+    classes: Sequence[str], per_class: int, splits: Sequence[str], formats: Sequence[str]
+) -> None:
     if isinstance(classes, str) or not classes or len(set(classes)) != len(classes):
         raise ValueError(f"classes={classes!r} must be a non-empty sequence of distinct names")
     bad = [c for c in classes if not c or c.startswith(".") or "/" in c or "\\" in c]
     if bad:
-        raise ValueError(f"class names {bad!r} must be non-empty, not start with '.', hold no "
-                         "slash")
+        raise ValueError(
+            f"class names {bad!r} must be non-empty, not start with '.', hold no slash"
+        )
     if per_class < 1:
         raise ValueError(f"per_class={per_class!r} must be >= 1")
     if isinstance(splits, str) or any(s not in SPLIT_NAMES for s in splits):

@@ -97,8 +97,9 @@ class _Writer:
         self.current: Path = root  # what is being written: named if the storage fails
 
     def error(self, member: str, why: str) -> UnsafeArchiveError:
-        return UnsafeArchiveError(f"unsafe archive '{printable(self.archive)}': member "
-                                  f"'{printable(member)}' {why}")
+        return UnsafeArchiveError(
+            f"unsafe archive '{printable(self.archive)}': member '{printable(member)}' {why}"
+        )
 
     def count(self, member: str) -> None:
         self.members += 1
@@ -123,10 +124,13 @@ class _Writer:
         real_parent = self.resolve(member, "/".join(parts[:-1]))
         if not is_within(self.root_real, real_parent):
             raise self.error(member, "would be written through a link that leaves the archive")
-        depth = real_parent[len(self.root_real):].count(os.sep) + 1
+        depth = real_parent[len(self.root_real) :].count(os.sep) + 1
         if depth > MAX_DEPTH:
-            raise self.error(member, f"lands {depth} levels deep through in-archive links, over "
-                                     f"the limit of {MAX_DEPTH} (a deep-tree attack?)")
+            raise self.error(
+                member,
+                f"lands {depth} levels deep through in-archive links, over "
+                f"the limit of {MAX_DEPTH} (a deep-tree attack?)",
+            )
         with self.clash(member):
             self.make_parents(parts)
             if path.is_symlink() or path.is_file():
@@ -150,8 +154,9 @@ class _Writer:
         try:
             return resolve(rel, base=self.root_real)
         except ValueError:
-            raise self.error(member, f"passes more than {MAX_LINKS} symbolic links "
-                                     "(a link loop or chain)") from None
+            raise self.error(
+                member, f"passes more than {MAX_LINKS} symbolic links (a link loop or chain)"
+            ) from None
 
     def mkdir(self, member: str) -> None:
         path = self.target(member)
@@ -220,8 +225,7 @@ class _Writer:
         rel = f"{path.parent.relative_to(self.root).as_posix()}/{link}"
         resolved = self.resolve(member, rel)
         if not is_within(self.root_real, resolved):
-            raise self.error(member, f"is a symlink to '{printable(link)}', which resolves "
-                                     "outside")
+            raise self.error(member, f"is a symlink to '{printable(link)}', which resolves outside")
 
     def _bomb(self, total: int, verb: str) -> str:
         return (

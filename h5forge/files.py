@@ -94,8 +94,9 @@ def describe(path: str | os.PathLike[str]) -> str:
     return kind
 
 
-def create_exclusive(path: str | os.PathLike[str], mode: int = 0o600, *,
-                     flags: int = os.O_WRONLY) -> int:
+def create_exclusive(
+    path: str | os.PathLike[str], mode: int = 0o600, *, flags: int = os.O_WRONLY
+) -> int:
     """Create ``path`` as a new file and return its descriptor; never opens an existing name.
 
     ``O_EXCL`` makes the kernel refuse any existing name, a symlink included (even one that
@@ -117,7 +118,8 @@ def create_exclusive(path: str | os.PathLike[str], mode: int = 0o600, *,
         raise UnsafePathError(
             f"cannot create {p}: {describe(p)} already has that name; h5forge creates its "
             "files only under new names and never writes through an existing name or a link — "
-            "remove it if it is a leftover of yours, or choose another output") from None
+            "remove it if it is a leftover of yours, or choose another output"
+        ) from None
 
 
 def replace_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
@@ -147,9 +149,14 @@ def same_file(a: os.stat_result, b: os.stat_result) -> bool:
 
 
 def _record(kind: str) -> dict[str, Any]:
-    return {"format": _MARKER_FORMAT if kind != "lock" else _LOCK_FORMAT, "kind": kind,
-            "token": secrets.token_hex(8), "pid": os.getpid(), "host": socket.gethostname(),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "format": _MARKER_FORMAT if kind != "lock" else _LOCK_FORMAT,
+        "kind": kind,
+        "token": secrets.token_hex(8),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def mark(folder: str | os.PathLike[str], kind: str) -> None:
@@ -179,8 +186,11 @@ def make_marked_dir(path: str | os.PathLike[str], kind: str, mode: int = 0o777) 
 
 def _read_small(fd: int) -> bytes | None:
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_RECORD or (
-            hasattr(os, "getuid") and st.st_uid != os.getuid()):
+    if (
+        not stat.S_ISREG(st.st_mode)
+        or st.st_size > _MAX_RECORD
+        or (hasattr(os, "getuid") and st.st_uid != os.getuid())
+    ):
         return None
     return os.pread(fd, _MAX_RECORD, 0)
 
@@ -197,8 +207,11 @@ def _marker(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
             return None
         flags = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
         # Relative to the folder just checked, so a folder swapped in meanwhile is not read.
-        fd = (os.open(MARKER_NAME, flags, dir_fd=dfd) if os.open in os.supports_dir_fd
-              else os.open(os.path.join(folder, MARKER_NAME), flags))
+        fd = (
+            os.open(MARKER_NAME, flags, dir_fd=dfd)
+            if os.open in os.supports_dir_fd
+            else os.open(os.path.join(folder, MARKER_NAME), flags)
+        )
         try:
             raw = _read_small(fd)
         finally:
@@ -228,8 +241,7 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
     stops the removal instead of redirecting it. Memory is proportional to the depth plus the
     subfolders not yet visited.
     """
-    if not (os.supports_dir_fd >= {os.open, os.unlink, os.rmdir} and os.scandir in
-            os.supports_fd):
+    if not (os.supports_dir_fd >= {os.open, os.unlink, os.rmdir} and os.scandir in os.supports_fd):
         shutil.rmtree(path)  # no descriptor-relative calls here (Windows)
         return
     fd = os.open(path, _DIR_FLAGS)
@@ -260,8 +272,10 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
                 fd = parent
                 pst = os.fstat(fd)
                 if (pst.st_dev, pst.st_ino) != stack[-1][0]:
-                    raise OSError(f"folder {done!r} under {os.fspath(path)!r} was moved while "
-                                  "being removed; removal stopped")
+                    raise OSError(
+                        f"folder {done!r} under {os.fspath(path)!r} was moved while "
+                        "being removed; removal stopped"
+                    )
                 os.rmdir(done, dir_fd=fd)
             name = stack[-1][1].pop()
             child = os.open(name, _DIR_FLAGS, dir_fd=fd)
@@ -304,13 +318,16 @@ class OutputLock:
     def _write(self) -> None:
         if self._fd is None:
             return
-        self._record["files"] = [{"name": os.path.basename(p), "dev": st.st_dev,
-                                  "ino": st.st_ino} for p, st in self._made]
+        self._record["files"] = [
+            {"name": os.path.basename(p), "dev": st.st_dev, "ino": st.st_ino}
+            for p, st in self._made
+        ]
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, json.dumps(self._record).encode(), 0)
 
-    def create(self, path: str | os.PathLike[str], mode: int = 0o600, *,
-               flags: int = os.O_WRONLY) -> int:
+    def create(
+        self, path: str | os.PathLike[str], mode: int = 0o600, *, flags: int = os.O_WRONLY
+    ) -> int:
         """:func:`create_exclusive`, recorded as this run's (see :meth:`adopt`)."""
         fd = create_exclusive(path, mode, flags=flags)
         self.adopt(path, fd)
@@ -362,8 +379,12 @@ class OutputLock:
         removed: list[str] = []
         folder = os.path.dirname(self.path)
         for entry in (self.previous or {}).get("files", []):
-            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) \
-                    or os.sep in entry["name"] or entry["name"] in ("", ".", ".."):
+            if (
+                not isinstance(entry, dict)
+                or not isinstance(entry.get("name"), str)
+                or os.sep in entry["name"]
+                or entry["name"] in ("", ".", "..")
+            ):
                 continue
             path = os.path.join(folder, entry["name"])
             if _unlink_if(path, entry.get("dev"), entry.get("ino")):
@@ -408,7 +429,8 @@ def _lock_record(fd: int, lock: str) -> dict[str, Any] | None:
     if not (isinstance(data, dict) and data.get("format") == _LOCK_FORMAT):
         raise UnsafePathError(
             f"{lock} is not an h5forge lock file ({describe(lock)} that holds no lock record); "
-            "h5forge will not overwrite it: remove it (or rename the output) and run again")
+            "h5forge will not overwrite it: remove it (or rename the output) and run again"
+        )
     return data
 
 
@@ -419,15 +441,20 @@ def _open_lock(lock: str) -> int:
         if os.path.islink(lock) or os.path.isdir(lock):
             raise UnsafePathError(
                 f"lock file {lock} is {describe(lock)}; h5forge never follows a link or uses a "
-                "name it did not make: remove it and run again") from None
+                "name it did not make: remove it and run again"
+            ) from None
         raise
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or (
-            hasattr(os, "getuid") and st.st_uid != os.getuid()):
+    if (
+        not stat.S_ISREG(st.st_mode)
+        or st.st_nlink != 1
+        or (hasattr(os, "getuid") and st.st_uid != os.getuid())
+    ):
         os.close(fd)
         raise UnsafePathError(
             f"lock file {lock} is {describe(lock)}, not a lock file h5forge made (a regular "
-            "file of yours with one link); remove it and run again")
+            "file of yours with one link); remove it and run again"
+        )
     return fd
 
 
@@ -444,7 +471,8 @@ def _busy(out: str, lock: str, fd: int) -> BusyError:
     return BusyError(
         f"{out} is being written by another h5forge run (pid {pid} on {host}, started "
         f"{other.get('created', 'just now')}); wait for it to finish, or stop it (kill {pid}) "
-        f"and run again. If no such process is running, remove {lock}")
+        f"and run again. If no such process is running, remove {lock}"
+    )
 
 
 @contextlib.contextmanager

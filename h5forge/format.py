@@ -121,10 +121,32 @@ ATTR_DESCRIPTIONS: dict[str, str] = {
 }
 
 REQUIRED_DATASETS: dict[Storage, tuple[str, ...]] = {
-    "array": (IMAGES, BYTE_RANGES, LABELS, CLASSES, SPLITS, SPLIT_NAMES, PATHS, DIGESTS,
-              QUARANTINE_PATHS, QUARANTINE_REASONS),
-    "blob": (IMAGES, OFFSETS, SHAPES, BYTE_RANGES, LABELS, CLASSES, SPLITS, SPLIT_NAMES, PATHS,
-             DIGESTS, QUARANTINE_PATHS, QUARANTINE_REASONS),
+    "array": (
+        IMAGES,
+        BYTE_RANGES,
+        LABELS,
+        CLASSES,
+        SPLITS,
+        SPLIT_NAMES,
+        PATHS,
+        DIGESTS,
+        QUARANTINE_PATHS,
+        QUARANTINE_REASONS,
+    ),
+    "blob": (
+        IMAGES,
+        OFFSETS,
+        SHAPES,
+        BYTE_RANGES,
+        LABELS,
+        CLASSES,
+        SPLITS,
+        SPLIT_NAMES,
+        PATHS,
+        DIGESTS,
+        QUARANTINE_PATHS,
+        QUARANTINE_REASONS,
+    ),
 }
 
 
@@ -179,16 +201,24 @@ def read_header(attrs: object, *, where: str) -> Header:
     sealed = bool(get(A_SEALED, False))
     storage = _as_str(get(A_STORAGE, ""))
     if storage not in ("array", "blob"):
-        raise UnsealedFileError(f"{where}: root attribute storage={storage!r}, "
-                                "expected 'array' or 'blob'")
-    layout, encoding, mode = (_as_str(get(A_LAYOUT, "")), _as_str(get(A_ENCODING, "")),
-                              _as_str(get(A_MODE, "")))
-    for attr, value, allowed in ((A_LAYOUT, layout, get_args(LayoutName)),
-                                 (A_ENCODING, encoding, get_args(EncodingName)),
-                                 (A_MODE, mode, get_args(ModeName))):
+        raise UnsealedFileError(
+            f"{where}: root attribute storage={storage!r}, expected 'array' or 'blob'"
+        )
+    layout, encoding, mode = (
+        _as_str(get(A_LAYOUT, "")),
+        _as_str(get(A_ENCODING, "")),
+        _as_str(get(A_MODE, "")),
+    )
+    for attr, value, allowed in (
+        (A_LAYOUT, layout, get_args(LayoutName)),
+        (A_ENCODING, encoding, get_args(EncodingName)),
+        (A_MODE, mode, get_args(ModeName)),
+    ):
         if value not in allowed:
-            raise UnsealedFileError(f"{where}: root attribute {attr}={value!r}, expected one of "
-                                    f"{allowed}; the file is damaged or not written by h5forge")
+            raise UnsealedFileError(
+                f"{where}: root attribute {attr}={value!r}, expected one of "
+                f"{allowed}; the file is damaged or not written by h5forge"
+            )
     return Header(
         format_version=version,
         layout=cast(LayoutName, layout),
@@ -239,8 +269,11 @@ def _canonical(value: object) -> object:
     if isinstance(value, h5py.Reference):  # never written by h5forge; hashed, never followed
         return {"reference": repr(value)}
     if isinstance(value, np.ndarray):
-        return {"array": value.dtype.str, "shape": list(value.shape),
-                "items": [_canonical(v) for v in value.ravel().tolist()]}
+        return {
+            "array": value.dtype.str,
+            "shape": list(value.shape),
+            "items": [_canonical(v) for v in value.ravel().tolist()],
+        }
     if isinstance(value, np.generic):
         return {value.dtype.str: _canonical(value.item())}
     if isinstance(value, float):
@@ -276,16 +309,21 @@ def metadata_sha256(h5: object) -> str:
 
     def attrs(obj: h5py.HLObject, skip: frozenset[str]) -> None:
         # A damaged name may not decode: h5py then gives bytes, sorted by their UTF-8 form.
-        for name in sorted(obj.attrs, key=lambda k: k if isinstance(k, bytes)
-                           else k.encode("utf-8", "surrogateescape")):
+        for name in sorted(
+            obj.attrs,
+            key=lambda k: k if isinstance(k, bytes) else k.encode("utf-8", "surrogateescape"),
+        ):
             if name not in skip:
                 stored = obj.attrs.get_id(name).dtype.str
                 put(["attr", _canonical(name), stored, _canonical(obj.attrs[name])])
 
     attrs(h5, _UNHASHED_ATTRS)
     names: list[str] = []
-    h5.visititems(lambda name, obj: names.append(name)
-                  if isinstance(obj, h5py.Dataset) and name != IMAGES else None)
+    h5.visititems(
+        lambda name, obj: (
+            names.append(name) if isinstance(obj, h5py.Dataset) and name != IMAGES else None
+        )
+    )
     for name in sorted(names):
         ds = h5[name]
         put(["dataset", name, ds.dtype.str, list(ds.shape)])

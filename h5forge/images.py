@@ -113,8 +113,10 @@ class ImageConfig:
         for name in ("layout", "encoding", "mode", "resize", "quality", "max_image_pixels"):
             opts.option(name).check(getattr(self, name))
         if self.layout == "decoded" and self.encoding != "original":
-            raise ValueError(f"encoding={self.encoding!r} only applies to layout='encoded'; "
-                             "set layout='encoded' or leave encoding='original'")
+            raise ValueError(
+                f"encoding={self.encoding!r} only applies to layout='encoded'; "
+                "set layout='encoded' or leave encoding='original'"
+            )
         opts.check_size(self.size, self.resize)
         if self.shorter_side is not None:
             opts.option("shorter_side").check(self.shorter_side)
@@ -122,7 +124,8 @@ class ImageConfig:
             if self.shorter_side < least:
                 raise ValueError(
                     f"shorter_side={self.shorter_side!r} must be an int >= max(size) = {least} "
-                    "so the centre crop fits; raise it or leave it None")
+                    "so the centre crop fits; raise it or leave it None"
+                )
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no spaces): equal configs give equal strings."""
@@ -161,8 +164,7 @@ class Quarantined:
     reason: str
 
 
-def load_normalised(src: bytes | str, cfg: ImageConfig, *,
-                    resize: bool = False) -> Image.Image:
+def load_normalised(src: bytes | str, cfg: ImageConfig, *, resize: bool = False) -> Image.Image:
     """Decode frame 0 of an image and apply the normalisation rules of this module.
 
     Args:
@@ -246,9 +248,15 @@ def process_file(index: int, path: str, cfg: ImageConfig) -> Processed | Quarant
     return Processed(index, data, (img.height, img.width, channels), hashlib.sha256(data).digest())
 
 
-def decode_stored(data: bytes | memoryview, shape: tuple[int, ...] | None, *, layout: Layout,
-                  mode: Literal["RGB", "L"], encoding: Encoding = "original",
-                  max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+def decode_stored(
+    data: bytes | memoryview,
+    shape: tuple[int, ...] | None,
+    *,
+    layout: Layout,
+    mode: Literal["RGB", "L"],
+    encoding: Encoding = "original",
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> np.ndarray:
     """Turn one stored sample back into pixels.
 
     Decoded samples are reshaped; encoded ones are decoded with :func:`load_normalised`
@@ -276,36 +284,44 @@ def decode_stored(data: bytes | memoryview, shape: tuple[int, ...] | None, *, la
     _one_of("layout", layout, _LAYOUTS)
     _one_of("encoding", encoding, _ENCODINGS)
     if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < 1:
-        raise ValueError(f"max_pixels={max_pixels!r} must be an int >= 1; the default is "
-                         f"{DEFAULT_MAX_PIXELS}")
+        raise ValueError(
+            f"max_pixels={max_pixels!r} must be an int >= 1; the default is {DEFAULT_MAX_PIXELS}"
+        )
     if layout == "decoded":
         if shape is None or len(shape) != 3:
             raise ValueError(f"shape={shape!r}: decoded samples need (H, W, C)")
         arr = np.frombuffer(data, dtype=np.uint8)
         if arr.size != int(np.prod(shape)):
-            raise IntegrityError(f"decoded sample holds {arr.size} bytes, shape {tuple(shape)} "
-                                 f"needs {int(np.prod(shape))}")
+            raise IntegrityError(
+                f"decoded sample holds {arr.size} bytes, shape {tuple(shape)} "
+                f"needs {int(np.prod(shape))}"
+            )
         arr = arr.reshape(shape)
         return arr if arr.flags.writeable else arr.copy()
     if shape is not None and len(shape) >= 2 and int(shape[0]) * int(shape[1]) > max_pixels:
-        raise IntegrityError(f"encoded sample is recorded as {int(shape[0])} x {int(shape[1])} "
-                             f"= {int(shape[0]) * int(shape[1])} pixels, more than "
-                             f"max_pixels={max_pixels}; pass a larger max_pixels if you trust "
-                             "the file")
+        raise IntegrityError(
+            f"encoded sample is recorded as {int(shape[0])} x {int(shape[1])} "
+            f"= {int(shape[0]) * int(shape[1])} pixels, more than "
+            f"max_pixels={max_pixels}; pass a larger max_pixels if you trust "
+            "the file"
+        )
     cfg = ImageConfig(mode=mode, resize="none", size=None, max_image_pixels=max_pixels)
     try:
         arr = np.array(load_normalised(bytes(data), cfg), dtype=np.uint8)
     except Image.DecompressionBombError as e:
-        raise IntegrityError(f"encoded sample is too large to decode: {e} "
-                             f"(max_pixels={max_pixels}); pass a larger max_pixels if you "
-                             "trust the file") from e
+        raise IntegrityError(
+            f"encoded sample is too large to decode: {e} "
+            f"(max_pixels={max_pixels}); pass a larger max_pixels if you "
+            "trust the file"
+        ) from e
     except (OSError, EOFError, SyntaxError, struct.error, ValueError) as e:
         raise IntegrityError(f"encoded sample does not decode: {e}") from e
     if arr.ndim == 2:
         arr = arr[:, :, None]
     if shape is not None and tuple(arr.shape) != tuple(shape):
-        raise IntegrityError(f"encoded sample decodes to {tuple(arr.shape)}, expected "
-                             f"{tuple(shape)}")
+        raise IntegrityError(
+            f"encoded sample decodes to {tuple(arr.shape)}, expected {tuple(shape)}"
+        )
     return arr
 
 

@@ -48,8 +48,9 @@ def end_with_owner(owner: int) -> None:
             os._exit(1)
         except OSError:  # a kernel without pidfds: poll instead
             pidfd = -1
-    threading.Thread(target=_watch_owner, args=(owner, pidfd), daemon=True,
-                     name="h5forge-owner-watch").start()
+    threading.Thread(
+        target=_watch_owner, args=(owner, pidfd), daemon=True, name="h5forge-owner-watch"
+    ).start()
 
 
 def _watch_owner(owner: int, pidfd: int) -> None:

@@ -39,6 +39,7 @@ otherwise image bytes stream in blocks (at most 48 MiB wait for their hash); per
 arrays are read one shard at a time; only the quarantine list and, for array storage, the chunk
 ``/byte_ranges`` (16 bytes per sample) are held whole.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -87,8 +88,9 @@ _ROWS = 1 << 20  # index rows handled at a time
 
 
 @contextlib.contextmanager
-def _local_copy(url: str, options: dict[str, Any] | None,
-                tmp_dir: str | os.PathLike[str] | None) -> Iterator[str]:
+def _local_copy(
+    url: str, options: dict[str, Any] | None, tmp_dir: str | os.PathLike[str] | None
+) -> Iterator[str]:
     """A local path for ``url``: itself when local, else a download deleted afterwards.
 
     The download is a temporary file in ``tmp_dir``; nothing is created for a local shard.
@@ -117,12 +119,19 @@ def _images_kwargs(first: Shard, n: int, blob_bytes: int) -> dict[str, Any]:
     if first.attrs[fmt.A_STORAGE] == "blob":
         return {"shape": (blob_bytes,), "dtype": np.uint8}
     config = json.loads(first.attrs[fmt.A_CONFIG_JSON])
-    filters = _filter_kwargs(config["compression"], config["compression_level"],
-                             config["fletcher32"])
+    filters = _filter_kwargs(
+        config["compression"], config["compression_level"], config["fletcher32"]
+    )
     shape = first.image_shape
     early = {} if filters else {"dcpl": _early(False)}
-    return {"shape": (n, *shape), "maxshape": (None, *shape), "dtype": np.uint8,
-            "chunks": (1, *shape), **filters, **early}
+    return {
+        "shape": (n, *shape),
+        "maxshape": (None, *shape),
+        "dtype": np.uint8,
+        "chunks": (1, *shape),
+        **filters,
+        **early,
+    }
 
 
 def _filter_ids(images: h5py.Dataset) -> tuple[int, ...]:
@@ -135,8 +144,8 @@ def _byte_ranges(head: Head, n: int, blob: bool) -> None:
     if blob:
         base = np.uint64(images.id.get_offset() or 0)
         for lo in range(0, n, _ROWS):
-            off = head.ds[fmt.OFFSETS][lo:min(n, lo + _ROWS) + 1]
-            out[lo:lo + len(off) - 1] = np.stack([off[:-1] + base, np.diff(off)], axis=1)
+            off = head.ds[fmt.OFFSETS][lo : min(n, lo + _ROWS) + 1]
+            out[lo : lo + len(off) - 1] = np.stack([off[:-1] + base, np.diff(off)], axis=1)
         return
     out[...] = chunk_ranges(images, n).astype(np.uint64)
 
@@ -146,14 +155,14 @@ class _Out:
     """The output being written, and where the next shard's samples go."""
 
     head: Head
-    fd: int                      # the .partial, for copies HDF5 does not see
-    dst: np.ndarray | None       # (offset, size) of every raw chunk, allocated at creation
-    blob_offset: int             # file offset of the output blob
-    check: CheckedCopy           # per-sample checks, for shards without a manifest
+    fd: int  # the .partial, for copies HDF5 does not see
+    dst: np.ndarray | None  # (offset, size) of every raw chunk, allocated at creation
+    blob_offset: int  # file offset of the output blob
+    check: CheckedCopy  # per-sample checks, for shards without a manifest
     copy: RangeCopy
     filters: tuple[int, ...]
-    base: int = 0                # first sample of the next shard
-    pos: int = 0                 # blob bytes copied so far
+    base: int = 0  # first sample of the next shard
+    pos: int = 0  # blob bytes copied so far
 
 
 def _copy_shard(out: _Out, shard: Shard, local: str, src_fd: int) -> None:
@@ -164,9 +173,11 @@ def _copy_shard(out: _Out, shard: Shard, local: str, src_fd: int) -> None:
     # Through the checked open: a downloaded shard is a new file, not the one surveyed.
     with open_h5(local) as src:
         if load_index(src, where=shard.url).header.num_samples != shard.n:
-            raise IntegrityError(f"{shard.url} changed during the merge: it held {shard.n} "
-                                 "samples when surveyed and holds a different number now; "
-                                 "run the merge again")
+            raise IntegrityError(
+                f"{shard.url} changed during the merge: it held {shard.n} "
+                "samples when surveyed and holds a different number now; "
+                "run the merge again"
+            )
         digests = src[fmt.DIGESTS][()]
         ds[fmt.DIGESTS][base:stop] = digests
         for name in (fmt.LABELS, fmt.SPLITS):
@@ -178,23 +189,41 @@ def _copy_shard(out: _Out, shard: Shard, local: str, src_fd: int) -> None:
 
         if shard.attrs[fmt.A_STORAGE] == "blob":
             offsets = src[fmt.OFFSETS][()]
-            ds[fmt.OFFSETS][base + 1:stop + 1] = offsets[1:] + np.uint64(out.pos)
+            ds[fmt.OFFSETS][base + 1 : stop + 1] = offsets[1:] + np.uint64(out.pos)
             ds[fmt.SHAPES][base:stop] = src[fmt.SHAPES][()]
-            out.pos += copy_blob(check, src_fd, local, src[fmt.IMAGES], out.fd,
-                                 out.blob_offset + out.pos, offsets, digests, label, out.copy)
+            out.pos += copy_blob(
+                check,
+                src_fd,
+                local,
+                src[fmt.IMAGES],
+                out.fd,
+                out.blob_offset + out.pos,
+                offsets,
+                digests,
+                label,
+                out.copy,
+            )
         elif out.dst is not None:
-            copy_raw(check, src_fd, src[fmt.IMAGES], out.fd, out.dst[base:stop], digests,
-                     label, out.copy)
+            copy_raw(
+                check, src_fd, src[fmt.IMAGES], out.fd, out.dst[base:stop], digests, label, out.copy
+            )
         else:
-            copy_filtered(check, src_fd, src[fmt.IMAGES], out.head.images, base, digests,
-                          label, out.filters)
+            copy_filtered(
+                check, src_fd, src[fmt.IMAGES], out.head.images, base, digests, label, out.filters
+            )
     out.base = stop
 
 
-def _write(partial: str, shards: list[Shard], options: dict[str, Any] | None,
-           tmp_dir: str | os.PathLike[str] | None,
-           bad: list[tuple[str, str]], attrs: dict[str, Any], files: FileChecks,
-           lock: OutputLock) -> None:
+def _write(
+    partial: str,
+    shards: list[Shard],
+    options: dict[str, Any] | None,
+    tmp_dir: str | os.PathLike[str] | None,
+    bad: list[tuple[str, str]],
+    attrs: dict[str, Any],
+    files: FileChecks,
+    lock: OutputLock,
+) -> None:
     first = shards[0]
     n = sum(s.n for s in shards)
     blob = first.attrs[fmt.A_STORAGE] == "blob"
@@ -203,23 +232,38 @@ def _write(partial: str, shards: list[Shard], options: dict[str, Any] | None,
     with contextlib.ExitStack() as stack:
         h5 = stack.enter_context(_create_h5(partial, lock))  # exclusive: never via a link
         # The same physical layout as the writer's: index at the head, image bytes after it.
-        head = Head(h5, attrs, storage=cast(fmt.Storage, first.attrs[fmt.A_STORAGE]),
-                    capacity=n, classes=first.classes, split_names=first.split_names,
-                    images=_images_kwargs(first, n, blob_bytes))
+        head = Head(
+            h5,
+            attrs,
+            storage=cast(fmt.Storage, first.attrs[fmt.A_STORAGE]),
+            capacity=n,
+            classes=first.classes,
+            split_names=first.split_names,
+            images=_images_kwargs(first, n, blob_bytes),
+        )
         ds, images = head.ds, head.images
         if _filter_ids(images) != first.filters:
-            raise ValueError(f"config_json of {first.url} gives /images filters "
-                             f"{_filter_ids(images)}, the shard has {first.filters}; the shard "
-                             "is inconsistent, re-pack it")
+            raise ValueError(
+                f"config_json of {first.url} gives /images filters "
+                f"{_filter_ids(images)}, the shard has {first.filters}; the shard "
+                "is inconsistent, re-pack it"
+            )
         fd = os.open(partial, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
         stack.callback(os.close, fd)
         if not same_file(os.fstat(fd), lock.identity(partial)):
-            raise UnsafePathError(f"{partial} was replaced while the merge opened it; "
-                                  "find out who writes into this folder, then merge again")
-        out = _Out(head=head, fd=fd, dst=chunk_ranges(images, n) if raw else None,
-                   blob_offset=(images.id.get_offset() or 0) if blob else 0,
-                   check=stack.enter_context(CheckedCopy()), copy=RangeCopy(),
-                   filters=first.filters)
+            raise UnsafePathError(
+                f"{partial} was replaced while the merge opened it; "
+                "find out who writes into this folder, then merge again"
+            )
+        out = _Out(
+            head=head,
+            fd=fd,
+            dst=chunk_ranges(images, n) if raw else None,
+            blob_offset=(images.id.get_offset() or 0) if blob else 0,
+            check=stack.enter_context(CheckedCopy()),
+            copy=RangeCopy(),
+            filters=first.filters,
+        )
         # Written pages start going to disk while later shards are copied, so the fsync
         # before the seal finds little left to do.
         writeback = writeback_starter()
@@ -254,7 +298,9 @@ def _write(partial: str, shards: list[Shard], options: dict[str, Any] | None,
                 f"merging into {partial}: {len(failures)} sample(s) do not match the digests "
                 "their shard recorded, so a shard changed after it was packed; run the build "
                 "again (find_done_shards re-packs shards whose file no longer matches their "
-                "manifest) or re-pack the shards named below", failures[:100])
+                "manifest) or re-pack the shards named below",
+                failures[:100],
+            )
         if blob:
             ds[fmt.OFFSETS][0] = 0
         if out.dst is not None:
@@ -270,10 +316,17 @@ def _write(partial: str, shards: list[Shard], options: dict[str, Any] | None,
             flushing.result()
 
 
-def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *,
-                 max_bad_fraction: float = 0.01, source_url: str = "", source_sha256: str = "",
-                 storage_options: Mapping[str, Any] | None = None, overwrite: bool = False,
-                 tmp_dir: str | os.PathLike[str] | None = None) -> PackResult:
+def merge_shards(
+    shards: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    max_bad_fraction: float = 0.01,
+    source_url: str = "",
+    source_sha256: str = "",
+    storage_options: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    tmp_dir: str | os.PathLike[str] | None = None,
+) -> PackResult:
     """Merge sealed shard files, in the given order, into one sealed file at ``out``.
 
     Args:
@@ -313,28 +366,56 @@ def merge_shards(shards: Sequence[str | os.PathLike[str]], out: str | os.PathLik
     options = dict(storage_options) if storage_options else None
     # Leaving this stops the shard hashes still running (the merge failed).
     with FileChecks() as files:
-        return _merge(urls, out_path, files, options, max_bad_fraction=max_bad_fraction,
-                      source_url=source_url, source_sha256=source_sha256, tmp_dir=tmp_dir, t0=t0,
-                      overwrite=overwrite)
+        return _merge(
+            urls,
+            out_path,
+            files,
+            options,
+            max_bad_fraction=max_bad_fraction,
+            source_url=source_url,
+            source_sha256=source_sha256,
+            tmp_dir=tmp_dir,
+            t0=t0,
+            overwrite=overwrite,
+        )
 
 
-def _merge(urls: list[str], out_path: Path, files: FileChecks, options: dict[str, Any] | None,
-           *, max_bad_fraction: float, source_url: str, source_sha256: str,
-           tmp_dir: str | os.PathLike[str] | None, t0: float, overwrite: bool) -> PackResult:
+def _merge(
+    urls: list[str],
+    out_path: Path,
+    files: FileChecks,
+    options: dict[str, Any] | None,
+    *,
+    max_bad_fraction: float,
+    source_url: str,
+    source_sha256: str,
+    tmp_dir: str | os.PathLike[str] | None,
+    t0: float,
+    overwrite: bool,
+) -> PackResult:
     found, counts, bad = survey(urls, options, files)
     first, n = found[0], sum(s.n for s in found)
     if n == 0:
-        raise EmptyDatasetError(f"the {len(urls)} shards hold no sample; every input was "
-                                "quarantined")
+        raise EmptyDatasetError(
+            f"the {len(urls)} shards hold no sample; every input was quarantined"
+        )
     _check_bad_fraction(n + len(bad), bad, max_bad_fraction)
-    _check_every_class(set(np.flatnonzero(counts.sum(axis=0)).tolist()), first.classes,
-                       f"the {len(urls)} shards")
+    _check_every_class(
+        set(np.flatnonzero(counts.sum(axis=0)).tolist()), first.classes, f"the {len(urls)} shards"
+    )
     attrs = _root_attrs(
-        layout=first.attrs[fmt.A_LAYOUT], storage=first.attrs[fmt.A_STORAGE],
-        encoding=first.attrs[fmt.A_ENCODING], mode=first.attrs[fmt.A_MODE],
-        config_json=first.attrs[fmt.A_CONFIG_JSON], source_url=source_url,
-        source_sha256=source_sha256, num_samples=n, num_classes=len(first.classes),
-        num_quarantined=len(bad), compression=first.attrs[fmt.A_COMPRESSION])
+        layout=first.attrs[fmt.A_LAYOUT],
+        storage=first.attrs[fmt.A_STORAGE],
+        encoding=first.attrs[fmt.A_ENCODING],
+        mode=first.attrs[fmt.A_MODE],
+        config_json=first.attrs[fmt.A_CONFIG_JSON],
+        source_url=source_url,
+        source_sha256=source_sha256,
+        num_samples=n,
+        num_classes=len(first.classes),
+        num_quarantined=len(bad),
+        compression=first.attrs[fmt.A_COMPRESSION],
+    )
     out_path.parent.mkdir(parents=True, exist_ok=True)
     partial = str(out_path) + fmt.PARTIAL_SUFFIX
     with output_lock(out_path) as lock:  # BusyError while another run writes out_path
@@ -350,9 +431,19 @@ def _merge(urls: list[str], out_path: Path, files: FileChecks, options: dict[str
         finally:
             lock.discard()  # this run's partial; never a file it did not create
     split_keys = [s if s else "" for s in first.split_names]
-    per_split = {split_keys[i]: {first.classes[k]: int(c) for k, c in enumerate(row) if c}
-                 for i, row in enumerate(counts) if row.any()}
-    return PackResult(path=str(out_path), num_samples=n, num_quarantined=len(bad),
-                      num_classes=len(first.classes), classes=first.classes,
-                      quarantined=tuple(bad), bytes=out_path.stat().st_size,
-                      seconds=time.perf_counter() - t0, counts=per_split)
+    per_split = {
+        split_keys[i]: {first.classes[k]: int(c) for k, c in enumerate(row) if c}
+        for i, row in enumerate(counts)
+        if row.any()
+    }
+    return PackResult(
+        path=str(out_path),
+        num_samples=n,
+        num_quarantined=len(bad),
+        num_classes=len(first.classes),
+        classes=first.classes,
+        quarantined=tuple(bad),
+        bytes=out_path.stat().st_size,
+        seconds=time.perf_counter() - t0,
+        counts=per_split,
+    )

@@ -23,15 +23,20 @@ __all__ = ["STORAGE_ERRNOS", "describe_os_error", "os_error_in", "reworded", "st
 # RLIMIT_FSIZE) gives once SIGXFSZ is ignored: the same "no more room" for the writer.
 _WORDS = {
     errno.ENOSPC: ("disk full", "free space there or choose a destination on another disk"),
-    errno.EDQUOT: ("disk quota exceeded",
-                   "free space within your quota or choose another destination"),
-    errno.EFBIG: ("file too large for this file system or for the process's file-size limit "
-                  "(ulimit -f)", "raise the limit or choose another destination"),
+    errno.EDQUOT: (
+        "disk quota exceeded",
+        "free space within your quota or choose another destination",
+    ),
+    errno.EFBIG: (
+        "file too large for this file system or for the process's file-size limit (ulimit -f)",
+        "raise the limit or choose another destination",
+    ),
     errno.EROFS: ("read-only file system", "choose a writable destination"),
-    errno.EACCES: ("permission denied",
-                   "choose a folder you can write to or fix its permissions"),
-    errno.EPERM: ("operation not permitted",
-                  "choose a folder you can write to or fix its permissions"),
+    errno.EACCES: ("permission denied", "choose a folder you can write to or fix its permissions"),
+    errno.EPERM: (
+        "operation not permitted",
+        "choose a folder you can write to or fix its permissions",
+    ),
 }
 STORAGE_ERRNOS: frozenset[int] = frozenset(_WORDS)
 
@@ -43,8 +48,7 @@ _H5_NAME = re.compile(r"name = '([^']*)'")
 def _cause(code: int | None, path: str, overwrite_flag: str) -> str | None:
     where = printable(path) if path else "the destination"
     if code in (errno.ENOSPC, errno.EDQUOT):
-        return (f"no space left on the device of {where} ({_WORDS[code][0]}); "
-                f"{_WORDS[code][1]}")
+        return f"no space left on the device of {where} ({_WORDS[code][0]}); {_WORDS[code][1]}"
     if code == errno.EROFS:
         return f"{where} is on a {_WORDS[code][0]}; {_WORDS[code][1]}"
     if code in (errno.EACCES, errno.EPERM, errno.EFBIG):
@@ -62,8 +66,9 @@ def _cause(code: int | None, path: str, overwrite_flag: str) -> str | None:
     return None
 
 
-def describe_os_error(e: OSError, *, path: str | None = None,
-                      overwrite_flag: str = "overwrite=True") -> str:
+def describe_os_error(
+    e: OSError, *, path: str | None = None, overwrite_flag: str = "overwrite=True"
+) -> str:
     """One sentence for ``e``: the cause in words, the path, and the fix; no ``[Errno N]``.
 
     Args:
@@ -111,8 +116,9 @@ def reworded(e: OSError, message: str) -> OSError:
     return new
 
 
-def storage_error(exc: OSError, path: str | os.PathLike[str] | None, *,
-                  doing: str) -> OSError | None:
+def storage_error(
+    exc: OSError, path: str | os.PathLike[str] | None, *, doing: str
+) -> OSError | None:
     """Return a one-line error naming a storage failure, or None when ``exc`` is not one.
 
     Args:

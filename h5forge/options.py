@@ -50,7 +50,9 @@ Compression = Literal["none", "gzip", "lzf", "blosc-lz4", "zstd"]
 SIZE_MIN, SIZE_MAX = 8, 4096
 #: ``codec -> (lowest level, highest level, default level)``; codecs not listed take no level.
 CODEC_LEVELS: dict[str, tuple[int, int, int]] = {
-    "gzip": (0, 9, 4), "blosc-lz4": (0, 9, 5), "zstd": (1, 22, 3),
+    "gzip": (0, 9, 4),
+    "blosc-lz4": (0, 9, 5),
+    "zstd": (1, 22, 3),
 }
 _DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb limit
 _SIZE = re.compile(r"^\s*(\d{1,9})\s*(?:[xX]\s*(\d{1,9}))?\s*$")
@@ -138,14 +140,21 @@ class PackOption:
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if self.kind == "int":
             number = number and isinstance(value, int)
-        in_range = number and (self.low is None or value >= self.low) and (
-            self.high is None or value <= self.high)
+        in_range = (
+            number
+            and (self.low is None or value >= self.low)
+            and (self.high is None or value <= self.high)
+        )
         if not in_range:
             what = "an int" if self.kind == "int" else "a number"
-            hint = (" or empty for the default" if self.default is None
-                    else f" (default {self.default!r})")
-            raise OptionError(self.name, f"{self.name}={value!r} must be {what} {self.bounds}"
-                              f"{hint}")
+            hint = (
+                " or empty for the default"
+                if self.default is None
+                else f" (default {self.default!r})"
+            )
+            raise OptionError(
+                self.name, f"{self.name}={value!r} must be {what} {self.bounds}{hint}"
+            )
         return value
 
 
@@ -166,16 +175,25 @@ def check_size(size: Any, resize: str | None = None) -> tuple[int, int] | None:
     """
     if size is None:
         if resize is not None and resize != "none":
-            raise OptionError("size", f"size=None needs resize='none' (size none keeps each "
-                              f"image's size), got resize={resize!r}; give a size such as 224 "
-                              "or 224x256, or set resize to 'none'")
+            raise OptionError(
+                "size",
+                f"size=None needs resize='none' (size none keeps each "
+                f"image's size), got resize={resize!r}; give a size such as 224 "
+                "or 224x256, or set resize to 'none'",
+            )
         return None
-    if (not isinstance(size, tuple) or len(size) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in size)):
+    if (
+        not isinstance(size, tuple)
+        or len(size) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in size)
+    ):
         raise OptionError("size", f"size={size!r} must be (H, W), two ints, or None")
     if not all(SIZE_MIN <= v <= SIZE_MAX for v in size):
-        raise OptionError("size", f"size {format_size(size)} is out of range: height and width "
-                          f"must be {SIZE_MIN}..{SIZE_MAX} pixels (e.g. 224 or 224x256)")
+        raise OptionError(
+            "size",
+            f"size {format_size(size)} is out of range: height and width "
+            f"must be {SIZE_MIN}..{SIZE_MAX} pixels (e.g. 224 or 224x256)",
+        )
     return size
 
 
@@ -189,14 +207,14 @@ def parse_size(text: str, resize: str | None = None) -> tuple[int, int] | None:
         return check_size(None, resize)
     match = _SIZE.match(text)
     if not match:
-        raise OptionError("size", f"size {text!r} is not S, HxW or none "
-                          "(e.g. 224, 224x256, none)")
+        raise OptionError("size", f"size {text!r} is not S, HxW or none (e.g. 224, 224x256, none)")
     h = int(match.group(1))
     return check_size((h, int(match.group(2) or h)), resize)
 
 
-def check_compression(compression: str | None, level: int | None, *,
-                      fixed_size_decoded: bool = True) -> None:
+def check_compression(
+    compression: str | None, level: int | None, *, fixed_size_decoded: bool = True
+) -> None:
     """Check a codec, its level, and that it applies to the layout.
 
     Args:
@@ -213,17 +231,25 @@ def check_compression(compression: str | None, level: int | None, *,
     if level is not None:
         option("compression_level").check(level)
         if codec not in CODEC_LEVELS:
-            raise OptionError("compression_level", f"compression_level={level} needs a codec "
-                              f"that takes a level ({', '.join(CODEC_LEVELS)}); compression "
-                              f"is {codec!r}: drop the level or choose a codec")
+            raise OptionError(
+                "compression_level",
+                f"compression_level={level} needs a codec "
+                f"that takes a level ({', '.join(CODEC_LEVELS)}); compression "
+                f"is {codec!r}: drop the level or choose a codec",
+            )
         low, high, _ = CODEC_LEVELS[codec]
         if not low <= level <= high:
-            raise OptionError("compression_level", f"compression_level={level} is out of "
-                              f"range for {codec} ({low}..{high})")
+            raise OptionError(
+                "compression_level",
+                f"compression_level={level} is out of range for {codec} ({low}..{high})",
+            )
     if codec != "none" and not fixed_size_decoded:
-        raise OptionError("compression", f"compression={codec!r} applies to decoded images of "
-                          "one size only (layout 'decoded' and resize other than 'none'); blob "
-                          "storage stays uncompressed so each sample is one byte range")
+        raise OptionError(
+            "compression",
+            f"compression={codec!r} applies to decoded images of "
+            "one size only (layout 'decoded' and resize other than 'none'); blob "
+            "storage stays uncompressed so each sample is one byte range",
+        )
 
 
 def _levels() -> str:
@@ -233,75 +259,140 @@ def _levels() -> str:
 #: Every pack option, in the order ``--help`` lists them.
 PACK_OPTIONS: tuple[PackOption, ...] = (
     PackOption(
-        "manifest", "path", None, optional=True,
+        "manifest",
+        "path",
+        None,
+        optional=True,
         help="CSV/JSONL with path,label[,split], relative to the source root",
         description="A CSV (path,label[,split]) or JSONL manifest listing the images, as a "
         "path relative to the source's root (or absolute); empty for the ImageFolder layout "
-        "[split/]class/image.jpg."),
+        "[split/]class/image.jpg.",
+    ),
     PackOption(
-        "layout", "choice", "decoded", choices=get_args(Layout),
+        "layout",
+        "choice",
+        "decoded",
+        choices=get_args(Layout),
         help="decoded pixels or encoded bytes",
         description="decoded: raw uint8 pixels, nothing to decode at read time (fastest). "
-        "encoded: image file bytes (smaller, decoded by the reader)."),
+        "encoded: image file bytes (smaller, decoded by the reader).",
+    ),
     PackOption(
-        "encoding", "choice", "original", choices=get_args(Encoding),
+        "encoding",
+        "choice",
+        "original",
+        choices=get_args(Encoding),
         help="encoded layout only: keep the file bytes or re-encode",
-        description="encoded layout only: keep the original file bytes or re-encode."),
+        description="encoded layout only: keep the original file bytes or re-encode.",
+    ),
     PackOption(
-        "quality", "int", 90, low=1, high=100,
+        "quality",
+        "int",
+        90,
+        low=1,
+        high=100,
         help="jpeg/webp re-encode quality",
         description="JPEG/WebP re-encode quality, 1-100 (encoded layout with encoding jpeg "
-        "or webp)."),
+        "or webp).",
+    ),
     PackOption(
-        "resize", "choice", "shorter-side", choices=get_args(ResizePolicy),
+        "resize",
+        "choice",
+        "shorter-side",
+        choices=get_args(ResizePolicy),
         help="resize policy",
         description="none: keep each image's size; resize: to size x size; shorter-side: "
-        "scale the shorter side to size, then centre-crop to size x size."),
+        "scale the shorter side to size, then centre-crop to size x size.",
+    ),
     PackOption(
-        "size", "size", (224, 224),
+        "size",
+        "size",
+        (224, 224),
         help=f"output size: S, HxW or none (with --resize none); {SIZE_MIN}..{SIZE_MAX}",
-        description="Output height and width in pixels."),
+        description="Output height and width in pixels.",
+    ),
     PackOption(
-        "shorter_side", "int", None, low=SIZE_MIN, high=SIZE_MAX, optional=True,
+        "shorter_side",
+        "int",
+        None,
+        low=SIZE_MIN,
+        high=SIZE_MAX,
+        optional=True,
         help="shorter-side: scale the shorter side to this, then crop (default: max(size))",
         description="shorter-side only: scale the shorter side to this many pixels, then "
-        "centre-crop to the size; empty for the larger of height and width."),
+        "centre-crop to the size; empty for the larger of height and width.",
+    ),
     PackOption(
-        "mode", "choice", "RGB", choices=get_args(Mode),
+        "mode",
+        "choice",
+        "RGB",
+        choices=get_args(Mode),
         help="RGB or L (grayscale)",
-        description="RGB (3 channels) or L (grayscale, 1 channel)."),
+        description="RGB (3 channels) or L (grayscale, 1 channel).",
+    ),
     PackOption(
-        "max_image_pixels", "int", _DEFAULT_MAX_PIXELS, low=1,
+        "max_image_pixels",
+        "int",
+        _DEFAULT_MAX_PIXELS,
+        low=1,
         help="quarantine images with more pixels than this (from the header)",
         description="Images whose header declares more pixels than this are quarantined "
-        "instead of decoded (Pillow's decompression-bomb limit by default)."),
+        "instead of decoded (Pillow's decompression-bomb limit by default).",
+    ),
     PackOption(
-        "compression", "choice", "none", choices=get_args(Compression),
+        "compression",
+        "choice",
+        "none",
+        choices=get_args(Compression),
         help="HDF5 filter on decoded fixed-size images",
         description="HDF5 compression of decoded fixed-size images. Off by default: photos "
-        "gain 1.0-1.3x and lose most of the read speed. blosc-lz4/zstd need hdf5plugin."),
+        "gain 1.0-1.3x and lose most of the read speed. blosc-lz4/zstd need hdf5plugin.",
+    ),
     PackOption(
-        "compression_level", "int", None, low=0, high=22, optional=True,
+        "compression_level",
+        "int",
+        None,
+        low=0,
+        high=22,
+        optional=True,
         help=f"codec level ({_levels()})",
-        description=f"Codec level ({_levels()}); empty for the codec's default."),
+        description=f"Codec level ({_levels()}); empty for the codec's default.",
+    ),
     PackOption(
-        "fletcher32", "bool", False,
+        "fletcher32",
+        "bool",
+        False,
         help="HDF5 checksum per chunk (decoded fixed-size images)",
         description="Store an HDF5 Fletcher-32 checksum with every chunk of decoded "
-        "fixed-size images, so HDF5 itself refuses a damaged chunk."),
+        "fixed-size images, so HDF5 itself refuses a damaged chunk.",
+    ),
     PackOption(
-        "workers", "int", None, low=1, high=1024, optional=True,
+        "workers",
+        "int",
+        None,
+        low=1,
+        high=1024,
+        optional=True,
         help="preprocessing processes (default: the CPU count)",
-        description="Preprocessing processes; empty for the CPU count."),
+        description="Preprocessing processes; empty for the CPU count.",
+    ),
     PackOption(
-        "max_bad_fraction", "float", 0.01, low=0.0, high=1.0,
+        "max_bad_fraction",
+        "float",
+        0.01,
+        low=0.0,
+        high=1.0,
         help="fail when more than this fraction of the images is quarantined",
         description="Fail when more than this fraction of the images cannot be decoded (they "
-        "are quarantined and listed in the report)."),
+        "are quarantined and listed in the report).",
+    ),
     PackOption(
-        "overwrite", "bool", False,
+        "overwrite",
+        "bool",
+        False,
         help="replace the output if it exists",
-        description="Replace an existing asset at the destination."),
+        description="Replace an existing asset at the destination.",
+    ),
 )
 
 _BY_NAME = {o.name: o for o in PACK_OPTIONS}

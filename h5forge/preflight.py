@@ -31,7 +31,7 @@ PROBE_BYTES = 64 << 10
 def local_path(url: str) -> Path | None:
     """The local path of ``url`` (a plain path or ``file://``), or None for other stores."""
     if url.startswith("file://"):
-        return Path(url[len("file://"):]).expanduser()
+        return Path(url[len("file://") :]).expanduser()
     if "://" in url or "::" in url:
         return None
     return Path(url).expanduser()
@@ -47,11 +47,17 @@ def check_source(source: str) -> None:
     if path is not None and not path.exists():
         raise FileNotFoundError(
             f"source {printable(source)} does not exist: give an image folder, an archive "
-            "(.tar.gz, .zip ...) or a URL such as s3://bucket/prefix/")
+            "(.tar.gz, .zip ...) or a URL such as s3://bucket/prefix/"
+        )
 
 
-def check_destination(dest: str, *, source: str | None = None, overwrite: bool = False,
-                      storage_options: dict[str, Any] | None = None) -> None:
+def check_destination(
+    dest: str,
+    *,
+    source: str | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> None:
     """Raise now if the asset could not be published at ``dest``.
 
     Local: ``dest`` is not the source archive nor inside the source folder, is not a folder,
@@ -78,24 +84,30 @@ def check_destination(dest: str, *, source: str | None = None, overwrite: bool =
     if src is not None and src.exists():
         src = src.resolve()
         if target == src:
-            raise ValueError(f"destination {printable(dest)} is the source archive itself; "
-                             "publishing would replace it: choose another destination")
+            raise ValueError(
+                f"destination {printable(dest)} is the source archive itself; "
+                "publishing would replace it: choose another destination"
+            )
         if src.is_dir() and src in target.parents:
             raise ValueError(
                 f"destination {printable(dest)} is inside the source folder "
                 f"{printable(source)}: the asset, its manifest and its preview would become "
-                "part of the source; choose a destination outside it")
+                "part of the source; choose a destination outside it"
+            )
     if target.is_dir():
-        raise ValueError(f"destination {printable(dest)} is a folder; give the path of the "
-                         ".h5 file to write in it")
+        raise ValueError(
+            f"destination {printable(dest)} is a folder; give the path of the "
+            ".h5 file to write in it"
+        )
     if target.exists() and not overwrite:
         raise DestinationExistsError(printable(dest))
     folder = target.parent
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir():
-        raise NotADirectoryError(f"destination {printable(dest)}: {printable(folder)} is a "
-                                 "file, not a folder")
+        raise NotADirectoryError(
+            f"destination {printable(dest)}: {printable(folder)} is a file, not a folder"
+        )
     _probe(folder)
 
 
@@ -104,14 +116,15 @@ def _probe(folder: Path) -> None:
     probe = folder / f".h5forge-probe-{secrets.token_hex(6)}"
     try:
         # Exclusive and not through a link: a name planted there is never written through.
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                     0o600)
+        fd = os.open(
+            probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
+        )
     except OSError as e:
         raise _unwritable(e, folder) from e
     try:
         block = memoryview(b"\0" * PROBE_BYTES)
         while block:  # a nearly full disk takes part of a write; the next one fails
-            block = block[os.write(fd, block):]
+            block = block[os.write(fd, block) :]
         os.fsync(fd)
     except OSError as e:
         raise _unwritable(e, folder) from e

@@ -44,9 +44,14 @@ _RING_BYTES = 256 << 20  # the default window holds at most about this much in t
 _POOL_FROM = 8  # below this many inputs, starting processes costs more than it saves
 
 
-def iter_processed(paths: Sequence[str | os.PathLike[str]], cfg: ImageConfig, *,
-                   workers: int | None = None, window: int | None = None,
-                   borrow: bool = False) -> Generator[Result, None, None]:
+def iter_processed(
+    paths: Sequence[str | os.PathLike[str]],
+    cfg: ImageConfig,
+    *,
+    workers: int | None = None,
+    window: int | None = None,
+    borrow: bool = False,
+) -> Generator[Result, None, None]:
     """Process every path and yield the results in input order.
 
     Stop early by closing the generator (``close()``, ``contextlib.closing``, or leaving a
@@ -76,8 +81,9 @@ def iter_processed(paths: Sequence[str | os.PathLike[str]], cfg: ImageConfig, *,
             the message names the inputs it held.
     """
     for name, value in (("workers", workers), ("window", window)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise ValueError(f"{name}={value!r} must be an int >= 1 (or None for the default)")
     cfg.validate()
     items = [os.fspath(p) for p in paths]
@@ -111,8 +117,11 @@ class _Ring:
         self.size, self.slots = size, slots
         self._map: mmap.mmap | None = None
         folder = "/dev/shm"
-        if not (os.path.isdir(folder) and os.access(folder, os.W_OK)
-                and shutil.disk_usage(folder).free > 4 * size * slots):
+        if not (
+            os.path.isdir(folder)
+            and os.access(folder, os.W_OK)
+            and shutil.disk_usage(folder).free > 4 * size * slots
+        ):
             folder = tempfile.gettempdir()
         self._fd, self._named = tempfile.mkstemp(prefix="h5forge-ring-", dir=folder)
         os.ftruncate(self._fd, size * slots)
@@ -130,8 +139,10 @@ class _Ring:
     def take(self, r: _InRing) -> Processed:
         data = os.pread(self._fd, self.size, (r.sample % self.slots) * self.size)
         if len(data) != self.size:
-            raise OSError(f"ring {self.path}: slot of input {r.sample} holds {len(data)} bytes, "
-                          f"expected {self.size}")
+            raise OSError(
+                f"ring {self.path}: slot of input {r.sample} holds {len(data)} bytes, "
+                f"expected {self.size}"
+            )
         return Processed(r.sample, data, r.shape, r.digest)
 
     def borrow(self, r: _InRing) -> Processed:
@@ -139,7 +150,7 @@ class _Ring:
         if self._map is None:
             self._map = mmap.mmap(self._fd, self.size * self.slots, prot=mmap.PROT_READ)
         start = (r.sample % self.slots) * self.size
-        view = memoryview(self._map)[start:start + self.size]
+        view = memoryview(self._map)[start : start + self.size]
         return Processed(r.sample, view, r.shape, r.digest)  # type: ignore[arg-type]
 
     def close(self) -> None:
@@ -159,8 +170,9 @@ def _fixed_size(cfg: ImageConfig) -> int | None:
     return cfg.size[0] * cfg.size[1] * (1 if cfg.mode == "L" else 3)
 
 
-def _process_chunk(start: int, paths: list[str], cfg: ImageConfig,
-                   ring: tuple[str, int, int] | None = None) -> list[Result | _InRing]:
+def _process_chunk(
+    start: int, paths: list[str], cfg: ImageConfig, ring: tuple[str, int, int] | None = None
+) -> list[Result | _InRing]:
     # Module level so that spawn/forkserver workers can unpickle it by name.
     if ring is None:
         return [process_file(start + i, p, cfg) for i, p in enumerate(paths)]
@@ -186,8 +198,15 @@ def _process_chunk(start: int, paths: list[str], cfg: ImageConfig,
     return out
 
 
-def _pooled(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, window: int,
-            size: int | None, borrow: bool) -> Generator[Result, None, None]:
+def _pooled(
+    paths: list[str],
+    cfg: ImageConfig,
+    workers: int,
+    chunk: int,
+    window: int,
+    size: int | None,
+    borrow: bool,
+) -> Generator[Result, None, None]:
     ring = _Ring(size, window) if size else None
     try:
         yield from _pooled_with(paths, cfg, workers, chunk, window, ring, borrow)
@@ -196,13 +215,24 @@ def _pooled(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, window
             ring.close()
 
 
-def _pooled_with(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, window: int,
-                 ring: _Ring | None, borrow: bool) -> Generator[Result, None, None]:
+def _pooled_with(
+    paths: list[str],
+    cfg: ImageConfig,
+    workers: int,
+    chunk: int,
+    window: int,
+    ring: _Ring | None,
+    borrow: bool,
+) -> Generator[Result, None, None]:
     n = len(paths)
     ctx = _context()
     _check_main_importable(ctx)
-    pool = ProcessPoolExecutor(max_workers=min(workers, -(-n // chunk)), mp_context=ctx,
-                               initializer=end_with_owner, initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(
+        max_workers=min(workers, -(-n // chunk)),
+        mp_context=ctx,
+        initializer=end_with_owner,
+        initargs=(os.getpid(),),
+    )
     spec = ring.spec if ring is not None else None
     pending: deque[tuple[int, int, Future[list[Result | _InRing]]]] = deque()
     in_flight = 0  # submitted and not yet yielded
@@ -211,8 +241,7 @@ def _pooled_with(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, w
         while pending or next_start < n:
             while next_start < n and in_flight + min(chunk, n - next_start) <= window:
                 stop = min(n, next_start + chunk)
-                task = pool.submit(_process_chunk, next_start, paths[next_start:stop], cfg,
-                                   spec)
+                task = pool.submit(_process_chunk, next_start, paths[next_start:stop], cfg, spec)
                 pending.append((next_start, stop, task))
                 in_flight += stop - next_start
                 next_start = stop
@@ -223,7 +252,8 @@ def _pooled_with(paths: list[str], cfg: ImageConfig, workers: int, chunk: int, w
                 raise BrokenProcessPool(
                     f"a worker process died while processing inputs {start}..{stop - 1} (first: "
                     f"{paths[start]!r}): a crashing decoder or the out-of-memory killer; rerun "
-                    "with workers=1 to see which file") from e
+                    "with workers=1 to see which file"
+                ) from e
             for r in results:
                 in_flight -= 1
                 if isinstance(r, _InRing):
@@ -249,7 +279,8 @@ def _check_main_importable(ctx: BaseContext) -> None:
         raise RuntimeError(
             f"worker processes ({ctx.get_start_method()}) re-import the main script, and "
             f"{main_file!r} is not a file (a script read from stdin?); run it from a file or "
-            "with python -c, or pass workers=1 to decode in this process")
+            "with python -c, or pass workers=1 to decode in this process"
+        )
 
 
 def _context() -> BaseContext:

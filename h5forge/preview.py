@@ -18,8 +18,9 @@ __all__ = ["render_preview", "write_preview"]
 _LABEL_H = 14
 
 
-def render_preview(url: str, *, n: int = 16, tile: int = 96,
-                   storage_options: dict[str, Any] | None = None) -> Image.Image:
+def render_preview(
+    url: str, *, n: int = 16, tile: int = 96, storage_options: dict[str, Any] | None = None
+) -> Image.Image:
     """Render ``n`` evenly spaced samples of the file as a grid, each captioned with its class.
 
     Raises:
@@ -49,8 +50,14 @@ def render_preview(url: str, *, n: int = 16, tile: int = 96,
         ds.close()
 
 
-def write_preview(url: str, png_url: str | os.PathLike[str], *, n: int = 16, tile: int = 96,
-                  storage_options: dict[str, Any] | None = None) -> str:
+def write_preview(
+    url: str,
+    png_url: str | os.PathLike[str],
+    *,
+    n: int = 16,
+    tile: int = 96,
+    storage_options: dict[str, Any] | None = None,
+) -> str:
     """Write :func:`render_preview` as PNG to ``png_url`` (local path or fsspec URL).
 
     A local ``png_url`` is written under a fresh exclusive temp name and renamed over it, so

@@ -76,10 +76,13 @@ def read_rows(path: Path) -> list[ManifestRow]:
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"manifest '{shown}' is {_kind(st.st_mode)}, not a regular file")
     if st.st_size > MAX_MANIFEST_BYTES:
-        raise ValueError(f"manifest '{shown}' is {st.st_size:,} bytes, over the limit of "
-                         f"{MAX_MANIFEST_BYTES:,}; split it or pack from an ImageFolder")
-    return list(_read_jsonl(path) if path.suffix.lower() in (".jsonl", ".ndjson")
-                else _read_csv(path))
+        raise ValueError(
+            f"manifest '{shown}' is {st.st_size:,} bytes, over the limit of "
+            f"{MAX_MANIFEST_BYTES:,}; split it or pack from an ImageFolder"
+        )
+    return list(
+        _read_jsonl(path) if path.suffix.lower() in (".jsonl", ".ndjson") else _read_csv(path)
+    )
 
 
 def check_label_range(shown: str, rows: list[ManifestRow]) -> None:
@@ -98,7 +101,8 @@ def check_label_range(shown: str, rows: list[ManifestRow]) -> None:
                 f"{shown}:{line}: label {printable(label, limit=40)} is out of range: a manifest "
                 f"of {len(rows):,} rows may use integer labels 0..{bound - 1:,} (at most one "
                 f"class per row, or {LABEL_FLOOR:,} for a small manifest); number the classes "
-                "from 0, or give class names instead of numbers")
+                "from 0, or give class names instead of numbers"
+            )
 
 
 def check_path(where: str, rel: str) -> str:
@@ -109,23 +113,29 @@ def check_path(where: str, rel: str) -> str:
             absolute or leaves the folder lexically; ``where`` (``FILE:LINE``) starts the message.
     """
     if not rel:
-        raise ValueError(f"{where}: empty path; give the image's path relative to the "
-                         "manifest's folder")
+        raise ValueError(
+            f"{where}: empty path; give the image's path relative to the manifest's folder"
+        )
     if "\x00" in rel:
         raise ValueError(f"{where}: path '{printable(rel)}' contains a NUL byte")
     size = len(rel.encode("utf-8", "surrogateescape"))
     if size > MAX_PATH_BYTES:
-        raise ValueError(f"{where}: path '{printable(rel)}' is {size:,} bytes, over the limit of "
-                         f"{MAX_PATH_BYTES:,} (PATH_MAX)")
+        raise ValueError(
+            f"{where}: path '{printable(rel)}' is {size:,} bytes, over the limit of "
+            f"{MAX_PATH_BYTES:,} (PATH_MAX)"
+        )
     norm = os.path.normpath(rel).replace(os.sep, "/")
     if os.path.isabs(rel) or norm == ".." or norm.startswith("../"):
-        raise ValueError(f"{where}: path '{printable(rel)}' must be relative to the manifest's "
-                         "folder and stay inside it")
+        raise ValueError(
+            f"{where}: path '{printable(rel)}' must be relative to the manifest's "
+            "folder and stay inside it"
+        )
     return norm
 
 
-def check_file(where: str, rel: str, norm: str, full: Path, folder_real: str,
-                folders: dict[str, str]) -> None:
+def check_file(
+    where: str, rel: str, norm: str, full: Path, folder_real: str, folders: dict[str, str]
+) -> None:
     """Check that ``full`` is a regular file whose real path (links resolved) is in the folder.
 
     Args:
@@ -156,27 +166,37 @@ def check_file(where: str, rel: str, norm: str, full: Path, folder_real: str,
             real = resolve(leaf, base=parent_real)
             st = None
     except ValueError:
-        raise ValueError(f"{where}: path '{printable(rel)}' passes more than {MAX_LINKS} symbolic "
-                         "links (a loop?)") from None
+        raise ValueError(
+            f"{where}: path '{printable(rel)}' passes more than {MAX_LINKS} symbolic "
+            "links (a loop?)"
+        ) from None
     if not is_within(folder_real, real):
         raise ValueError(
             f"{where}: path '{printable(rel)}' is a symbolic link (or passes through one) to "
             f"'{printable(real)}', outside the manifest's folder '{printable(folder_real)}'; "
-            "copy the file in, or put the manifest in a folder that holds both")
+            "copy the file in, or put the manifest in a folder that holds both"
+        )
     try:
         st = st or os.stat(real)  # stat, never open: opening a FIFO would block
     except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"{where}: file '{printable(rel)}' not found (looked for "
-                                f"'{printable(full)}')") from None
+        raise FileNotFoundError(
+            f"{where}: file '{printable(rel)}' not found (looked for '{printable(full)}')"
+        ) from None
     if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{where}: path '{printable(rel)}' is {_kind(st.st_mode)}, not a "
-                         "regular file; list image files only")
+        raise ValueError(
+            f"{where}: path '{printable(rel)}' is {_kind(st.st_mode)}, not a "
+            "regular file; list image files only"
+        )
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "a special file"
@@ -193,23 +213,29 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                 return
             number += 1
             if len(raw) > MAX_LINE_BYTES:
-                raise ValueError(f"{shown}:{number}: line is longer than {MAX_LINE_BYTES:,} "
-                                 "bytes; is this really a manifest?")
+                raise ValueError(
+                    f"{shown}:{number}: line is longer than {MAX_LINE_BYTES:,} "
+                    "bytes; is this really a manifest?"
+                )
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a UTF-8 byte order mark, as some spreadsheets write
             nul = raw.find(b"\x00")
             if nul >= 0:
-                raise ValueError(f"{shown}:{number}: NUL byte at column {nul + 1}; a manifest "
-                                 "is UTF-8 text (is it UTF-16, or binary?)")
+                raise ValueError(
+                    f"{shown}:{number}: NUL byte at column {nul + 1}; a manifest "
+                    "is UTF-8 text (is it UTF-16, or binary?)"
+                )
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(
                     f"{shown}:{number}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is "
-                    "not UTF-8; save the manifest as UTF-8") from None
+                    "not UTF-8; save the manifest as UTF-8"
+                ) from None
             if number > MAX_MANIFEST_ROWS + 1:  # +1: the CSV header
-                raise ValueError(f"{shown}:{number}: more than {MAX_MANIFEST_ROWS:,} lines; "
-                                 "split the manifest")
+                raise ValueError(
+                    f"{shown}:{number}: more than {MAX_MANIFEST_ROWS:,} lines; split the manifest"
+                )
             yield number, text
 
 
@@ -235,16 +261,20 @@ def _read_csv(path: Path) -> Iterator[ManifestRow]:
             header = fields
             missing = {"path", "label"} - set(header)
             if missing:
-                raise ValueError(f"{shown}:{start}: header {[printable(h) for h in header]} "
-                                 f"lacks {sorted(missing)}; expected path,label[,split]")
+                raise ValueError(
+                    f"{shown}:{start}: header {[printable(h) for h in header]} "
+                    f"lacks {sorted(missing)}; expected path,label[,split]"
+                )
             dupes = sorted({h for h in header if header.count(h) > 1})
             if dupes:
                 raise ValueError(f"{shown}:{start}: header names {dupes} more than once")
             continue
         if len(fields) != len(header):
-            raise ValueError(f"{shown}:{start}: {len(fields)} fields, but the header has "
-                             f"{len(header)} ({','.join(printable(h) for h in header)}); quote "
-                             "fields that contain commas")
+            raise ValueError(
+                f"{shown}:{start}: {len(fields)} fields, but the header has "
+                f"{len(header)} ({','.join(printable(h) for h in header)}); quote "
+                "fields that contain commas"
+            )
         records.append((start, fields))
     if header is None:
         return
@@ -255,17 +285,21 @@ def _read_csv(path: Path) -> Iterator[ManifestRow]:
         if not label:
             raise ValueError(f"{shown}:{line}: empty label")
         if len(label) > MAX_LABEL_CHARS:
-            raise ValueError(f"{shown}:{line}: label is {len(label):,} characters, over the "
-                             f"limit of {MAX_LABEL_CHARS:,}")
+            raise ValueError(
+                f"{shown}:{line}: label is {len(label):,} characters, over the "
+                f"limit of {MAX_LABEL_CHARS:,}"
+            )
         split = fields[at["split"]] if "split" in at else None
         yield line, fields[at["path"]], int(label) if digits else label, split
 
 
 def _csv_error(shown: str, line: int, message: str) -> str:
     if "field larger than field limit" in message:
-        return (f"{shown}:{line}: a field is longer than {csv.field_size_limit():,} characters "
-                "(the CSV parser's limit); no path or label is that long: is a quote left "
-                "open on an earlier line?")
+        return (
+            f"{shown}:{line}: a field is longer than {csv.field_size_limit():,} characters "
+            "(the CSV parser's limit); no path or label is that long: is a quote left "
+            "open on an earlier line?"
+        )
     return f"{shown}:{line}: malformed CSV ({printable(message)})"
 
 
@@ -279,20 +313,30 @@ def _read_jsonl(path: Path) -> Iterator[ManifestRow]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{shown}:{line}: not JSON ({e.msg})") from None
         except (ValueError, RecursionError) as e:  # a 5,000-digit number, [[[[... nested deep
-            raise ValueError(f"{shown}:{line}: not usable JSON ({type(e).__name__}: "
-                             f"{printable(e, limit=120)})") from None
+            raise ValueError(
+                f"{shown}:{line}: not usable JSON ({type(e).__name__}: {printable(e, limit=120)})"
+            ) from None
         if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
             raise ValueError(f"{shown}:{line}: expected an object with a string 'path'")
         label = obj.get("label")
-        if (isinstance(label, bool) or not isinstance(label, (int, str)) or label == ""
-                or (isinstance(label, int) and label < 0)):
-            raise ValueError(f"{shown}:{line}: label {printable(repr(label), limit=60)} must be "
-                             "a class name or an int >= 0")
+        if (
+            isinstance(label, bool)
+            or not isinstance(label, (int, str))
+            or label == ""
+            or (isinstance(label, int) and label < 0)
+        ):
+            raise ValueError(
+                f"{shown}:{line}: label {printable(repr(label), limit=60)} must be "
+                "a class name or an int >= 0"
+            )
         if isinstance(label, str) and len(label) > MAX_LABEL_CHARS:
-            raise ValueError(f"{shown}:{line}: label is {len(label):,} characters, over the "
-                             f"limit of {MAX_LABEL_CHARS:,}")
+            raise ValueError(
+                f"{shown}:{line}: label is {len(label):,} characters, over the "
+                f"limit of {MAX_LABEL_CHARS:,}"
+            )
         split = obj.get("split")
         if split is not None and not isinstance(split, str):
-            raise ValueError(f"{shown}:{line}: split {printable(repr(split), limit=60)} must be "
-                             "a string")
+            raise ValueError(
+                f"{shown}:{line}: split {printable(repr(split), limit=60)} must be a string"
+            )
         yield line, obj["path"], label, split

@@ -105,19 +105,27 @@ class ShardResult:
 def shard_url(staging_url: str, spec: ShardSpec) -> str:
     """``staging_url/shard-NNNNN.h5`` (a local folder or any fsspec URL)."""
     if not staging_url:
-        raise ValueError("staging_url is empty; give a folder every worker can reach "
-                         "(a shared path, or a bucket prefix such as s3://bucket/staging/)")
+        raise ValueError(
+            "staging_url is empty; give a folder every worker can reach "
+            "(a shared path, or a bucket prefix such as s3://bucket/staging/)"
+        )
     return staging_url.rstrip("/") + "/" + spec.name
 
 
-def shard_config_sha256(*, image: ImageConfig | None = None, compression: str | None = None,
-                        compression_level: int | None = None, fletcher32: bool = False) -> str:
+def shard_config_sha256(
+    *,
+    image: ImageConfig | None = None,
+    compression: str | None = None,
+    compression_level: int | None = None,
+    fletcher32: bool = False,
+) -> str:
     """The ``config_sha256`` a shard packed with these options carries (and its manifest)."""
     image = image or ImageConfig()
     image.validate()
     _filter_kwargs(compression, compression_level, fletcher32)  # validates the options
     return hashlib.sha256(
-        _config_json(image, compression, compression_level, fletcher32).encode()).hexdigest()
+        _config_json(image, compression, compression_level, fletcher32).encode()
+    ).hexdigest()
 
 
 def _fingerprint(catalog: Catalog, samples: Sequence[Sample]) -> str:
@@ -135,8 +143,13 @@ def shard_catalog(catalog: Catalog, spec: ShardSpec) -> Catalog:
     Send this, not the whole catalog, with each remote task of a big dataset: a task then
     carries its own inputs only. :func:`pack_shard` accepts either.
     """
-    return Catalog(root=catalog.root, samples=_slice(catalog, spec), classes=catalog.classes,
-                   splits=catalog.splits, skipped={})
+    return Catalog(
+        root=catalog.root,
+        samples=_slice(catalog, spec),
+        classes=catalog.classes,
+        splits=catalog.splits,
+        skipped={},
+    )
 
 
 def _slice(catalog: Catalog, spec: ShardSpec) -> tuple[Sample, ...]:
@@ -145,19 +158,24 @@ def _slice(catalog: Catalog, spec: ShardSpec) -> tuple[Sample, ...]:
     if n == spec.count:  # already sliced (or a one-shard plan: the same samples either way)
         samples = catalog.samples
     elif 0 <= spec.start < spec.stop <= n:
-        samples = catalog.samples[spec.start:spec.stop]
+        samples = catalog.samples[spec.start : spec.stop]
     else:
-        raise ValueError(f"shard {spec.index} covers samples {spec.start}..{spec.stop - 1}, the "
-                         f"catalog has {n}; pass the whole catalog or shard_catalog(catalog, "
-                         "spec), or re-plan with plan_shards")
+        raise ValueError(
+            f"shard {spec.index} covers samples {spec.start}..{spec.stop - 1}, the "
+            f"catalog has {n}; pass the whole catalog or shard_catalog(catalog, "
+            "spec), or re-plan with plan_shards"
+        )
     if _fingerprint(catalog, samples) != spec.fingerprint:
-        raise ValueError(f"shard {spec.index} was planned for another catalog (the fingerprint "
-                         "of its samples differs); re-plan with plan_shards on this catalog")
+        raise ValueError(
+            f"shard {spec.index} was planned for another catalog (the fingerprint "
+            "of its samples differs); re-plan with plan_shards on this catalog"
+        )
     return samples
 
 
-def plan_shards(catalog: Catalog, *, samples_per_shard: int | None = None,
-                bytes_per_shard: int | None = None) -> list[ShardSpec]:
+def plan_shards(
+    catalog: Catalog, *, samples_per_shard: int | None = None, bytes_per_shard: int | None = None
+) -> list[ShardSpec]:
     """Cut the catalog's sample list into contiguous shards.
 
     A shard closes when it holds ``samples_per_shard`` inputs or when its source files add up
@@ -178,12 +196,15 @@ def plan_shards(catalog: Catalog, *, samples_per_shard: int | None = None,
     """
     limits = {"samples_per_shard": samples_per_shard, "bytes_per_shard": bytes_per_shard}
     for name, value in limits.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise ValueError(f"{name}={value!r} must be an int >= 1 (or None)")
     if samples_per_shard is None and bytes_per_shard is None:
-        raise ValueError("give samples_per_shard, bytes_per_shard or both: a shard closes when "
-                         "it reaches either limit")
+        raise ValueError(
+            "give samples_per_shard, bytes_per_shard or both: a shard closes when "
+            "it reaches either limit"
+        )
     n = len(catalog.samples)
     if n == 0:
         raise EmptyDatasetError(f"catalog of {catalog.root} has no samples; nothing to shard")
@@ -193,20 +214,35 @@ def plan_shards(catalog: Catalog, *, samples_per_shard: int | None = None,
         if bytes_per_shard is not None:
             size += os.stat(sample.path).st_size
         full = (samples_per_shard is not None and i + 1 - start >= samples_per_shard) or (
-            bytes_per_shard is not None and size >= bytes_per_shard)
+            bytes_per_shard is not None and size >= bytes_per_shard
+        )
         if full or i + 1 == n:
-            specs.append(ShardSpec(index=len(specs), start=start, stop=i + 1,
-                                   fingerprint=_fingerprint(catalog, catalog.samples[start:i + 1]),
-                                   source_bytes=size))
+            specs.append(
+                ShardSpec(
+                    index=len(specs),
+                    start=start,
+                    stop=i + 1,
+                    fingerprint=_fingerprint(catalog, catalog.samples[start : i + 1]),
+                    source_bytes=size,
+                )
+            )
             start, size = i + 1, 0
     return specs
 
 
-def pack_shard(catalog: Catalog, spec: ShardSpec, staging_url: str, *,
-               image: ImageConfig | None = None, compression: str | None = None,
-               compression_level: int | None = None, fletcher32: bool = False,
-               processes: int | None = 1, storage_options: Mapping[str, Any] | None = None,
-               tmp_dir: str | os.PathLike[str] | None = None) -> ShardResult:
+def pack_shard(
+    catalog: Catalog,
+    spec: ShardSpec,
+    staging_url: str,
+    *,
+    image: ImageConfig | None = None,
+    compression: str | None = None,
+    compression_level: int | None = None,
+    fletcher32: bool = False,
+    processes: int | None = 1,
+    storage_options: Mapping[str, Any] | None = None,
+    tmp_dir: str | os.PathLike[str] | None = None,
+) -> ShardResult:
     """Pack one shard locally, publish it to ``staging_url``, and write its manifest last.
 
     The shard is a sealed format-v1 file of the slice with the whole catalog's classes and
@@ -236,42 +272,87 @@ def pack_shard(catalog: Catalog, spec: ShardSpec, staging_url: str, *,
         raise ValueError(
             f"processes={processes!r} needs child processes, and this is a daemonic process "
             "(a Dask worker by default) that may not start any; use processes=1 and more "
-            "workers, or start the workers with DASK_DISTRIBUTED__WORKER__DAEMON=False")
+            "workers, or start the workers with DASK_DISTRIBUTED__WORKER__DAEMON=False"
+        )
     image = image or ImageConfig()
-    config_sha = shard_config_sha256(image=image, compression=compression,
-                                     compression_level=compression_level, fletcher32=fletcher32)
+    config_sha = shard_config_sha256(
+        image=image,
+        compression=compression,
+        compression_level=compression_level,
+        fletcher32=fletcher32,
+    )
     dest = shard_url(staging_url, spec)
-    sub = Catalog(root=catalog.root, samples=samples, classes=catalog.classes,
-                  splits=catalog.splits, skipped={})
+    sub = Catalog(
+        root=catalog.root,
+        samples=samples,
+        classes=catalog.classes,
+        splits=catalog.splits,
+        skipped={},
+    )
     with tempfile.TemporaryDirectory(prefix="h5forge-shard-", dir=tmp_dir) as tmp:
-        packed = _pack(sub, Path(tmp) / spec.name, image=image, compression=compression,
-                       compression_level=compression_level, fletcher32=fletcher32,
-                       workers=processes, max_bad_fraction=1.0, manifest=None, source_url="",
-                       source_sha256="", progress=False, on_progress=None, overwrite=True,
-                       every_class=False)
+        packed = _pack(
+            sub,
+            Path(tmp) / spec.name,
+            image=image,
+            compression=compression,
+            compression_level=compression_level,
+            fletcher32=fletcher32,
+            workers=processes,
+            max_bad_fraction=1.0,
+            manifest=None,
+            source_url="",
+            source_sha256="",
+            progress=False,
+            on_progress=None,
+            overwrite=True,
+            every_class=False,
+        )
         # Drop the old commit marker first: publish() skips a destination whose manifest
         # matches the new file, and a re-pack is usually byte-identical to a damaged shard
         # (same second in created_at) whose manifest still describes the good bytes.
         fs, path = fsspec.core.url_to_fs(dest, **dict(storage_options or {}))
         with contextlib.suppress(FileNotFoundError):
             fs.rm_file(path + MANIFEST_SUFFIX)
-        extra = {"kind": SHARD_KIND, "index": spec.index, "start": spec.start, "stop": spec.stop,
-                 "fingerprint": spec.fingerprint, "config_sha256": config_sha,
-                 "num_samples": packed.num_samples, "num_quarantined": packed.num_quarantined,
-                 "quarantined": [list(q) for q in packed.quarantined], "counts": packed.counts}
-        published = publish(packed.path, dest, storage_options=storage_options, overwrite=True,
-                            extra=extra)
-    return ShardResult(index=spec.index, start=spec.start, stop=spec.stop, url=published.url,
-                       manifest_url=published.manifest_url, num_samples=packed.num_samples,
-                       num_quarantined=packed.num_quarantined, quarantined=packed.quarantined,
-                       sha256=published.sha256, bytes=published.bytes,
-                       seconds=time.perf_counter() - t0)
+        extra = {
+            "kind": SHARD_KIND,
+            "index": spec.index,
+            "start": spec.start,
+            "stop": spec.stop,
+            "fingerprint": spec.fingerprint,
+            "config_sha256": config_sha,
+            "num_samples": packed.num_samples,
+            "num_quarantined": packed.num_quarantined,
+            "quarantined": [list(q) for q in packed.quarantined],
+            "counts": packed.counts,
+        }
+        published = publish(
+            packed.path, dest, storage_options=storage_options, overwrite=True, extra=extra
+        )
+    return ShardResult(
+        index=spec.index,
+        start=spec.start,
+        stop=spec.stop,
+        url=published.url,
+        manifest_url=published.manifest_url,
+        num_samples=packed.num_samples,
+        num_quarantined=packed.num_quarantined,
+        quarantined=packed.quarantined,
+        sha256=published.sha256,
+        bytes=published.bytes,
+        seconds=time.perf_counter() - t0,
+    )
 
 
-def find_done_shards(staging_url: str, specs: Sequence[ShardSpec], *,
-                     image: ImageConfig | None = None, compression: str | None = None,
-                     compression_level: int | None = None, fletcher32: bool = False,
-                     storage_options: Mapping[str, Any] | None = None) -> set[int]:
+def find_done_shards(
+    staging_url: str,
+    specs: Sequence[ShardSpec],
+    *,
+    image: ImageConfig | None = None,
+    compression: str | None = None,
+    compression_level: int | None = None,
+    fletcher32: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> set[int]:
     """The indices of the shards in ``specs`` that are already published and intact.
 
     A shard counts as done only when its manifest exists, names the same slice (index, start,
@@ -285,8 +366,12 @@ def find_done_shards(staging_url: str, specs: Sequence[ShardSpec], *,
         image, compression, compression_level, fletcher32: the options of this build.
         storage_options: for the staging URL.
     """
-    config_sha = shard_config_sha256(image=image, compression=compression,
-                                     compression_level=compression_level, fletcher32=fletcher32)
+    config_sha = shard_config_sha256(
+        image=image,
+        compression=compression,
+        compression_level=compression_level,
+        fletcher32=fletcher32,
+    )
     options = dict(storage_options or {})
     done: set[int] = set()
     for spec in specs:
@@ -295,15 +380,23 @@ def find_done_shards(staging_url: str, specs: Sequence[ShardSpec], *,
             manifest = read_manifest(url, storage_options=options)
         except (FileNotFoundError, ValueError):  # none yet, or torn on a store without renames
             continue
-        wanted = {"kind": SHARD_KIND, "index": spec.index, "start": spec.start,
-                  "stop": spec.stop, "fingerprint": spec.fingerprint, "config_sha256": config_sha}
+        wanted = {
+            "kind": SHARD_KIND,
+            "index": spec.index,
+            "start": spec.start,
+            "stop": spec.stop,
+            "fingerprint": spec.fingerprint,
+            "config_sha256": config_sha,
+        }
         if any(manifest.get(k) != v for k, v in wanted.items()):
             continue
         fs, path = fsspec.core.url_to_fs(url, **options)
         fs.invalidate_cache(path)
         try:
-            if (fs.size(path) != manifest["bytes"]
-                    or sha256_file(url, storage_options=options) != manifest["sha256"]):
+            if (
+                fs.size(path) != manifest["bytes"]
+                or sha256_file(url, storage_options=options) != manifest["sha256"]
+            ):
                 continue
         except FileNotFoundError:
             continue

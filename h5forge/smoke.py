@@ -142,9 +142,7 @@ def _read_expected(
         )
 
 
-def _check_sample(
-    exp: _Expected, index: int, image: object, label: object, url: str
-) -> list[str]:
+def _check_sample(exp: _Expected, index: int, image: object, label: object, url: str) -> list[str]:
     """Every way sample ``index`` read through the DataLoader differs from the file."""
     where = f"{url}[{index}]"
     if not isinstance(image, torch.Tensor):
@@ -214,11 +212,18 @@ def _run_once(
     if exp.header.storage == "array":
         # Fixed-size samples: the way training reads them, whole batches through loader()
         # (worker slots handed to this process), then each sample of the batch checked.
-        loader = (list(zip(images, labels.tolist(), strict=True))
-                  for images, labels in dataset.loader(batch_size, sampler=indices, **options))
+        loader = (
+            list(zip(images, labels.tolist(), strict=True))
+            for images, labels in dataset.loader(batch_size, sampler=indices, **options)
+        )
     else:  # samples of varying size: one by one, as a transform-less Dataset yields them
-        loader = DataLoader(Subset(dataset, indices), batch_size=batch_size, shuffle=False,
-                            collate_fn=_as_list, **options)
+        loader = DataLoader(
+            Subset(dataset, indices),
+            batch_size=batch_size,
+            shuffle=False,
+            collate_fn=_as_list,
+            **options,
+        )
     failures: list[str] = []
     position = 0
     arrivals: list[tuple[float, int]] = []  # (seconds since start, batch size)

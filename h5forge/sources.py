@@ -137,9 +137,15 @@ def fetch(
     caps = (max_members, max_bytes)
     if url.split("://", 1)[0].lower() in ("http", "https"):
         headers = _http.check_headers(dict(options.get("headers") or {}))
-        limits = _http.Limits(retries=retries, timeout=timeout, backoff=backoff,
-                              max_bytes=max_bytes, max_attempts=max_attempts,
-                              total_timeout=total_timeout, min_rate=min_rate)
+        limits = _http.Limits(
+            retries=retries,
+            timeout=timeout,
+            backoff=backoff,
+            max_bytes=max_bytes,
+            max_attempts=max_attempts,
+            total_timeout=total_timeout,
+            min_rate=min_rate,
+        )
 
         def download(part: Path) -> tuple[str, int]:
             return _http.download(url, part, lim=limits, progress=progress, headers=headers)
@@ -163,7 +169,10 @@ def fetch(
         check_digest(expected, digest, shown)
         return _unpack(Path(path), target, shown, digest, False, caps)
     blob, digest, hit = cached_download(
-        cache, url, expected, shown,
+        cache,
+        url,
+        expected,
+        shown,
         lambda part: _stream_object(fs, path, part, shown, progress, max_bytes),
     )
     return _unpack(blob, target, shown, digest, hit, caps)
@@ -244,8 +253,9 @@ def _unpack(
         _check_dest(target)
         if _already_extracted(target, digest):
             log.info("%s already holds the extracted archive (sha256 %s)", target, digest)
-            return FetchResult(root=_single_root(target), source_url=shown, sha256=digest,
-                               cached=cached)
+            return FetchResult(
+                root=_single_root(target), source_url=shown, sha256=digest, cached=cached
+            )
         incoming = target.with_name(f"{target.name}.incoming-{secrets.token_hex(6)}")
         try:
             safe_extract(archive, incoming, max_members=caps[0], max_bytes=caps[1])

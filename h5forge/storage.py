@@ -136,9 +136,17 @@ def read_manifest(url: str, *, storage_options: Mapping[str, Any] | None = None)
     return manifest
 
 
-def check_manifest(url: str, manifest: Mapping[str, Any], *, sha256: str, bytes: int,
-                   num_samples: int, num_classes: int, format_version: int,
-                   counts: Mapping[str, Mapping[str, int]] | None = None) -> None:
+def check_manifest(
+    url: str,
+    manifest: Mapping[str, Any],
+    *,
+    sha256: str,
+    bytes: int,
+    num_samples: int,
+    num_classes: int,
+    format_version: int,
+    counts: Mapping[str, Mapping[str, int]] | None = None,
+) -> None:
     """Compare what the file at ``url`` is with what its manifest promises.
 
     The verify command, the re-verify flow and anyone holding a manifest call this one
@@ -150,8 +158,13 @@ def check_manifest(url: str, manifest: Mapping[str, Any], *, sha256: str, bytes:
         IntegrityError: one line per disagreement, naming the field, the manifest's value and
             the file's.
     """
-    found: dict[str, Any] = {"bytes": bytes, "sha256": sha256, "num_samples": num_samples,
-                             "num_classes": num_classes, "format_version": format_version}
+    found: dict[str, Any] = {
+        "bytes": bytes,
+        "sha256": sha256,
+        "num_samples": num_samples,
+        "num_classes": num_classes,
+        "format_version": format_version,
+    }
     if counts is not None:
         found["counts"] = {split: dict(per) for split, per in counts.items()}
     failures = [f"manifest lacks {k!r}" for k in ("bytes", "sha256") if k not in manifest]
@@ -160,8 +173,9 @@ def check_manifest(url: str, manifest: Mapping[str, Any], *, sha256: str, bytes:
             failures.append(f"{key}: manifest says {manifest[key]!r}, the file has {actual!r}")
     if failures:
         raise IntegrityError(
-            f"{redact_url(url)} does not match its manifest (sha256, size, counts, format "
-            "version)", failures)
+            f"{redact_url(url)} does not match its manifest (sha256, size, counts, format version)",
+            failures,
+        )
 
 
 def _load(fs: Any, path: str, shown: str) -> dict[str, Any] | None:
@@ -363,8 +377,12 @@ def _manifest(sha: str, size: int, fields: dict[str, Any]) -> bytes:
     return json.dumps(manifest, indent=2, sort_keys=True).encode()
 
 
-def put_file(local_file: str | os.PathLike[str], dest_url: str, *,
-             storage_options: Mapping[str, Any] | None = None) -> None:
+def put_file(
+    local_file: str | os.PathLike[str],
+    dest_url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
     """Copy a (small) local file to ``dest_url``, without verification or manifest.
 
     A local destination gets a temp name, fsync and a rename: whatever had the name (a file, a
@@ -448,8 +466,11 @@ def _remove_stale_temps(parent: str, name: str) -> None:
     """
     prefixes = (f".{name}{_TEMP}", f".{name}{MANIFEST_SUFFIX}{_TEMP}")
     with contextlib.suppress(FileNotFoundError), os.scandir(parent) as entries:
-        stale = [e.path for e in entries
-                 if e.name.startswith(prefixes) and e.is_file(follow_symlinks=False)]
+        stale = [
+            e.path
+            for e in entries
+            if e.name.startswith(prefixes) and e.is_file(follow_symlinks=False)
+        ]
     for tmp in stale:
         try:  # never through a link, never blocking on a FIFO swapped in meanwhile
             fd = os.open(tmp, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
@@ -457,8 +478,11 @@ def _remove_stale_temps(parent: str, name: str) -> None:
             continue
         try:
             st = os.fstat(fd)
-            ours = stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (
-                not hasattr(os, "getuid") or st.st_uid == os.getuid())
+            ours = (
+                stat.S_ISREG(st.st_mode)
+                and st.st_nlink == 1
+                and (not hasattr(os, "getuid") or st.st_uid == os.getuid())
+            )
             if ours and _lock(fd, blocking=False):
                 log.info("removing %s, left by an interrupted publish", tmp)
                 os.remove(tmp)

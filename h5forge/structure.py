@@ -64,11 +64,14 @@ def check_links(h5: h5py.File, *, where: str) -> None:
     try:
         h5.id.links.visit(visit, info=True)
     except (TypeError, KeyError, ValueError, RuntimeError) as e:
-        raise IntegrityError(f"{where}: a link cannot be inspected ({type(e).__name__}: {e}); "
-                             f"h5forge files hold hard links only — {_FIX}") from e
+        raise IntegrityError(
+            f"{where}: a link cannot be inspected ({type(e).__name__}: {e}); "
+            f"h5forge files hold hard links only — {_FIX}"
+        ) from e
     if len(links) > MAX_LINKS:
-        raise IntegrityError(f"{where} holds more than {MAX_LINKS} links (an h5forge file has "
-                             f"about 14); {_FIX}")
+        raise IntegrityError(
+            f"{where} holds more than {MAX_LINKS} links (an h5forge file has about 14); {_FIX}"
+        )
     filters: dict[int, tuple[str, str]] = {}
     size = int(h5.id.get_filesize())
     for raw, kind in links:
@@ -89,18 +92,23 @@ def _refuse_link(h5: h5py.File, raw: bytes, kind: int, where: str) -> None:
     except (TypeError, KeyError, ValueError, RuntimeError, OSError):
         link = None  # e.g. a user-defined link type h5py does not know
     if isinstance(link, h5py.SoftLink):
-        raise IntegrityError(f"{where}: /{name} is a soft link to {link.path!r}; readers "
-                             f"refuse links (h5forge files hold hard links only) — {_FIX}")
+        raise IntegrityError(
+            f"{where}: /{name} is a soft link to {link.path!r}; readers "
+            f"refuse links (h5forge files hold hard links only) — {_FIX}"
+        )
     if isinstance(link, h5py.ExternalLink):
         raise IntegrityError(
             f"{where}: /{name} is an external link to {link.path!r} in file "
-            f"{link.filename!r}; readers never follow a reference out of the file — {_FIX}")
-    raise IntegrityError(f"{where}: /{name} is a link of type {kind}; h5forge files hold hard "
-                         f"links only — {_FIX}")
+            f"{link.filename!r}; readers never follow a reference out of the file — {_FIX}"
+        )
+    raise IntegrityError(
+        f"{where}: /{name} is a link of type {kind}; h5forge files hold hard links only — {_FIX}"
+    )
 
 
-def _check_dataset(ds: h5py.Dataset, name: str, where: str,
-                   filters: dict[int, tuple[str, str]], size: int) -> None:
+def _check_dataset(
+    ds: h5py.Dataset, name: str, where: str, filters: dict[int, tuple[str, str]], size: int
+) -> None:
     dcpl = ds.id.get_create_plist()
     if name != "/" + fmt.IMAGES:  # /images: checked against the storage in check_declared
         # Any dataset may be read whole (verify hashes every one but /images): none may
@@ -111,19 +119,22 @@ def _check_dataset(ds: h5py.Dataset, name: str, where: str,
         if max(declared, chunk) > size:
             raise IntegrityError(
                 f"{where}: {name} declares {ds.shape} (chunks {ds.chunks}) of {ds.dtype} = "
-                f"{max(declared, chunk)} bytes, more than the whole {size}-byte file; {_FIX}")
+                f"{max(declared, chunk)} bytes, more than the whole {size}-byte file; {_FIX}"
+            )
     if dcpl.get_layout() == h5py.h5d.VIRTUAL:
         source = dcpl.get_virtual_filename(0) if dcpl.get_virtual_count() else "?"
         raise IntegrityError(
             f"{where}: {name} is a virtual dataset mapped from {dcpl.get_virtual_count()} "
             f"source(s), the first in file {source!r}; readers never follow a reference out of "
-            f"the file — {_FIX}")
+            f"the file — {_FIX}"
+        )
     if dcpl.get_external_count():
         file, offset, size = dcpl.get_external(0)
         raise IntegrityError(
             f"{where}: {name} keeps its bytes in {dcpl.get_external_count()} external file(s), "
             f"the first {file!r} (offset {offset}, {size} bytes); readers never read outside "
-            f"the file — {_FIX}")
+            f"the file — {_FIX}"
+        )
     for k in range(dcpl.get_nfilters()):
         fid, _, _, fname = dcpl.get_filter(k)
         label = fname.decode("utf-8", "backslashreplace") if isinstance(fname, bytes) else fname
@@ -149,13 +160,15 @@ def require_filters(filters: dict[int, tuple[str, str]], *, where: str) -> None:
     except ImportError as e:
         raise MissingExtraError(
             f"{where}: {name} is compressed with the HDF5 filter {fname!r} (id {fid}), which "
-            "needs the optional package hdf5plugin: pip install 'h5forge[plugins]'") from e
+            "needs the optional package hdf5plugin: pip install 'h5forge[plugins]'"
+        ) from e
     for fid, (fname, name) in sorted(missing.items()):
         if not h5py.h5z.filter_avail(fid):
             raise IntegrityError(
                 f"{where}: {name} uses the HDF5 filter {fname!r} (id {fid}), which neither "
                 "HDF5 nor hdf5plugin provides, so its data cannot be read; h5forge writes "
-                "gzip, lzf, blosc-lz4, zstd and fletcher32 only — re-pack the file")
+                "gzip, lzf, blosc-lz4, zstd and fletcher32 only — re-pack the file"
+            )
 
 
 # name -> (numpy kind, itemsize, trailing dims); kind "S" means any string type.
@@ -172,8 +185,13 @@ _INDEX = {
     fmt.QUARANTINE_PATHS: ("S", 16, ()),
     fmt.QUARANTINE_REASONS: ("S", 16, ()),
 }
-_TYPE_NAMES = {("u", 8): "uint64", ("i", 8): "int64", ("u", 1): "uint8", ("u", 4): "uint32",
-               ("S", 16): "UTF-8 string"}
+_TYPE_NAMES = {
+    ("u", 8): "uint64",
+    ("i", 8): "int64",
+    ("u", 1): "uint8",
+    ("u", 4): "uint32",
+    ("S", 16): "UTF-8 string",
+}
 
 
 def check_declared(h5: h5py.File, header: fmt.Header, *, file_size: int, where: str) -> None:
@@ -191,65 +209,92 @@ def check_declared(h5: h5py.File, header: fmt.Header, *, file_size: int, where: 
     """
     n, k, q = header.num_samples, header.num_classes, header.num_quarantined
     size = max(int(file_size), 0)
-    for attr, value in ((fmt.A_NUM_SAMPLES, n), (fmt.A_NUM_CLASSES, k),
-                        (fmt.A_NUM_QUARANTINED, q)):
+    for attr, value in ((fmt.A_NUM_SAMPLES, n), (fmt.A_NUM_CLASSES, k), (fmt.A_NUM_QUARANTINED, q)):
         if value < 0 or value * 16 > size:
-            raise IntegrityError(f"{where}: root attribute {attr} = {value}, but a "
-                                 f"{size}-byte file holds at most {size // 16} (16 bytes of "
-                                 f"index each); {_FIX}")
-    rows = {fmt.BYTE_RANGES: n, fmt.LABELS: n, fmt.SPLITS: n, fmt.DIGESTS: n, fmt.PATHS: n,
-            fmt.CLASSES: k, fmt.QUARANTINE_PATHS: q, fmt.QUARANTINE_REASONS: q}
+            raise IntegrityError(
+                f"{where}: root attribute {attr} = {value}, but a "
+                f"{size}-byte file holds at most {size // 16} (16 bytes of "
+                f"index each); {_FIX}"
+            )
+    rows = {
+        fmt.BYTE_RANGES: n,
+        fmt.LABELS: n,
+        fmt.SPLITS: n,
+        fmt.DIGESTS: n,
+        fmt.PATHS: n,
+        fmt.CLASSES: k,
+        fmt.QUARANTINE_PATHS: q,
+        fmt.QUARANTINE_REASONS: q,
+    }
     if header.storage == "blob":
         rows.update({fmt.OFFSETS: n + 1, fmt.SHAPES: n})
     for name, want_rows in rows.items():
         _check_index_dataset(h5, name, want_rows, size, where)
     splits = _check_index_dataset(h5, fmt.SPLIT_NAMES, None, size, where)
     if not 1 <= splits <= 256:  # /splits is uint8
-        raise IntegrityError(f"{where}: /split_names has {splits} names, expected 1..256 "
-                             f"(/splits is uint8); {_FIX}")
+        raise IntegrityError(
+            f"{where}: /split_names has {splits} names, expected 1..256 (/splits is uint8); {_FIX}"
+        )
     _check_images(h5, header, size, where)
 
 
 def _dataset(h5: h5py.File, name: str, where: str) -> h5py.Dataset:
     obj = h5.get(name)
     if not isinstance(obj, h5py.Dataset):
-        raise IntegrityError(f"{where}: /{name} is {'missing' if obj is None else 'a group'}, "
-                             f"expected a dataset; {_FIX}")
+        raise IntegrityError(
+            f"{where}: /{name} is {'missing' if obj is None else 'a group'}, "
+            f"expected a dataset; {_FIX}"
+        )
     return obj
 
 
-def _check_index_dataset(h5: h5py.File, name: str, want_rows: int | None, size: int,
-                         where: str) -> int:
+def _check_index_dataset(
+    h5: h5py.File, name: str, want_rows: int | None, size: int, where: str
+) -> int:
     ds = _dataset(h5, name, where)
     kind, itemsize, tail = _INDEX[name]
     shape = ds.shape
     if shape is None or len(shape) != 1 + len(tail) or tuple(shape[1:]) != tail:
-        expected = "(" + ", ".join(["N" if want_rows is None else str(want_rows),
-                                    *map(str, tail)]) + ("," if not tail else "") + ")"
+        expected = (
+            "("
+            + ", ".join(["N" if want_rows is None else str(want_rows), *map(str, tail)])
+            + ("," if not tail else "")
+            + ")"
+        )
         raise IntegrityError(f"{where}: /{name} has shape {shape}, expected {expected}; {_FIX}")
     if want_rows is not None and shape[0] != want_rows:
-        what = {fmt.CLASSES: "num_classes", fmt.QUARANTINE_PATHS: "num_quarantined",
-                fmt.QUARANTINE_REASONS: "num_quarantined"}.get(name, "num_samples")
-        raise IntegrityError(f"{where}: /{name} has {shape[0]} rows, root attribute {what} "
-                             f"says {want_rows - (name == fmt.OFFSETS)}"
-                             f"{' (plus one)' if name == fmt.OFFSETS else ''}; {_FIX}")
+        what = {
+            fmt.CLASSES: "num_classes",
+            fmt.QUARANTINE_PATHS: "num_quarantined",
+            fmt.QUARANTINE_REASONS: "num_quarantined",
+        }.get(name, "num_samples")
+        raise IntegrityError(
+            f"{where}: /{name} has {shape[0]} rows, root attribute {what} "
+            f"says {want_rows - (name == fmt.OFFSETS)}"
+            f"{' (plus one)' if name == fmt.OFFSETS else ''}; {_FIX}"
+        )
     dt = ds.dtype
     is_str = h5py.check_string_dtype(dt) is not None
     ok = is_str if kind == "S" else (dt.kind == kind and dt.itemsize == itemsize)
     if not ok:
-        raise IntegrityError(f"{where}: /{name} has type {dt}, expected "
-                             f"{_TYPE_NAMES[(kind, itemsize)]}; {_FIX}")
+        raise IntegrityError(
+            f"{where}: /{name} has type {dt}, expected {_TYPE_NAMES[(kind, itemsize)]}; {_FIX}"
+        )
     item = itemsize if not is_str else 16
     stored = int(np.prod(shape, dtype=object)) * item
     if stored > size:
-        raise IntegrityError(f"{where}: /{name} declares {shape} = {stored} bytes, more than "
-                             f"the whole {size}-byte file; {_FIX}")
+        raise IntegrityError(
+            f"{where}: /{name} declares {shape} = {stored} bytes, more than "
+            f"the whole {size}-byte file; {_FIX}"
+        )
     # HDF5 reads (and inflates) whole chunks: a compressed chunk far larger than the dataset
     # would be allocated in full to read a few rows of it.
     chunk = int(np.prod(ds.chunks, dtype=object)) * item if ds.chunks else 0
     if chunk > max(size, stored):
-        raise IntegrityError(f"{where}: /{name} has chunks of {ds.chunks} = {chunk} bytes, more "
-                             f"than the whole {size}-byte file; {_FIX}")
+        raise IntegrityError(
+            f"{where}: /{name} has chunks of {ds.chunks} = {chunk} bytes, more "
+            f"than the whole {size}-byte file; {_FIX}"
+        )
     return int(shape[0])
 
 
@@ -261,25 +306,38 @@ def _check_images(h5: h5py.File, header: fmt.Header, size: int, where: str) -> N
     filtered = images.id.get_create_plist().get_nfilters() > 0
     if header.storage == "blob":
         if shape is None or len(shape) != 1:
-            raise IntegrityError(f"{where}: /images has shape {shape}, blob storage needs "
-                                 f"(B,); {_FIX}")
+            raise IntegrityError(
+                f"{where}: /images has shape {shape}, blob storage needs (B,); {_FIX}"
+            )
         if filtered or images.chunks is not None:
-            raise IntegrityError(f"{where}: /images is chunked or filtered, blob storage "
-                                 f"keeps it contiguous and unfiltered; {_FIX}")
+            raise IntegrityError(
+                f"{where}: /images is chunked or filtered, blob storage "
+                f"keeps it contiguous and unfiltered; {_FIX}"
+            )
         if shape[0] > size:
-            raise IntegrityError(f"{where}: /images declares {shape[0]} bytes, more than the "
-                                 f"whole {size}-byte file; {_FIX}")
+            raise IntegrityError(
+                f"{where}: /images declares {shape[0]} bytes, more than the "
+                f"whole {size}-byte file; {_FIX}"
+            )
         return
     if shape is None or len(shape) != 4 or shape[0] != n or shape[3] != c or 0 in shape[1:]:
-        raise IntegrityError(f"{where}: /images has shape {shape}, expected ({n}, H, W, {c}) "
-                             f"(num_samples {n}, mode {header.mode}); {_FIX}")
+        raise IntegrityError(
+            f"{where}: /images has shape {shape}, expected ({n}, H, W, {c}) "
+            f"(num_samples {n}, mode {header.mode}); {_FIX}"
+        )
     if images.chunks != (1, *shape[1:]):
-        raise IntegrityError(f"{where}: /images has chunks {images.chunks}, expected one "
-                             f"sample per chunk {(1, *shape[1:])}; {_FIX}")
+        raise IntegrityError(
+            f"{where}: /images has chunks {images.chunks}, expected one "
+            f"sample per chunk {(1, *shape[1:])}; {_FIX}"
+        )
     sample = shape[1] * shape[2] * shape[3]
     if sample > 0xFFFFFFFF:  # HDF5's own limit on one chunk
-        raise IntegrityError(f"{where}: /images declares samples of {sample} bytes, more "
-                             f"than one HDF5 chunk can hold (4 GiB); {_FIX}")
+        raise IntegrityError(
+            f"{where}: /images declares samples of {sample} bytes, more "
+            f"than one HDF5 chunk can hold (4 GiB); {_FIX}"
+        )
     if not filtered and n * sample > size:
-        raise IntegrityError(f"{where}: /images declares {n} x {sample} bytes, more than the "
-                             f"whole {size}-byte file; {_FIX}")
+        raise IntegrityError(
+            f"{where}: /images declares {n} x {sample} bytes, more than the "
+            f"whole {size}-byte file; {_FIX}"
+        )

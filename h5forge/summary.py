@@ -26,8 +26,9 @@ def _plain(value: Any) -> Any:
     return repr(value)  # e.g. an object reference: shown, never followed
 
 
-def summarize(url: str, *, storage_options: dict[str, Any] | None = None,
-              max_quarantined: int = 50) -> dict[str, Any]:
+def summarize(
+    url: str, *, storage_options: dict[str, Any] | None = None, max_quarantined: int = 50
+) -> dict[str, Any]:
     """Summarise the file at ``url`` (sealed or not — the summary says which).
 
     Returns:
@@ -63,8 +64,11 @@ def summarize(url: str, *, storage_options: dict[str, Any] | None = None,
             "attributes": attrs,
             "config": _plain(h5.attrs.get(fmt.A_CONFIG_JSON, "")),
             "image_shape": list(idx.image_shape) if idx.image_shape else "variable",
-            "images_dataset": {"shape": list(images.shape), "chunks": images.chunks,
-                               "compression": images.compression},
+            "images_dataset": {
+                "shape": list(images.shape),
+                "chunks": images.chunks,
+                "compression": images.compression,
+            },
             "counts": counts,
             "quarantined": [list(p) for p in zip(q_paths, q_reasons, strict=True)],
         }

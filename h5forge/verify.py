@@ -57,8 +57,10 @@ class VerifyReport:
 
 def _structure(h5: h5py.File, idx: AssetIndex, fails: list[str]) -> None:
     n, hdr = idx.header.num_samples, idx.header
-    lengths = {name: h5[name].shape[0] for name in
-               (fmt.LABELS, fmt.SPLITS, fmt.PATHS, fmt.DIGESTS, fmt.BYTE_RANGES)}
+    lengths = {
+        name: h5[name].shape[0]
+        for name in (fmt.LABELS, fmt.SPLITS, fmt.PATHS, fmt.DIGESTS, fmt.BYTE_RANGES)
+    }
     images = h5[fmt.IMAGES]
     if images.dtype != np.uint8:
         fails.append(f"/images dtype is {images.dtype}, expected uint8")
@@ -79,14 +81,19 @@ def _structure(h5: h5py.File, idx: AssetIndex, fails: list[str]) -> None:
         fails.append(f"/classes has {len(idx.classes)} names, num_classes says {hdr.num_classes}")
     q = (h5[fmt.QUARANTINE_PATHS].shape[0], h5[fmt.QUARANTINE_REASONS].shape[0])
     if q != (hdr.num_quarantined, hdr.num_quarantined):
-        fails.append(f"quarantine has {q} (paths, reasons), num_quarantined says "
-                     f"{hdr.num_quarantined}")
+        fails.append(
+            f"quarantine has {q} (paths, reasons), num_quarantined says {hdr.num_quarantined}"
+        )
     for i in np.flatnonzero((idx.labels < 0) | (idx.labels >= hdr.num_classes))[:100]:
-        fails.append(f"label {idx.labels[i]} out of range: file declares {hdr.num_classes} "
-                     f"classes (0..{hdr.num_classes - 1}) in /labels[{i}]")
+        fails.append(
+            f"label {idx.labels[i]} out of range: file declares {hdr.num_classes} "
+            f"classes (0..{hdr.num_classes - 1}) in /labels[{i}]"
+        )
     for i in np.flatnonzero(idx.split_codes >= len(idx.split_names))[:100]:
-        fails.append(f"split code {idx.split_codes[i]} out of range 0..{len(idx.split_names) - 1}"
-                     f" in /splits[{i}]")
+        fails.append(
+            f"split code {idx.split_codes[i]} out of range 0..{len(idx.split_names) - 1}"
+            f" in /splits[{i}]"
+        )
     config = h5.attrs.get(fmt.A_CONFIG_JSON, "")
     config = config.decode() if isinstance(config, bytes) else str(config)
     want_hash = hashlib.sha256(config.encode("utf-8", "surrogateescape")).hexdigest()
@@ -96,20 +103,26 @@ def _structure(h5: h5py.File, idx: AssetIndex, fails: list[str]) -> None:
     got_meta = h5.attrs.get(fmt.A_METADATA_SHA256)
     want_meta = fmt.metadata_sha256(h5)
     if got_meta is None:
-        fails.append(f"root attribute {fmt.A_METADATA_SHA256} is missing: the attributes, labels,"
-                     " paths and class names cannot be checked; re-pack the file")
+        fails.append(
+            f"root attribute {fmt.A_METADATA_SHA256} is missing: the attributes, labels,"
+            " paths and class names cannot be checked; re-pack the file"
+        )
     elif str(got_meta) != want_meta:
-        fails.append(f"{fmt.A_METADATA_SHA256} attribute is {got_meta}, the root attributes and "
-                     f"index datasets hash to {want_meta}: an attribute, label, offset, path, "
-                     "class name or quarantine entry changed")
+        fails.append(
+            f"{fmt.A_METADATA_SHA256} attribute is {got_meta}, the root attributes and "
+            f"index datasets hash to {want_meta}: an attribute, label, offset, path, "
+            "class name or quarantine entry changed"
+        )
 
 
-def _layout(h5: h5py.File, idx: AssetIndex, file_size: int, fails: list[str], *,
-            lookup: bool = True) -> None:
+def _layout(
+    h5: h5py.File, idx: AssetIndex, file_size: int, fails: list[str], *, lookup: bool = True
+) -> None:
     n = idx.header.num_samples
     images = h5[fmt.IMAGES]
     actual = np.zeros((max(n, 0), 2), np.uint64)
     if idx.header.storage == "array":
+
         def record(info: Any) -> None:
             if 0 <= info.chunk_offset[0] < n:
                 actual[info.chunk_offset[0]] = (info.byte_offset, info.size)
@@ -131,24 +144,34 @@ def _layout(h5: h5py.File, idx: AssetIndex, file_size: int, fails: list[str], *,
         if idx.header.layout == "decoded" and idx.shapes is not None:
             want = np.prod(idx.shapes.astype(np.uint64), axis=1)
             for i in np.flatnonzero(want != actual[:, 1])[:100]:
-                fails.append(f"sample {i}: /shapes says {tuple(idx.shapes[i])} = {want[i]} bytes,"
-                             f" /offsets gives {actual[i, 1]}")
+                fails.append(
+                    f"sample {i}: /shapes says {tuple(idx.shapes[i])} = {want[i]} bytes,"
+                    f" /offsets gives {actual[i, 1]}"
+                )
     if idx.byte_ranges.shape != actual.shape:
         return
     for i in np.flatnonzero(np.any(idx.byte_ranges != actual, axis=1))[:100]:
-        fails.append(f"sample {i}: /byte_ranges says {tuple(int(x) for x in idx.byte_ranges[i])},"
-                     f" the HDF5 layout says {tuple(int(x) for x in actual[i])}")
+        fails.append(
+            f"sample {i}: /byte_ranges says {tuple(int(x) for x in idx.byte_ranges[i])},"
+            f" the HDF5 layout says {tuple(int(x) for x in actual[i])}"
+        )
     ends = idx.byte_ranges[:, 0] + idx.byte_ranges[:, 1] if n else np.zeros(0, np.uint64)
     for i in np.flatnonzero(ends > np.uint64(file_size))[:100]:
-        fails.append(f"sample {i}: byte range ends at {int(ends[i])}, past the end of the "
-                     f"{file_size}-byte file (truncated?)")
+        fails.append(
+            f"sample {i}: byte range ends at {int(ends[i])}, past the end of the "
+            f"{file_size}-byte file (truncated?)"
+        )
 
 
 class _Hasher:
     """Hashes sample byte ranges from consecutive blocks of one pass over (part of) a file."""
 
-    def __init__(self, ranges: list[tuple[int, int, int]], want_data: bool,
-                 on_sample: Callable[[int, bytes, bytes | None], None]) -> None:
+    def __init__(
+        self,
+        ranges: list[tuple[int, int, int]],
+        want_data: bool,
+        on_sample: Callable[[int, bytes, bytes | None], None],
+    ) -> None:
         self.ranges, self.want_data, self.on_sample = ranges, want_data, on_sample
         self.k = 0
         self.partial: Any = None  # running sha256 of a sample that continues in the next block
@@ -161,7 +184,7 @@ class _Hasher:
         while self.k < len(ranges) and ranges[self.k][1] < end:
             i, start, size = ranges[self.k]
             lo, hi = max(start, pos), min(start + size, end)
-            part = view[lo - pos:hi - pos]
+            part = view[lo - pos : hi - pos]
             if self.partial is None:
                 self.partial = hashlib.sha256(part)  # no copy; releases the GIL on large parts
             else:
@@ -170,16 +193,23 @@ class _Hasher:
                 self.pending += part
             if start + size > end:
                 return
-            self.on_sample(i, self.partial.digest(), bytes(self.pending) if self.want_data
-                           else None)
+            self.on_sample(
+                i, self.partial.digest(), bytes(self.pending) if self.want_data else None
+            )
             self.partial = None
             self.pending.clear()
             self.k += 1
 
 
-def _stream(url: str, storage_options: dict[str, Any] | None, ranges: list[tuple[int, int, int]],
-            on_sample: Callable[[int, bytes, bytes | None], None], on_bytes: Callable[[int], None],
-            *, want_data: bool) -> str:
+def _stream(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    ranges: list[tuple[int, int, int]],
+    on_sample: Callable[[int, bytes, bytes | None], None],
+    on_bytes: Callable[[int], None],
+    *,
+    want_data: bool,
+) -> str:
     """One sequential pass: returns the file sha256; ``on_sample(i, sha256, bytes)`` per range.
 
     The file hash runs on a helper thread over the block just read while this thread hashes the
@@ -192,8 +222,10 @@ def _stream(url: str, storage_options: dict[str, Any] | None, ranges: list[tuple
     buffers = [bytearray(_BLOCK), bytearray(_BLOCK)]
     busy: list[Future[None] | None] = [None, None]
     pos, b = 0, 0
-    with fs.open(path, "rb", block_size=_BLOCK, cache_type="none") as f, \
-            ThreadPoolExecutor(1) as pool:
+    with (
+        fs.open(path, "rb", block_size=_BLOCK, cache_type="none") as f,
+        ThreadPoolExecutor(1) as pool,
+    ):
         while True:
             hashing = busy[b]
             if hashing is not None:
@@ -213,13 +245,24 @@ def _stream(url: str, storage_options: dict[str, Any] | None, ranges: list[tuple
     return file_hash.hexdigest()
 
 
-def _scan_parallel(path: str, ranges: list[tuple[int, int, int]],
-                   on_sample: Callable[[int, bytes, bytes | None], None],
-                   on_bytes: Callable[[int], None]) -> None:
+def _scan_parallel(
+    path: str,
+    ranges: list[tuple[int, int, int]],
+    on_sample: Callable[[int, bytes, bytes | None], None],
+    on_bytes: Callable[[int], None],
+) -> None:
     """Hash the samples of a local file without the file hash, on every usable CPU."""
     ranges = sorted(ranges, key=lambda r: r[1])
-    threads = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                         else (os.cpu_count() or 1), 8, len(ranges)))
+    threads = max(
+        1,
+        min(
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1),
+            8,
+            len(ranges),
+        ),
+    )
     total = sum(r[2] for r in ranges)
     groups: list[list[tuple[int, int, int]]] = [[]]
     acc = 0
@@ -238,7 +281,7 @@ def _scan_parallel(path: str, ranges: list[tuple[int, int, int]],
         fd = os.open(path, os.O_RDONLY)
         try:
             while pos < stop:
-                n = os.preadv(fd, [memoryview(buf)[:min(_BLOCK, stop - pos)]], pos)
+                n = os.preadv(fd, [memoryview(buf)[: min(_BLOCK, stop - pos)]], pos)
                 if not n:
                     break  # past the end: the caller reports the samples never seen
                 hasher.feed(pos, memoryview(buf)[:n])
@@ -252,11 +295,20 @@ def _scan_parallel(path: str, ranges: list[tuple[int, int, int]],
             done.result()
 
 
-def _check_samples(url: str, storage_options: dict[str, Any] | None, h5_digests: np.ndarray,
-                   idx: AssetIndex, chosen: list[int],
-                   filtered_reader: Callable[[int], bytes | None] | None, fails: list[str],
-                   on_bytes: Callable[[int], None], *,
-                   file_hash: bool, decode: bool, max_pixels: int) -> str:
+def _check_samples(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    h5_digests: np.ndarray,
+    idx: AssetIndex,
+    chosen: list[int],
+    filtered_reader: Callable[[int], bytes | None] | None,
+    fails: list[str],
+    on_bytes: Callable[[int], None],
+    *,
+    file_hash: bool,
+    decode: bool,
+    max_pixels: int,
+) -> str:
     """Check the digest of every chosen sample (and, with ``decode``, that encoded ones decode).
 
     Returns the file's sha256, or ``""`` without ``file_hash``: then a local file's samples are
@@ -272,9 +324,14 @@ def _check_samples(url: str, storage_options: dict[str, Any] | None, h5_digests:
     def check_decode(i: int, data: bytes) -> None:
         shape = tuple(int(x) for x in idx.shapes[i]) if idx.shapes is not None else None
         try:
-            arr = decode_stored(data, shape, layout=hdr.layout,
-                                encoding=cast(Encoding, hdr.encoding), mode=hdr.mode,
-                                max_pixels=max_pixels)
+            arr = decode_stored(
+                data,
+                shape,
+                layout=hdr.layout,
+                encoding=cast(Encoding, hdr.encoding),
+                mode=hdr.mode,
+                max_pixels=max_pixels,
+            )
         except (OSError, ValueError, SyntaxError) as e:
             found.append((i, f"sample {i}: encoded bytes do not decode: {e}"))
             return
@@ -289,8 +346,13 @@ def _check_samples(url: str, storage_options: dict[str, Any] | None, h5_digests:
             seen.add(i)
             want = bytes(h5_digests[i])
             if digest != want:
-                found.append((i, f"sample {i}: sha256 of stored bytes is {digest.hex()}, "
-                                 f"/digests says {want.hex()}"))
+                found.append(
+                    (
+                        i,
+                        f"sample {i}: sha256 of stored bytes is {digest.hex()}, "
+                        f"/digests says {want.hex()}",
+                    )
+                )
                 return
             if decode:
                 assert data is not None
@@ -315,8 +377,10 @@ def _check_samples(url: str, storage_options: dict[str, Any] | None, h5_digests:
         for pending in decoding:
             pending.result()
     if filtered_reader is None:
-        found += [(i, f"sample {i}: its byte range lies past the end of the file")
-                  for i in sorted(set(chosen) - seen)[:100]]
+        found += [
+            (i, f"sample {i}: its byte range lies past the end of the file")
+            for i in sorted(set(chosen) - seen)[:100]
+        ]
     fails.extend(msg for _, msg in sorted(found, key=lambda f: f[0]))
     return sha
 
@@ -327,10 +391,18 @@ def _usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def _verify(url: str, *, sample_fraction: float, seed: int,
-            storage_options: dict[str, Any] | None, progress: bool,
-            require_sealed: bool, thorough: bool = True,
-            check_digests: bool = True, max_pixels: int = DEFAULT_MAX_PIXELS) -> VerifyReport:
+def _verify(
+    url: str,
+    *,
+    sample_fraction: float,
+    seed: int,
+    storage_options: dict[str, Any] | None,
+    progress: bool,
+    require_sealed: bool,
+    thorough: bool = True,
+    check_digests: bool = True,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> VerifyReport:
     if not 0.0 < sample_fraction <= 1.0:
         raise ValueError(f"sample_fraction={sample_fraction} must be in (0, 1]")
     t0 = time.perf_counter()
@@ -346,8 +418,11 @@ def _verify(url: str, *, sample_fraction: float, seed: int,
             check_index(idx, file_size, where=url, max_pixels=max_pixels)
         digests = h5[fmt.DIGESTS][()]
         n = idx.header.num_samples
-        chosen = list(range(n)) if sample_fraction >= 1.0 else sorted(
-            random.Random(seed).sample(range(n), max(1, round(n * sample_fraction))))
+        chosen = (
+            list(range(n))
+            if sample_fraction >= 1.0
+            else sorted(random.Random(seed).sample(range(n), max(1, round(n * sample_fraction))))
+        )
         if not check_digests:  # the caller checked every sample's bytes as it wrote them
             chosen = []
         if fails:
@@ -355,12 +430,15 @@ def _verify(url: str, *, sample_fraction: float, seed: int,
         images = h5[fmt.IMAGES]
         filtered = None
         if idx.filtered:
+
             def filtered(i: int) -> bytes | None:
                 try:
                     return np.ascontiguousarray(images[i]).tobytes()
                 except OSError as e:  # fletcher32 mismatch, or the codec rejects the chunk
-                    fails.append(f"sample {i}: HDF5 cannot read its chunk ({e}): a checksum "
-                                 "(fletcher32) or decompression failure")
+                    fails.append(
+                        f"sample {i}: HDF5 cannot read its chunk ({e}): a checksum "
+                        "(fletcher32) or decompression failure"
+                    )
                     return None
 
         bar = None
@@ -371,23 +449,39 @@ def _verify(url: str, *, sample_fraction: float, seed: int,
             bar.start()
             task = bar.add_task("verify", total=file_size)
         try:
+
             def advance(nbytes: int) -> None:
                 if bar is not None:
                     bar.advance(task, nbytes)
 
-            sha = _check_samples(url, storage_options, digests, idx, chosen, filtered, fails,
-                                 advance, file_hash=thorough, decode=thorough,
-                                 max_pixels=max_pixels)
+            sha = _check_samples(
+                url,
+                storage_options,
+                digests,
+                idx,
+                chosen,
+                filtered,
+                fails,
+                advance,
+                file_hash=thorough,
+                decode=thorough,
+                max_pixels=max_pixels,
+            )
         finally:
             if bar is not None:
                 bar.stop()
     if fails:
         raise IntegrityError(f"{url} failed verification", fails)
-    return VerifyReport(path=url, num_samples=n, num_classes=idx.header.num_classes,
-                        bytes=file_size, sha256=sha, checked_samples=len(chosen),
-                        seconds=time.perf_counter() - t0,
-                        format_version=idx.header.format_version)
-
+    return VerifyReport(
+        path=url,
+        num_samples=n,
+        num_classes=idx.header.num_classes,
+        bytes=file_size,
+        sha256=sha,
+        checked_samples=len(chosen),
+        seconds=time.perf_counter() - t0,
+        format_version=idx.header.format_version,
+    )
 
 
 def _damage_is_integrity(url: str, run: Callable[[], VerifyReport]) -> VerifyReport:
@@ -399,8 +493,10 @@ def _damage_is_integrity(url: str, run: Callable[[], VerifyReport]) -> VerifyRep
     except H5_DAMAGE as e:  # FileNotFoundError is re-raised above, as is
         if isinstance(e, ValueError) and "sample_fraction" in str(e):
             raise  # an argument error, not damage
-        raise IntegrityError(f"{url} failed verification: the file is damaged", [
-            f"reading its HDF5 structure failed: {type(e).__name__}: {e}"]) from e
+        raise IntegrityError(
+            f"{url} failed verification: the file is damaged",
+            [f"reading its HDF5 structure failed: {type(e).__name__}: {e}"],
+        ) from e
 
 
 def _lookup(images: h5py.Dataset, n: int, actual: np.ndarray, fails: list[str]) -> None:
@@ -419,19 +515,29 @@ def _lookup(images: h5py.Dataset, n: int, actual: np.ndarray, fails: list[str]) 
         try:
             _, data = images.id.read_direct_chunk((i,) + (0,) * (rank - 1))
         except (OSError, RuntimeError, ValueError) as e:
-            fails.append(f"sample {i}: HDF5's chunk lookup does not find it ({e}); h5py and "
-                         "other HDF5 readers would read zeros: the chunk index is damaged")
+            fails.append(
+                f"sample {i}: HDF5's chunk lookup does not find it ({e}); h5py and "
+                "other HDF5 readers would read zeros: the chunk index is damaged"
+            )
         else:
             if len(data) != int(actual[i, 1]):
-                fails.append(f"sample {i}: HDF5's chunk lookup finds {len(data)} bytes, the "
-                             f"chunk index lists {int(actual[i, 1])}")
+                fails.append(
+                    f"sample {i}: HDF5's chunk lookup finds {len(data)} bytes, the "
+                    f"chunk index lists {int(actual[i, 1])}"
+                )
         if len(fails) >= 100:
             return
 
 
-def verify(path_or_url: str, *, sample_fraction: float = 1.0, seed: int = 0,
-           storage_options: dict[str, Any] | None = None, progress: bool = False,
-           max_pixels: int = DEFAULT_MAX_PIXELS) -> VerifyReport:
+def verify(
+    path_or_url: str,
+    *,
+    sample_fraction: float = 1.0,
+    seed: int = 0,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> VerifyReport:
     """Verify a sealed h5forge file, local or at any fsspec URL.
 
     Args:
@@ -456,26 +562,37 @@ def verify(path_or_url: str, *, sample_fraction: float = 1.0, seed: int = 0,
     """
     url = str(path_or_url)
     if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
-        raise ValueError(f"max_pixels={max_pixels!r} must be an int >= 1; the default is "
-                         f"{DEFAULT_MAX_PIXELS}")
+        raise ValueError(
+            f"max_pixels={max_pixels!r} must be an int >= 1; the default is {DEFAULT_MAX_PIXELS}"
+        )
     fmt.refuse_partial(url)
     # A publish may replace the file while it is read (index from one version, bytes from the
     # next would fail as "corrupt"): verify again when the file changed identity meanwhile.
     for _ in range(_REPLACED_TRIES):
         before = _identity(url, storage_options)
         try:
-            report = _damage_is_integrity(url, lambda: _verify(
-                url, sample_fraction=sample_fraction, seed=seed,
-                storage_options=storage_options, progress=progress, require_sealed=True,
-                max_pixels=max_pixels))
+            report = _damage_is_integrity(
+                url,
+                lambda: _verify(
+                    url,
+                    sample_fraction=sample_fraction,
+                    seed=seed,
+                    storage_options=storage_options,
+                    progress=progress,
+                    require_sealed=True,
+                    max_pixels=max_pixels,
+                ),
+            )
         except IntegrityError:
             if _identity(url, storage_options) != before:
                 continue
             raise
         if _identity(url, storage_options) == before:
             return report
-    raise IntegrityError(f"{url} was replaced {_REPLACED_TRIES} times while it was being "
-                         "verified; verify it again once it is no longer being published")
+    raise IntegrityError(
+        f"{url} was replaced {_REPLACED_TRIES} times while it was being "
+        "verified; verify it again once it is no longer being published"
+    )
 
 
 _REPLACED_TRIES = 3
@@ -489,8 +606,10 @@ def _identity(url: str, storage_options: dict[str, Any] | None) -> tuple[object,
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     fs.invalidate_cache(path)
     info = fs.info(path)
-    return tuple(str(info.get(k)) for k in ("size", "ETag", "etag", "LastModified", "mtime",
-                                             "generation", "VersionId"))
+    return tuple(
+        str(info.get(k))
+        for k in ("size", "ETag", "etag", "LastModified", "mtime", "generation", "VersionId")
+    )
 
 
 def verify_unsealed(path: str, *, check_digests: bool = True) -> VerifyReport:
@@ -510,6 +629,16 @@ def verify_unsealed(path: str, *, check_digests: bool = True) -> VerifyReport:
             wrote (:func:`h5forge.merge.merge_shards`: each shard's file sha256, or each
             sample's digest for shards without a manifest).
     """
-    return _damage_is_integrity(path, lambda: _verify(
-        path, sample_fraction=1.0, seed=0, storage_options=None, progress=False,
-        require_sealed=False, thorough=False, check_digests=check_digests))
+    return _damage_is_integrity(
+        path,
+        lambda: _verify(
+            path,
+            sample_fraction=1.0,
+            seed=0,
+            storage_options=None,
+            progress=False,
+            require_sealed=False,
+            thorough=False,
+            check_digests=check_digests,
+        ),
+    )

@@ -94,14 +94,20 @@ def _filter_kwargs(compression: str | None, level: int | None, fletcher32: bool)
             "pip install 'h5forge[plugins]'"
         ) from e
     if name == "blosc-lz4":
-        return {**kwargs, **hdf5plugin.Blosc(cname="lz4", clevel=lvl,
-                                             shuffle=hdf5plugin.Blosc.SHUFFLE)}
+        return {
+            **kwargs,
+            **hdf5plugin.Blosc(cname="lz4", clevel=lvl, shuffle=hdf5plugin.Blosc.SHUFFLE),
+        }
     return {**kwargs, **hdf5plugin.Zstd(clevel=lvl)}
 
 
 def _strings(h5: h5py.File, name: str, values: list[str]) -> None:
-    h5.create_dataset(name, data=np.array([_utf8(v) for v in values], dtype=object),
-                      dtype=h5py.string_dtype("utf-8"), shape=(len(values),))
+    h5.create_dataset(
+        name,
+        data=np.array([_utf8(v) for v in values], dtype=object),
+        dtype=h5py.string_dtype("utf-8"),
+        shape=(len(values),),
+    )
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -133,9 +139,14 @@ class _Progress:
             # rich's default columns end in the time *remaining*, which reads 0:00:00 once the
             # pack is done (and on every line a log captures): show count, elapsed and rate.
             self._bar = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                transient=False)
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
             self._bar.start()
             self._task = self._bar.add_task("pack", total=total, rate="")
         self._t0 = time.perf_counter()
@@ -143,8 +154,11 @@ class _Progress:
     def advance(self, done: int) -> None:
         if self._bar is not None:
             rate = done / max(time.perf_counter() - self._t0, 1e-9)
-            self._bar.update(self._task, completed=done,  # type: ignore[arg-type]
-                             rate=f"{rate:,.0f} img/s")
+            self._bar.update(
+                self._task,
+                completed=done,  # type: ignore[arg-type]
+                rate=f"{rate:,.0f} img/s",
+            )
         if self.callback is not None:
             self.callback(done, self.total)
 
@@ -157,8 +171,9 @@ class _Sink:
     """Receives processed samples in order: array storage writes each as one chunk at once,
     blob storage spools the bytes and copies them behind the head when the count is known."""
 
-    def __init__(self, image: ImageConfig, spool_path: str, filters: dict[str, Any],
-                 lock: OutputLock) -> None:
+    def __init__(
+        self, image: ImageConfig, spool_path: str, filters: dict[str, Any], lock: OutputLock
+    ) -> None:
         self.storage: fmt.Storage = _storage(image)
         self.digests: list[bytes] = []
         self.shapes: list[tuple[int, int, int]] = []
@@ -174,7 +189,8 @@ class _Sink:
                 raise ValueError(
                     "compression and fletcher32 apply to the fixed-size decoded layout only; "
                     "blob storage (encoded, or resize='none') stays uncompressed so each sample "
-                    "is one byte range — drop the compression options")
+                    "is one byte range — drop the compression options"
+                )
             # Read back in finish() through this same handle, never reopened by name.
             self._spool = os.fdopen(lock.create(spool_path, 0o600, flags=os.O_RDWR), "w+b")
 
@@ -185,8 +201,13 @@ class _Sink:
     def images_kwargs(self, total: int, filters: dict[str, Any]) -> dict[str, Any]:
         """``create_dataset`` arguments of ``/images`` (blob: after every sample was added)."""
         if self.storage == "array":
-            return {"shape": (total, *self._shape), "maxshape": (None, *self._shape),
-                    "dtype": np.uint8, "chunks": (1, *self._shape), **filters}
+            return {
+                "shape": (total, *self._shape),
+                "maxshape": (None, *self._shape),
+                "dtype": np.uint8,
+                "chunks": (1, *self._shape),
+                **filters,
+            }
         return {"shape": (sum(self.lengths),), "dtype": np.uint8}
 
     def add(self, r: Processed) -> None:
@@ -228,7 +249,7 @@ class _Sink:
             f.seek(0)
             pos = 0
             while block := f.read(_COPY_BLOCK):
-                images[pos:pos + len(block)] = np.frombuffer(block, np.uint8)
+                images[pos : pos + len(block)] = np.frombuffer(block, np.uint8)
                 pos += len(block)
         base = images.id.get_offset() or 0
         return np.stack([offsets[:-1] + np.uint64(base), np.diff(offsets)], axis=1), offsets
@@ -238,8 +259,9 @@ def _storage(image: ImageConfig) -> fmt.Storage:
     return "array" if image.layout == "decoded" and image.resize != "none" else "blob"
 
 
-def _collect(results: Iterator[Processed | Quarantined], catalog: Catalog, sink: _Sink,
-             progress: _Progress) -> tuple[list[int], list[tuple[str, str]]]:
+def _collect(
+    results: Iterator[Processed | Quarantined], catalog: Catalog, sink: _Sink, progress: _Progress
+) -> tuple[list[int], list[tuple[str, str]]]:
     kept: list[int] = []
     bad: list[tuple[str, str]] = []
     for done, r in enumerate(results, start=1):
@@ -252,14 +274,23 @@ def _collect(results: Iterator[Processed | Quarantined], catalog: Catalog, sink:
     return kept, bad
 
 
-def pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
-         image: ImageConfig | None = None, compression: str | None = None,
-         compression_level: int | None = None, fletcher32: bool = False,
-         workers: int | None = None, max_bad_fraction: float = 0.01,
-         manifest: str | os.PathLike[str] | None = None, source_url: str = "",
-         source_sha256: str = "", progress: bool = False,
-         on_progress: Callable[[int, int], None] | None = None,
-         overwrite: bool = False) -> PackResult:
+def pack(
+    src: str | os.PathLike[str] | Catalog,
+    out: str | os.PathLike[str],
+    *,
+    image: ImageConfig | None = None,
+    compression: str | None = None,
+    compression_level: int | None = None,
+    fletcher32: bool = False,
+    workers: int | None = None,
+    max_bad_fraction: float = 0.01,
+    manifest: str | os.PathLike[str] | None = None,
+    source_url: str = "",
+    source_sha256: str = "",
+    progress: bool = False,
+    on_progress: Callable[[int, int], None] | None = None,
+    overwrite: bool = False,
+) -> PackResult:
     """Pack an image folder, manifest or :class:`Catalog` into a sealed h5forge file.
 
     Args:
@@ -282,19 +313,43 @@ def pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
         TooManyBadImagesError: too many inputs were quarantined (lists the first reasons).
         EmptyDatasetError: nothing usable, or a class lost all its images to quarantine.
     """
-    return _pack(src, out, image=image, compression=compression,
-                 compression_level=compression_level, fletcher32=fletcher32, workers=workers,
-                 max_bad_fraction=max_bad_fraction, manifest=manifest, source_url=source_url,
-                 source_sha256=source_sha256, progress=progress, on_progress=on_progress,
-                 overwrite=overwrite, every_class=True)
+    return _pack(
+        src,
+        out,
+        image=image,
+        compression=compression,
+        compression_level=compression_level,
+        fletcher32=fletcher32,
+        workers=workers,
+        max_bad_fraction=max_bad_fraction,
+        manifest=manifest,
+        source_url=source_url,
+        source_sha256=source_sha256,
+        progress=progress,
+        on_progress=on_progress,
+        overwrite=overwrite,
+        every_class=True,
+    )
 
 
-def _pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
-          image: ImageConfig | None, compression: str | None, compression_level: int | None,
-          fletcher32: bool, workers: int | None, max_bad_fraction: float,
-          manifest: str | os.PathLike[str] | None, source_url: str, source_sha256: str,
-          progress: bool, on_progress: Callable[[int, int], None] | None, overwrite: bool,
-          every_class: bool) -> PackResult:
+def _pack(
+    src: str | os.PathLike[str] | Catalog,
+    out: str | os.PathLike[str],
+    *,
+    image: ImageConfig | None,
+    compression: str | None,
+    compression_level: int | None,
+    fletcher32: bool,
+    workers: int | None,
+    max_bad_fraction: float,
+    manifest: str | os.PathLike[str] | None,
+    source_url: str,
+    source_sha256: str,
+    progress: bool,
+    on_progress: Callable[[int, int], None] | None,
+    overwrite: bool,
+    every_class: bool,
+) -> PackResult:
     """:func:`pack`; ``every_class=False`` lets a shard (a slice of a catalog) lack classes."""
     t0 = time.perf_counter()
     image = image or ImageConfig()
@@ -312,23 +367,49 @@ def _pack(src: str | os.PathLike[str] | Catalog, out: str | os.PathLike[str], *,
         _check_output(out, overwrite, max_bad_fraction, "(CLI: --overwrite) ")
         lock.remove_leftovers()  # what a killed run recorded making: its partial and spool
         try:
-            result = _write(catalog, partial, spool, image, filters, config_json, workers,
-                            max_bad_fraction, source_url, source_sha256, progress, on_progress,
-                            compression, compression_level, every_class, lock)
+            result = _write(
+                catalog,
+                partial,
+                spool,
+                image,
+                filters,
+                config_json,
+                workers,
+                max_bad_fraction,
+                source_url,
+                source_sha256,
+                progress,
+                on_progress,
+                compression,
+                compression_level,
+                every_class,
+                lock,
+            )
             _seal(partial, out_path, lock)
         finally:
             lock.discard()  # this run's partial and spool; never a file it did not create
-    return PackResult(path=str(out_path), bytes=out_path.stat().st_size,
-                      seconds=time.perf_counter() - t0, **result)
+    return PackResult(
+        path=str(out_path),
+        bytes=out_path.stat().st_size,
+        seconds=time.perf_counter() - t0,
+        **result,
+    )
 
 
-def _config_json(image: ImageConfig, compression: str | None, compression_level: int | None,
-                 fletcher32: bool) -> str:
+def _config_json(
+    image: ImageConfig, compression: str | None, compression_level: int | None, fletcher32: bool
+) -> str:
     """The ``config_json`` root attribute: canonical JSON of what decides the stored bytes."""
-    return json.dumps({
-        "image": json.loads(image.to_json()), "compression": compression or "none",
-        "compression_level": compression_level, "fletcher32": fletcher32,
-    }, sort_keys=True, separators=(",", ":"))
+    return json.dumps(
+        {
+            "image": json.loads(image.to_json()),
+            "compression": compression or "none",
+            "compression_level": compression_level,
+            "fletcher32": fletcher32,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
 
 
 def _create_h5(path: str, lock: OutputLock) -> h5py.File:
@@ -340,7 +421,8 @@ def _create_h5(path: str, lock: OutputLock) -> h5py.File:
         raise UnsafePathError(
             f"cannot create {path}: {describe(path)} already has that name and no h5forge run "
             "recorded making it; h5forge never writes through an existing name or a link — "
-            "remove it if it is a leftover of yours, or choose another output") from None
+            "remove it if it is a leftover of yours, or choose another output"
+        ) from None
     try:
         lock.adopt(path, h5.id.get_vfd_handle())
     except BaseException:
@@ -361,7 +443,8 @@ def _open_own(path: str, lock: OutputLock, mode: str = "r+") -> h5py.File:
             raise UnsafePathError(
                 f"{path} is no longer the file this run created (replaced, or swapped for a "
                 "link, while the pack ran); nothing was written to it — find out who writes "
-                "into this folder, then pack again")
+                "into this folder, then pack again"
+            )
     except BaseException:
         h5.close()
         raise
@@ -414,47 +497,84 @@ def _replace(partial: str, out_path: Path) -> None:
         os.replace(partial, out_path)
     finally:
         if old >= 0:
-            threading.Thread(target=os.close, args=(old,), name="h5forge-free-replaced",
-                             daemon=True).start()
+            threading.Thread(
+                target=os.close, args=(old,), name="h5forge-free-replaced", daemon=True
+            ).start()
 
 
-def _root_attrs(*, layout: str, storage: str, encoding: str, mode: str, config_json: str,
-                source_url: str, source_sha256: str, num_samples: int, num_classes: int,
-                num_quarantined: int, compression: str) -> dict[str, Any]:
+def _root_attrs(
+    *,
+    layout: str,
+    storage: str,
+    encoding: str,
+    mode: str,
+    config_json: str,
+    source_url: str,
+    source_sha256: str,
+    num_samples: int,
+    num_classes: int,
+    num_quarantined: int,
+    compression: str,
+) -> dict[str, Any]:
     """Every root attribute but ``sealed``, as FORMAT.md lists them."""
     from h5forge import __version__
 
     return {
-        fmt.A_FORMAT: fmt.FORMAT_NAME, fmt.A_VERSION: fmt.FORMAT_VERSION,
+        fmt.A_FORMAT: fmt.FORMAT_NAME,
+        fmt.A_VERSION: fmt.FORMAT_VERSION,
         fmt.A_H5FORGE_VERSION: __version__,
         fmt.A_CREATED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        fmt.A_LAYOUT: layout, fmt.A_STORAGE: storage, fmt.A_ENCODING: encoding,
-        fmt.A_MODE: mode, fmt.A_CONFIG_JSON: config_json,
+        fmt.A_LAYOUT: layout,
+        fmt.A_STORAGE: storage,
+        fmt.A_ENCODING: encoding,
+        fmt.A_MODE: mode,
+        fmt.A_CONFIG_JSON: config_json,
         fmt.A_CONFIG_SHA256: hashlib.sha256(config_json.encode()).hexdigest(),
-        fmt.A_SOURCE_URL: source_url, fmt.A_SOURCE_SHA256: source_sha256,
-        fmt.A_NUM_SAMPLES: num_samples, fmt.A_NUM_CLASSES: num_classes,
-        fmt.A_NUM_QUARANTINED: num_quarantined, fmt.A_DIGEST_ALGORITHM: fmt.DIGEST_ALGORITHM,
+        fmt.A_SOURCE_URL: source_url,
+        fmt.A_SOURCE_SHA256: source_sha256,
+        fmt.A_NUM_SAMPLES: num_samples,
+        fmt.A_NUM_CLASSES: num_classes,
+        fmt.A_NUM_QUARANTINED: num_quarantined,
+        fmt.A_DIGEST_ALGORITHM: fmt.DIGEST_ALGORITHM,
         fmt.A_COMPRESSION: compression,
     }
 
 
-def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
-           filters: dict[str, Any], config_json: str, workers: int | None,
-           max_bad_fraction: float, source_url: str, source_sha256: str, show: bool,
-           on_progress: Callable[[int, int], None] | None, compression: str | None,
-           compression_level: int | None, every_class: bool,
-           lock: OutputLock) -> dict[str, Any]:
+def _write(
+    catalog: Catalog,
+    partial: str,
+    spool: str,
+    image: ImageConfig,
+    filters: dict[str, Any],
+    config_json: str,
+    workers: int | None,
+    max_bad_fraction: float,
+    source_url: str,
+    source_sha256: str,
+    show: bool,
+    on_progress: Callable[[int, int], None] | None,
+    compression: str | None,
+    compression_level: int | None,
+    every_class: bool,
+    lock: OutputLock,
+) -> dict[str, Any]:
     total = len(catalog.samples)
     comp = compression or "none"
     if comp != "none" and compression_level is not None:
         comp = f"{comp}-{compression_level}"
     attrs = _root_attrs(
-        layout=image.layout, storage=_storage(image),
+        layout=image.layout,
+        storage=_storage(image),
         encoding="raw" if image.layout == "decoded" else image.encoding,
-        mode=image.mode, config_json=config_json, source_url=source_url,
-        source_sha256=source_sha256, num_samples=total,
-        num_classes=len(catalog.classes), num_quarantined=0,
-        compression=comp + ("+fletcher32" if "fletcher32" in filters else ""))
+        mode=image.mode,
+        config_json=config_json,
+        source_url=source_url,
+        source_sha256=source_sha256,
+        num_samples=total,
+        num_classes=len(catalog.classes),
+        num_quarantined=0,
+        compression=comp + ("+fletcher32" if "fletcher32" in filters else ""),
+    )
     split_names = list(catalog.splits) or [""]
     bar = _Progress(total, show, on_progress)
     try:
@@ -465,9 +585,15 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
             def head(capacity: int) -> tuple[h5py.File, Head]:
                 # Everything but the image bytes goes first (see h5forge._placement).
                 h5 = stack.enter_context(_create_h5(partial, lock))
-                made = Head(h5, attrs, storage=sink.storage, capacity=capacity,
-                            classes=catalog.classes, split_names=split_names,
-                            images=sink.images_kwargs(capacity, filters))
+                made = Head(
+                    h5,
+                    attrs,
+                    storage=sink.storage,
+                    capacity=capacity,
+                    classes=catalog.classes,
+                    split_names=split_names,
+                    images=sink.images_kwargs(capacity, filters),
+                )
                 sink.images = made.images
                 return h5, made
 
@@ -475,8 +601,9 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
                 h5, index = head(total)
             else:  # the file is written once the sizes are known; mark the pack as under way
                 os.close(lock.create(partial, 0o644))
-            results = iter_processed([s.path for s in catalog.samples], image, workers=workers,
-                                     borrow=True)  # sink.add() writes each before the next
+            results = iter_processed(
+                [s.path for s in catalog.samples], image, workers=workers, borrow=True
+            )  # sink.add() writes each before the next
             try:
                 kept, bad = _collect(results, catalog, sink, bar)
             finally:
@@ -494,9 +621,13 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
                 labels=np.array([s.label for s in samples], np.int64),
                 splits=np.array([split_names.index(s.split) for s in samples], np.uint8),
                 digests=np.frombuffer(b"".join(sink.digests), np.uint8).reshape(
-                    len(samples), fmt.DIGEST_SIZE),
-                paths=[s.relpath for s in samples], quarantine=bad, offsets=offsets,
-                shapes=np.asarray(sink.shapes, np.uint32).reshape(len(samples), 3))
+                    len(samples), fmt.DIGEST_SIZE
+                ),
+                paths=[s.relpath for s in samples],
+                quarantine=bad,
+                offsets=offsets,
+                shapes=np.asarray(sink.shapes, np.uint32).reshape(len(samples), 3),
+            )
             h5.flush()
     finally:
         bar.close()
@@ -504,13 +635,19 @@ def _write(catalog: Catalog, partial: str, spool: str, image: ImageConfig,
     for s in samples:
         per = counts.setdefault(s.split, {})
         per[catalog.classes[s.label]] = per.get(catalog.classes[s.label], 0) + 1
-    return {"num_samples": len(samples), "num_quarantined": len(bad),
-            "num_classes": len(catalog.classes), "classes": tuple(catalog.classes),
-            "quarantined": tuple(bad), "counts": counts}
+    return {
+        "num_samples": len(samples),
+        "num_quarantined": len(bad),
+        "num_classes": len(catalog.classes),
+        "classes": tuple(catalog.classes),
+        "quarantined": tuple(bad),
+        "counts": counts,
+    }
 
 
-def _check_output(out: str | os.PathLike[str], overwrite: bool, max_bad_fraction: float,
-                  how: str = "") -> Path:
+def _check_output(
+    out: str | os.PathLike[str], overwrite: bool, max_bad_fraction: float, how: str = ""
+) -> Path:
     """The output path of a pack or merge, after checking it and ``max_bad_fraction``."""
     option("max_bad_fraction").check(max_bad_fraction)
     out_path = Path(out)
@@ -521,8 +658,13 @@ def _check_output(out: str | os.PathLike[str], overwrite: bool, max_bad_fraction
     return out_path
 
 
-def _check_quarantine(catalog: Catalog, kept: list[int], bad: list[tuple[str, str]],
-                      max_bad_fraction: float, every_class: bool = True) -> None:
+def _check_quarantine(
+    catalog: Catalog,
+    kept: list[int],
+    bad: list[tuple[str, str]],
+    max_bad_fraction: float,
+    every_class: bool = True,
+) -> None:
     _check_bad_fraction(len(catalog.samples), bad, max_bad_fraction)
     if not every_class:
         return
@@ -530,15 +672,18 @@ def _check_quarantine(catalog: Catalog, kept: list[int], bad: list[tuple[str, st
     _check_every_class(present, catalog.classes, catalog.root)
 
 
-def _check_bad_fraction(total: int, bad: Sequence[tuple[str, str]],
-                        max_bad_fraction: float) -> None:
+def _check_bad_fraction(
+    total: int, bad: Sequence[tuple[str, str]], max_bad_fraction: float
+) -> None:
     """Raise ``TooManyBadImagesError`` when more than the allowed fraction was quarantined."""
     if bad and len(bad) > max_bad_fraction * total:
         first = "\n  ".join(f"{p}: {r}" for p, r in bad[:10])
         raise TooManyBadImagesError(
             f"{len(bad)} of {total} inputs ({len(bad) / total:.1%}) were quarantined, more than "
             f"max_bad_fraction={max_bad_fraction:g} allows; first reasons:\n  {first}\n"
-            "fix or remove these files, or raise max_bad_fraction", list(bad))
+            "fix or remove these files, or raise max_bad_fraction",
+            list(bad),
+        )
 
 
 def _check_every_class(present: Collection[int], classes: Sequence[str], where: str) -> None:
@@ -547,4 +692,5 @@ def _check_every_class(present: Collection[int], classes: Sequence[str], where: 
         if label not in present:
             raise EmptyDatasetError(
                 f"class {name!r} has no readable image in {where}: every file of it was "
-                "quarantined; fix the files or remove the class folder")
+                "quarantined; fix the files or remove the class folder"
+            )

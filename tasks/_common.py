@@ -42,8 +42,11 @@ def _flow_dataset() -> str | None:
     """The dataset of the enclosing flow run: its config's destination, or its ``url``."""
     params = runtime.flow_run.parameters or {}
     config = params.get("config")
-    dest = config.get("destination") if isinstance(config, dict) else getattr(
-        config, "destination", None)
+    dest = (
+        config.get("destination")
+        if isinstance(config, dict)
+        else getattr(config, "destination", None)
+    )
     dest = dest or params.get("url")
     return dataset_name(str(dest)) if dest else None
 
@@ -74,18 +77,27 @@ def retry_if_transient(task: Any, task_run: TaskRun, state: State[Any]) -> bool:
     arguments and missing or forbidden paths fail the same way every time, so they fail fast.
     """
     exc = state.result(raise_on_failure=False)
-    permanent = (H5ForgeError, ValueError, TypeError, FileNotFoundError, FileExistsError,
-                 PermissionError, NotImplementedError)
+    permanent = (
+        H5ForgeError,
+        ValueError,
+        TypeError,
+        FileNotFoundError,
+        FileExistsError,
+        PermissionError,
+        NotImplementedError,
+    )
     return not isinstance(exc, permanent)
 
 
 def with_retries(retries: int = 3, condition: Any = None) -> dict[str, Any]:
     """``@task`` keyword arguments: ``retries`` retries with jittered exponential backoff, only
     when ``condition`` (default :func:`retry_if_transient`) says a retry can help."""
-    return {"retries": retries,
-            "retry_delay_seconds": exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
-            "retry_jitter_factor": RETRY_JITTER,
-            "retry_condition_fn": condition or retry_if_transient}
+    return {
+        "retries": retries,
+        "retry_delay_seconds": exponential_backoff(backoff_factor=RETRY_BACKOFF_S),
+        "retry_jitter_factor": RETRY_JITTER,
+        "retry_condition_fn": condition or retry_if_transient,
+    }
 
 
 def retry_upload(task: Any, task_run: TaskRun, state: State[Any]) -> bool:

@@ -54,7 +54,9 @@ def discover_samples(root: str, *, manifest: str | None = None) -> CatalogSummar
         seconds=time.perf_counter() - start,
     )
     get_run_logger().info(
-        "found %d samples in %d classes, splits %s", summary.num_samples, len(summary.classes),
+        "found %d samples in %d classes, splits %s",
+        summary.num_samples,
+        len(summary.classes),
         list(summary.splits) or "none",
     )
     return summary

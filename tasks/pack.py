@@ -100,9 +100,12 @@ def pack_images(
     ``dataset`` names the artifacts (the destination's file name, so runs of one dataset share
     artifact keys and the UI shows their history).
     """
-    progress_id = cast(UUID, create_progress_artifact(
-        0.0, key=artifact_key("pack-progress", dataset), description=f"preprocessing {dataset}"
-    ))
+    progress_id = cast(
+        UUID,
+        create_progress_artifact(
+            0.0, key=artifact_key("pack-progress", dataset), description=f"preprocessing {dataset}"
+        ),
+    )
     on_progress: Callable[[int, int], None] = _Progress(progress_id)
     table_key = artifact_key("quarantine", dataset)
     try:
@@ -128,7 +131,11 @@ def pack_images(
     quarantine_table(result.quarantined, key=table_key)
     get_run_logger().info(
         "packed %d samples (%d quarantined) into %s, %.1f MB in %.1f s",
-        result.num_samples, result.num_quarantined, out, result.bytes / 1e6, result.seconds,
+        result.num_samples,
+        result.num_quarantined,
+        out,
+        result.bytes / 1e6,
+        result.seconds,
     )
     return PackSummary(
         path=result.path,

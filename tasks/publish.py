@@ -121,8 +121,10 @@ def _publish(
         raise PreviewPublishError(
             f"{redact_url(result.url)} and its manifest were published; only the preview "
             f"{redact_url(preview_url(dest))} could not be written: {describe_os_error(e)}",
-            url=redact_url(result.url), manifest_url=redact_url(result.manifest_url),
-            preview_url=redact_url(preview_url(dest))) from e
+            url=redact_url(result.url),
+            manifest_url=redact_url(result.manifest_url),
+            preview_url=redact_url(preview_url(dest)),
+        ) from e
     key = asset_key(dest)
     add_asset_metadata(
         key,

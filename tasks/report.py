@@ -30,16 +30,18 @@ def _cell(text: object) -> str:
 def _counts_table(counts: dict[str, dict[str, int]], classes: tuple[str, ...]) -> list[str]:
     splits = sorted(counts)
     heads = [s or "(all)" for s in splits]
-    lines = ["| class | " + " | ".join(heads) + " | total |",
-             "|---|" + "---:|" * (len(splits) + 1)]
+    lines = ["| class | " + " | ".join(heads) + " | total |", "|---|" + "---:|" * (len(splits) + 1)]
     totals = dict.fromkeys(splits, 0)
     for name in classes:
         row = [counts[s].get(name, 0) for s in splits]
         for s, v in zip(splits, row, strict=True):
             totals[s] += v
         lines.append(f"| {_cell(name)} | " + " | ".join(map(str, row)) + f" | {sum(row)} |")
-    lines.append("| **total** | " + " | ".join(str(totals[s]) for s in splits)
-                 + f" | **{sum(totals.values())}** |")
+    lines.append(
+        "| **total** | "
+        + " | ".join(str(totals[s]) for s in splits)
+        + f" | **{sum(totals.values())}** |"
+    )
     return lines
 
 
@@ -91,8 +93,10 @@ def render_report(
         lines += ["| path | reason |", "|---|---|"]
         lines += [f"| `{_cell(p)}` | {_cell(r)} |" for p, r in pack.quarantined[:_QUARANTINE_ROWS]]
         if pack.num_quarantined > _QUARANTINE_ROWS:
-            lines.append(f"\n… {pack.num_quarantined - _QUARANTINE_ROWS} more in the quarantine "
-                         "table artifact.")
+            lines.append(
+                f"\n… {pack.num_quarantined - _QUARANTINE_ROWS} more in the quarantine "
+                "table artifact."
+            )
     else:
         lines.append("None: every input was packed.")
     lines += ["", "## Stages", "", "| stage | seconds | throughput |", "|---|---:|---:|"]

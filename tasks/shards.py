@@ -87,26 +87,48 @@ def _compression(name: str | None) -> str | None:
     return None if name in (None, "none") else name
 
 
-@task(name="plan-shards", task_run_name=run_name("plan-shards"), cache_policy=NO_CACHE,
-      **with_retries(2))
-def plan_shard_build(root: str, *, staging: str, samples_per_shard: int,
-                     bytes_per_shard: int | None, image: ImageConfig,
-                     compression: str | None = None, compression_level: int | None = None,
-                     storage_options: dict[str, Any] | None = None) -> ShardPlan:
+@task(
+    name="plan-shards",
+    task_run_name=run_name("plan-shards"),
+    cache_policy=NO_CACHE,
+    **with_retries(2),
+)
+def plan_shard_build(
+    root: str,
+    *,
+    staging: str,
+    samples_per_shard: int,
+    bytes_per_shard: int | None,
+    image: ImageConfig,
+    compression: str | None = None,
+    compression_level: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> ShardPlan:
     """Catalog ``root``, cut it into shards, and find those already done in ``staging``.
 
     A shard counts as done when its manifest matches the plan and the options and its file
     has the manifest's size and sha256 (each finished shard is read once to check).
     """
     catalog = discover(root)
-    specs = plan_shards(catalog, samples_per_shard=samples_per_shard,
-                        bytes_per_shard=bytes_per_shard)
-    done = find_done_shards(staging, specs, image=image, compression=_compression(compression),
-                            compression_level=compression_level,
-                            storage_options=storage_options)
-    get_run_logger().info("%d shards of up to %d images; %d already done in %s, %d to pack",
-                          len(specs), samples_per_shard, len(done), redact_url(staging),
-                          len(specs) - len(done))
+    specs = plan_shards(
+        catalog, samples_per_shard=samples_per_shard, bytes_per_shard=bytes_per_shard
+    )
+    done = find_done_shards(
+        staging,
+        specs,
+        image=image,
+        compression=_compression(compression),
+        compression_level=compression_level,
+        storage_options=storage_options,
+    )
+    get_run_logger().info(
+        "%d shards of up to %d images; %d already done in %s, %d to pack",
+        len(specs),
+        samples_per_shard,
+        len(done),
+        redact_url(staging),
+        len(specs) - len(done),
+    )
     return ShardPlan(catalog=catalog, specs=tuple(specs), done=frozenset(done))
 
 
@@ -117,30 +139,59 @@ def _shard_run_name() -> str:
     return f"pack-shard[{params.get('dataset', '')}{where}]"
 
 
-@task(name="pack-shard", task_run_name=_shard_run_name, cache_policy=NO_CACHE,
-      **with_retries(2, retry_upload))
-def pack_shard_task(catalog: Catalog, spec: ShardSpec, staging_url: str, *, dataset: str,
-                    image: ImageConfig, compression: str | None = None,
-                    compression_level: int | None = None,
-                    storage_options: dict[str, Any] | None = None) -> ShardResult:
+@task(
+    name="pack-shard",
+    task_run_name=_shard_run_name,
+    cache_policy=NO_CACHE,
+    **with_retries(2, retry_upload),
+)
+def pack_shard_task(
+    catalog: Catalog,
+    spec: ShardSpec,
+    staging_url: str,
+    *,
+    dataset: str,
+    image: ImageConfig,
+    compression: str | None = None,
+    compression_level: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> ShardResult:
     """Pack one shard on a worker and publish it, manifest last (see
     :func:`h5forge.shards.pack_shard`). One process per task: the cluster's worker processes
     are the parallelism. ``dataset`` names the task run."""
-    result = pack_shard(catalog, spec, staging_url, image=image,
-                        compression=_compression(compression),
-                        compression_level=compression_level, processes=1,
-                        storage_options=storage_options)
-    get_run_logger().info("%s: %d images (%d quarantined), %.1f MB in %.1f s", spec.name,
-                          result.num_samples, result.num_quarantined, result.bytes / 1e6,
-                          result.seconds)
+    result = pack_shard(
+        catalog,
+        spec,
+        staging_url,
+        image=image,
+        compression=_compression(compression),
+        compression_level=compression_level,
+        processes=1,
+        storage_options=storage_options,
+    )
+    get_run_logger().info(
+        "%s: %d images (%d quarantined), %.1f MB in %.1f s",
+        spec.name,
+        result.num_samples,
+        result.num_quarantined,
+        result.bytes / 1e6,
+        result.seconds,
+    )
     return result
 
 
 @task(name="merge", task_run_name=run_name("merge"), cache_policy=NO_CACHE)
-def merge_task(urls: Sequence[str], *, out: str, dataset: str, max_bad_fraction: float,
-               source_url: str = "", source_sha256: str = "",
-               storage_options: dict[str, Any] | None = None,
-               tmp_dir: str | None = None) -> PackSummary:
+def merge_task(
+    urls: Sequence[str],
+    *,
+    out: str,
+    dataset: str,
+    max_bad_fraction: float,
+    source_url: str = "",
+    source_sha256: str = "",
+    storage_options: dict[str, Any] | None = None,
+    tmp_dir: str | None = None,
+) -> PackSummary:
     """Merge the shards into the local file ``out`` (see :func:`h5forge.merge.merge_shards`).
 
     The quarantine table artifact lists every input no shard could pack, as a local pack's
@@ -148,26 +199,50 @@ def merge_task(urls: Sequence[str], *, out: str, dataset: str, max_bad_fraction:
     """
     table_key = artifact_key("quarantine", dataset)
     try:
-        result = merge_shards(urls, out, max_bad_fraction=max_bad_fraction,
-                              source_url=source_url, source_sha256=source_sha256,
-                              storage_options=storage_options, overwrite=True, tmp_dir=tmp_dir)
+        result = merge_shards(
+            urls,
+            out,
+            max_bad_fraction=max_bad_fraction,
+            source_url=source_url,
+            source_sha256=source_sha256,
+            storage_options=storage_options,
+            overwrite=True,
+            tmp_dir=tmp_dir,
+        )
     except TooManyBadImagesError as e:
         quarantine_table(e.quarantined, key=table_key)
         raise
     quarantine_table(result.quarantined, key=table_key)
-    get_run_logger().info("merged %d shards: %d samples (%d quarantined), %.1f MB in %.1f s",
-                          len(urls), result.num_samples, result.num_quarantined,
-                          result.bytes / 1e6, result.seconds)
-    return PackSummary(path=result.path, num_samples=result.num_samples,
-                       num_quarantined=result.num_quarantined, num_classes=result.num_classes,
-                       classes=tuple(result.classes), quarantined=tuple(result.quarantined),
-                       counts=result.counts, bytes=result.bytes, seconds=result.seconds)
+    get_run_logger().info(
+        "merged %d shards: %d samples (%d quarantined), %.1f MB in %.1f s",
+        len(urls),
+        result.num_samples,
+        result.num_quarantined,
+        result.bytes / 1e6,
+        result.seconds,
+    )
+    return PackSummary(
+        path=result.path,
+        num_samples=result.num_samples,
+        num_quarantined=result.num_quarantined,
+        num_classes=result.num_classes,
+        classes=tuple(result.classes),
+        quarantined=tuple(result.quarantined),
+        counts=result.counts,
+        bytes=result.bytes,
+        seconds=result.seconds,
+    )
 
 
-@task(name="remove-shards", task_run_name=run_name("remove-shards"), cache_policy=NO_CACHE,
-      **with_retries(2))
-def remove_shards(staging: str, specs: Sequence[ShardSpec], *,
-                  storage_options: dict[str, Any] | None = None) -> int:
+@task(
+    name="remove-shards",
+    task_run_name=run_name("remove-shards"),
+    cache_policy=NO_CACHE,
+    **with_retries(2),
+)
+def remove_shards(
+    staging: str, specs: Sequence[ShardSpec], *, storage_options: dict[str, Any] | None = None
+) -> int:
     """Delete the plan's shards from ``staging`` once the merged asset is published.
 
     Each manifest goes before its file, so no reader pairs a manifest with a missing file.
@@ -184,8 +259,9 @@ def remove_shards(staging: str, specs: Sequence[ShardSpec], *,
     return removed
 
 
-def executor_section(*, workers: int | None, shards: ShardStats | None,
-                     seconds: dict[str, float]) -> str:
+def executor_section(
+    *, workers: int | None, shards: ShardStats | None, seconds: dict[str, float]
+) -> str:
     """The report's markdown section on where the images were packed (``shards``: None for
     the local executor)."""
     if shards is None:
@@ -193,17 +269,21 @@ def executor_section(*, workers: int | None, shards: ShardStats | None,
         return f"\n## Executor\n\nlocal: a process pool on the flow's machine ({pool}).\n"
     packed, skipped = len(shards.packed), len(shards.skipped)
     limits = f"up to {shards.samples_per_shard} images" + (
-        f" or {shards.bytes_per_shard:,} source bytes" if shards.bytes_per_shard else "")
-    listed = ", ".join(str(i) for i in shards.skipped[:50]) + (
-        " …" if skipped > 50 else "")
+        f" or {shards.bytes_per_shard:,} source bytes" if shards.bytes_per_shard else ""
+    )
+    listed = ", ".join(str(i) for i in shards.skipped[:50]) + (" …" if skipped > 50 else "")
     lines = [
-        "", "## Executor", "",
-        f"dask: `{shards.address}`, staging `{shards.staging}`.", "",
+        "",
+        "## Executor",
+        "",
+        f"dask: `{shards.address}`, staging `{shards.staging}`.",
+        "",
         f"- **shards**: {shards.total} of {limits}; **packed by this run**: {packed}; "
         f"**skipped** (found done in staging, manifest and sha256 checked): {skipped}"
         + (f" ({listed})" if skipped else ""),
         f"- **shard stage**: {seconds.get('pack', 0.0):,.2f} s on the cluster; "
         f"**merge**: {seconds.get('merge', 0.0):,.2f} s here (stored bytes copied, each "
-        "sample's digest checked)", "",
+        "sample's digest checked)",
+        "",
     ]
     return "\n".join(lines)

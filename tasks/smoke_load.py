@@ -52,7 +52,9 @@ def smoke_load_file(
     per_method = {m.start_method: round(m.images_per_second, 1) for m in report.methods}
     get_run_logger().info(
         "smoke-load read %d samples with %d workers: %s img/s",
-        report.samples_checked, workers, per_method,
+        report.samples_checked,
+        workers,
+        per_method,
     )
     return SmokeSummary(
         path=path,

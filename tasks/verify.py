@@ -46,7 +46,10 @@ def verify_file(
     report = verify(path, sample_fraction=sample_fraction, storage_options=storage_options)
     get_run_logger().info(
         "verified %s: %d samples (%d digests checked), sha256 %s",
-        redact_url(path), report.num_samples, report.checked_samples, report.sha256,
+        redact_url(path),
+        report.num_samples,
+        report.checked_samples,
+        report.sha256,
     )
     return VerifySummary(
         path=redact_url(report.path),
@@ -78,6 +81,12 @@ def check_manifest(url: str, *, manifest: dict[str, Any], report: VerifySummary)
     Raises:
         IntegrityError: size, sha256, counts or format version differ (all differences listed).
     """
-    check_file_manifest(url, manifest, sha256=report.sha256, bytes=report.bytes,
-                        num_samples=report.num_samples, num_classes=report.num_classes,
-                        format_version=report.format_version)
+    check_file_manifest(
+        url,
+        manifest,
+        sha256=report.sha256,
+        bytes=report.bytes,
+        num_samples=report.num_samples,
+        num_classes=report.num_classes,
+        format_version=report.format_version,
+    )

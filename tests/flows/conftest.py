@@ -58,5 +58,6 @@ def built(
     )
     state = build_dataset(config, cache_dir=str(fetch_cache), return_state=True)
     assert state.is_completed(), state.message
-    return Built(state=state, summary=state.result(), config=config, dest=dest,
-                 cache_dir=fetch_cache)
+    return Built(
+        state=state, summary=state.result(), config=config, dest=dest, cache_dir=fetch_cache
+    )

@@ -49,7 +49,13 @@ def test_build_completes_and_the_published_asset_verifies(built: Any) -> None:
     assert summary.counts["train"] == {"amber": 60, "cobalt": 60, "jade": 60, "ruby": 60}
     assert summary.counts["val"] == {"amber": 15, "cobalt": 15, "jade": 15, "ruby": 15}
     assert list(summary.seconds) == [
-        "fetch", "discover", "pack", "verify", "smoke-load", "preview", "publish",
+        "fetch",
+        "discover",
+        "pack",
+        "verify",
+        "smoke-load",
+        "preview",
+        "publish",
     ]
     assert set(summary.smoke_per_method) == {"fork", "spawn"}
     assert summary.smoke_images_per_second == min(summary.smoke_per_method.values()) > 0
@@ -65,14 +71,25 @@ def test_build_completes_and_the_published_asset_verifies(built: Any) -> None:
 
 def test_build_records_report_table_link_and_progress_artifacts(built: Any) -> None:
     artifacts = _by_key(built.state.state_details.flow_run_id)
-    assert {"build-report-demo-h5", "quarantine-demo-h5", "preview-demo-h5",
-            "pack-progress-demo-h5"} <= set(artifacts)
+    assert {
+        "build-report-demo-h5",
+        "quarantine-demo-h5",
+        "preview-demo-h5",
+        "pack-progress-demo-h5",
+    } <= set(artifacts)
 
     report = artifacts["build-report-demo-h5"]
     assert report.type == "markdown"
-    for expected in ("| amber | 60 | 15 | 75 |", "broken_zero.jpg", "broken_truncated.png",
-                     "## Stages", "| smoke-load |", "img/s", built.summary.sha256,
-                     "demo.h5.preview.png"):
+    for expected in (
+        "| amber | 60 | 15 | 75 |",
+        "broken_zero.jpg",
+        "broken_truncated.png",
+        "## Stages",
+        "| smoke-load |",
+        "img/s",
+        built.summary.sha256,
+        "demo.h5.preview.png",
+    ):
         assert expected in report.data
 
     table = json.loads(artifacts["quarantine-demo-h5"].data)
@@ -100,8 +117,15 @@ def test_build_materialises_the_asset_with_its_metadata(built: Any) -> None:
 
 def test_stage_task_runs_are_named_after_the_dataset(built: Any) -> None:
     names = {t.name for t in flow_run_task_runs(built.state.state_details.flow_run_id)}
-    assert {"fetch[demo.h5]", "discover[demo.h5]", "pack[demo.h5]", "verify[demo.h5]",
-            "smoke-load[demo.h5]", "preview[demo.h5]", "publish[demo.h5]"} <= names
+    assert {
+        "fetch[demo.h5]",
+        "discover[demo.h5]",
+        "pack[demo.h5]",
+        "verify[demo.h5]",
+        "smoke-load[demo.h5]",
+        "preview[demo.h5]",
+        "publish[demo.h5]",
+    } <= names
 
 
 def test_second_run_is_served_from_the_fetch_cache(built: Any, tmp_path: Path) -> None:
@@ -134,8 +158,9 @@ def test_a_failing_verify_fails_the_run_and_publishes_nothing(
     corrupting = pack_images.with_options(on_completion=[_flip_first_sample_byte])
     monkeypatch.setattr(flows.build, "pack_images", corrupting)
     out = tmp_path / "published"
-    state = build_dataset(_config(built, out / "demo.h5"), cache_dir=str(built.cache_dir),
-                          return_state=True)
+    state = build_dataset(
+        _config(built, out / "demo.h5"), cache_dir=str(built.cache_dir), return_state=True
+    )
     assert state.is_failed()
     with pytest.raises(IntegrityError, match="sample 0"):
         state.result()
@@ -162,8 +187,9 @@ def test_too_many_bad_images_fails_the_run_publishes_nothing_and_lists_them(
 
 def test_an_existing_destination_fails_before_any_work_without_overwrite(built: Any) -> None:
     before = built.dest.stat().st_mtime_ns
-    state = build_dataset(_config(built, built.dest), cache_dir=str(built.cache_dir),
-                          return_state=True)
+    state = build_dataset(
+        _config(built, built.dest), cache_dir=str(built.cache_dir), return_state=True
+    )
     assert state.is_failed()
     with pytest.raises(FileExistsError, match="overwrite"):
         state.result()
@@ -198,10 +224,14 @@ GOOD = {"source": "/data/flowers.tar.gz", "destination": "/assets/flowers.h5"}
         ({"quality": 0}, r"quality=0 must be an int in 1\.\.100"),
         ({"shorter_side": 100}, r"shorter_side=100 must be an int >= max\(size\) = 224"),
         ({"compression": "zstd", "compression_level": 0}, "out of range for zstd"),
-        ({"executor": "dask", "dask_address": "tcp://h:8786", "manifest": "m.csv"},
-         "manifest apply to executor='local' only"),
-        ({"executor": "dask", "dask_address": "tcp://h:8786", "fletcher32": True},
-         "fletcher32 apply to executor='local' only"),
+        (
+            {"executor": "dask", "dask_address": "tcp://h:8786", "manifest": "m.csv"},
+            "manifest apply to executor='local' only",
+        ),
+        (
+            {"executor": "dask", "dask_address": "tcp://h:8786", "fletcher32": True},
+            "fletcher32 apply to executor='local' only",
+        ),
         ({"compression_level": 3}, "needs a codec"),
         ({"compression": "gzip", "compression_level": 12}, "out of range for gzip"),
         ({"compression": "gzip", "resize": "none"}, "one size only"),
@@ -219,8 +249,15 @@ def test_build_config_rejects_bad_values_with_a_clear_message(
 
 @pytest.mark.parametrize(
     "source",
-    ["/data/folder", "relative/folder", "s3://bucket/prefix/", "gs://b/x.tar.gz",
-     "https://example.org/x.tar.gz", "memory://x/y.zip", "simplecache::s3://b/x.tgz"],
+    [
+        "/data/folder",
+        "relative/folder",
+        "s3://bucket/prefix/",
+        "gs://b/x.tar.gz",
+        "https://example.org/x.tar.gz",
+        "memory://x/y.zip",
+        "simplecache::s3://b/x.tgz",
+    ],
 )
 def test_build_config_accepts_local_paths_and_fsspec_urls(source: str) -> None:
     config = BuildConfig(source=source, destination="s3://bucket/out.h5", sha256="A" * 64)
@@ -229,8 +266,17 @@ def test_build_config_accepts_local_paths_and_fsspec_urls(source: str) -> None:
 
 
 def test_build_config_passes_every_image_option_to_the_library() -> None:
-    config = BuildConfig(**GOOD, layout="encoded", encoding="webp", quality=55, size=64,
-                         width=96, shorter_side=120, mode="L", max_image_pixels=10**6)
+    config = BuildConfig(
+        **GOOD,
+        layout="encoded",
+        encoding="webp",
+        quality=55,
+        size=64,
+        width=96,
+        shorter_side=120,
+        mode="L",
+        max_image_pixels=10**6,
+    )
     image = config.image_config()
     assert (image.quality, image.shorter_side, image.size) == (55, 120, (64, 96))
     assert (image.encoding, image.mode, image.max_image_pixels) == ("webp", "L", 10**6)

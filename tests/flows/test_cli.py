@@ -27,8 +27,12 @@ _SCRIPT = Path(sys.executable).with_name("h5forge")
 
 
 def h5forge(
-    *args: str, cwd: Path, cache: Path, timeout: float = 240,
-    mounts: list[tuple[Path, str]] | None = None, python: list[str] | None = None,
+    *args: str,
+    cwd: Path,
+    cache: Path,
+    timeout: float = 240,
+    mounts: list[tuple[Path, str]] | None = None,
+    python: list[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the ``h5forge`` console script (the pyproject entry point), optionally with a
     read-only or tiny file system mounted for it (see tests/fixtures/mounts.py)."""
@@ -39,8 +43,9 @@ def h5forge(
     if mounts:
         command = in_mounts(command, mounts)
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def _command() -> list[str]:
@@ -65,9 +70,14 @@ def test_demo_builds_publishes_and_prints_the_summary(prefect_harness: str, tmp_
     run = h5forge("demo", cwd=tmp_path, cache=tmp_path / "cache")
     assert run.returncode == 0, run.stderr[-3000:]
     dest = tmp_path / "h5forge-demo" / "demo.h5"
-    for line in (f"asset:       {dest}", "samples:     300 in 4 classes, 2 quarantined",
-                 "sha256:", f"manifest:    {dest}.manifest.json",
-                 f"preview:     {dest}.preview.png", "smoke-load:  fork "):
+    for line in (
+        f"asset:       {dest}",
+        "samples:     300 in 4 classes, 2 quarantined",
+        "sha256:",
+        f"manifest:    {dest}.manifest.json",
+        f"preview:     {dest}.preview.png",
+        "smoke-load:  fork ",
+    ):
         assert line in run.stdout
     assert Path(f"{dest}.manifest.json").is_file()
     assert Path(f"{dest}.preview.png").is_file()
@@ -80,8 +90,17 @@ def test_build_runs_the_flow_on_a_folder(
     prefect_harness: str, small_folder: Path, tmp_path: Path
 ) -> None:
     dest = tmp_path / "out" / "small.h5"
-    run = h5forge("build", str(small_folder), str(dest), "--size", "32", "--smoke-workers", "0",
-                  cwd=tmp_path, cache=tmp_path / "cache")
+    run = h5forge(
+        "build",
+        str(small_folder),
+        str(dest),
+        "--size",
+        "32",
+        "--smoke-workers",
+        "0",
+        cwd=tmp_path,
+        cache=tmp_path / "cache",
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "samples:     12 in 2 classes, 0 quarantined" in run.stdout
     assert verify(str(dest)).num_samples == 12
@@ -92,8 +111,17 @@ def test_build_failure_exits_1_with_one_paragraph_and_no_traceback(
 ) -> None:
     write_bad_files(small_folder / "cat")
     dest = tmp_path / "out" / "small.h5"
-    run = h5forge("build", str(small_folder), str(dest), "--max-bad-fraction", "0",
-                  "--smoke-workers", "0", cwd=tmp_path, cache=tmp_path / "cache")
+    run = h5forge(
+        "build",
+        str(small_folder),
+        str(dest),
+        "--max-bad-fraction",
+        "0",
+        "--smoke-workers",
+        "0",
+        cwd=tmp_path,
+        cache=tmp_path / "cache",
+    )
     assert run.returncode == 1
     assert "error: build failed, nothing was published:" in run.stderr
     assert "max_bad_fraction" in run.stderr
@@ -112,17 +140,25 @@ def test_a_usage_error_exits_2_without_traceback(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["build", "images", "out.h5", "--size", "-1"],
-         "error: invalid value for --size: size '-1' is not S, HxW or none"),
-        (["build", "images", "out.h5", "--size", "4"],
-         "error: invalid value for --size: size 4 is out of range"),
-        (["build", "images", "out.h5", "--compression", "zstd", "--compression-level", "0"],
-         "compression_level=0 is out of range for zstd (1..22)"),
+        (
+            ["build", "images", "out.h5", "--size", "-1"],
+            "error: invalid value for --size: size '-1' is not S, HxW or none",
+        ),
+        (
+            ["build", "images", "out.h5", "--size", "4"],
+            "error: invalid value for --size: size 4 is out of range",
+        ),
+        (
+            ["build", "images", "out.h5", "--compression", "zstd", "--compression-level", "0"],
+            "compression_level=0 is out of range for zstd (1..22)",
+        ),
         (["build", "/nonexistent", "out.h5"], "source /nonexistent does not exist"),
         (["build", "images", "out.hdf5"], "must end in .h5"),
         (["build", "images", "out.h5", "--sha256", "xyz"], "64 hexadecimal digits"),
-        (["build", "images", "out.h5", "--layout", "blob"],
-         "invalid value for --layout: layout='blob' is not one of 'decoded', 'encoded'"),
+        (
+            ["build", "images", "out.h5", "--layout", "blob"],
+            "invalid value for --layout: layout='blob' is not one of 'decoded', 'encoded'",
+        ),
         (["build", "images"], "Missing argument"),
         (["demo", "out.hdf5"], "must end in .h5"),
     ],
@@ -143,13 +179,17 @@ def test_usage_errors_exit_2_before_any_work(args: list[str], message: str) -> N
 def test_a_usage_error_is_found_without_importing_prefect(tmp_path: Path) -> None:
     # Validating a BuildConfig and the paths must not start (or even import) Prefect: that is
     # what made every rejected `build` cost ~18 s.
-    for args in (["build", "/nonexistent", "out.h5", "--size", "0"],
-                 ["build", "/nonexistent", "out.h5"]):
-        run = h5forge(*args, cwd=tmp_path, cache=tmp_path / "cache",
-                      python=["-X", "importtime"])
+    for args in (
+        ["build", "/nonexistent", "out.h5", "--size", "0"],
+        ["build", "/nonexistent", "out.h5"],
+    ):
+        run = h5forge(*args, cwd=tmp_path, cache=tmp_path / "cache", python=["-X", "importtime"])
         assert run.returncode == 2, run.stderr[-3000:]
-        imported = [ln.rsplit("|", 1)[-1].strip() for ln in run.stderr.splitlines()
-                    if ln.startswith("import time:")]
+        imported = [
+            ln.rsplit("|", 1)[-1].strip()
+            for ln in run.stderr.splitlines()
+            if ln.startswith("import time:")
+        ]
         assert "flows.config" in imported or args[3:] == ["--size", "0"]
         assert not [m for m in imported if m.split(".")[0] == "prefect"], "prefect imported"
 
@@ -172,8 +212,10 @@ def test_a_read_only_destination_exits_2_before_any_work(
     args = [str(small_folder), str(ro / "x.h5")] if command == "build" else [str(ro / "x.h5")]
     run = h5forge(command, *args, cwd=tmp_path, cache=tmp_path / "cache", mounts=[(ro, "ro")])
     assert run.returncode == 2, run.stderr[-3000:]
-    assert _error_line(run) == (f"error: cannot write the destination: {ro} is on a read-only "
-                                "file system; choose a writable destination")
+    assert _error_line(run) == (
+        f"error: cannot write the destination: {ro} is on a read-only "
+        "file system; choose a writable destination"
+    )
     assert "Prefect" not in run.stderr  # refused before Prefect was started
     assert list(ro.iterdir()) == []
 
@@ -181,8 +223,14 @@ def test_a_read_only_destination_exits_2_before_any_work(
 def test_demo_run_failure_exits_1(prefect_harness: str, tmp_path: Path) -> None:
     cache = tmp_path / "cache-is-a-file"
     cache.write_text("")
-    run = h5forge("demo", str(tmp_path / "d" / "demo.h5"), "--cache-dir", str(cache),
-                  cwd=tmp_path, cache=tmp_path / "xdg")
+    run = h5forge(
+        "demo",
+        str(tmp_path / "d" / "demo.h5"),
+        "--cache-dir",
+        str(cache),
+        cwd=tmp_path,
+        cache=tmp_path / "xdg",
+    )
     assert run.returncode == 1, run.stderr[-3000:]
     line = _error_line(run)
     assert line.startswith("error: build failed, nothing was published: ")
@@ -198,13 +246,30 @@ def test_build_takes_every_pack_option(
 ) -> None:
     # The options `build` could not set before: --manifest, --quality, --shorter-side,
     # --fletcher32, and an HxW size.
-    rows = [f"{p.relative_to(small_folder).as_posix()},{p.parent.name}"
-            for p in sorted(small_folder.rglob("*.*"))[::2]]
+    rows = [
+        f"{p.relative_to(small_folder).as_posix()},{p.parent.name}"
+        for p in sorted(small_folder.rglob("*.*"))[::2]
+    ]
     (small_folder / "labels.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
     dest = tmp_path / "out" / "opts.h5"
-    run = h5forge("build", str(small_folder), str(dest), "--manifest", "labels.csv",
-                  "--size", "32x48", "--shorter-side", "60", "--quality", "55", "--fletcher32",
-                  "--smoke-workers", "0", cwd=tmp_path, cache=tmp_path / "cache")
+    run = h5forge(
+        "build",
+        str(small_folder),
+        str(dest),
+        "--manifest",
+        "labels.csv",
+        "--size",
+        "32x48",
+        "--shorter-side",
+        "60",
+        "--quality",
+        "55",
+        "--fletcher32",
+        "--smoke-workers",
+        "0",
+        cwd=tmp_path,
+        cache=tmp_path / "cache",
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"samples:     {len(rows)} in 2 classes" in run.stdout
     with h5py.File(dest) as h5:
@@ -225,8 +290,9 @@ def test_a_full_disk_at_the_preview_says_the_asset_was_published(
     args = ("--size", "64", "--smoke-workers", "0", "--workers", "1")
     # A first build, to a roomy folder, measures what the publish writes.
     roomy = tmp_path / "roomy" / "a.h5"
-    first = h5forge("build", str(small_folder), str(roomy), *args, cwd=tmp_path,
-                    cache=tmp_path / "cache")
+    first = h5forge(
+        "build", str(small_folder), str(roomy), *args, cwd=tmp_path, cache=tmp_path / "cache"
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     page = 4096
 
@@ -241,22 +307,35 @@ def test_a_full_disk_at_the_preview_says_the_asset_was_published(
     full.mkdir()
     dest = full / "a.h5"
     # The mount lives as long as the namespace: look at what was published from inside it.
-    script = ('"$@"; echo "build-exit=$?"; ls -a "$DEST_DIR"; '
-              '"$PY" -m h5forge.cli verify "$DEST_DIR/a.h5"; echo "verify-exit=$?"')
+    script = (
+        '"$@"; echo "build-exit=$?"; ls -a "$DEST_DIR"; '
+        '"$PY" -m h5forge.cli verify "$DEST_DIR/a.h5"; echo "verify-exit=$?"'
+    )
     command = [*_command(), "build", str(small_folder), str(dest), *args]
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "DEST_DIR": str(full),
-           "PY": sys.executable,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    run = subprocess.run(in_mounts(["sh", "-c", script, "sh", *command],
-                                   [(full, f"tmpfs:{room}")]),
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
-                         check=False)
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "DEST_DIR": str(full),
+        "PY": sys.executable,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    run = subprocess.run(
+        in_mounts(["sh", "-c", script, "sh", *command], [(full, f"tmpfs:{room}")]),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert "build-exit=1" in run.stdout, run.stderr[-3000:]
     line = _error_line(run)
     assert "nothing was published" not in run.stderr
-    assert line.startswith(f"error: build failed after publishing: {dest} and its manifest "
-                           f"were published; only the preview {dest}.preview.png could not "
-                           "be written: no space left on the device")
+    assert line.startswith(
+        f"error: build failed after publishing: {dest} and its manifest "
+        f"were published; only the preview {dest}.preview.png could not "
+        "be written: no space left on the device"
+    )
     listed = run.stdout.split("build-exit=1", 1)[1].split()
     assert {"a.h5", "a.h5.manifest.json"} <= set(listed)
     assert "a.h5.preview.png" not in listed  # no torn PNG left behind

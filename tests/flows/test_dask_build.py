@@ -47,16 +47,25 @@ def cluster(prefect_harness: str) -> Iterator[Cluster]:
     from distributed import Client, LocalCluster
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # for client.run(...) below
-    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                      dashboard_address=None) as local, \
-            Client(local, set_as_default=False) as client:  # the flow connects by address
+    with (
+        LocalCluster(
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+        ) as local,
+        Client(local, set_as_default=False) as client,
+    ):  # the flow connects by address
         yield Cluster(address=local.scheduler_address, client=client)
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def _config(demo_archive: Any, dest: Path, **changes: Any) -> BuildConfig:
-    return BuildConfig(source=str(demo_archive.path), sha256=demo_archive.sha256,
-                       destination=str(dest), smoke_workers=0, smoke_batches=1, **changes)
+    return BuildConfig(
+        source=str(demo_archive.path),
+        sha256=demo_archive.sha256,
+        destination=str(dest),
+        smoke_workers=0,
+        smoke_batches=1,
+        **changes,
+    )
 
 
 def _build(config: BuildConfig, cache: Path) -> tuple[BuildSummary, Any]:
@@ -67,16 +76,24 @@ def _build(config: BuildConfig, cache: Path) -> tuple[BuildSummary, Any]:
 
 def _shard_runs(flow_run_id: Any) -> list[str]:
     """Names of the flow run's pack-shard task runs, e.g. ``pack-shard[demo.h5 shard-00003.h5]``."""
-    return sorted(t.name for t in flow_run_task_runs(flow_run_id)
-                  if t.name.startswith("pack-shard["))
+    return sorted(
+        t.name for t in flow_run_task_runs(flow_run_id) if t.name.startswith("pack-shard[")
+    )
 
 
 def _assert_same_samples(got: Path, ref: Path) -> None:
     """Same samples as ``ref``, the demo built by the local executor (the ``built`` fixture)."""
     with h5py.File(got) as a, h5py.File(ref) as b:
         assert a.attrs["num_samples"] == b.attrs["num_samples"] == 300
-        for name in ("digests", "labels", "splits", "paths", "classes", "split_names",
-                     "quarantine/paths"):
+        for name in (
+            "digests",
+            "labels",
+            "splits",
+            "paths",
+            "classes",
+            "split_names",
+            "quarantine/paths",
+        ):
             assert np.array_equal(a[name][()], b[name][()]), name
         assert np.array_equal(a["images"][()], b["images"][()])
 
@@ -103,11 +120,17 @@ def _kill_when(staging: Path, shards: int, pid: int) -> threading.Thread:
 
 @pytest.mark.slow
 def test_dask_build_equals_the_local_build_even_when_a_worker_dies(
-        cluster: Cluster, built: Any, demo_archive: Any, fetch_cache: Path,
-        tmp_path: Path) -> None:
+    cluster: Cluster, built: Any, demo_archive: Any, fetch_cache: Path, tmp_path: Path
+) -> None:
     staging = tmp_path / "staging"
-    config = _config(demo_archive, tmp_path / "out" / "demo.h5", executor="dask",
-                     dask_address=cluster.address, shard_size=20, staging=str(staging))
+    config = _config(
+        demo_archive,
+        tmp_path / "out" / "demo.h5",
+        executor="dask",
+        dask_address=cluster.address,
+        shard_size=20,
+        staging=str(staging),
+    )
     victim = next(iter(cluster.client.run(_pid).values()))
     killer = _kill_when(staging, 2, victim)  # mid-build: the nanny restarts it, Dask reruns
     summary, run_id = _build(config, fetch_cache)
@@ -141,7 +164,8 @@ def _wait_until_idle(cluster: Cluster, timeout: float = 60.0) -> None:
     deadline, quiet_since = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         busy = sum(cluster.client.run(_busy).values()) + cluster.client.run_on_scheduler(
-            lambda dask_scheduler: len(dask_scheduler.tasks))
+            lambda dask_scheduler: len(dask_scheduler.tasks)
+        )
         quiet_since = (quiet_since or time.monotonic()) if busy == 0 else None
         if quiet_since and time.monotonic() - quiet_since > 1.0:
             return
@@ -158,16 +182,26 @@ build_dataset(BuildConfig.model_validate_json(sys.argv[1]), cache_dir=sys.argv[2
 
 @pytest.mark.slow
 def test_a_killed_build_resumes_and_packs_only_the_missing_shards(
-        cluster: Cluster, built: Any, demo_archive: Any, fetch_cache: Path,
-        tmp_path: Path) -> None:
+    cluster: Cluster, built: Any, demo_archive: Any, fetch_cache: Path, tmp_path: Path
+) -> None:
     staging = tmp_path / "staging"
-    config = _config(demo_archive, tmp_path / "out" / "demo.h5", executor="dask",
-                     dask_address=cluster.address, shard_size=20, staging=str(staging))
+    config = _config(
+        demo_archive,
+        tmp_path / "out" / "demo.h5",
+        executor="dask",
+        dask_address=cluster.address,
+        shard_size=20,
+        staging=str(staging),
+    )
     n = -(-INPUTS // 20)
     log = (tmp_path / "killed.log").open("w")
-    run = subprocess.Popen([sys.executable, "-c", _RUN_FLOW, config.model_dump_json(),
-                            str(fetch_cache)], cwd=REPO_ROOT, stdout=log, stderr=log,
-                           env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    run = subprocess.Popen(
+        [sys.executable, "-c", _RUN_FLOW, config.model_dump_json(), str(fetch_cache)],
+        cwd=REPO_ROOT,
+        stdout=log,
+        stderr=log,
+        env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
+    )
     try:
         deadline = time.monotonic() + 120
         while not staging.exists() or len(_manifests(staging)) < 3:
@@ -182,7 +216,7 @@ def test_a_killed_build_resumes_and_packs_only_the_missing_shards(
     done = _manifests(staging)
     k = len(done)
     assert 3 <= k < n, f"{k} of {n} shards finished before the kill landed"
-    done_index = {int(name[len("shard-"):-len(".h5")]) for name in done}
+    done_index = {int(name[len("shard-") : -len(".h5")]) for name in done}
 
     summary, run_id = _build(config, fetch_cache)
 
@@ -190,8 +224,7 @@ def test_a_killed_build_resumes_and_packs_only_the_missing_shards(
     assert set(summary.shards.skipped) == done_index
     assert set(summary.shards.packed) == set(range(n)) - done_index  # only the n - k
     assert len(_shard_runs(run_id)) == n - k
-    assert all(f"shard-{i:05d}.h5" not in name for name in _shard_runs(run_id)
-               for i in done_index)
+    assert all(f"shard-{i:05d}.h5" not in name for name in _shard_runs(run_id) for i in done_index)
     _assert_same_samples(tmp_path / "out" / "demo.h5", built.dest)
     manifest = json.loads(Path(str(tmp_path / "out" / "demo.h5") + ".manifest.json").read_text())
     assert manifest["num_samples"] == 300
@@ -208,35 +241,49 @@ GOOD = {"source": "/data/flowers.tar.gz", "destination": "/assets/flowers.h5"}
         ({"executor": "dask"}, "executor='dask' needs dask_address"),
         ({"executor": "dask", "dask_address": ""}, "executor='dask' needs dask_address"),
         ({"executor": "dask", "dask_address": "scheduler:8786"}, "not a Dask scheduler address"),
-        ({"executor": "dask", "dask_address": "http://scheduler:8786"},
-         "not a Dask scheduler address"),
+        (
+            {"executor": "dask", "dask_address": "http://scheduler:8786"},
+            "not a Dask scheduler address",
+        ),
         ({"executor": "dask", "dask_address": "tcp://scheduler:70000"}, "port 1..65535"),
         ({"executor": "dask", "dask_address": "tcp://scheduler"}, "tcp://HOST:PORT"),
         ({"dask_address": "tcp://scheduler:8786"}, "apply to executor='dask' only"),
         ({"staging": "/mnt/shared/staging"}, "staging apply to executor='dask' only"),
-        ({"executor": "dask", "dask_address": "tcp://s:8786", "staging": "https://x/y/"},
-         "read-only"),
-        ({"executor": "dask", "dask_address": "tcp://s:8786", "staging": "s3://k:secret@b/s"},
-         "embeds credentials"),
-        ({"executor": "dask", "dask_address": "tcp://s:8786", "shard_size": 0},
-         "greater than or equal to 1"),
+        (
+            {"executor": "dask", "dask_address": "tcp://s:8786", "staging": "https://x/y/"},
+            "read-only",
+        ),
+        (
+            {"executor": "dask", "dask_address": "tcp://s:8786", "staging": "s3://k:secret@b/s"},
+            "embeds credentials",
+        ),
+        (
+            {"executor": "dask", "dask_address": "tcp://s:8786", "shard_size": 0},
+            "greater than or equal to 1",
+        ),
         ({"executor": "ray"}, "'local' or 'dask'"),
     ],
 )
-def test_build_config_rejects_bad_executor_settings(changes: dict[str, Any],
-                                                    message: str) -> None:
+def test_build_config_rejects_bad_executor_settings(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         BuildConfig(**{**GOOD, **changes})
 
 
-@pytest.mark.parametrize("address", ["tcp://scheduler:8786", "tls://10.0.0.5:8786",
-                                     "tcp://[::1]:8786", " tcp://dask.example.org:1 "])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "tcp://scheduler:8786",
+        "tls://10.0.0.5:8786",
+        "tcp://[::1]:8786",
+        " tcp://dask.example.org:1 ",
+    ],
+)
 def test_build_config_accepts_dask_addresses(address: str) -> None:
-    config = BuildConfig(**GOOD, executor="dask", dask_address=address,
-                         staging="s3://bucket/staging/flowers/")
+    config = BuildConfig(
+        **GOOD, executor="dask", dask_address=address, staging="s3://bucket/staging/flowers/"
+    )
     assert config.dask_address == address.strip()
     assert (config.shard_size, config.shard_bytes) == (2000, None)
-
 
 
 def test_cli_build_takes_the_executor_options(tmp_path: Path) -> None:
@@ -248,7 +295,8 @@ def test_cli_build_takes_the_executor_options(tmp_path: Path) -> None:
     missing = CliRunner().invoke(app, args)
     assert missing.exit_code == 2
     assert "needs dask_address" in missing.output
-    bad = CliRunner().invoke(app, [*args, "--dask-address", "tcp://scheduler:8786",
-                                   "--shard-size", "0"])
+    bad = CliRunner().invoke(
+        app, [*args, "--dask-address", "tcp://scheduler:8786", "--shard-size", "0"]
+    )
     assert bad.exit_code == 2
     assert "shard_size" in bad.output

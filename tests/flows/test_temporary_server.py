@@ -28,11 +28,30 @@ def _build(tmp_path: Path, **env_extra: str) -> subprocess.CompletedProcess[str]
     if not src.exists():
         write_image_folder(src, classes=("a", "b"), per_class=3, seed=1, size=(32, 32))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update({"PREFECT_HOME": str(tmp_path / "prefect-home"),
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **env_extra})
-    return subprocess.run([sys.executable, "-m", "flows.cli", "build", str(src),
-                           str(tmp_path / "out" / "x.h5"), "--cache-dir", str(tmp_path / "c")],
-                          env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    env.update(
+        {
+            "PREFECT_HOME": str(tmp_path / "prefect-home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            **env_extra,
+        }
+    )
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "build",
+            str(src),
+            str(tmp_path / "out" / "x.h5"),
+            "--cache-dir",
+            str(tmp_path / "c"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
 
 
 def _listening(port: int) -> bool:
@@ -42,7 +61,8 @@ def _listening(port: int) -> bool:
 
 
 def test_a_server_that_does_not_start_in_time_names_the_setting_and_is_stopped(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     run = _build(tmp_path, **{_SETTING: "0.5"})
     assert run.returncode == 1, run.stderr
     assert "waiting up to 0 s" in run.stderr or "waiting up to 1 s" in run.stderr
@@ -65,5 +85,6 @@ def test_a_bound_that_is_not_a_number_is_a_usage_error(tmp_path: Path) -> None:
     run = _build(tmp_path, **{_SETTING: "soon"})
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip().splitlines()[-1] == (
-        f"error: {_SETTING}=soon is not a number of seconds")
+        f"error: {_SETTING}=soon is not a number of seconds"
+    )
     assert "starting Prefect" not in run.stderr

@@ -85,9 +85,13 @@ def _flow_run_text(flow_run_id: Any) -> str:
             artifacts = await client.read_artifacts(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
             )
-            return "\n".join([json.dumps(run.parameters, default=str),
-                              *(log.message for log in logs),
-                              *(str(a.data) for a in artifacts)])
+            return "\n".join(
+                [
+                    json.dumps(run.parameters, default=str),
+                    *(log.message for log in logs),
+                    *(str(a.data) for a in artifacts),
+                ]
+            )
 
     return asyncio.run(read())
 
@@ -102,8 +106,11 @@ def test_build_and_verify_over_s3_with_credentials_from_a_secret_block(
     Secret(value=options).save("h5forge-test-s3", overwrite=True)
     url = f"s3://{s3_bucket}/assets/demo.h5"
     config = BuildConfig(
-        source=built.config.source, sha256=built.config.sha256, destination=url,
-        credentials_block="h5forge-test-s3", smoke_workers=0,
+        source=built.config.source,
+        sha256=built.config.sha256,
+        destination=url,
+        credentials_block="h5forge-test-s3",
+        smoke_workers=0,
     )
     state = build_dataset(config, cache_dir=str(built.cache_dir), return_state=True)
     assert state.is_completed(), state.message

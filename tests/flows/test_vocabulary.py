@@ -28,8 +28,10 @@ from h5forge.writer import pack
 
 _COMMANDS = typer.main.get_command(app).commands  # type: ignore[attr-defined]
 _LIBRARY = {f.name: f.default for f in fields(ImageConfig)} | {
-    name: p.default for name, p in inspect.signature(pack).parameters.items()
-    if p.kind is p.KEYWORD_ONLY}
+    name: p.default
+    for name, p in inspect.signature(pack).parameters.items()
+    if p.kind is p.KEYWORD_ONLY
+}
 
 
 @pytest.mark.parametrize("opt", PACK_OPTIONS, ids=lambda o: o.name)
@@ -57,8 +59,16 @@ def _cases(valid: bool) -> list[dict[str, Any]]:
         if o.kind == "choice":
             if valid:
                 for c in o.choices:
-                    cases.append({o.name: c, **({"layout": "encoded"} if o.name == "encoding"
-                                                 and c != "original" else {})})
+                    cases.append(
+                        {
+                            o.name: c,
+                            **(
+                                {"layout": "encoded"}
+                                if o.name == "encoding" and c != "original"
+                                else {}
+                            ),
+                        }
+                    )
             else:
                 cases.append({o.name: "bogus"})
         elif o.name == "compression_level":
@@ -68,8 +78,11 @@ def _cases(valid: bool) -> list[dict[str, Any]]:
             if not valid:
                 cases.append({"compression": "lzf", o.name: 1})
         elif o.name == "shorter_side":  # must also be >= max(size)
-            cases.extend([{o.name: 8, "size": (8, 8)}, {o.name: 4096}] if valid else
-                         [{o.name: 7, "size": (8, 8)}, {o.name: 4097}, {o.name: 100}])
+            cases.extend(
+                [{o.name: 8, "size": (8, 8)}, {o.name: 4096}]
+                if valid
+                else [{o.name: 7, "size": (8, 8)}, {o.name: 4097}, {o.name: 100}]
+            )
         elif o.kind in ("int", "float"):
             if valid:
                 cases.extend({o.name: v} for v in (o.low, o.high, o.default) if v is not None)
@@ -78,9 +91,16 @@ def _cases(valid: bool) -> list[dict[str, Any]]:
                 if o.high is not None:
                     cases.append({o.name: o.high + (1 if o.kind == "int" else 0.5)})
         elif o.kind == "size":
-            cases.extend([{"size": (8, 8)}, {"size": (4096, 4096)}, {"size": (8, 4096)},
-                          {"size": None, "resize": "none"}] if valid else
-                         [{"size": (7, 7)}, {"size": (8, 4097)}, {"size": (0, 10)}])
+            cases.extend(
+                [
+                    {"size": (8, 8)},
+                    {"size": (4096, 4096)},
+                    {"size": (8, 4096)},
+                    {"size": None, "resize": "none"},
+                ]
+                if valid
+                else [{"size": (7, 7)}, {"size": (8, 4097)}, {"size": (0, 10)}]
+            )
         elif valid and o.kind == "bool":
             cases.append({o.name: True})
         elif valid and o.kind == "path":
@@ -113,7 +133,8 @@ def _fields(case: dict[str, Any]) -> dict[str, Any]:
 
 def _line(command: str, tmp_path: Path, args: list[str]) -> tuple[int, str]:
     result = CliRunner().invoke(
-        app, [command, str(tmp_path / "no-such-source"), str(tmp_path / "out.h5"), *args])
+        app, [command, str(tmp_path / "no-such-source"), str(tmp_path / "out.h5"), *args]
+    )
     assert "Traceback" not in result.output
     errors = [ln for ln in result.output.splitlines() if ln.startswith("error: ")]
     assert errors, result.output
@@ -132,7 +153,9 @@ def test_each_value_accepted_by_one_surface_is_accepted_by_all(
         code, line = _line(command, tmp_path, _args(case))
         # Every option passed; the first thing refused is the missing source.
         assert (code, line.split(" does not exist")[0]) == (
-            2, f"error: source {tmp_path / 'no-such-source'}"), (command, line)
+            2,
+            f"error: source {tmp_path / 'no-such-source'}",
+        ), (command, line)
     config = BuildConfig(source="/data", destination="/out/x.h5", **_fields(case))
     image = config.image_config()
     for name, value in case.items():

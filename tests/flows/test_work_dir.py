@@ -38,18 +38,25 @@ def tmpdir_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _run(root: Path) -> tuple[subprocess.Popen[str], Path]:
-    env = {"TMPDIR": str(root), "PYTHONPATH": str(_REPO),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    proc = subprocess.Popen([sys.executable, "-c", _RUN], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
+    env = {
+        "TMPDIR": str(root),
+        "PYTHONPATH": str(_REPO),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RUN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert proc.stdout is not None
     with proc.stdout:
         return proc, Path(proc.stdout.readline().strip())
 
 
 @pytest.mark.slow  # three processes import Prefect (~5 s each on 2 cores)
-def test_only_dead_runs_marked_work_folders_are_removed(tmpdir_root: Path,
-                                                        tmp_path: Path) -> None:
+def test_only_dead_runs_marked_work_folders_are_removed(tmpdir_root: Path, tmp_path: Path) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"precious")
     users = tmpdir_root / "h5forge-build-mine"  # the user's own, named like ours

@@ -16,8 +16,15 @@ from tests.fixtures.hostile_h5 import build_bases
 def split_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """train/val ImageFolder with 3 classes of JPEG and PNG files of mixed sizes."""
     root = tmp_path_factory.mktemp("split_tree")
-    write_image_folder(root, classes=("cat", "dog", "eel"), per_class=6, splits=("train", "val"),
-                       seed=7, size=((40, 70), (30, 90)), formats=("jpeg", "png"))
+    write_image_folder(
+        root,
+        classes=("cat", "dog", "eel"),
+        per_class=6,
+        splits=("train", "val"),
+        seed=7,
+        size=((40, 70), (30, 90)),
+        formats=("jpeg", "png"),
+    )
     return root
 
 
@@ -30,8 +37,12 @@ def packed_decoded(split_tree: Path, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(scope="session")
 def packed_encoded(split_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> PackResult:
     out = tmp_path_factory.mktemp("packed") / "encoded.h5"
-    return pack(split_tree, out, image=ImageConfig(layout="encoded", encoding="original",
-                                                   resize="none", size=None), workers=2)
+    return pack(
+        split_tree,
+        out,
+        image=ImageConfig(layout="encoded", encoding="original", resize="none", size=None),
+        workers=2,
+    )
 
 
 @pytest.fixture(scope="session")

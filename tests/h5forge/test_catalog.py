@@ -31,8 +31,9 @@ def _touch(path: Path, data: bytes = PNG) -> Path:
 
 def _check_invariants(cat: Catalog) -> None:
     assert list(cat.classes) == sorted(cat.classes)
-    keys = [((SPLIT_NAMES.index(s.split) if s.split else -1), s.label, s.relpath)
-            for s in cat.samples]
+    keys = [
+        ((SPLIT_NAMES.index(s.split) if s.split else -1), s.label, s.relpath) for s in cat.samples
+    ]
     assert keys == sorted(keys)
     for s in cat.samples:
         assert os.path.isabs(s.path)
@@ -50,8 +51,12 @@ def test_image_folder(image_folder: Path) -> None:
     assert len(cat.samples) == 15
     assert cat.skipped == {}
     assert [s.relpath for s in cat.samples[:5]] == [
-        "cat/cat_0000.jpg", "cat/cat_0001.png", "cat/cat_0002.jpg", "cat/cat_0003.png",
-        "cat/gray.png"]
+        "cat/cat_0000.jpg",
+        "cat/cat_0001.png",
+        "cat/cat_0002.jpg",
+        "cat/cat_0003.png",
+        "cat/gray.png",
+    ]
     assert {s.split for s in cat.samples} == {""}
     for s in cat.samples:
         assert s.relpath.split("/")[0] == cat.classes[s.label]
@@ -77,8 +82,11 @@ def test_split_missing_a_class_keeps_global_labels(tmp_path: Path) -> None:
     _touch(tmp_path / "validation" / "y" / "1.png")
     cat = discover(tmp_path)
     assert cat.splits == ("train", "validation")
-    assert [(s.split, s.label) for s in cat.samples] == [("train", 0), ("train", 1),
-                                                         ("validation", 1)]
+    assert [(s.split, s.label) for s in cat.samples] == [
+        ("train", 0),
+        ("train", 1),
+        ("validation", 1),
+    ]
 
 
 def test_mixed_split_and_class_folders_is_an_error(tmp_path: Path) -> None:
@@ -99,8 +107,12 @@ def test_hidden_and_non_images_are_skipped_and_counted(image_folder: Path) -> No
     _touch(image_folder / "owl" / "UPPER.JPEG")
     cat = discover(image_folder)
     assert len(cat.samples) == 16  # UPPER.JPEG counts: extensions are case-insensitive
-    assert cat.skipped == {"broken-link-or-special-file": 1, "hidden": 3,
-                           "not-an-image-extension": 2, "outside-class-folder": 1}
+    assert cat.skipped == {
+        "broken-link-or-special-file": 1,
+        "hidden": 3,
+        "not-an-image-extension": 2,
+        "outside-class-folder": 1,
+    }
     assert ".git" not in cat.classes
 
 
@@ -146,8 +158,13 @@ def test_root_given_through_a_link_still_counts_as_inside(tmp_path: Path) -> Non
 @pytest.mark.slow  # 1,200 folders: seconds on a busy disk
 def test_a_1200_deep_local_tree_is_cut_at_the_depth_limit(tmp_path: Path) -> None:
     _touch(tmp_path / "a" / "top.png")
-    deep_chain(tmp_path / "a", 1_200, lambda level, fd: touch_at(f"at{level}.png", fd) if level
-               in (11, MAX_DEPTH - 1, MAX_DEPTH + 6) else None)
+    deep_chain(
+        tmp_path / "a",
+        1_200,
+        lambda level, fd: (
+            touch_at(f"at{level}.png", fd) if level in (11, MAX_DEPTH - 1, MAX_DEPTH + 6) else None
+        ),
+    )
     try:
         cat = discover(tmp_path)
     finally:
@@ -215,14 +232,19 @@ def test_csv_manifest_with_names_and_splits(tmp_path: Path) -> None:
     root = _manifest_tree(tmp_path)
     (root / "labels.csv").write_text(
         "\ufeffpath,label,split,extra\nimgs/2.png,dog,val,z\nimgs/1.jpg,cat,train,z\n"
-        "./imgs/sub/3.png,dog,train,z\nother/4.png,cat,val,z\n", encoding="utf-8")
+        "./imgs/sub/3.png,dog,train,z\nother/4.png,cat,val,z\n",
+        encoding="utf-8",
+    )
     cat = discover(root, manifest="labels.csv")
     assert cat.root == str(root)
     assert cat.classes == ("cat", "dog")
     assert cat.splits == ("train", "val")
     assert [(s.split, s.label, s.relpath) for s in cat.samples] == [
-        ("train", 0, "imgs/1.jpg"), ("train", 1, "imgs/sub/3.png"),
-        ("val", 0, "other/4.png"), ("val", 1, "imgs/2.png")]
+        ("train", 0, "imgs/1.jpg"),
+        ("train", 1, "imgs/sub/3.png"),
+        ("val", 0, "other/4.png"),
+        ("val", 1, "imgs/2.png"),
+    ]
     _check_invariants(cat)
 
 
@@ -241,10 +263,13 @@ def test_jsonl_manifest(tmp_path: Path) -> None:
     cat = discover(root, manifest="m.jsonl")
     assert cat.classes == ("0", "1")
     assert cat.splits == ()
-    assert [(s.relpath, s.label, s.split) for s in cat.samples] == [("imgs/2.png", 0, ""),
-                                                                    ("imgs/1.jpg", 1, "")]
-    (root / "n.jsonl").write_text(json.dumps({"path": "other/4.png", "label": "ünï",
-                                              "split": "test"}) + "\n")
+    assert [(s.relpath, s.label, s.split) for s in cat.samples] == [
+        ("imgs/2.png", 0, ""),
+        ("imgs/1.jpg", 1, ""),
+    ]
+    (root / "n.jsonl").write_text(
+        json.dumps({"path": "other/4.png", "label": "ünï", "split": "test"}) + "\n"
+    )
     named = discover(root, manifest="n.jsonl")
     assert named.classes == ("ünï",)
     assert named.splits == ("test",)
@@ -253,27 +278,48 @@ def test_jsonl_manifest(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "text", "error", "match"),
     [
-        ("m.csv", "path,label\nimgs/1.jpg,a\nimgs/missing.png,a\n", FileNotFoundError,
-         r"m\.csv:3: file 'imgs/missing.png' not found"),
+        (
+            "m.csv",
+            "path,label\nimgs/1.jpg,a\nimgs/missing.png,a\n",
+            FileNotFoundError,
+            r"m\.csv:3: file 'imgs/missing.png' not found",
+        ),
         ("m.csv", "file,label\nimgs/1.jpg,a\n", ValueError, r"lacks \['path'\]"),
         ("m.csv", "path,label\n../escape.png,a\n", ValueError, r"m\.csv:2: .*stay inside"),
         ("m.csv", "path,label\n/etc/passwd,a\n", ValueError, r"m\.csv:2: .*relative"),
-        ("m.csv", "path,label\nimgs/1.jpg,a\nimgs/1.jpg,b\n", ValueError,
-         r"m\.csv:3: .*already listed on line 2"),
-        ("m.csv", "path,label,split\nimgs/1.jpg,a,holdout\n", ValueError,
-         r"m\.csv:2: split 'holdout' is not one of"),
+        (
+            "m.csv",
+            "path,label\nimgs/1.jpg,a\nimgs/1.jpg,b\n",
+            ValueError,
+            r"m\.csv:3: .*already listed on line 2",
+        ),
+        (
+            "m.csv",
+            "path,label,split\nimgs/1.jpg,a,holdout\n",
+            ValueError,
+            r"m\.csv:2: split 'holdout' is not one of",
+        ),
         ("m.csv", "path,label\nimgs/1.jpg,\n", ValueError, r"m\.csv:2: empty label"),
         ("m.csv", "path,label\n", EmptyDatasetError, "lists no sample"),
-        ("m.jsonl", '{"path": "imgs/1.jpg", "label": 0}\n{"path": "imgs/2.png", "label": "a"}\n',
-         ValueError, "mixes integer and string labels"),
-        ("m.jsonl", '{"path": "imgs/1.jpg", "label": 0}\nnot json\n', ValueError,
-         r"m\.jsonl:2: not JSON"),
+        (
+            "m.jsonl",
+            '{"path": "imgs/1.jpg", "label": 0}\n{"path": "imgs/2.png", "label": "a"}\n',
+            ValueError,
+            "mixes integer and string labels",
+        ),
+        (
+            "m.jsonl",
+            '{"path": "imgs/1.jpg", "label": 0}\nnot json\n',
+            ValueError,
+            r"m\.jsonl:2: not JSON",
+        ),
         ("m.jsonl", '{"path": "imgs/1.jpg", "label": -1}\n', ValueError, r"m\.jsonl:1: label -1"),
         ("m.jsonl", '{"label": 1}\n', ValueError, r"m\.jsonl:1: .*string 'path'"),
     ],
 )
-def test_manifest_errors_name_the_line(tmp_path: Path, name: str, text: str,
-                                       error: type[Exception], match: str) -> None:
+def test_manifest_errors_name_the_line(
+    tmp_path: Path, name: str, text: str, error: type[Exception], match: str
+) -> None:
     root = _manifest_tree(tmp_path)
     (root / name).write_text(text)
     with pytest.raises(error, match=match):
@@ -291,13 +337,22 @@ def test_extensions_and_split_names() -> None:
     assert SPLIT_NAMES == ("train", "val", "validation", "test")
 
 
-_NAME = st.text(st.characters(codec="utf-8", categories=("L", "N", "Zs"), include_characters="-_"),
-                min_size=1, max_size=10).filter(lambda s: s.strip() == s and s not in SPLIT_NAMES)
+_NAME = st.text(
+    st.characters(codec="utf-8", categories=("L", "N", "Zs"), include_characters="-_"),
+    min_size=1,
+    max_size=10,
+).filter(lambda s: s.strip() == s and s not in SPLIT_NAMES)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tree=st.dictionaries(_NAME, st.lists(st.tuples(_NAME, st.sampled_from([".png", ".JPG"])),
-                                            min_size=1, max_size=4), min_size=1, max_size=4))
+@given(
+    tree=st.dictionaries(
+        _NAME,
+        st.lists(st.tuples(_NAME, st.sampled_from([".png", ".JPG"])), min_size=1, max_size=4),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_discover_property(tree: dict[str, list[tuple[str, str]]]) -> None:
     # Normalise and case-fold away names that one file system could merge into one.
     def key(s: str) -> str:
@@ -318,7 +373,8 @@ def test_discover_property(tree: dict[str, list[tuple[str, str]]]) -> None:
     assert cat.classes == tuple(sorted(classes))
     assert len(cat.samples) == sum(len(f) for f in classes.values())
     assert {(cat.classes[s.label], s.relpath) for s in cat.samples} == {
-        (c, f"{c}/{f}") for c, files in classes.items() for f in files}
+        (c, f"{c}/{f}") for c, files in classes.items() for f in files
+    }
     keys = [(s.label, s.relpath) for s in cat.samples]
     assert keys == sorted(keys)
 
@@ -338,62 +394,125 @@ _BIG = "x" * (128 * 1024)
     ("name", "data", "match"),
     [
         # Labels bounded by the rows, never allocated by value.
-        ("m.csv", "path,label\nimgs/1.jpg,0\nimgs/2.png,1099511627776\n",
-         r"m\.csv:3: label 1099511627776 is out of range: a manifest of 2 rows may use integer "
-         r"labels 0\.\.1,023"),
-        ("m.jsonl", '{"path": "imgs/1.jpg", "label": 1099511627776}\n',
-         r"m\.jsonl:1: label 1099511627776 is out of range"),
-        ("m.csv", "path,label\nimgs/1.jpg,0\nimgs/2.png," + "9" * 1000 + "\n",
-         r"m\.csv:3: label 9{20}\.\.\.\[\d+ characters omitted\]\.\.\.9+ is out of range"),
-        ("m.jsonl", '{"path": "imgs/1.jpg", "label": ' + "9" * 5000 + "}\n",
-         r"m\.jsonl:1: not usable JSON \(ValueError"),
+        (
+            "m.csv",
+            "path,label\nimgs/1.jpg,0\nimgs/2.png,1099511627776\n",
+            r"m\.csv:3: label 1099511627776 is out of range: a manifest of 2 rows may use integer "
+            r"labels 0\.\.1,023",
+        ),
+        (
+            "m.jsonl",
+            '{"path": "imgs/1.jpg", "label": 1099511627776}\n',
+            r"m\.jsonl:1: label 1099511627776 is out of range",
+        ),
+        (
+            "m.csv",
+            "path,label\nimgs/1.jpg,0\nimgs/2.png," + "9" * 1000 + "\n",
+            r"m\.csv:3: label 9{20}\.\.\.\[\d+ characters omitted\]\.\.\.9+ is out of range",
+        ),
+        (
+            "m.jsonl",
+            '{"path": "imgs/1.jpg", "label": ' + "9" * 5000 + "}\n",
+            r"m\.jsonl:1: not usable JSON \(ValueError",
+        ),
         # Sizes.
-        ("m.csv", f"path,label\nimgs/1.jpg,a\nimgs/2.png,{_BIG}\n",  # at the csv limit
-         r"m\.csv:3: label is 131,072 characters, over the limit of 1,024"),
-        ("m.csv", f"path,label\nimgs/1.jpg,a\nimgs/2.png,{_BIG}y\n",  # over it
-         r"m\.csv:3: a field is longer than 131,072 characters \(the CSV parser's limit\)"),
-        ("m.csv", f'path,label\nimgs/1.jpg,a\n"{_BIG}\n{_BIG}",b\n',  # over it at line 3's end
-         r"m\.csv:3: a field is longer than 131,072 characters"),
-        ("m.csv", "path,label\nimgs/1.jpg," + "a" * 2000 + "\n",
-         r"m\.csv:2: label is 2,000 characters, over the limit of 1,024"),
-        ("m.jsonl", '{"path": "' + "a" * (2 << 20) + '", "label": 0}\n',
-         r"m\.jsonl:1: line is longer than 1,048,576 bytes"),
-        ("m.csv", "path,label\n" + "a/" * 2100 + "x.png,a\n",
-         r"m\.csv:2: path 'a/a/.*' is 4,205 bytes, over the limit of 4,096"),
+        (
+            "m.csv",
+            f"path,label\nimgs/1.jpg,a\nimgs/2.png,{_BIG}\n",  # at the csv limit
+            r"m\.csv:3: label is 131,072 characters, over the limit of 1,024",
+        ),
+        (
+            "m.csv",
+            f"path,label\nimgs/1.jpg,a\nimgs/2.png,{_BIG}y\n",  # over it
+            r"m\.csv:3: a field is longer than 131,072 characters \(the CSV parser's limit\)",
+        ),
+        (
+            "m.csv",
+            f'path,label\nimgs/1.jpg,a\n"{_BIG}\n{_BIG}",b\n',  # over it at line 3's end
+            r"m\.csv:3: a field is longer than 131,072 characters",
+        ),
+        (
+            "m.csv",
+            "path,label\nimgs/1.jpg," + "a" * 2000 + "\n",
+            r"m\.csv:2: label is 2,000 characters, over the limit of 1,024",
+        ),
+        (
+            "m.jsonl",
+            '{"path": "' + "a" * (2 << 20) + '", "label": 0}\n',
+            r"m\.jsonl:1: line is longer than 1,048,576 bytes",
+        ),
+        (
+            "m.csv",
+            "path,label\n" + "a/" * 2100 + "x.png,a\n",
+            r"m\.csv:2: path 'a/a/.*' is 4,205 bytes, over the limit of 4,096",
+        ),
         # Bytes that are not text.
-        ("m.csv", b"path,label\nimgs/1.jpg,a\nimgs/2.png,b\x00c\n",
-         r"m\.csv:3: NUL byte at column 13"),
-        ("m.jsonl", b'{"path": "imgs/1.jpg", "label": 0}\n{"path": "a\x00", "label": 0}\n',
-         r"m\.jsonl:2: NUL byte at column 12"),
-        ("m.csv", b"path,label\nimgs/1.jpg,caf\xe9\n", r"m\.csv:2: byte 0xe9 at column 15 is not "
-                                                      r"UTF-8; save the manifest as UTF-8"),
-        ("m.jsonl", b'{"path": "imgs/1.jpg", "label": 0}\n\xff\xfe{\n',
-         r"m\.jsonl:2: byte 0xff at column 1 is not UTF-8"),
+        (
+            "m.csv",
+            b"path,label\nimgs/1.jpg,a\nimgs/2.png,b\x00c\n",
+            r"m\.csv:3: NUL byte at column 13",
+        ),
+        (
+            "m.jsonl",
+            b'{"path": "imgs/1.jpg", "label": 0}\n{"path": "a\x00", "label": 0}\n',
+            r"m\.jsonl:2: NUL byte at column 12",
+        ),
+        (
+            "m.csv",
+            b"path,label\nimgs/1.jpg,caf\xe9\n",
+            r"m\.csv:2: byte 0xe9 at column 15 is not "
+            r"UTF-8; save the manifest as UTF-8",
+        ),
+        (
+            "m.jsonl",
+            b'{"path": "imgs/1.jpg", "label": 0}\n\xff\xfe{\n',
+            r"m\.jsonl:2: byte 0xff at column 1 is not UTF-8",
+        ),
         ("m.csv", "\ufeffpath,label\n".encode("utf-16"), r"m\.csv:1: NUL byte"),
         # Shapes.
-        ("m.csv", "path,label\nimgs/1.jpg,a,extra\n",
-         r"m\.csv:2: 3 fields, but the header has 2 \(path,label\); quote fields"),
+        (
+            "m.csv",
+            "path,label\nimgs/1.jpg,a,extra\n",
+            r"m\.csv:2: 3 fields, but the header has 2 \(path,label\); quote fields",
+        ),
         ("m.csv", "path,label,split\nimgs/1.jpg,a\n", r"m\.csv:2: 2 fields, but the header has 3"),
-        ("m.csv", "path,label,path\nimgs/1.jpg,a,b\n", r"m\.csv:1: header names \['path'\] more "
-                                                      "than once"),
+        (
+            "m.csv",
+            "path,label,path\nimgs/1.jpg,a,b\n",
+            r"m\.csv:1: header names \['path'\] more "
+            "than once",
+        ),
         ("m.csv", "path,label\n,a\n", r"m\.csv:2: empty path"),
         ("m.jsonl", '{"path": "", "label": 0}\n', r"m\.jsonl:1: empty path"),
         ("m.jsonl", "[" * 100_000 + "\n", r"m\.jsonl:1: not usable JSON \(RecursionError"),
         ("m.jsonl", '{"path": "imgs/1.jpg", "label": 0.5}\n', r"m\.jsonl:1: label 0\.5 must be"),
         # A quoted field holding newlines: the count stays on physical lines.
-        ("m.csv", 'path,label\nimgs/1.jpg,"a\nb\nc"\n"x\ny",z,extra\n',
-         r"m\.csv:5: 3 fields, but the header has 2"),
-        ("m.csv", 'path,label\nimgs/1.jpg,"multi\nline\nlabel"\n\n\nimgs/missing.png,a\n',
-         r"m\.csv:7: file 'imgs/missing.png' not found"),
+        (
+            "m.csv",
+            'path,label\nimgs/1.jpg,"a\nb\nc"\n"x\ny",z,extra\n',
+            r"m\.csv:5: 3 fields, but the header has 2",
+        ),
+        (
+            "m.csv",
+            'path,label\nimgs/1.jpg,"multi\nline\nlabel"\n\n\nimgs/missing.png,a\n',
+            r"m\.csv:7: file 'imgs/missing.png' not found",
+        ),
         # Names are shown escaped.
-        ("m.csv", "path,label\nimgs/\x1b[2J\x1b]0;pwned\x07.png,a\n",
-         r"m\.csv:2: file 'imgs/\\x1b\[2J\\x1b\]0;pwned\\x07\.png' not found"),
-        ("m.csv", "path,label,split\nimgs/1.jpg,a,\x1b[31mred\n",
-         r"m\.csv:2: split '\\x1b\[31mred' is not one of"),
+        (
+            "m.csv",
+            "path,label\nimgs/\x1b[2J\x1b]0;pwned\x07.png,a\n",
+            r"m\.csv:2: file 'imgs/\\x1b\[2J\\x1b\]0;pwned\\x07\.png' not found",
+        ),
+        (
+            "m.csv",
+            "path,label,split\nimgs/1.jpg,a,\x1b[31mred\n",
+            r"m\.csv:2: split '\\x1b\[31mred' is not one of",
+        ),
     ],
 )
 def test_hostile_manifest_errors_name_file_line_value_and_rule(
-        tmp_path: Path, name: str, data: str | bytes, match: str) -> None:
+    tmp_path: Path, name: str, data: str | bytes, match: str
+) -> None:
     root = _manifest_tree(tmp_path)
     _write(root, name, data)
     with pytest.raises((ValueError, FileNotFoundError)) as info:
@@ -424,8 +543,9 @@ def test_many_rows_justify_many_classes(tmp_path: Path) -> None:
     cat = discover(tmp_path, manifest="m.csv")
     assert len(cat.classes) == rows
     _write(tmp_path, "m.csv", "path,label\n" + body.replace(f",{rows - 1}\n", f",{rows}\n"))
-    with pytest.raises(ValueError, match=f"m.csv:2: label {rows} is out of range: a manifest "
-                                         f"of {rows:,} rows"):
+    with pytest.raises(
+        ValueError, match=f"m.csv:2: label {rows} is out of range: a manifest of {rows:,} rows"
+    ):
         discover(tmp_path, manifest="m.csv")
 
 
@@ -446,20 +566,27 @@ def _links_tree(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("rel", "match"),
     [
-        ("out.png", r"path 'out\.png' is a symbolic link \(or passes through one\) to '.*/secret"
-                    r"\.png', outside the manifest's folder"),
+        (
+            "out.png",
+            r"path 'out\.png' is a symbolic link \(or passes through one\) to '.*/secret"
+            r"\.png', outside the manifest's folder",
+        ),
         ("hop.png", r"path 'hop\.png' is a symbolic link .* to '.*/secret\.png', outside"),
         ("updir/secret.png", r"path 'updir/secret\.png' is a symbolic link .*outside"),
         ("/etc/passwd", r"path '/etc/passwd' must be relative to the manifest's folder"),
-        ("imgs/../../secret.png", r"path 'imgs/\.\./\.\./secret\.png' must be relative to the "
-                                  r"manifest's folder and stay inside"),
+        (
+            "imgs/../../secret.png",
+            r"path 'imgs/\.\./\.\./secret\.png' must be relative to the "
+            r"manifest's folder and stay inside",
+        ),
         ("loop.png", r"path 'loop\.png' passes more than 40 symbolic links"),
         ("pipe.png", r"path 'pipe\.png' is a FIFO \(named pipe\), not a regular file"),
         ("imgs", r"path 'imgs' is a folder, not a regular file"),
     ],
 )
 def test_manifest_paths_may_not_leave_the_folder_or_name_special_files(
-        tmp_path: Path, rel: str, match: str) -> None:
+    tmp_path: Path, rel: str, match: str
+) -> None:
     root = _links_tree(tmp_path)
     _write(root, "m.csv", f"path,label\nimgs/1.jpg,a\n{rel},b\n")
     with pytest.raises(ValueError, match=r"m\.csv:3: " + match):
@@ -490,8 +617,11 @@ def test_links_and_dotdot_that_stay_inside_are_allowed(tmp_path: Path) -> None:
 @pytest.mark.timeout(20)
 def test_a_fifo_as_the_manifest_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "m.csv")
-    with pytest.raises(ValueError, match=r"manifest '.*m\.csv' is a FIFO \(named pipe\), not a "
-                                         "regular file"):
+    with pytest.raises(
+        ValueError,
+        match=r"manifest '.*m\.csv' is a FIFO \(named pipe\), not a "
+        "regular file",
+    ):
         discover(tmp_path, manifest="m.csv")
 
 
@@ -499,7 +629,9 @@ def test_bom_and_crlf_manifests(tmp_path: Path) -> None:
     root = _manifest_tree(tmp_path)
     _write(root, "m.csv", b"\xef\xbb\xbfpath,label\r\nimgs/1.jpg,a\r\n\r\nimgs/2.png,b\r\n")
     assert [s.relpath for s in discover(root, manifest="m.csv").samples] == [
-        "imgs/1.jpg", "imgs/2.png"]
+        "imgs/1.jpg",
+        "imgs/2.png",
+    ]
     _write(root, "m.jsonl", b'\xef\xbb\xbf{"path": "imgs/1.jpg", "label": "a"}\r\n')
     assert discover(root, manifest="m.jsonl").classes == ("a",)
     _write(root, "m.csv", b"\xef\xbb\xbfpath,label\r\nimgs/1.jpg,a\r\nimgs/missing.png,b\r\n")

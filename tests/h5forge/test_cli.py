@@ -29,8 +29,9 @@ _PY = [sys.executable, "-m", "h5forge.cli"]
 
 
 def _run(command: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd,
-                          check=False)
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=cwd, check=False
+    )
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -60,8 +61,9 @@ def packed(small_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_pack_verify_inspect(small_tree: Path, tmp_path: Path) -> None:
     out = tmp_path / "o.h5"
-    r = _cli("pack", str(small_tree), str(out), "--size", "16x24", "--resize", "resize",
-             "--workers", "1")
+    r = _cli(
+        "pack", str(small_tree), str(out), "--size", "16x24", "--resize", "resize", "--workers", "1"
+    )
     assert r.returncode == 0, r.stderr
     assert "8 samples, 2 classes, 0 quarantined" in r.stdout
     r = _cli("verify", str(out), "--json")
@@ -122,8 +124,9 @@ def test_too_many_bad_images_exit_1_listing_them(tmp_path: Path) -> None:
     write_image_folder(src, classes=("a", "b"), per_class=2, size=(20, 20))
     (src / "a" / "zero.jpg").write_bytes(b"")
     out = tmp_path / "o.h5"
-    r = _cli("pack", str(src), str(out), "--workers", "1", "--size", "16",
-             "--max-bad-fraction", "0")
+    r = _cli(
+        "pack", str(src), str(out), "--workers", "1", "--size", "16", "--max-bad-fraction", "0"
+    )
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "max_bad_fraction=0 allows" in _error_line(r)
     assert "a/zero.jpg: zero-byte file" in r.stderr
@@ -138,8 +141,11 @@ def published(small_tree: Path, packed: Path, tmp_path: Path) -> Path:
     """``packed`` published with its manifest (counts, format version) in a fresh folder."""
     dest = tmp_path / "pub" / "asset.h5"
     info = summarize(str(packed))
-    publish(packed, str(dest), extra={"counts": info["counts"], "num_samples": 8,
-                                      "num_classes": 2, "format_version": 1})
+    publish(
+        packed,
+        str(dest),
+        extra={"counts": info["counts"], "num_samples": 8, "num_classes": 2, "format_version": 1},
+    )
     return dest
 
 
@@ -147,8 +153,9 @@ def test_verify_checks_the_sidecar_manifest(published: Path) -> None:
     r = _cli("verify", str(published))
     assert r.returncode == 0, r.stderr
     assert f"matches its manifest {manifest_url(str(published))}" in r.stdout
-    assert json.loads(_cli("verify", str(published), "--json").stdout)["manifest"] == \
-        manifest_url(str(published))
+    assert json.loads(_cli("verify", str(published), "--json").stdout)["manifest"] == manifest_url(
+        str(published)
+    )
 
 
 def test_verify_refuses_a_resealed_file_its_manifest_contradicts(
@@ -166,8 +173,10 @@ def test_verify_refuses_a_resealed_file_its_manifest_contradicts(
     assert "does not match its manifest" in line
     manifest = json.loads(Path(manifest_url(str(published))).read_text())
     assert f"sha256: manifest says {manifest['sha256']!r}" in r.stderr
-    assert f"bytes: manifest says {manifest['bytes']!r}, the file has {other.stat().st_size}" \
+    assert (
+        f"bytes: manifest says {manifest['bytes']!r}, the file has {other.stat().st_size}"
         in r.stderr
+    )
 
 
 def test_verify_names_a_counts_disagreement(published: Path) -> None:
@@ -177,8 +186,10 @@ def test_verify_names_a_counts_disagreement(published: Path) -> None:
     path.write_text(json.dumps(manifest))
     r = _cli("verify", str(published))
     assert r.returncode == 1
-    assert "counts: manifest says {'': {'x': 5, 'y': 3}}, the file has {'': {'x': 4, 'y': 4}}" \
+    assert (
+        "counts: manifest says {'': {'x': 5, 'y': 3}}, the file has {'': {'x': 4, 'y': 4}}"
         in r.stderr
+    )
 
 
 def test_verify_with_an_explicit_manifest(published: Path, packed: Path, tmp_path: Path) -> None:
@@ -209,12 +220,15 @@ def test_verify_without_a_manifest_says_so(packed: Path) -> None:
 # --------------------------------------------------------------------------- usage: exit 2
 
 
-@pytest.mark.parametrize("args", [
-    ["pack", "/nonexistent/dir", "x.h5"],
-    ["pack", ".", "x.h5", "--size", "abc"],
-    ["verify"],
-    ["pack", ".", "x.h5", "--compression", "brotli"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pack", "/nonexistent/dir", "x.h5"],
+        ["pack", ".", "x.h5", "--size", "abc"],
+        ["verify"],
+        ["pack", ".", "x.h5", "--compression", "brotli"],
+    ],
+)
 def test_usage_errors_exit_2(args: list[str], tmp_path: Path) -> None:
     r = _cli(*[a.replace("x.h5", str(tmp_path / "x.h5")) for a in args])
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -237,9 +251,13 @@ def test_output_inside_the_source_is_refused(small_tree: Path) -> None:
     assert not out.exists()
 
 
-@pytest.mark.parametrize("command", [
-    ["verify", "{missing}"], ["inspect", "{missing}"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["verify", "{missing}"],
+        ["inspect", "{missing}"],
+    ],
+)
 def test_a_missing_file_exits_2_without_errno_text(command: list[str], tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.h5")
     r = _cli(*[a.replace("{missing}", missing) for a in command])
@@ -260,15 +278,21 @@ def test_inspect_of_a_corrupt_file_exits_1(packed: Path, tmp_path: Path) -> None
 # --------------------------------------------------------------------------- read-only, full
 
 
-def test_a_read_only_destination_is_refused_before_packing(small_tree: Path,
-                                                          tmp_path: Path) -> None:
+def test_a_read_only_destination_is_refused_before_packing(
+    small_tree: Path, tmp_path: Path
+) -> None:
     ro = tmp_path / "ro"
     ro.mkdir()
-    r = _run(in_mounts([*_PY, "pack", str(small_tree), str(ro / "out.h5"), "--workers", "1"],
-                       [(ro, "ro")]))
+    r = _run(
+        in_mounts(
+            [*_PY, "pack", str(small_tree), str(ro / "out.h5"), "--workers", "1"], [(ro, "ro")]
+        )
+    )
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert _error_line(r) == (f"error: cannot write the destination: {ro} is on a read-only "
-                              "file system; choose a writable destination")
+    assert _error_line(r) == (
+        f"error: cannot write the destination: {ro} is on a read-only "
+        "file system; choose a writable destination"
+    )
     assert "pack " not in r.stdout  # refused before the first image
     assert list(ro.iterdir()) == []
 
@@ -276,21 +300,29 @@ def test_a_read_only_destination_is_refused_before_packing(small_tree: Path,
 def test_a_full_destination_is_refused_before_packing(small_tree: Path, tmp_path: Path) -> None:
     full = tmp_path / "full"
     full.mkdir()
-    r = _run(in_mounts([*_PY, "pack", str(small_tree), str(full / "out.h5"), "--workers", "1"],
-                       [(full, "tmpfs:16384")]))
+    r = _run(
+        in_mounts(
+            [*_PY, "pack", str(small_tree), str(full / "out.h5"), "--workers", "1"],
+            [(full, "tmpfs:16384")],
+        )
+    )
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert _error_line(r).startswith(f"error: cannot write the destination: no space left on "
-                                     f"the device of {full} (disk full)")
+    assert _error_line(r).startswith(
+        f"error: cannot write the destination: no space left on the device of {full} (disk full)"
+    )
     assert "pack " not in r.stdout
 
 
-def test_a_disk_that_fills_up_mid_pack_exits_1_naming_it(small_tree: Path,
-                                                         tmp_path: Path) -> None:
+def test_a_disk_that_fills_up_mid_pack_exits_1_naming_it(small_tree: Path, tmp_path: Path) -> None:
     full = tmp_path / "full"
     full.mkdir()
     # Room for the probe (64 KiB), not for 8 samples of 224 x 224 x 3 bytes.
-    r = _run(in_mounts([*_PY, "pack", str(small_tree), str(full / "out.h5"), "--workers", "1"],
-                       [(full, "tmpfs:262144")]))
+    r = _run(
+        in_mounts(
+            [*_PY, "pack", str(small_tree), str(full / "out.h5"), "--workers", "1"],
+            [(full, "tmpfs:262144")],
+        )
+    )
     assert r.returncode == 1, (r.stdout, r.stderr)
     line = _error_line(r)
     assert "no space left on the device of" in line
@@ -307,8 +339,9 @@ def test_names_with_terminal_escapes_are_printed_escaped(tmp_path: Path) -> None
     write_image_folder(src, classes=(evil, "dog"), per_class=2, size=(20, 20))
     (src / evil / "broken.jpg").write_bytes(b"")
     out = tmp_path / "o.h5"
-    r = _cli("pack", str(src), str(out), "--workers", "1", "--size", "16",
-             "--max-bad-fraction", "0.5")
+    r = _cli(
+        "pack", str(src), str(out), "--workers", "1", "--size", "16", "--max-bad-fraction", "0.5"
+    )
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout + r.stderr
     assert "quarantined cat\\x1b[2J" in r.stdout

@@ -20,19 +20,32 @@ def _truth(path: str) -> tuple[list[str], list[int]]:
         return h5["paths"].asstr()[()].tolist(), h5["labels"][()].tolist()
 
 
-@pytest.mark.parametrize(("method", "which"), [
-    ("fork", "packed_decoded"), ("spawn", "packed_decoded"), ("forkserver", "packed_decoded"),
-    ("fork", "packed_encoded"), ("spawn", "packed_encoded"),
-])
-def test_dataloader_workers_read_every_sample_once(method: str, which: str,
-                                                   request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize(
+    ("method", "which"),
+    [
+        ("fork", "packed_decoded"),
+        ("spawn", "packed_decoded"),
+        ("forkserver", "packed_decoded"),
+        ("fork", "packed_encoded"),
+        ("spawn", "packed_encoded"),
+    ],
+)
+def test_dataloader_workers_read_every_sample_once(
+    method: str, which: str, request: pytest.FixtureRequest
+) -> None:
     result: PackResult = request.getfixturevalue(which)
     _, labels = _truth(result.path)
     ds = H5ImageDataset(result.path)
     ds[0]  # the parent has the file open before workers start
-    loader = DataLoader(Indexed(ds), batch_size=4, shuffle=True, num_workers=2,
-                        multiprocessing_context=method, persistent_workers=True,
-                        collate_fn=as_list)
+    loader = DataLoader(
+        Indexed(ds),
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context=method,
+        persistent_workers=True,
+        collate_fn=as_list,
+    )
     for _epoch in range(2):
         seen = Counter()
         for batch in loader:
@@ -46,9 +59,15 @@ def test_dataloader_workers_read_every_sample_once(method: str, which: str,
 
 def test_batched_reads_with_getitems(packed_decoded: PackResult) -> None:
     ds = H5ImageDataset(packed_decoded.path)
-    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2,
-                        multiprocessing_context="fork", persistent_workers=True,
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        ds,
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     _, labels = _truth(packed_decoded.path)
     total = 0
     for _epoch in range(2):
@@ -69,8 +88,15 @@ def test_pickles_as_url_and_options_only(packed_decoded: PackResult) -> None:
     ds = H5ImageDataset(packed_decoded.path, split="train")
     ds[0]
     state = ds.__getstate__()
-    assert set(state) == {"url", "split", "transform", "target_transform", "storage_options",
-                          "verify_reads", "max_pixels"}
+    assert set(state) == {
+        "url",
+        "split",
+        "transform",
+        "target_transform",
+        "storage_options",
+        "verify_reads",
+        "max_pixels",
+    }
     clone = pickle.loads(pickle.dumps(ds))
     assert len(clone) == len(ds)
     assert clone.classes == ds.classes
@@ -78,8 +104,9 @@ def test_pickles_as_url_and_options_only(packed_decoded: PackResult) -> None:
 
 
 def test_transforms_apply_after_decoding(packed_decoded: PackResult) -> None:
-    ds = H5ImageDataset(packed_decoded.path, transform=lambda t: t.float() / 255,
-                        target_transform=lambda y: y + 100)
+    ds = H5ImageDataset(
+        packed_decoded.path, transform=lambda t: t.float() / 255, target_transform=lambda y: y + 100
+    )
     image, label = ds[0]
     assert image.dtype == torch.float32
     assert float(image.max()) <= 1.0

@@ -41,8 +41,14 @@ def test_synth_photo_is_deterministic_and_photo_like() -> None:
 
 
 def test_write_image_folder(tmp_path: Path) -> None:
-    kwargs = {"classes": ("b", "a"), "per_class": 3, "splits": ("train", "test"), "seed": 9,
-              "size": ((10, 20), (30, 40)), "formats": ("jpeg", "png", "webp")}
+    kwargs = {
+        "classes": ("b", "a"),
+        "per_class": 3,
+        "splits": ("train", "test"),
+        "seed": 9,
+        "size": ((10, 20), (30, 40)),
+        "formats": ("jpeg", "png", "webp"),
+    }
     paths = write_image_folder(tmp_path / "one", **kwargs)  # type: ignore[arg-type]
     again = write_image_folder(tmp_path / "two", **kwargs)  # type: ignore[arg-type]
     assert paths == sorted(paths)
@@ -61,16 +67,20 @@ def test_write_image_folder(tmp_path: Path) -> None:
             assert img.size == (9, 7)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"classes": ()}, "non-empty sequence"),
-    ({"classes": "abc"}, "non-empty sequence"),
-    ({"classes": (".hidden",)}, "not start with '.'"),
-    ({"per_class": 0}, "per_class=0"),
-    ({"splits": ("holdout",)}, "splits=.*must be names from"),
-    ({"formats": ("gif",)}, "formats=.*each must be one of"),
-])
-def test_write_image_folder_rejects_bad_arguments(tmp_path: Path, kwargs: dict[str, object],
-                                                  match: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"classes": ()}, "non-empty sequence"),
+        ({"classes": "abc"}, "non-empty sequence"),
+        ({"classes": (".hidden",)}, "not start with '.'"),
+        ({"per_class": 0}, "per_class=0"),
+        ({"splits": ("holdout",)}, "splits=.*must be names from"),
+        ({"formats": ("gif",)}, "formats=.*each must be one of"),
+    ],
+)
+def test_write_image_folder_rejects_bad_arguments(
+    tmp_path: Path, kwargs: dict[str, object], match: str
+) -> None:
     args: dict[str, object] = {"classes": ("a",), "per_class": 1, **kwargs}
     with pytest.raises(ValueError, match=match):
         write_image_folder(tmp_path, **args)  # type: ignore[arg-type]
@@ -92,8 +102,10 @@ def demo_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_demo_archive_is_reproducible(demo_archive: Path, tmp_path: Path) -> None:
     assert demo_archive.name == DEMO_ARCHIVE_NAME
     again = make_demo_archive(tmp_path / "new")
-    assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(
-        demo_archive.read_bytes()).digest()
+    assert (
+        hashlib.sha256(again.read_bytes()).digest()
+        == hashlib.sha256(demo_archive.read_bytes()).digest()
+    )
     assert not list(tmp_path.joinpath("new").glob(".*"))  # no temporary left behind
     other = make_demo_archive(tmp_path / "seeded", seed=1)
     assert other.read_bytes() != demo_archive.read_bytes()
@@ -111,8 +123,9 @@ def test_demo_archive_contents(demo_archive: Path, tmp_path: Path) -> None:
     assert cat.splits == ("train", "val")
     assert cat.classes == ("amber", "cobalt", "jade", "ruby")
     assert len(cat.samples) == 302
-    results = [process_file(i, s.path, ImageConfig(size=(32, 32)))
-               for i, s in enumerate(cat.samples)]
+    results = [
+        process_file(i, s.path, ImageConfig(size=(32, 32))) for i, s in enumerate(cat.samples)
+    ]
     bad = {cat.samples[r.index].relpath: r.reason for r in results if isinstance(r, Quarantined)}
     assert sorted(bad) == ["train/amber/broken_zero.jpg", "val/cobalt/broken_truncated.png"]
     assert bad["train/amber/broken_zero.jpg"] == "zero-byte file"

@@ -170,13 +170,15 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile
 
 @pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 1_200])
 def test_member_deeper_than_the_limit_is_refused_before_anything_is_written(
-        tmp_path: Path, depth: int) -> None:
+    tmp_path: Path, depth: int
+) -> None:
     archive = tmp_path / "deep.tar"
     name = "/".join(["d"] * (depth - 1)) + "/f.txt"
     _raw_tar(archive, [_member("ok.txt"), _member(name)])
 
-    with pytest.raises(UnsafeArchiveError, match=f"nested {depth} levels deep, over the limit "
-                                                 f"of {MAX_DEPTH}") as info:
+    with pytest.raises(
+        UnsafeArchiveError, match=f"nested {depth} levels deep, over the limit of {MAX_DEPTH}"
+    ) as info:
         safe_extract(archive, tmp_path / "out" / "dest")
 
     assert "RecursionError" not in repr(info.value.__context__)
@@ -195,8 +197,14 @@ def test_depth_reached_through_in_archive_links_is_refused(tmp_path: Path) -> No
     # Each name is shallow, but "l" points at the deep folder: "l/..." lands twice as deep.
     half = "/".join(["d"] * 40)
     archive = tmp_path / "links.tar"
-    _raw_tar(archive, [_member(half, tarfile.DIRTYPE), _member("l", tarfile.SYMTYPE, half),
-                       _member("l/" + "/".join(["e"] * 40) + "/f.txt")])
+    _raw_tar(
+        archive,
+        [
+            _member(half, tarfile.DIRTYPE),
+            _member("l", tarfile.SYMTYPE, half),
+            _member("l/" + "/".join(["e"] * 40) + "/f.txt"),
+        ],
+    )
     with pytest.raises(UnsafeArchiveError, match=r"member 'l/e/.*lands 81 levels deep"):
         safe_extract(archive, tmp_path / "out" / "dest")
     assert os.listdir(tmp_path / "out") == []
@@ -205,8 +213,7 @@ def test_depth_reached_through_in_archive_links_is_refused(tmp_path: Path) -> No
 def test_symlink_chain_longer_than_the_kernel_allows_is_refused(tmp_path: Path) -> None:
     # os.path.realpath recurses once per link before Python 3.13: 1,500 links overflowed it.
     n = 1_500
-    links = [_member(f"l{i}", tarfile.SYMTYPE, f"l{i + 1}" if i < n - 1 else ".")
-             for i in range(n)]
+    links = [_member(f"l{i}", tarfile.SYMTYPE, f"l{i + 1}" if i < n - 1 else ".") for i in range(n)]
     archive = tmp_path / "chain.tar"
     _raw_tar(archive, [*links, _member("l0/x")])
     with pytest.raises(UnsafeArchiveError, match=f"'l0/x' passes more than {MAX_LINKS} symbolic"):
@@ -216,14 +223,22 @@ def test_symlink_chain_longer_than_the_kernel_allows_is_refused(tmp_path: Path) 
 
 def test_short_link_chain_inside_the_archive_still_works(tmp_path: Path) -> None:
     archive = tmp_path / "chain.tar"
-    _raw_tar(archive, [_member("real", tarfile.DIRTYPE), _member("a", tarfile.SYMTYPE, "b"),
-                       _member("b", tarfile.SYMTYPE, "real"), _member("a/x.txt")])
+    _raw_tar(
+        archive,
+        [
+            _member("real", tarfile.DIRTYPE),
+            _member("a", tarfile.SYMTYPE, "b"),
+            _member("b", tarfile.SYMTYPE, "real"),
+            _member("a/x.txt"),
+        ],
+    )
     dest = Path(safe_extract(archive, tmp_path / "dest"))
     assert (dest / "real" / "x.txt").read_bytes() == b"x"
 
 
 def _deep_tree(top: Path, depth: int) -> None:
     """``top/d/d/.../d``, ``depth`` levels, with a file and a link to / now and then."""
+
     def now_and_then(level: int, fd: int) -> None:
         if level % 100 == 0:
             touch_at("f", fd)
@@ -290,8 +305,12 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     mnt.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount(8) here: cannot make a tiny filesystem")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0777", "tmpfs",
-                           str(mnt)], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0777", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): {proc.stderr.strip()}")
     try:
@@ -318,7 +337,8 @@ def _one_line_storage_error(exc: BaseException, what: str) -> str:
 
 
 def test_disk_full_is_an_oserror_naming_the_file_and_nothing_is_left(
-        tmp_path: Path, tiny_fs: Path) -> None:
+    tmp_path: Path, tiny_fs: Path
+) -> None:
     archive = tmp_path / "big.tar"
     _big_tar(archive)
     dest = tiny_fs / "dest"
@@ -360,13 +380,16 @@ def test_permission_denied_is_named_as_such(tmp_path: Path) -> None:
         "try:\n"
         f"    safe_extract({str(archive)!r}, {str(locked / 'dest')!r})\n"
         "except PermissionError as e:\n"
-        "    print(repr(e.errno), e.__suppress_context__, e, sep='|')\n")
+        "    print(repr(e.errno), e.__suppress_context__, e, sep='|')\n"
+    )
     command = [sys.executable, "-c", script]
     if os.geteuid() == 0:
         # Root ignores folder permissions; without the two DAC capabilities it does not.
         if shutil.which("setpriv") is None:
-            pytest.skip("running as root and setpriv(1) is missing: cannot drop "
-                        "CAP_DAC_OVERRIDE to provoke a real EACCES")
+            pytest.skip(
+                "running as root and setpriv(1) is missing: cannot drop "
+                "CAP_DAC_OVERRIDE to provoke a real EACCES"
+            )
         drop = "-dac_override,-dac_read_search"
         command = ["setpriv", "--bounding-set", drop, "--inh-caps", drop, *command]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
@@ -388,8 +411,18 @@ def test_resolve_agrees_with_realpath(tmp_path: Path) -> None:
     os.symlink(tmp_path / "real", tmp_path / "abs")
     os.symlink("nowhere/else", tmp_path / "dangling")
     os.symlink("self", tmp_path / "self")
-    cases = ["a", "b/f.txt", "b/../sub/f.txt", "b/up/a/sub", "abs/sub/up/b", "dangling/x/..",
-             "missing/../a", ".", "a/./sub//f.txt", "b/f.txt/.."]
+    cases = [
+        "a",
+        "b/f.txt",
+        "b/../sub/f.txt",
+        "b/up/a/sub",
+        "abs/sub/up/b",
+        "dangling/x/..",
+        "missing/../a",
+        ".",
+        "a/./sub//f.txt",
+        "b/f.txt/..",
+    ]
     for rel in cases:
         assert resolve(tmp_path / rel) == os.path.realpath(tmp_path / rel), rel
         assert resolve(rel, base=str(tmp_path)) == os.path.realpath(tmp_path / rel), rel

@@ -22,8 +22,12 @@ from tests.fixtures.archives import GOOD_FILES, tar_bytes
 from tests.fixtures.servers import LoopbackHTTP
 
 FAST: dict[str, Any] = {"backoff": 0.01, "timeout": 2.0}
-CALLER = {"X-Api-Key": "k-secret", "Cookie": "session=c-secret", "User-Agent": "caller-ua",
-          "Authorization": "Bearer t-secret"}
+CALLER = {
+    "X-Api-Key": "k-secret",
+    "Cookie": "session=c-secret",
+    "User-Agent": "caller-ua",
+    "Authorization": "Bearer t-secret",
+}
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +107,12 @@ def test_headers_stay_stripped_when_a_redirect_comes_back_to_the_origin(
     other_http_server.serve("/hop", b"")
     other_http_server.redirect("/hop", http_server.url("/real.tar.gz"), status=307)
 
-    _fetch(http_server.url("/d.tar.gz", userinfo="alice:pw"), tmp_path, sha256=_sha(archive),
-           storage_options={"headers": CALLER})
+    _fetch(
+        http_server.url("/d.tar.gz", userinfo="alice:pw"),
+        tmp_path,
+        sha256=_sha(archive),
+        storage_options={"headers": CALLER},
+    )
 
     first, back = http_server.requests
     assert first.headers["X-Api-Key"] == "k-secret"
@@ -114,11 +122,16 @@ def test_headers_stay_stripped_when_a_redirect_comes_back_to_the_origin(
     assert back.path == "/real.tar.gz"
 
 
-@pytest.mark.parametrize("target", ["file:///etc/passwd", "ftp://127.0.0.1/d.tar.gz",
-                                    "data:text/plain,hello", "gopher://127.0.0.1/x"])
-def test_redirect_out_of_http_is_refused(
-    http_server: LoopbackHTTP, tmp_path: Path, target: str
-):
+@pytest.mark.parametrize(
+    "target",
+    [
+        "file:///etc/passwd",
+        "ftp://127.0.0.1/d.tar.gz",
+        "data:text/plain,hello",
+        "gopher://127.0.0.1/x",
+    ],
+)
+def test_redirect_out_of_http_is_refused(http_server: LoopbackHTTP, tmp_path: Path, target: str):
     http_server.serve("/d.tar.gz", b"")
     http_server.redirect("/d.tar.gz", target, times=5)
 
@@ -142,11 +155,13 @@ def test_redirect_loop_is_bounded(http_server: LoopbackHTTP, tmp_path: Path):
 
 @pytest.mark.parametrize(
     ("headers", "match"),
-    [({"Range": "bytes=0-9"}, "'Range' may not be set"),
-     ({"host": "evil"}, "'host' may not be set"),
-     ({"Accept-Encoding": "gzip"}, "'Accept-Encoding' may not be set"),
-     ({"X-A": "v\r\nX-Injected: 1"}, "CR, LF"),
-     ({"Bad Name": "v"}, "not a valid HTTP token")],
+    [
+        ({"Range": "bytes=0-9"}, "'Range' may not be set"),
+        ({"host": "evil"}, "'host' may not be set"),
+        ({"Accept-Encoding": "gzip"}, "'Accept-Encoding' may not be set"),
+        ({"X-A": "v\r\nX-Injected: 1"}, "CR, LF"),
+        ({"Bad Name": "v"}, "not a valid HTTP token"),
+    ],
 )
 def test_bad_caller_headers_are_refused_before_any_request(
     http_server: LoopbackHTTP, tmp_path: Path, headers: dict[str, str], match: str
@@ -161,9 +176,7 @@ def test_bad_caller_headers_are_refused_before_any_request(
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["until-close", "chunked"])
-def test_endless_body_stops_at_max_bytes(
-    http_server: LoopbackHTTP, tmp_path: Path, chunked: bool
-):
+def test_endless_body_stops_at_max_bytes(http_server: LoopbackHTTP, tmp_path: Path, chunked: bool):
     url = http_server.serve("/endless.tar.gz", b"x")
     # 200, no Content-Length, bytes until we go (or endless chunks).
     http_server.endless("/endless.tar.gz", chunked=chunked)
@@ -187,8 +200,15 @@ def test_endless_body_never_grows_the_file_past_max_bytes(
     url = http_server.serve("/endless", b"x")
     http_server.endless("/endless")
     out = tmp_path / "blob.part"
-    limits = _http.Limits(retries=0, timeout=2.0, backoff=0.01, max_bytes=100_000,
-                          max_attempts=1, total_timeout=30.0, min_rate=0.0)
+    limits = _http.Limits(
+        retries=0,
+        timeout=2.0,
+        backoff=0.01,
+        max_bytes=100_000,
+        max_attempts=1,
+        total_timeout=30.0,
+        min_rate=0.0,
+    )
 
     with pytest.raises(UnsafeArchiveError, match="sent more than 100000 bytes"):
         _http.download(url, out, lim=limits, progress=False)
@@ -230,8 +250,15 @@ def test_resume_whose_range_ends_past_max_bytes_is_refused(
 def test_content_encoding_is_never_decoded(http_server: LoopbackHTTP, tmp_path: Path):
     bomb = gzip.compress(b"\0" * (8 << 20))  # 8 MB of zeros in ~8 KB
     url = http_server.serve("/bomb.bin", bomb, headers={"Content-Encoding": "gzip"})
-    limits = _http.Limits(retries=0, timeout=2.0, backoff=0.01, max_bytes=64_000,
-                          max_attempts=1, total_timeout=30.0, min_rate=0.0)
+    limits = _http.Limits(
+        retries=0,
+        timeout=2.0,
+        backoff=0.01,
+        max_bytes=64_000,
+        max_attempts=1,
+        total_timeout=30.0,
+        min_rate=0.0,
+    )
 
     digest, size = _http.download(url, tmp_path / "out", lim=limits, progress=False)
 
@@ -261,8 +288,7 @@ def test_fsspec_object_over_max_bytes_is_refused(tmp_path: Path, protocol: str):
     try:
         with pytest.raises(UnsafeArchiveError, match="max_bytes=100000") as info:
             _fetch(f"{protocol}://{path}", tmp_path, max_bytes=100_000)
-        assert ("is 300000 bytes" if protocol == "memory" else "sent more than") in str(
-            info.value)
+        assert ("is 300000 bytes" if protocol == "memory" else "sent more than") in str(info.value)
         _assert_nothing_kept(tmp_path)
     finally:
         fs.rm(path)
@@ -336,8 +362,7 @@ def test_wrong_content_range_and_drops_cannot_loop(
 
 @pytest.mark.parametrize(("start", "resumed"), [(0, ["bytes=1000-"]), (500, [None])])
 def test_206_to_a_request_without_range(
-    http_server: LoopbackHTTP, tmp_path: Path, archive: bytes, start: int,
-    resumed: list[str | None]
+    http_server: LoopbackHTTP, tmp_path: Path, archive: bytes, start: int, resumed: list[str | None]
 ):
     # Starting at 0 the bytes are where they belong: kept, and the rest is asked for.
     # Starting anywhere else: refused, and a fresh request follows.
@@ -468,8 +493,15 @@ def test_the_part_file_is_never_written_through_a_planted_link(
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep me")
     (tmp_path / "blob.part").symlink_to(victim)
-    limits = _http.Limits(retries=0, timeout=2.0, backoff=0.01, max_bytes=1000,
-                          max_attempts=1, total_timeout=30.0, min_rate=0.0)
+    limits = _http.Limits(
+        retries=0,
+        timeout=2.0,
+        backoff=0.01,
+        max_bytes=1000,
+        max_attempts=1,
+        total_timeout=30.0,
+        min_rate=0.0,
+    )
 
     with pytest.raises(FileExistsError, match="refusing to write through it"):
         _http.download(url, tmp_path / "blob.part", lim=limits, progress=False)

@@ -59,9 +59,11 @@ def _plant(kind: str, at: Path, victim: Path) -> None:
 
 # --- the primitive ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "hard link"])
-def test_create_exclusive_refuses_any_existing_name(tmp_path: Path, victim: Path,
-                                                    kind: str) -> None:
+def test_create_exclusive_refuses_any_existing_name(
+    tmp_path: Path, victim: Path, kind: str
+) -> None:
     at = tmp_path / "new.bin"
     _plant(kind, at, victim)
     with pytest.raises(UnsafePathError, match=f"cannot create {at}: a .*already has that name"):
@@ -71,7 +73,8 @@ def test_create_exclusive_refuses_any_existing_name(tmp_path: Path, victim: Path
 
 
 def test_replace_file_replaces_a_planted_link_instead_of_writing_through(
-        tmp_path: Path, victim: Path) -> None:
+    tmp_path: Path, victim: Path
+) -> None:
     at = tmp_path / "out.png"
     at.symlink_to(victim)
     files.replace_file(at, b"new")
@@ -81,8 +84,9 @@ def test_replace_file_replaces_a_planted_link_instead_of_writing_through(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.png", "victim.txt"]
 
 
-def test_marked_folders_only_are_removed_and_never_through_links(tmp_path: Path,
-                                                                 victim: Path) -> None:
+def test_marked_folders_only_are_removed_and_never_through_links(
+    tmp_path: Path, victim: Path
+) -> None:
     mine = files.make_marked_dir(tmp_path / "work-1", "test")
     (mine / "link").symlink_to(victim)
     (mine / "sub").mkdir()
@@ -115,13 +119,16 @@ def test_marked_folders_only_are_removed_and_never_through_links(tmp_path: Path,
 
 # --- pack: the partial, its spool and the lock ------------------------------------------------
 
-@pytest.mark.parametrize(("suffix", "image"), [(".partial", SMALL), (".partial", ENCODED),
-                                               (".partial.blob", ENCODED)],
-                         ids=["partial", "partial-encoded", "spool"])
+
+@pytest.mark.parametrize(
+    ("suffix", "image"),
+    [(".partial", SMALL), (".partial", ENCODED), (".partial.blob", ENCODED)],
+    ids=["partial", "partial-encoded", "spool"],
+)
 @pytest.mark.parametrize("kind", ["symlink", "hard link"])
-def test_pack_refuses_a_link_planted_at_its_temp_names(tiny: Path, tmp_path: Path, victim: Path,
-                                                       suffix: str, image: ImageConfig,
-                                                       kind: str) -> None:
+def test_pack_refuses_a_link_planted_at_its_temp_names(
+    tiny: Path, tmp_path: Path, victim: Path, suffix: str, image: ImageConfig, kind: str
+) -> None:
     out = tmp_path / "out.h5"
     planted = Path(str(out) + suffix)
     _plant(kind, planted, victim)
@@ -136,7 +143,8 @@ def test_pack_refuses_a_link_planted_at_its_temp_names(tiny: Path, tmp_path: Pat
 
 
 def test_pack_refuses_an_h5_swapped_in_after_it_created_the_partial(
-        tiny: Path, tmp_path: Path) -> None:
+    tiny: Path, tmp_path: Path
+) -> None:
     """The TOCTOU case: the partial is replaced by a link to another HDF5 file mid-pack."""
     other = tmp_path / "someone-elses.h5"
     with h5py.File(other, "w") as h5:
@@ -158,8 +166,9 @@ def test_pack_refuses_an_h5_swapped_in_after_it_created_the_partial(
 
 
 @pytest.mark.parametrize("kind", ["symlink", "hard link", "folder", "foreign file"])
-def test_pack_refuses_a_lock_file_it_did_not_make(tiny: Path, tmp_path: Path, victim: Path,
-                                                  kind: str) -> None:
+def test_pack_refuses_a_lock_file_it_did_not_make(
+    tiny: Path, tmp_path: Path, victim: Path, kind: str
+) -> None:
     out = tmp_path / "out.h5"
     lock = Path(str(out) + ".lock")
     if kind == "folder":
@@ -187,22 +196,25 @@ with output_lock(sys.argv[1]) as lock:
 
 
 def _holder(out: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     with proc.stdout:
         assert proc.stdout.readline() == "held\n"
     return proc
 
 
-def test_a_live_run_holds_the_output_and_the_other_is_told_who(tiny: Path,
-                                                               tmp_path: Path) -> None:
+def test_a_live_run_holds_the_output_and_the_other_is_told_who(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.h5"
     holder = _holder(out)
     try:
         partial_before = Path(str(out) + ".partial").stat()
-        with pytest.raises(BusyError, match=rf"{out} is being written by another h5forge run "
-                           rf"\(pid {holder.pid} on .*kill {holder.pid}"):
+        with pytest.raises(
+            BusyError,
+            match=rf"{out} is being written by another h5forge run "
+            rf"\(pid {holder.pid} on .*kill {holder.pid}",
+        ):
             pack(tiny, out, image=SMALL, workers=1)
         # the live run's partial is untouched
         assert files.same_file(Path(str(out) + ".partial").stat(), partial_before)
@@ -211,8 +223,7 @@ def test_a_live_run_holds_the_output_and_the_other_is_told_who(tiny: Path,
         holder.wait()
 
 
-def test_a_dead_runs_lock_is_taken_over_and_its_partial_removed(tiny: Path,
-                                                                tmp_path: Path) -> None:
+def test_a_dead_runs_lock_is_taken_over_and_its_partial_removed(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.h5"
     holder = _holder(out)
     holder.send_signal(signal.SIGKILL)
@@ -226,8 +237,7 @@ def test_a_dead_runs_lock_is_taken_over_and_its_partial_removed(tiny: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.h5"]
 
 
-def test_a_leftover_partial_no_run_recorded_is_kept_and_named(tiny: Path,
-                                                              tmp_path: Path) -> None:
+def test_a_leftover_partial_no_run_recorded_is_kept_and_named(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.h5"
     partial = Path(str(out) + ".partial")
     partial.write_bytes(b"not made by a recorded run")
@@ -238,17 +248,31 @@ def test_a_leftover_partial_no_run_recorded_is_kept_and_named(tiny: Path,
 
 def test_two_cli_packs_to_one_output_one_wins_the_other_exits_2(tmp_path: Path) -> None:
     src = tmp_path / "src"
-    write_image_folder(src, classes=("a", "b"), per_class=150, seed=4, size=(120, 160),
-                       formats=("png",))
+    write_image_folder(
+        src, classes=("a", "b"), per_class=150, seed=4, size=(120, 160), formats=("png",)
+    )
     out = tmp_path / "out.h5"
-    cmd = [sys.executable, "-m", "h5forge.cli", "pack", str(src), str(out), "--size", "64",
-           "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "h5forge.cli",
+        "pack",
+        str(src),
+        str(out),
+        "--size",
+        "64",
+        "--workers",
+        "1",
+    ]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lock = Path(str(out) + ".lock")
     deadline = time.monotonic() + 60
     # Until the first run holds the lock and has written its record (pid, host) into it.
-    while first.poll() is None and time.monotonic() < deadline and not (
-            lock.exists() and lock.stat().st_size > 0):
+    while (
+        first.poll() is None
+        and time.monotonic() < deadline
+        and not (lock.exists() and lock.stat().st_size > 0)
+    ):
         time.sleep(0.01)
     # Hold the first run still while the second tries (a fast first run could otherwise finish
     # before the second starts); a stopped process keeps its lock, as a busy one does.
@@ -268,8 +292,10 @@ def test_two_cli_packs_to_one_output_one_wins_the_other_exits_2(tmp_path: Path) 
 
 # --- merge ------------------------------------------------------------------------------------
 
+
 def test_merge_holds_the_output_and_refuses_a_planted_partial(
-        packed_decoded: PackResult, tmp_path: Path, victim: Path) -> None:
+    packed_decoded: PackResult, tmp_path: Path, victim: Path
+) -> None:
     out = tmp_path / "m.h5"
     Path(str(out) + ".partial").symlink_to(victim)
     with pytest.raises(UnsafePathError, match="already has that name"):
@@ -283,8 +309,10 @@ def test_merge_holds_the_output_and_refuses_a_planted_partial(
 
 # --- preview, publish temps, staging ----------------------------------------------------------
 
+
 def test_preview_and_published_preview_replace_a_planted_link(
-        packed_decoded: PackResult, tmp_path: Path, victim: Path) -> None:
+    packed_decoded: PackResult, tmp_path: Path, victim: Path
+) -> None:
     png = tmp_path / "x.h5.preview.png"
     png.symlink_to(victim)
     write_preview(packed_decoded.path, png, n=4)
@@ -300,8 +328,9 @@ def test_preview_and_published_preview_replace_a_planted_link(
 
 
 @pytest.mark.parametrize("kind", ["symlink", "hard link", "fifo"])
-def test_publish_cleanup_never_follows_or_removes_a_planted_temp(tmp_path: Path, victim: Path,
-                                                                 kind: str) -> None:
+def test_publish_cleanup_never_follows_or_removes_a_planted_temp(
+    tmp_path: Path, victim: Path, kind: str
+) -> None:
     planted = tmp_path / ".asset.h5.tmp-0123456789ab"
     if kind == "fifo":
         os.mkfifo(planted)

@@ -17,7 +17,7 @@ FORMAT_MD = Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md"
 def _section(text: str, heading: str) -> str:
     start = text.index(f"## {heading}")
     nxt = text.find("\n## ", start + 1)
-    return text[start: nxt if nxt != -1 else None]
+    return text[start : nxt if nxt != -1 else None]
 
 
 def _documented() -> tuple[set[str], set[str]]:

@@ -70,12 +70,15 @@ def _no_secret(*values: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
-def test_every_kind_is_refused_or_harmless(kind: Kind, bases: dict[str, Path], tmp_path: Path,
-                                           aux: Path) -> None:
+def test_every_kind_is_refused_or_harmless(
+    kind: Kind, bases: dict[str, Path], tmp_path: Path, aux: Path
+) -> None:
     path = str(_crafted(kind, bases, tmp_path, aux))
-    calls = {"reader": lambda: H5ImageDataset(path)[0],
-             "verify": lambda: verify(path),
-             "inspect": lambda: (summarize(path), render_preview(path, n=2, tile=8))}
+    calls = {
+        "reader": lambda: H5ImageDataset(path)[0],
+        "verify": lambda: verify(path),
+        "inspect": lambda: (summarize(path), render_preview(path, n=2, tile=8)),
+    }
     for entry, call in calls.items():
         if entry in kind.refused_by:
             with pytest.raises(IntegrityError, match=kind.match):
@@ -84,11 +87,22 @@ def test_every_kind_is_refused_or_harmless(kind: Kind, bases: dict[str, Path], t
             _no_secret(call())
 
 
-@pytest.mark.parametrize("name", ["ext-link-classes", "ext-storage-classes", "vds-labels",
-                                  "soft-link-classes", "label-2-40", "shapes-huge",
-                                  "index-beyond-file", "range-overlap"])
-def test_http_reader_refuses_before_reading(name: str, bases: dict[str, Path], tmp_path: Path,
-                                            aux: Path, http_server: LoopbackHTTP) -> None:
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ext-link-classes",
+        "ext-storage-classes",
+        "vds-labels",
+        "soft-link-classes",
+        "label-2-40",
+        "shapes-huge",
+        "index-beyond-file",
+        "range-overlap",
+    ],
+)
+def test_http_reader_refuses_before_reading(
+    name: str, bases: dict[str, Path], tmp_path: Path, aux: Path, http_server: LoopbackHTTP
+) -> None:
     kind = BY_NAME[name]
     data = _crafted(kind, bases, tmp_path, aux).read_bytes()
     url = http_server.serve("/asset.h5", data)
@@ -100,8 +114,14 @@ def test_http_reader_refuses_before_reading(name: str, bases: dict[str, Path], t
 
 
 @pytest.mark.parametrize("name", ["ext-link-http", "vds-fifo", "label-negative"])
-def test_s3_reader_refuses(name: str, bases: dict[str, Path], tmp_path: Path, aux: Path,
-                           s3_storage_options: dict[str, Any], s3_bucket: str) -> None:
+def test_s3_reader_refuses(
+    name: str,
+    bases: dict[str, Path],
+    tmp_path: Path,
+    aux: Path,
+    s3_storage_options: dict[str, Any],
+    s3_bucket: str,
+) -> None:
     kind = BY_NAME[name]
     path = _crafted(kind, bases, tmp_path, aux)
     url = f"s3://{s3_bucket}/hostile.h5"
@@ -113,8 +133,9 @@ def test_s3_reader_refuses(name: str, bases: dict[str, Path], tmp_path: Path, au
         verify(url, storage_options=s3_storage_options)
 
 
-def test_a_well_formed_file_still_reads_over_http(bases: dict[str, Path],
-                                                  http_server: LoopbackHTTP) -> None:
+def test_a_well_formed_file_still_reads_over_http(
+    bases: dict[str, Path], http_server: LoopbackHTTP
+) -> None:
     url = http_server.serve("/good.h5", bases["encoded"].read_bytes())
     remote, local = H5ImageDataset(url), H5ImageDataset(bases["encoded"])
     assert len(remote) == len(local) == 9
@@ -129,14 +150,20 @@ def test_fifo_as_the_asset_is_refused_without_blocking(aux: Path) -> None:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "h5forge.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "h5forge.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
 
 
 @pytest.mark.parametrize("name", ["ext-link-classes", "label-minus-100", "shapes-huge"])
-def test_cli_verify_and_inspect_refuse_with_exit_1(name: str, bases: dict[str, Path],
-                                                   tmp_path: Path, aux: Path) -> None:
+def test_cli_verify_and_inspect_refuse_with_exit_1(
+    name: str, bases: dict[str, Path], tmp_path: Path, aux: Path
+) -> None:
     kind = BY_NAME[name]
     path = _crafted(kind, bases, tmp_path, aux)
     for command in ("verify", "inspect"):
@@ -148,8 +175,9 @@ def test_cli_verify_and_inspect_refuse_with_exit_1(name: str, bases: dict[str, P
 
 
 @pytest.mark.parametrize("name", ["ext-link-nested", "label-negative", "labels-float"])
-def test_merge_refuses_a_hostile_shard(name: str, bases: dict[str, Path], tmp_path: Path,
-                                       aux: Path) -> None:
+def test_merge_refuses_a_hostile_shard(
+    name: str, bases: dict[str, Path], tmp_path: Path, aux: Path
+) -> None:
     kind = BY_NAME[name]
     good = tmp_path / "good.h5"
     shutil.copyfile(bases["decoded"], good)
@@ -167,8 +195,11 @@ def test_merge_refuses_a_hostile_shard(name: str, bases: dict[str, Path], tmp_pa
 def test_max_pixels_is_the_callers_limit_not_the_files(bases: dict[str, Path]) -> None:
     path = bases["encoded"]  # 16 x 20 = 320 pixels per sample, honestly recorded
     assert len(H5ImageDataset(path, max_pixels=320)) == 9
-    with pytest.raises(IntegrityError, match=r"/shapes\[0\] = \(16, 20, 3\): 320 pixels, more "
-                                             r"than max_pixels=319"):
+    with pytest.raises(
+        IntegrityError,
+        match=r"/shapes\[0\] = \(16, 20, 3\): 320 pixels, more "
+        r"than max_pixels=319",
+    ):
         H5ImageDataset(path, max_pixels=319)
     with pytest.raises(IntegrityError, match="more than max_pixels=100"):
         verify(str(path), max_pixels=100)
@@ -181,29 +212,40 @@ def test_max_pixels_is_the_callers_limit_not_the_files(bases: dict[str, Path]) -
 
 
 def test_decode_stored_never_raises_its_limit_from_the_recorded_shape(
-        bases: dict[str, Path]) -> None:
+    bases: dict[str, Path],
+) -> None:
     with h5py.File(bases["encoded"]) as h5:
         lo, hi = (int(x) for x in h5["offsets"][0:2])
         data = h5["images"][lo:hi].tobytes()
     assert decode_stored(data, (16, 20, 3), layout="encoded", mode="RGB").shape == (16, 20, 3)
     # A file claiming a bigger image no longer buys a bigger decode.
-    with pytest.raises(IntegrityError, match=r"100000 x 100000 = 10000000000 pixels, more than "
-                                             r"max_pixels=89478485"):
+    with pytest.raises(
+        IntegrityError,
+        match=r"100000 x 100000 = 10000000000 pixels, more than "
+        r"max_pixels=89478485",
+    ):
         decode_stored(data, (100_000, 100_000, 3), layout="encoded", mode="RGB")
     # Without a recorded shape the image's own header is checked against the caller's limit.
-    with pytest.raises(IntegrityError, match=r"too large to decode: image too large: 20 x 16 = "
-                                             r"320 pixels > limit 300 \(max_pixels=300\)"):
+    with pytest.raises(
+        IntegrityError,
+        match=r"too large to decode: image too large: 20 x 16 = "
+        r"320 pixels > limit 300 \(max_pixels=300\)",
+    ):
         decode_stored(data, None, layout="encoded", mode="RGB", max_pixels=300)
 
 
-def test_huge_declared_images_are_refused_before_allocation(bases: dict[str, Path],
-                                                            tmp_path: Path, aux: Path) -> None:
+def test_huge_declared_images_are_refused_before_allocation(
+    bases: dict[str, Path], tmp_path: Path, aux: Path
+) -> None:
     path = _crafted(BY_NAME["images-huge-filtered"], bases, tmp_path, aux)
     with h5py.File(path) as h5:  # a 2.7 GB chunk declared in a file of a few KB
         assert h5["images"].chunks == (1, 30_000, 30_000, 3)
     assert path.stat().st_size < 1 << 20
-    with pytest.raises(IntegrityError, match=r"/images holds compressed samples of 30000 x "
-                                             r"30000 = 900000000 pixels, more than "
-                                             r"max_pixels=89478485"):
+    with pytest.raises(
+        IntegrityError,
+        match=r"/images holds compressed samples of 30000 x "
+        r"30000 = 900000000 pixels, more than "
+        r"max_pixels=89478485",
+    ):
         H5ImageDataset(path)
     assert len(H5ImageDataset(path, max_pixels=900_000_000)) == 9  # the caller may allow it

@@ -64,8 +64,7 @@ def _crop_region_recipe(img: Image.Image, side: int, h: int, w: int) -> Image.Im
     size = (side, int(side * ih / iw)) if iw <= ih else (int(side * iw / ih), side)
     top, left = int(round((size[1] - h) / 2.0)), int(round((size[0] - w) / 2.0))
     sx, sy = iw / size[0], ih / size[1]
-    return img.resize((w, h), BILINEAR, box=(left * sx, top * sy, (left + w) * sx,
-                                             (top + h) * sy))
+    return img.resize((w, h), BILINEAR, box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
 
 
 def _within_one(got: np.ndarray, reference: np.ndarray) -> float:
@@ -76,6 +75,7 @@ def _within_one(got: np.ndarray, reference: np.ndarray) -> float:
 
 
 # --- configuration --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
@@ -104,7 +104,8 @@ def test_config_json_is_canonical_and_round_trips() -> None:
     text = cfg.to_json()
     assert text == (
         '{"encoding":"webp","layout":"encoded","max_image_pixels":89478485,"mode":"RGB",'
-        '"quality":90,"resize":"shorter-side","shorter_side":80,"size":[64,48]}')
+        '"quality":90,"resize":"shorter-side","shorter_side":80,"size":[64,48]}'
+    )
     assert ImageConfig.from_json(text) == cfg
     assert ImageConfig(size=[64, 48]).size == (64, 48)  # type: ignore[arg-type]
 
@@ -116,6 +117,7 @@ def test_truncated_images_are_not_loaded_by_pillow() -> None:
 
 
 # --- awkward inputs -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("cfg", [NATIVE, ImageConfig(size=(32, 32))], ids=["native", "resized"])
 def test_every_awkward_kind_has_its_outcome(bad_images: BadImages, cfg: ImageConfig) -> None:
@@ -142,8 +144,11 @@ def test_bomb_header_is_quarantined_without_allocating(bad_images: BadImages) ->
     before = Image.MAX_IMAGE_PIXELS
     small = process_file(0, str(bad_images.path("tiny-1x1")), ImageConfig(max_image_pixels=1))
     assert isinstance(small, Processed)
-    strip = process_file(0, str(bad_images.path("elongated-1x2000")),
-                         ImageConfig(resize="none", size=None, max_image_pixels=1999))
+    strip = process_file(
+        0,
+        str(bad_images.path("elongated-1x2000")),
+        ImageConfig(resize="none", size=None, max_image_pixels=1999),
+    )
     assert isinstance(strip, Quarantined)
     assert strip.reason == "image too large: 1 x 2000 = 2000 pixels > limit 1999"
     assert before == Image.MAX_IMAGE_PIXELS
@@ -171,8 +176,9 @@ def test_16_bit_png_keeps_the_high_byte(bad_images: BadImages) -> None:
     with Image.open(path) as src:
         assert src.mode.startswith("I;16")
         high = (np.asarray(src).astype(np.uint32) >> 8).astype(np.uint8)
-    np.testing.assert_array_equal(_pixels(_ok(process_file(0, str(path), NATIVE))),
-                                  np.repeat(high[:, :, None], 3, axis=2))
+    np.testing.assert_array_equal(
+        _pixels(_ok(process_file(0, str(path), NATIVE))), np.repeat(high[:, :, None], 3, axis=2)
+    )
     gray = _ok(process_file(0, str(path), ImageConfig(resize="none", size=None, mode="L")))
     np.testing.assert_array_equal(_pixels(gray)[:, :, 0], high)
 
@@ -203,8 +209,9 @@ def test_rgba_alpha_is_composited_on_white(tmp_path: Path) -> None:
     assert np.abs(got - expected).max() <= 1.0
 
 
-@pytest.mark.parametrize(("kind", "angle"), [("exif-orientation-6", -90),
-                                             ("exif-orientation-8", 90)])
+@pytest.mark.parametrize(
+    ("kind", "angle"), [("exif-orientation-6", -90), ("exif-orientation-8", 90)]
+)
 def test_exif_orientation_is_applied(bad_images: BadImages, kind: str, angle: int) -> None:
     path = bad_images.path(kind)
     with Image.open(path) as src:
@@ -244,6 +251,7 @@ def test_elongated_image_keeps_the_recipe_geometry(bad_images: BadImages) -> Non
 
 # --- pixels against independent Pillow computations -----------------------------------------
 
+
 def test_native_decode_matches_pillow(image_folder: Path) -> None:
     for path in sorted(image_folder.rglob("*.*")):
         with Image.open(path) as src:
@@ -267,18 +275,26 @@ def test_grayscale_replicates_and_rgb_converts_to_luma(image_folder: Path) -> No
     np.testing.assert_array_equal(_pixels(lum)[:, :, 0], luma)
 
 
-@pytest.mark.parametrize(("size", "side", "src_hw"),
-                         [((32, 32), None, (50, 80)), ((24, 32), 40, (90, 61)),
-                          ((16, 16), None, (16, 40)), ((20, 20), 20, (20, 20))])
-def test_shorter_side_matches_torchvision(tmp_path: Path, size: tuple[int, int],
-                                          side: int | None, src_hw: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    ("size", "side", "src_hw"),
+    [
+        ((32, 32), None, (50, 80)),
+        ((24, 32), 40, (90, 61)),
+        ((16, 16), None, (16, 40)),
+        ((20, 20), 20, (20, 20)),
+    ],
+)
+def test_shorter_side_matches_torchvision(
+    tmp_path: Path, size: tuple[int, int], side: int | None, src_hw: tuple[int, int]
+) -> None:
     photo = synth_photo(np.random.default_rng(1), *src_hw)
     path = _save(photo, tmp_path / "p.png")
     cfg = ImageConfig(size=size, shorter_side=side)
     r = _ok(process_file(0, str(path), cfg))
     assert r.shape == (*size, 3)
     np.testing.assert_array_equal(
-        _pixels(r), np.asarray(_crop_region_recipe(photo, side or max(size), *size)))
+        _pixels(r), np.asarray(_crop_region_recipe(photo, side or max(size), *size))
+    )
     _within_one(_pixels(r), np.asarray(_torchvision_recipe(photo, side or max(size), *size)))
 
 
@@ -319,8 +335,12 @@ def test_jpeg_draft_keeps_quality_and_geometry(tmp_path: Path, orientation: int)
     cfg = ImageConfig(size=(64, 64))
     with Image.open(path) as src:
         full = src.convert("RGB")  # decoded at full size: no draft
-    upright = {1: full, 3: full.rotate(180), 6: full.rotate(-90, expand=True),
-               8: full.rotate(90, expand=True)}[orientation]
+    upright = {
+        1: full,
+        3: full.rotate(180),
+        6: full.rotate(-90, expand=True),
+        8: full.rotate(90, expand=True),
+    }[orientation]
     reference = np.asarray(_torchvision_recipe(upright, 64, 64, 64), np.int16)
     r = _ok(process_file(0, str(path), cfg))
     assert r.shape == (64, 64, 3)
@@ -332,6 +352,7 @@ def test_jpeg_draft_keeps_quality_and_geometry(tmp_path: Path, orientation: int)
 
 
 # --- stored data ----------------------------------------------------------------------------
+
 
 def test_original_encoding_keeps_source_bytes(image_folder: Path) -> None:
     path = image_folder / "owl" / "owl_0000.jpg"
@@ -357,17 +378,28 @@ def test_original_encoding_decodes_with_exif_rules(bad_images: BadImages) -> Non
 
 @pytest.mark.parametrize("encoding", ["jpeg", "png", "webp"])
 @pytest.mark.parametrize("mode", ["RGB", "L"])
-def test_reencoded_samples_decode_to_their_shape(image_folder: Path, encoding: str,
-                                                 mode: str) -> None:
+def test_reencoded_samples_decode_to_their_shape(
+    image_folder: Path, encoding: str, mode: str
+) -> None:
     path = image_folder / "dog" / "alpha.png"
-    enc = ImageConfig(layout="encoded", encoding=encoding, mode=mode,  # type: ignore[arg-type]
-                      size=(20, 24), quality=80)
+    enc = ImageConfig(
+        layout="encoded",
+        encoding=encoding,
+        mode=mode,  # type: ignore[arg-type]
+        size=(20, 24),
+        quality=80,
+    )
     dec = ImageConfig(mode=mode, size=(20, 24))  # type: ignore[arg-type]
     r = _ok(process_file(0, str(path), enc))
     raw = _pixels(_ok(process_file(0, str(path), dec)))
     assert r.shape == raw.shape == (20, 24, 3 if mode == "RGB" else 1)
-    got = decode_stored(r.data, r.shape, layout="encoded", encoding=encoding,  # type: ignore[arg-type]
-                        mode=mode)  # type: ignore[arg-type]
+    got = decode_stored(
+        r.data,
+        r.shape,
+        layout="encoded",
+        encoding=encoding,  # type: ignore[arg-type]
+        mode=mode,
+    )  # type: ignore[arg-type]
     assert got.shape == r.shape
     assert got.flags.writeable
     assert got.flags.c_contiguous

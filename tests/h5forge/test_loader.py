@@ -48,14 +48,16 @@ def test_read_batch_equals_the_samples(packed_decoded: PackResult) -> None:
 
 
 def test_read_batch_falls_back_to_collate_for_encoded_and_transforms(
-        packed_encoded: PackResult, packed_decoded: PackResult) -> None:
+    packed_encoded: PackResult, packed_decoded: PackResult
+) -> None:
     crop = H5ImageDataset(packed_encoded.path, transform=lambda t: t[:, :8, :8])
     images, labels = crop.read_batch([1, 2])  # decoded from JPEG/PNG, then collated
     assert images.shape == (2, 3, 8, 8)
     assert images.is_contiguous()
     assert torch.equal(images[1], H5ImageDataset(packed_encoded.path)[2][0][:, :8, :8])
-    flipped = H5ImageDataset(packed_decoded.path, transform=lambda t: t.flip(-1),
-                             target_transform=lambda y: y + 10)
+    flipped = H5ImageDataset(
+        packed_decoded.path, transform=lambda t: t.flip(-1), target_transform=lambda y: y + 10
+    )
     plain = H5ImageDataset(packed_decoded.path)
     images, labels = flipped.read_batch([4, 5])
     assert torch.equal(images, _expected(plain, [4, 5]).flip(-1))
@@ -63,12 +65,17 @@ def test_read_batch_falls_back_to_collate_for_encoded_and_transforms(
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_loader_reads_every_sample_once_per_epoch(packed_decoded: PackResult,
-                                                  method: str) -> None:
+def test_loader_reads_every_sample_once_per_epoch(packed_decoded: PackResult, method: str) -> None:
     ds = H5ImageDataset(packed_decoded.path)
     truth = _labels(packed_decoded.path)
-    loader = ds.loader(5, shuffle=True, num_workers=2, multiprocessing_context=method,
-                       persistent_workers=True, generator=torch.Generator().manual_seed(1))
+    loader = ds.loader(
+        5,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context=method,
+        persistent_workers=True,
+        generator=torch.Generator().manual_seed(1),
+    )
     reference = _expected(ds, list(range(len(ds))))
     orders = []
     for _epoch in range(3):
@@ -139,8 +146,9 @@ def test_loader_with_distributed_sampler_partitions(packed_decoded: PackResult) 
     seen = []
     for rank in range(2):
         sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=3)
-        for _images, labels in ds.loader(4, sampler=sampler, num_workers=1,
-                                         multiprocessing_context="fork"):
+        for _images, labels in ds.loader(
+            4, sampler=sampler, num_workers=1, multiprocessing_context="fork"
+        ):
             seen.append(len(labels))
     assert sum(seen) == len(ds) + (len(ds) % 2)  # DistributedSampler pads to equal shares
 
@@ -156,8 +164,9 @@ def test_loader_arguments_are_checked(packed_decoded: PackResult) -> None:
         ds.loader(4, collate_fn=lambda b: b)
 
 
-def test_loader_with_verify_reads_names_a_corrupt_sample(packed_decoded: PackResult,
-                                                         tmp_path: Path) -> None:
+def test_loader_with_verify_reads_names_a_corrupt_sample(
+    packed_decoded: PackResult, tmp_path: Path
+) -> None:
     path = tmp_path / "copy.h5"
     shutil.copyfile(packed_decoded.path, path)
     flip_sample_byte(path, 6)
@@ -170,8 +179,9 @@ def test_loader_with_verify_reads_names_a_corrupt_sample(packed_decoded: PackRes
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_loader_with_a_transform_collects_into_slots(packed_encoded: PackResult,
-                                                     method: str) -> None:
+def test_loader_with_a_transform_collects_into_slots(
+    packed_encoded: PackResult, method: str
+) -> None:
     # Encoded images of mixed sizes, cropped to one size by the transform: the workers stack
     # them into a slot themselves; the batch equals the per-sample reads.
     ds = H5ImageDataset(packed_encoded.path, transform=TopLeft(8))
@@ -184,8 +194,11 @@ def test_loader_with_a_transform_collects_into_slots(packed_encoded: PackResult,
         assert labels.tolist() == [ds[i][1] for i in want]
     # Not one shape: a clear error naming the sizes and the fix (in a worker and without).
     mixed = H5ImageDataset(packed_encoded.path)
-    with pytest.raises(ValueError, match=r"differ in size \(3 x \d+ x \d+ and 3 x \d+ x \d+\)"
-                                         r".*transform that resizes or crops"):
+    with pytest.raises(
+        ValueError,
+        match=r"differ in size \(3 x \d+ x \d+ and 3 x \d+ x \d+\)"
+        r".*transform that resizes or crops",
+    ):
         mixed.read_batch(list(range(len(mixed))))
     with pytest.raises(ValueError, match="differ in size"):
         list(mixed.loader(36, num_workers=1, multiprocessing_context="fork"))

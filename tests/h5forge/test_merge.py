@@ -22,10 +22,16 @@ from tests.fixtures.damage import flip_sample_byte
 
 BUILDS: dict[str, dict[str, Any]] = {
     "raw": {"image": ImageConfig(resize="resize", size=(24, 32))},
-    "gzip": {"image": ImageConfig(resize="resize", size=(24, 32)), "compression": "gzip",
-             "compression_level": 1},
-    "lzf-fletcher32": {"image": ImageConfig(resize="resize", size=(24, 32)),
-                       "compression": "lzf", "fletcher32": True},
+    "gzip": {
+        "image": ImageConfig(resize="resize", size=(24, 32)),
+        "compression": "gzip",
+        "compression_level": 1,
+    },
+    "lzf-fletcher32": {
+        "image": ImageConfig(resize="resize", size=(24, 32)),
+        "compression": "lzf",
+        "fletcher32": True,
+    },
     "blob": {"image": ImageConfig(layout="encoded", resize="none", size=None)},
 }
 
@@ -34,8 +40,14 @@ BUILDS: dict[str, dict[str, Any]] = {
 def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     """Each build's shards (3 of 4 images) of a 2-class folder, packed in this process."""
     root = tmp_path_factory.mktemp("merge_src")
-    write_image_folder(root, classes=("ant", "bee"), per_class=6, seed=5,
-                       size=((20, 50), (20, 50)), formats=("jpeg", "png"))
+    write_image_folder(
+        root,
+        classes=("ant", "bee"),
+        per_class=6,
+        seed=5,
+        size=((20, 50), (20, 50)),
+        formats=("jpeg", "png"),
+    )
     catalog = discover(root)
     specs = plan_shards(catalog, samples_per_shard=4)
     out: dict[str, list[str]] = {}
@@ -47,7 +59,8 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_merge_checks_every_sample_and_the_output_verifies(
-        build: str, shards: dict[str, list[str]], tmp_path: Path) -> None:
+    build: str, shards: dict[str, list[str]], tmp_path: Path
+) -> None:
     merged = merge_shards(shards[build], tmp_path / "m.h5", max_bad_fraction=0.0)
     assert merged.num_samples == 12
     report = verify(merged.path)  # the full verify: every digest and the file sha256
@@ -56,7 +69,8 @@ def test_merge_checks_every_sample_and_the_output_verifies(
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_merge_refuses_a_shard_damaged_after_packing(
-        build: str, shards: dict[str, list[str]], tmp_path: Path) -> None:
+    build: str, shards: dict[str, list[str]], tmp_path: Path
+) -> None:
     urls = [shutil.copy(u, tmp_path / Path(u).name) for u in shards[build]]
     flip_sample_byte(Path(urls[1]), 2)
     with pytest.raises(IntegrityError, match=r"sample 6 \(sample 2 of .*shard-00001\.h5\)"):
@@ -66,7 +80,8 @@ def test_merge_refuses_a_shard_damaged_after_packing(
 
 
 def test_verify_unsealed_without_digests_still_checks_structure(
-        shards: dict[str, list[str]], tmp_path: Path) -> None:
+    shards: dict[str, list[str]], tmp_path: Path
+) -> None:
     path = Path(shutil.copy(shards["raw"][0], tmp_path / "s.h5"))
     flip_sample_byte(path, 1)
     with pytest.raises(IntegrityError, match="sample 1: sha256"):

@@ -35,15 +35,22 @@ BUILDS: dict[str, dict[str, Any]] = {
     "gzip": {"image": DECODED, "compression": "gzip", "compression_level": 1},
     "blob": {"image": ImageConfig(layout="encoded", resize="none", size=None)},
 }
-needs_kernel_copy = pytest.mark.skipif(not hasattr(os, "copy_file_range"),
-                                       reason="os.copy_file_range is Linux-only")
+needs_kernel_copy = pytest.mark.skipif(
+    not hasattr(os, "copy_file_range"), reason="os.copy_file_range is Linux-only"
+)
 
 
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory: pytest.TempPathFactory) -> Catalog:
     root = tmp_path_factory.mktemp("checks_src")
-    write_image_folder(root, classes=("ant", "bee"), per_class=6, seed=11,
-                       size=((20, 50), (20, 50)), formats=("jpeg", "png"))
+    write_image_folder(
+        root,
+        classes=("ant", "bee"),
+        per_class=6,
+        seed=11,
+        size=((20, 50), (20, 50)),
+        formats=("jpeg", "png"),
+    )
     return discover(root)
 
 
@@ -62,8 +69,7 @@ def published(catalog: Catalog, tmp_path_factory: pytest.TempPathFactory) -> dic
 @pytest.fixture(scope="module")
 def refs(catalog: Catalog, tmp_path_factory: pytest.TempPathFactory) -> dict[str, PackResult]:
     out = tmp_path_factory.mktemp("checks_ref")
-    return {name: pack(catalog, out / f"{name}.h5", workers=1, **kw)
-            for name, kw in BUILDS.items()}
+    return {name: pack(catalog, out / f"{name}.h5", workers=1, **kw) for name, kw in BUILDS.items()}
 
 
 def _staging(published: dict[str, Path], build: str, tmp_path: Path) -> list[Path]:
@@ -88,8 +94,9 @@ def _assert_same_asset(got: str, ref: PackResult) -> None:
             assert np.array_equal(a[name][()], b[name][()]), name
         if b.attrs["storage"] == "array":
             for i in range(b["images"].shape[0]):  # stored chunk and filter mask
-                assert (a["images"].id.read_direct_chunk((i, 0, 0, 0))
-                        == b["images"].id.read_direct_chunk((i, 0, 0, 0))), i
+                assert a["images"].id.read_direct_chunk((i, 0, 0, 0)) == b[
+                    "images"
+                ].id.read_direct_chunk((i, 0, 0, 0)), i
     got_ds, ref_ds = H5ImageDataset(got), H5ImageDataset(ref.path)
     assert len(got_ds) == len(ref_ds)
     for i in range(len(ref_ds)):
@@ -100,8 +107,8 @@ def _assert_same_asset(got: str, ref: PackResult) -> None:
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_published_shards_merge_into_the_local_pack(
-        build: str, published: dict[str, Path], refs: dict[str, PackResult],
-        tmp_path: Path) -> None:
+    build: str, published: dict[str, Path], refs: dict[str, PackResult], tmp_path: Path
+) -> None:
     urls = [str(s) for s in _staging(published, build, tmp_path)]
     merged = merge_shards(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
     assert merged.num_samples == 12
@@ -110,7 +117,8 @@ def test_published_shards_merge_into_the_local_pack(
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_a_byte_flipped_after_publish_fails_the_file_hash(
-        build: str, published: dict[str, Path], tmp_path: Path) -> None:
+    build: str, published: dict[str, Path], tmp_path: Path
+) -> None:
     shards = _staging(published, build, tmp_path)
     manifest = json.loads(Path(str(shards[1]) + MANIFEST_SUFFIX).read_text())
     flip_sample_byte(shards[1], 2)
@@ -127,7 +135,8 @@ def test_a_byte_flipped_after_publish_fails_the_file_hash(
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_without_its_manifest_the_same_shard_is_checked_sample_by_sample(
-        build: str, published: dict[str, Path], tmp_path: Path) -> None:
+    build: str, published: dict[str, Path], tmp_path: Path
+) -> None:
     shards = _staging(published, build, tmp_path)
     flip_sample_byte(shards[1], 2)
     os.unlink(str(shards[1]) + MANIFEST_SUFFIX)  # a bare sealed file, among published ones
@@ -149,7 +158,8 @@ def test_the_file_hash_covers_the_index_too(published: dict[str, Path], tmp_path
 
 
 def test_a_shard_of_another_size_fails_before_anything_is_copied(
-        published: dict[str, Path], tmp_path: Path) -> None:
+    published: dict[str, Path], tmp_path: Path
+) -> None:
     shards = _staging(published, "blob", tmp_path)
     with shards[0].open("ab") as f:
         f.write(b"\0" * 10)
@@ -159,8 +169,9 @@ def test_a_shard_of_another_size_fails_before_anything_is_copied(
     _assert_nothing_at(out)
 
 
-def test_a_remote_shard_is_hashed_after_its_download(published: dict[str, Path],
-                                                      tmp_path: Path) -> None:
+def test_a_remote_shard_is_hashed_after_its_download(
+    published: dict[str, Path], tmp_path: Path
+) -> None:
     fs = fsspec.filesystem("memory")
     staging = "memory://h5forge-test-merge-checks"
     try:
@@ -179,8 +190,9 @@ def test_a_remote_shard_is_hashed_after_its_download(published: dict[str, Path],
     _assert_nothing_at(tmp_path / "bad.h5")
 
 
-def _during_the_copy_of(monkeypatch: pytest.MonkeyPatch, shard: Path,
-                        act: Callable[[], None]) -> None:
+def _during_the_copy_of(
+    monkeypatch: pytest.MonkeyPatch, shard: Path, act: Callable[[], None]
+) -> None:
     """Run ``act`` once, right after the kernel copied the first range of ``shard``."""
     real = os.copy_file_range
     inode = shard.stat().st_ino
@@ -216,8 +228,12 @@ def _replace_by_a_copy(path: Path) -> None:
 @pytest.mark.parametrize("change", [_rewrite_in_place, _replace_by_a_copy])
 @pytest.mark.parametrize("build", ["raw", "blob"])
 def test_a_shard_changed_during_the_merge_fails_the_identity_check(
-        build: str, change: Callable[[Path], None], published: dict[str, Path], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    build: str,
+    change: Callable[[Path], None],
+    published: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     shards = _staging(published, build, tmp_path)
     _during_the_copy_of(monkeypatch, shards[1], lambda: change(shards[1]))
     out = tmp_path / "m.h5"
@@ -227,12 +243,16 @@ def test_a_shard_changed_during_the_merge_fails_the_identity_check(
 
 
 @needs_kernel_copy
-@pytest.mark.parametrize("failure", [errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL,
-                                     0])
+@pytest.mark.parametrize("failure", [errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, 0])
 @pytest.mark.parametrize("build", ["raw", "blob"])
 def test_without_the_kernel_copy_the_merge_copies_in_blocks(
-        build: str, failure: int, published: dict[str, Path], refs: dict[str, PackResult],
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    build: str,
+    failure: int,
+    published: dict[str, Path],
+    refs: dict[str, PackResult],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """copy_file_range refused (or returning 0 early, ``failure`` 0): pread/pwrite instead."""
     calls: list[int] = []
 
@@ -250,8 +270,9 @@ def test_without_the_kernel_copy_the_merge_copies_in_blocks(
 
 
 @needs_kernel_copy
-def test_another_copy_error_is_not_hidden(published: dict[str, Path], tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_copy_error_is_not_hidden(
+    published: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def copy_file_range(*args: Any) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -263,7 +284,8 @@ def test_another_copy_error_is_not_hidden(published: dict[str, Path], tmp_path: 
 
 
 def test_many_local_and_remote_shards_hashed_a_few_at_a_time(
-        catalog: Catalog, refs: dict[str, PackResult], tmp_path: Path) -> None:
+    catalog: Catalog, refs: dict[str, PackResult], tmp_path: Path
+) -> None:
     """One shard per image, the first two remote: hashes queue behind the copy; a remote
     shard's turn comes at its copy; a damaged shard far down the queue is still caught."""
     kw = BUILDS["blob"]
@@ -272,8 +294,10 @@ def test_many_local_and_remote_shards_hashed_a_few_at_a_time(
     specs = plan_shards(catalog, samples_per_shard=1)
     assert len(specs) == 12
     try:
-        urls = [pack_shard(catalog, s, remote if s.index < 2 else str(tmp_path / "staging"),
-                           **kw).url for s in specs]
+        urls = [
+            pack_shard(catalog, s, remote if s.index < 2 else str(tmp_path / "staging"), **kw).url
+            for s in specs
+        ]
         merged = merge_shards(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
         _assert_same_asset(merged.path, refs["blob"])
         flip_sample_byte(Path(urls[10]), 0)

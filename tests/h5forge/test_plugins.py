@@ -44,19 +44,21 @@ def test_plugin_file_verifies_inspects_and_reads(codec: str, bases: dict[str, Pa
 
 @pytest.mark.parametrize("method", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("codec", PLUGINS)
-def test_plugin_file_loads_through_loader_workers(codec: str, method: str,
-                                                  bases: dict[str, Path]) -> None:
+def test_plugin_file_loads_through_loader_workers(
+    codec: str, method: str, bases: dict[str, Path]
+) -> None:
     ds = H5ImageDataset(bases[codec])
     want = _pixels(bases["decoded"])
     seen = []
     for images, labels in ds.loader(4, num_workers=2, multiprocessing_context=method):
         seen += list(zip(images, labels.tolist(), strict=True))
     assert len(seen) == len(want)
-    assert all(torch.equal(a, b) and la == lb for (a, la), (b, lb) in zip(seen, want,
-                                                                          strict=True))
+    assert all(torch.equal(a, b) and la == lb for (a, la), (b, lb) in zip(seen, want, strict=True))
 
 
-_TRIAL = _BLOCK + """
+_TRIAL = (
+    _BLOCK
+    + """
 import json, sys
 try:
     import hdf5plugin
@@ -76,6 +78,7 @@ for name, call in (("reader", H5ImageDataset), ("verify", verify), ("inspect", s
         out[name] = [type(e).__name__, str(e)]
 print(json.dumps(out))
 """
+)
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -85,10 +88,15 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("codec", PLUGINS)
-def test_missing_plugin_names_the_extra(codec: str, bases: dict[str, Path],
-                                        tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", _TRIAL, str(bases[codec])], cwd=REPO,
-                       env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+def test_missing_plugin_names_the_extra(codec: str, bases: dict[str, Path], tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-c", _TRIAL, str(bases[codec])],
+        cwd=REPO,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out.pop("blocked") is True
@@ -107,9 +115,14 @@ def test_missing_plugin_through_the_cli(bases: dict[str, Path], tmp_path: Path) 
     env = _env(tmp_path)
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{site}"
     for command in ("verify", "inspect"):
-        r = subprocess.run([sys.executable, "-m", "h5forge.cli", command,
-                            str(bases["blosc-lz4"])], cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "h5forge.cli", command, str(bases["blosc-lz4"])],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         # 2 today (MissingExtraError is an environment problem the user fixes, like usage);
         # never 0, never a traceback.
         assert r.returncode in (1, 2), (r.stdout, r.stderr)
@@ -118,12 +131,19 @@ def test_missing_plugin_through_the_cli(bases: dict[str, Path], tmp_path: Path) 
 
 
 def test_hdf5plugin_is_imported_only_for_files_that_need_it(bases: dict[str, Path]) -> None:
-    code = ("import sys\nfrom h5forge.dataset import H5ImageDataset\n"
-            "H5ImageDataset(sys.argv[1])[0]\nprint('hdf5plugin' in sys.modules)\n"
-            "H5ImageDataset(sys.argv[2])[0]\nprint('hdf5plugin' in sys.modules)\n")
-    r = subprocess.run([sys.executable, "-c", code, str(bases["gzip"]), str(bases["zstd"])],
-                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                       capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys\nfrom h5forge.dataset import H5ImageDataset\n"
+        "H5ImageDataset(sys.argv[1])[0]\nprint('hdf5plugin' in sys.modules)\n"
+        "H5ImageDataset(sys.argv[2])[0]\nprint('hdf5plugin' in sys.modules)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(bases["gzip"]), str(bases["zstd"])],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "True"]
 
@@ -131,8 +151,14 @@ def test_hdf5plugin_is_imported_only_for_files_that_need_it(bases: dict[str, Pat
 def test_cli_verifies_and_inspects_a_plugin_file(bases: dict[str, Path]) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for command in ("verify", "inspect"):
-        r = subprocess.run([sys.executable, "-m", "h5forge.cli", command, str(bases["zstd"])],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "h5forge.cli", command, str(bases["zstd"])],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, (command, r.stderr)
         assert "Traceback" not in r.stderr
     assert "zstd" in r.stdout  # the summary names the codec (in whatever format inspect prints)

@@ -28,7 +28,7 @@ def _inputs(image_folder: Path, bad_images: BadImages) -> list[str]:
     good = sorted(str(p) for p in image_folder.rglob("*.*"))
     bad = sorted(str(p) for p in bad_images.folder.iterdir())
     mixed = [p for pair in zip(good, bad, strict=False) for p in pair]
-    return mixed + good[len(bad):] + bad[len(good):]
+    return mixed + good[len(bad) :] + bad[len(good) :]
 
 
 def _new_children(before: set[int | None]) -> list[multiprocessing.process.BaseProcess]:
@@ -55,12 +55,15 @@ def test_tiny_inputs_run_in_process(image_folder: Path) -> None:
     assert list(iter_processed([], CFG)) == []
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"workers": 0}, "workers=0 must be an int >= 1"),
-    ({"workers": True}, "workers=True"),
-    ({"window": 0}, "window=0 must be an int >= 1"),
-    ({"window": 2.5}, "window=2.5"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"workers": 0}, "workers=0 must be an int >= 1"),
+        ({"workers": True}, "workers=True"),
+        ({"window": 0}, "window=0 must be an int >= 1"),
+        ({"window": 2.5}, "window=2.5"),
+    ],
+)
 def test_bad_arguments_fail_before_any_work(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         iter_processed(["never-read.jpg"], CFG, **kwargs)  # type: ignore[arg-type]
@@ -72,8 +75,9 @@ def test_work_in_flight_never_exceeds_the_window(tmp_path: Path) -> None:
     # Every input is a named pipe: a worker that starts on input i blocks opening it until the
     # feeder thread sees the waiting reader and writes the image. The feeder thus learns which
     # inputs were started, and when, without relying on timing for correctness.
-    src = write_image_folder(tmp_path / "src", classes=("a",), per_class=1, size=(12, 12),
-                             formats=("png",))[0]
+    src = write_image_folder(
+        tmp_path / "src", classes=("a",), per_class=1, size=(12, 12), formats=("png",)
+    )[0]
     data = src.read_bytes()
     n, window = 40, 8
     fifos = [str(tmp_path / f"{i:03d}.png") for i in range(n)]
@@ -158,18 +162,32 @@ def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Pa
     import subprocess
     import sys
 
-    script = ("from h5forge.images import ImageConfig\n"
-              "from h5forge.preprocess import iter_processed\n"
-              f"paths = sorted(str(p) for p in __import__('pathlib').Path({str(image_folder)!r})"
-              ".rglob('*.*'))\n"
-              "list(iter_processed(paths, ImageConfig(size=(16, 16)), workers=2))\n")
-    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
-                          timeout=120, check=False)
+    script = (
+        "from h5forge.images import ImageConfig\n"
+        "from h5forge.preprocess import iter_processed\n"
+        f"paths = sorted(str(p) for p in __import__('pathlib').Path({str(image_folder)!r})"
+        ".rglob('*.*'))\n"
+        "list(iter_processed(paths, ImageConfig(size=(16, 16)), workers=2))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-"],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 1
     assert "'<stdin>' is not a file" in done.stderr
     assert "pass workers=1" in done.stderr
-    ok = subprocess.run([sys.executable, "-"], input=script.replace("workers=2", "workers=1"),
-                        capture_output=True, text=True, timeout=120, check=False)
+    ok = subprocess.run(
+        [sys.executable, "-"],
+        input=script.replace("workers=2", "workers=1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert ok.returncode == 0, ok.stderr
 
 
@@ -183,12 +201,14 @@ pack(sys.argv[1], sys.argv[2], image=ImageConfig(resize="resize", size=(64, 64))
 
 @pytest.mark.parametrize("method", ["forkserver", "fork"])
 def test_killing_only_the_main_pack_process_takes_its_workers_with_it(
-        tmp_path: Path, method: str) -> None:
+    tmp_path: Path, method: str
+) -> None:
     """SIGKILL of the pack alone (not its group): no worker, fork server or resource tracker
     may outlive it; left alone they would wait on the pool's queue forever."""
     src = tmp_path / "src"
-    write_image_folder(src, classes=("a", "b"), per_class=150, seed=5, size=(120, 160),
-                       formats=("png",))
+    write_image_folder(
+        src, classes=("a", "b"), per_class=150, seed=5, size=(120, 160), formats=("png",)
+    )
     code = f"import multiprocessing; multiprocessing.set_start_method({method!r})\n" + _PACK
     proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(tmp_path / "o.h5")])
     try:

@@ -37,10 +37,15 @@ OPEN_REQUESTS = 2  # HEAD + one ranged GET of the head of the file
 def packed_120(tmp_path_factory: pytest.TempPathFactory) -> PackResult:
     """120 decoded samples, 24 x 32: enough that one request per sample is a real count."""
     root = tmp_path_factory.mktemp("remote_src")
-    write_image_folder(root, classes=("a", "b", "c"), per_class=40, seed=11, size=(30, 40),
-                       formats=("jpeg", "png"))
-    return pack(root, tmp_path_factory.mktemp("remote") / "decoded.h5",
-                image=ImageConfig(resize="resize", size=(24, 32)), workers=2)
+    write_image_folder(
+        root, classes=("a", "b", "c"), per_class=40, seed=11, size=(30, 40), formats=("jpeg", "png")
+    )
+    return pack(
+        root,
+        tmp_path_factory.mktemp("remote") / "decoded.h5",
+        image=ImageConfig(resize="resize", size=(24, 32)),
+        workers=2,
+    )
 
 
 def _local_truth(path: str) -> Counter[tuple[str, int]]:
@@ -52,11 +57,18 @@ def _is_read(method: str, rng: str | None) -> bool:
     return method == "GET" and rng is not None and not rng.startswith("bytes=0-")
 
 
-@pytest.mark.parametrize(("method", "which"), [
-    ("fork", "packed_120"), ("spawn", "packed_120"), ("fork", "packed_encoded")])
+@pytest.mark.parametrize(
+    ("method", "which"),
+    [("fork", "packed_120"), ("spawn", "packed_120"), ("fork", "packed_encoded")],
+)
 def test_s3_dataloader_reads_each_sample_once_with_few_requests(
-        method: str, which: str, request: pytest.FixtureRequest, s3_bucket: str,
-        s3_storage_options: dict[str, Any], s3_requests: S3RequestLog) -> None:
+    method: str,
+    which: str,
+    request: pytest.FixtureRequest,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_requests: S3RequestLog,
+) -> None:
     result: PackResult = request.getfixturevalue(which)
     url = f"s3://{s3_bucket}/{which}.h5"
     publish(result.path, url, storage_options=s3_storage_options)
@@ -89,8 +101,10 @@ def test_s3_dataloader_reads_each_sample_once_with_few_requests(
 
 
 @pytest.mark.parametrize("method", [None, "fork"])  # spawned workers cannot see this process's
-def test_memory_url_reads_like_the_local_file(method: str | None,  # memory://
-                                              packed_120: PackResult) -> None:
+def test_memory_url_reads_like_the_local_file(
+    method: str | None,  # memory://
+    packed_120: PackResult,
+) -> None:
     url = f"memory://h5forge-test-{uuid.uuid4().hex[:12]}/decoded.h5"
     fs = fsspec.filesystem("memory")
     publish(packed_120.path, url)
@@ -123,8 +137,11 @@ def test_remote_verify_reads_match_local(packed_120: PackResult, tmp_path: Path)
 
 
 def test_s3_loader_reads_whole_batches_with_few_requests(
-        packed_120: PackResult, s3_bucket: str, s3_storage_options: dict[str, Any],
-        s3_requests: S3RequestLog) -> None:
+    packed_120: PackResult,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_requests: S3RequestLog,
+) -> None:
     # loader(): each worker fetches a batch with one concurrent cat_ranges straight into its
     # slot; same samples as the local file, about one range request per sample.
     url = f"s3://{s3_bucket}/loader.h5"
@@ -132,10 +149,18 @@ def test_s3_loader_reads_whole_batches_with_few_requests(
     truth = _local_truth(packed_120.path)
     ds = H5ImageDataset(url, storage_options=s3_storage_options)
     s3_requests.clear()
-    loader = ds.loader(8, shuffle=True, num_workers=WORKERS, multiprocessing_context="spawn",
-                       generator=torch.Generator().manual_seed(0))
-    got = content((image, label) for images, labels in loader
-                   for image, label in zip(images, labels.tolist(), strict=True))
+    loader = ds.loader(
+        8,
+        shuffle=True,
+        num_workers=WORKERS,
+        multiprocessing_context="spawn",
+        generator=torch.Generator().manual_seed(0),
+    )
+    got = content(
+        (image, label)
+        for images, labels in loader
+        for image, label in zip(images, labels.tolist(), strict=True)
+    )
     assert got == truth
     reads = [r for r in s3_requests() if _is_read(r.method, r.range)]
     assert len(reads) <= math.ceil(1.05 * packed_120.num_samples), len(reads)

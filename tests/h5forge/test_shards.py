@@ -49,20 +49,29 @@ PER_SHARD = 7
 @dataclass(frozen=True)
 class Source:
     catalog: Catalog
-    refs: dict[str, PackResult]   # build name -> plain local pack of the same catalog
+    refs: dict[str, PackResult]  # build name -> plain local pack of the same catalog
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
     """train/val x 3 classes of JPEG/PNG files plus broken files (quarantined), packed locally."""
     root = tmp_path_factory.mktemp("shard_src")
-    write_image_folder(root, classes=("ant", "bee", "cow"), per_class=8, splits=("train", "val"),
-                       seed=3, size=((20, 60), (20, 60)), formats=("jpeg", "png"))
+    write_image_folder(
+        root,
+        classes=("ant", "bee", "cow"),
+        per_class=8,
+        splits=("train", "val"),
+        seed=3,
+        size=((20, 60), (20, 60)),
+        formats=("jpeg", "png"),
+    )
     write_bad_files(root / "train" / "bee")
     catalog = discover(root)
     out = tmp_path_factory.mktemp("shard_ref")
-    refs = {name: pack(catalog, out / f"{name}.h5", workers=1, max_bad_fraction=0.2, **kw)
-            for name, kw in BUILDS.items()}
+    refs = {
+        name: pack(catalog, out / f"{name}.h5", workers=1, max_bad_fraction=0.2, **kw)
+        for name, kw in BUILDS.items()
+    }
     assert refs["decoded"].num_quarantined > 0
     return Source(catalog, refs)
 
@@ -71,8 +80,12 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
 def client() -> Iterator[Client]:
     """A real two-process Dask cluster; test-module functions travel to it by value."""
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    with LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                      dashboard_address=None) as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
@@ -85,19 +98,37 @@ def _assert_same_asset(got: str, ref: PackResult) -> None:
     """Same samples, labels, splits, digests, quarantine, and the same stored bytes."""
     verify(got)
     with h5py.File(got) as a, h5py.File(ref.path) as b:
-        for name in ("digests", "labels", "splits", "paths", "classes", "split_names",
-                     "quarantine/paths", "quarantine/reasons"):
+        for name in (
+            "digests",
+            "labels",
+            "splits",
+            "paths",
+            "classes",
+            "split_names",
+            "quarantine/paths",
+            "quarantine/reasons",
+        ):
             assert np.array_equal(a[name][()], b[name][()]), name
-        for name in ("layout", "storage", "encoding", "mode", "config_json", "compression",
-                     "num_samples", "num_classes", "num_quarantined"):
+        for name in (
+            "layout",
+            "storage",
+            "encoding",
+            "mode",
+            "config_json",
+            "compression",
+            "num_samples",
+            "num_classes",
+            "num_quarantined",
+        ):
             assert a.attrs[name] == b.attrs[name], name
         if b.attrs["storage"] == "blob":
             for name in ("images", "offsets", "shapes"):
                 assert np.array_equal(a[name][()], b[name][()]), name
         else:
             for i in range(b["images"].shape[0]):  # the stored chunk, filter mask included
-                assert (a["images"].id.read_direct_chunk((i, 0, 0, 0))
-                        == b["images"].id.read_direct_chunk((i, 0, 0, 0))), i
+                assert a["images"].id.read_direct_chunk((i, 0, 0, 0)) == b[
+                    "images"
+                ].id.read_direct_chunk((i, 0, 0, 0)), i
     got_ds, ref_ds = H5ImageDataset(got), H5ImageDataset(ref.path)
     for i in range(len(ref_ds)):
         (x, y), (x_ref, y_ref) = got_ds[i], ref_ds[i]
@@ -105,21 +136,29 @@ def _assert_same_asset(got: str, ref: PackResult) -> None:
         assert np.array_equal(x.numpy(), x_ref.numpy()), i
 
 
-def _build(client: Client, catalog: Catalog, specs: list[ShardSpec], staging: Path,
-           **kw: Any) -> list[ShardResult]:
+def _build(
+    client: Client, catalog: Catalog, specs: list[ShardSpec], staging: Path, **kw: Any
+) -> list[ShardResult]:
     """The resumable build: pack on the cluster only the shards that are not done yet."""
     done = find_done_shards(str(staging), specs, **kw)
     todo = [s for s in specs if s.index not in done]
-    futures = client.map(pack_shard, [shard_catalog(catalog, s) for s in todo], todo,
-                         staging_url=str(staging), pure=False, **kw)
+    futures = client.map(
+        pack_shard,
+        [shard_catalog(catalog, s) for s in todo],
+        todo,
+        staging_url=str(staging),
+        pure=False,
+        **kw,
+    )
     results: list[ShardResult] = client.gather(futures)
     return results
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("build", sorted(BUILDS))
-def test_dask_build_equals_local_pack(build: str, source: Source, client: Client,
-                                      tmp_path: Path) -> None:
+def test_dask_build_equals_local_pack(
+    build: str, source: Source, client: Client, tmp_path: Path
+) -> None:
     kw = BUILDS[build]
     specs = plan_shards(source.catalog, samples_per_shard=PER_SHARD)
     assert len(specs) >= 6
@@ -127,20 +166,30 @@ def test_dask_build_equals_local_pack(build: str, source: Source, client: Client
     # key, and the scheduler's release of the previous case's copy could race this broadcast
     # ("lost dependencies", seen in 2 of 5 full runs).
     whole = client.scatter(source.catalog, broadcast=True, hash=False)  # or one slice per task
-    futures = client.map(pack_shard, [whole] * len(specs), specs,
-                         staging_url=str(tmp_path / "staging"), pure=False, **kw)
+    futures = client.map(
+        pack_shard,
+        [whole] * len(specs),
+        specs,
+        staging_url=str(tmp_path / "staging"),
+        pure=False,
+        **kw,
+    )
     results: list[ShardResult] = client.gather(futures)
     assert [r.index for r in results] == [s.index for s in specs]
     assert sum(r.num_quarantined for r in results) == source.refs[build].num_quarantined
     merged = merge_shards([r.url for r in results], tmp_path / "merged.h5", max_bad_fraction=0.2)
     ref = source.refs[build]
     assert (merged.num_samples, merged.quarantined, merged.counts) == (
-        ref.num_samples, ref.quarantined, ref.counts)
+        ref.num_samples,
+        ref.quarantined,
+        ref.counts,
+    )
     _assert_same_asset(merged.path, ref)
 
 
-def _pack_or_die(marker: str, catalog: Catalog, spec: ShardSpec, staging_url: str,
-                 **kw: Any) -> ShardResult:
+def _pack_or_die(
+    marker: str, catalog: Catalog, spec: ShardSpec, staging_url: str, **kw: Any
+) -> ShardResult:
     """Kill the worker process that runs it, the first time only (the marker remembers)."""
     if spec.index == 2 and not os.path.exists(marker):
         Path(marker).write_text(str(os.getpid()))
@@ -153,9 +202,15 @@ def test_killed_worker_is_rescheduled(source: Source, client: Client, tmp_path: 
     specs = plan_shards(source.catalog, samples_per_shard=PER_SHARD)
     before = set(client.run(os.getpid).values())
     marker = str(tmp_path / "killed")
-    futures = client.map(_pack_or_die, [marker] * len(specs),
-                         [shard_catalog(source.catalog, s) for s in specs], specs,
-                         staging_url=str(tmp_path / "staging"), pure=False, **BUILDS["decoded"])
+    futures = client.map(
+        _pack_or_die,
+        [marker] * len(specs),
+        [shard_catalog(source.catalog, s) for s in specs],
+        specs,
+        staging_url=str(tmp_path / "staging"),
+        pure=False,
+        **BUILDS["decoded"],
+    )
     results = client.gather(futures)
     killed = int(Path(marker).read_text())
     assert killed in before
@@ -164,14 +219,16 @@ def test_killed_worker_is_rescheduled(source: Source, client: Client, tmp_path: 
     assert killed not in after
     assert len(after - before) == 1  # the nanny started a new worker process
     assert find_done_shards(str(tmp_path / "staging"), specs, **BUILDS["decoded"]) == {
-        s.index for s in specs}
+        s.index for s in specs
+    }
     merged = merge_shards([r.url for r in results], tmp_path / "m.h5", max_bad_fraction=0.2)
     _assert_same_asset(merged.path, source.refs["decoded"])
 
 
 @pytest.mark.slow
-def test_resume_redoes_only_the_missing_shards(source: Source, client: Client,
-                                               tmp_path: Path) -> None:
+def test_resume_redoes_only_the_missing_shards(
+    source: Source, client: Client, tmp_path: Path
+) -> None:
     kw = BUILDS["decoded-gzip"]
     staging = tmp_path / "staging"
     specs = plan_shards(source.catalog, samples_per_shard=PER_SHARD)
@@ -212,8 +269,9 @@ def _stale_manifest(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [_flip_byte, _truncate, _stale_manifest, os.unlink])
-def test_damaged_shard_is_not_done_and_is_redone(damage: Any, source: Source,
-                                                 tmp_path: Path) -> None:
+def test_damaged_shard_is_not_done_and_is_redone(
+    damage: Any, source: Source, tmp_path: Path
+) -> None:
     kw = BUILDS["decoded"]
     staging = tmp_path / "staging"
     specs = plan_shards(source.catalog, samples_per_shard=PER_SHARD)[:3]
@@ -227,8 +285,9 @@ def test_damaged_shard_is_not_done_and_is_redone(damage: Any, source: Source,
     verify(shard_url(str(staging), specs[1]))
 
 
-def test_other_options_or_catalog_are_not_done(source: Source, tmp_path: Path,
-                                               image_folder: Path) -> None:
+def test_other_options_or_catalog_are_not_done(
+    source: Source, tmp_path: Path, image_folder: Path
+) -> None:
     specs = plan_shards(source.catalog, samples_per_shard=PER_SHARD)[:2]
     for s in specs:
         pack_shard(source.catalog, s, str(tmp_path), image=DECODED)
@@ -248,8 +307,13 @@ def test_merge_from_a_remote_staging_url(source: Source, tmp_path: Path) -> None
     try:
         results = [pack_shard(source.catalog, s, staging, **kw) for s in specs]
         assert find_done_shards(staging, specs, **kw) == {s.index for s in specs}
-        merged = merge_shards([r.url for r in results], tmp_path / "m.h5", max_bad_fraction=0.2,
-                              source_url="https://example.org/x.tar", source_sha256="ab" * 32)
+        merged = merge_shards(
+            [r.url for r in results],
+            tmp_path / "m.h5",
+            max_bad_fraction=0.2,
+            source_url="https://example.org/x.tar",
+            source_sha256="ab" * 32,
+        )
     finally:
         import fsspec
 
@@ -270,8 +334,9 @@ def local_shards(source: Source, tmp_path_factory: pytest.TempPathFactory) -> di
     return out
 
 
-def test_merge_applies_the_quarantine_limit_to_the_total(local_shards: dict[str, list[str]],
-                                                         source: Source, tmp_path: Path) -> None:
+def test_merge_applies_the_quarantine_limit_to_the_total(
+    local_shards: dict[str, list[str]], source: Source, tmp_path: Path
+) -> None:
     bad = source.refs["decoded"].num_quarantined
     total = bad + source.refs["decoded"].num_samples
     with pytest.raises(TooManyBadImagesError, match=f"{bad} of {total} inputs"):
@@ -280,8 +345,9 @@ def test_merge_applies_the_quarantine_limit_to_the_total(local_shards: dict[str,
     assert not (tmp_path / "m.h5.partial").exists()
 
 
-def test_merge_refuses_a_mix_and_bad_inputs(local_shards: dict[str, list[str]],
-                                            tmp_path: Path) -> None:
+def test_merge_refuses_a_mix_and_bad_inputs(
+    local_shards: dict[str, list[str]], tmp_path: Path
+) -> None:
     mixed = local_shards["decoded"][:2] + local_shards["decoded-gzip"][2:]
     with pytest.raises(ValueError, match="shards disagree on root attribute compression"):
         merge_shards(mixed, tmp_path / "m.h5", max_bad_fraction=1.0)
@@ -316,8 +382,9 @@ def test_plan_covers_every_sample_once(source: Source) -> None:
     assert max(s.count for s in both) <= 4
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"samples_per_shard": 0}, {"bytes_per_shard": -1},
-                                    {"samples_per_shard": 2.5}])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"samples_per_shard": 0}, {"bytes_per_shard": -1}, {"samples_per_shard": 2.5}]
+)
 def test_plan_refuses_bad_limits(source: Source, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="samples_per_shard|bytes_per_shard"):
         plan_shards(source.catalog, **kwargs)
@@ -329,11 +396,15 @@ def test_a_shard_of_only_bad_inputs_merges(source: Source, tmp_path: Path) -> No
     quarantined = {p for p, _ in source.refs["encoded"].quarantined}
     by_class = {s.label: s for s in cat.samples if s.relpath not in quarantined}
     bad = [s for s in cat.samples if s.relpath in quarantined][:2]
-    small = Catalog(root=cat.root, samples=(*by_class.values(), *bad), classes=cat.classes,
-                    splits=cat.splits, skipped={})
+    small = Catalog(
+        root=cat.root,
+        samples=(*by_class.values(), *bad),
+        classes=cat.classes,
+        splits=cat.splits,
+        skipped={},
+    )
     specs = plan_shards(small, samples_per_shard=1)
-    results = [pack_shard(small, s, str(tmp_path / "staging"), **BUILDS["encoded"])
-               for s in specs]
+    results = [pack_shard(small, s, str(tmp_path / "staging"), **BUILDS["encoded"]) for s in specs]
     assert [r.num_samples for r in results] == [1, 1, 1, 0, 0]
     merged = merge_shards([r.url for r in results], tmp_path / "m.h5", max_bad_fraction=0.5)
     ref = pack(small, tmp_path / "ref.h5", workers=1, max_bad_fraction=0.5, **BUILDS["encoded"])
@@ -343,10 +414,18 @@ def test_a_shard_of_only_bad_inputs_merges(source: Source, tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_a_pool_inside_a_daemonic_dask_worker_is_refused(source: Source, client: Client,
-                                                          tmp_path: Path) -> None:
+def test_a_pool_inside_a_daemonic_dask_worker_is_refused(
+    source: Source, client: Client, tmp_path: Path
+) -> None:
     spec = plan_shards(source.catalog, samples_per_shard=PER_SHARD)[0]
-    future = client.submit(pack_shard, shard_catalog(source.catalog, spec), spec, str(tmp_path),
-                           image=DECODED, processes=2, pure=False)
+    future = client.submit(
+        pack_shard,
+        shard_catalog(source.catalog, spec),
+        spec,
+        str(tmp_path),
+        image=DECODED,
+        processes=2,
+        pure=False,
+    )
     with pytest.raises(ValueError, match="daemonic process"):
         future.result()

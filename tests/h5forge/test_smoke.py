@@ -30,8 +30,9 @@ def test_decoded_file_reads_back_under_fork_and_spawn(packed_decoded: PackResult
 
 @needs_fork
 def test_encoded_file_is_checked_against_its_stored_bytes(packed_encoded: PackResult) -> None:
-    report = smoke_load(packed_encoded.path, workers=2, batches=3, batch_size=4,
-                        start_methods=("fork",))
+    report = smoke_load(
+        packed_encoded.path, workers=2, batches=3, batch_size=4, start_methods=("fork",)
+    )
     assert report.samples_checked == 12
 
 

@@ -21,6 +21,7 @@ def copy_of(tmp_path: Path):
         dst = tmp_path / Path(result.path).name
         shutil.copyfile(result.path, dst)
         return dst
+
     return make
 
 
@@ -37,8 +38,7 @@ def test_good_file_verifies(which: str, request: pytest.FixtureRequest) -> None:
 
 
 @pytest.mark.parametrize("which", ["packed_decoded", "packed_encoded"])
-def test_flipped_byte_names_the_sample(which: str, request: pytest.FixtureRequest,
-                                       copy_of) -> None:
+def test_flipped_byte_names_the_sample(which: str, request: pytest.FixtureRequest, copy_of) -> None:
     path = copy_of(request.getfixturevalue(which))
     with h5py.File(path) as h5:
         offset, nbytes = (int(x) for x in h5["byte_ranges"][5])
@@ -47,8 +47,11 @@ def test_flipped_byte_names_the_sample(which: str, request: pytest.FixtureReques
         b = f.read(1)
         f.seek(offset + nbytes // 2)
         f.write(bytes([b[0] ^ 0x40]))
-    with pytest.raises(IntegrityError, match=r"sample 5: sha256 of stored bytes is [0-9a-f]{64}, "
-                                             r"/digests says [0-9a-f]{64}") as info:
+    with pytest.raises(
+        IntegrityError,
+        match=r"sample 5: sha256 of stored bytes is [0-9a-f]{64}, "
+        r"/digests says [0-9a-f]{64}",
+    ) as info:
         verify(path)
     assert len(info.value.failures) == 1
     ds = H5ImageDataset(path, verify_reads=True)

@@ -50,8 +50,9 @@ def test_decoded_round_trip_matches_pillow(split_tree: Path, packed_decoded: Pac
         assert ds.classes[label] == rel.split("/")[1]
 
 
-def test_labels_classes_and_splits_follow_the_folder(split_tree: Path,
-                                                     packed_decoded: PackResult) -> None:
+def test_labels_classes_and_splits_follow_the_folder(
+    split_tree: Path, packed_decoded: PackResult
+) -> None:
     assert packed_decoded.classes == ("cat", "dog", "eel")
     with h5py.File(packed_decoded.path) as h5:
         paths = h5["paths"].asstr()[()].tolist()
@@ -74,7 +75,7 @@ def test_encoded_original_keeps_source_bytes(split_tree: Path, packed_encoded: P
         offsets = h5["offsets"][()]
         blob = h5["images"]
         for i, rel in enumerate(h5["paths"].asstr()[()]):
-            stored = blob[offsets[i]:offsets[i + 1]].tobytes()
+            stored = blob[offsets[i] : offsets[i + 1]].tobytes()
             assert stored == (split_tree / rel).read_bytes()
             assert bytes(h5["digests"][i]) == hashlib.sha256(stored).digest()
     ds = H5ImageDataset(packed_encoded.path)
@@ -84,8 +85,9 @@ def test_encoded_original_keeps_source_bytes(split_tree: Path, packed_encoded: P
 
 
 def test_variable_size_decoded_uses_blob_with_shapes(split_tree: Path, tmp_path: Path) -> None:
-    res = pack(split_tree, tmp_path / "var.h5", image=ImageConfig(resize="none", size=None),
-               workers=1)
+    res = pack(
+        split_tree, tmp_path / "var.h5", image=ImageConfig(resize="none", size=None), workers=1
+    )
     ds = H5ImageDataset(res.path)
     with h5py.File(res.path) as h5:
         assert h5.attrs["storage"] == "blob"
@@ -101,16 +103,33 @@ def test_variable_size_decoded_uses_blob_with_shapes(split_tree: Path, tmp_path:
             np.testing.assert_array_equal(image.permute(1, 2, 0).numpy(), want)
 
 
-@pytest.mark.parametrize(("compression", "level", "fletcher32"), [
-    ("gzip", 1, False), ("lzf", None, False), ("blosc-lz4", None, False), ("zstd", 3, True),
-    ("none", None, True),
-])
-def test_compression_reads_back_identical(split_tree: Path, packed_decoded: PackResult,
-                                          tmp_path: Path, compression: str, level: int | None,
-                                          fletcher32: bool) -> None:
-    res = pack(split_tree, tmp_path / "c.h5", image=ImageConfig(resize="resize", size=(32, 48)),
-               compression=compression, compression_level=level, fletcher32=fletcher32,
-               workers=1)
+@pytest.mark.parametrize(
+    ("compression", "level", "fletcher32"),
+    [
+        ("gzip", 1, False),
+        ("lzf", None, False),
+        ("blosc-lz4", None, False),
+        ("zstd", 3, True),
+        ("none", None, True),
+    ],
+)
+def test_compression_reads_back_identical(
+    split_tree: Path,
+    packed_decoded: PackResult,
+    tmp_path: Path,
+    compression: str,
+    level: int | None,
+    fletcher32: bool,
+) -> None:
+    res = pack(
+        split_tree,
+        tmp_path / "c.h5",
+        image=ImageConfig(resize="resize", size=(32, 48)),
+        compression=compression,
+        compression_level=level,
+        fletcher32=fletcher32,
+        workers=1,
+    )
     plain = H5ImageDataset(packed_decoded.path)
     comp = H5ImageDataset(res.path)
     idx = list(range(len(plain)))
@@ -119,16 +138,18 @@ def test_compression_reads_back_identical(split_tree: Path, packed_decoded: Pack
         assert bool((a == b).all())
 
 
-def test_missing_plugin_names_the_extra(split_tree: Path, tmp_path: Path,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_plugin_names_the_extra(
+    split_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "hdf5plugin", None)  # import now raises ImportError
     with pytest.raises(MissingExtraError, match=r"h5forge\[plugins\]"):
         pack(split_tree, tmp_path / "z.h5", compression="zstd")
     assert not list(tmp_path.iterdir())
 
 
-def test_existing_output_is_kept_unless_overwrite(packed_decoded: PackResult, split_tree: Path,
-                                                  tmp_path: Path) -> None:
+def test_existing_output_is_kept_unless_overwrite(
+    packed_decoded: PackResult, split_tree: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "x.h5"
     out.write_bytes(b"precious")
     with pytest.raises(FileExistsError, match="overwrite=True"):
@@ -166,12 +187,15 @@ def test_class_losing_every_image_is_an_error(tmp_path: Path) -> None:
 
 def test_killed_pack_never_leaves_the_final_name(tmp_path: Path) -> None:
     src = tmp_path / "src"
-    write_image_folder(src, classes=("a", "b"), per_class=200, seed=2, size=(120, 160),
-                       formats=("png",))
+    write_image_folder(
+        src, classes=("a", "b"), per_class=200, seed=2, size=(120, 160), formats=("png",)
+    )
     out = tmp_path / "killed.h5"
-    code = ("from h5forge.writer import pack; from h5forge.images import ImageConfig;"
-            f"pack({str(src)!r}, {str(out)!r}, image=ImageConfig(resize='resize', size=(64, 64)),"
-            " workers=1)")
+    code = (
+        "from h5forge.writer import pack; from h5forge.images import ImageConfig;"
+        f"pack({str(src)!r}, {str(out)!r}, image=ImageConfig(resize='resize', size=(64, 64)),"
+        " workers=1)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     partial = Path(str(out) + ".partial")
     deadline = time.monotonic() + 120

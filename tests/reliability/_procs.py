@@ -26,14 +26,16 @@ def base_env(work: Path, api_url: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     tmp = work / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    env.update({
-        "TMPDIR": str(tmp),
-        "PREFECT_HOME": str(work / "prefect-home"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": str(REPO),
-        "COLUMNS": "200",
-    })
+    env.update(
+        {
+            "TMPDIR": str(tmp),
+            "PREFECT_HOME": str(work / "prefect-home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(REPO),
+            "COLUMNS": "200",
+        }
+    )
     if api_url:
         env["PREFECT_API_URL"] = api_url
     return env
@@ -57,15 +59,32 @@ def prefect_server(work: Path, *, timeout: float = 120.0) -> Iterator[tuple[str,
     log = open(work / "prefect-server.log", "wb")  # noqa: SIM115 - closed below
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
-         str(port), "--no-ui"], env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True, cwd=work)
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-ui",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=work,
+    )
     url = f"http://127.0.0.1:{port}/api"
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"prefect server exited with {proc.returncode}; see "
-                                   f"{work / 'prefect-server.log'}")
+                raise RuntimeError(
+                    f"prefect server exited with {proc.returncode}; see "
+                    f"{work / 'prefect-server.log'}"
+                )
             try:
                 with urllib.request.urlopen(url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -101,8 +120,9 @@ class Watched:
         def read() -> None:
             assert self.proc.stdout is not None
             for raw in self.proc.stdout:
-                self.lines.append((time.perf_counter() - self.t0,
-                                   raw.decode("utf-8", "replace").rstrip("\n")))
+                self.lines.append(
+                    (time.perf_counter() - self.t0, raw.decode("utf-8", "replace").rstrip("\n"))
+                )
 
         self._reader = threading.Thread(target=read, daemon=True)
         self._reader.start()
@@ -117,8 +137,11 @@ class Watched:
                 if needle in line:
                     return t
             seen = len(lines)
-            if self.proc.poll() is not None and self._reader is not None \
-                    and not self._reader.is_alive():
+            if (
+                self.proc.poll() is not None
+                and self._reader is not None
+                and not self._reader.is_alive()
+            ):
                 return None
             time.sleep(0.002)
         return None
@@ -152,9 +175,14 @@ class Watched:
 
 def run_cli(args: list[str], env: dict[str, str], cwd: Path) -> Watched:
     """Start ``python -m flows.cli ARGS`` (the ``h5forge`` console script) in its own group."""
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], env=env, cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     w = Watched(proc, time.perf_counter())
     w.start_reader()
     return w

@@ -32,8 +32,9 @@ class CampaignResult:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def record(self, outcome: str, *, detected: bool, lost: bool = False,
-               problem: str | None = None) -> None:
+    def record(
+        self, outcome: str, *, detected: bool, lost: bool = False, problem: str | None = None
+    ) -> None:
         """Count one trial."""
         self.trials += 1
         self.detected += int(detected)
@@ -50,8 +51,10 @@ class CampaignResult:
     def summary(self) -> str:
         """One paragraph for logs and assertion messages."""
         parts = ", ".join(f"{k}: {v}" for k, v in sorted(self.outcomes.items()))
-        text = (f"{self.name}: {self.trials} trials, {self.detected} detected/handled, "
-                f"{self.lost} lost, {self.seconds:.1f} s ({parts})")
+        text = (
+            f"{self.name}: {self.trials} trials, {self.detected} detected/handled, "
+            f"{self.lost} lost, {self.seconds:.1f} s ({parts})"
+        )
         if self.problems:
             text += "\n  PROBLEMS:\n  - " + "\n  - ".join(self.problems[:30])
         return text

@@ -36,9 +36,14 @@ def loopback_http() -> Iterator[LoopbackHTTP]:
 
 def s3_env() -> dict[str, str]:
     """AWS settings that keep botocore away from real credentials and metadata endpoints."""
-    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-            "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    return {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
 
 
 class RestartableS3:
@@ -64,11 +69,18 @@ class RestartableS3:
 
     def storage_options(self, **extra: Any) -> dict[str, Any]:
         """s3fs options for this server (short timeouts, few retries: faults show quickly)."""
-        return {"key": "testing", "secret": "testing",
-                "client_kwargs": {"endpoint_url": self.endpoint_url},
-                "config_kwargs": {"connect_timeout": 2, "read_timeout": 5,
-                                  "retries": {"max_attempts": 2, "mode": "standard"}},
-                "skip_instance_cache": True, **extra}
+        return {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": self.endpoint_url},
+            "config_kwargs": {
+                "connect_timeout": 2,
+                "read_timeout": 5,
+                "retries": {"max_attempts": 2, "mode": "standard"},
+            },
+            "skip_instance_cache": True,
+            **extra,
+        }
 
     def stop(self) -> None:
         if self.running:

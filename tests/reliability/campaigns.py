@@ -31,26 +31,37 @@ from tests.reliability._result import CampaignResult
 
 __all__ = ["CAMPAIGNS", "main", "update_doc"]
 
-CAMPAIGNS = ("crash", "corruption", "hostile", "archives", "network", "concurrency",
-             "hostile-h5", "first-run")
+CAMPAIGNS = (
+    "crash",
+    "corruption",
+    "hostile",
+    "archives",
+    "network",
+    "concurrency",
+    "hostile-h5",
+    "first-run",
+)
 DOC = REPO / "docs" / "RELIABILITY.md"
 _NEEDS_PREFECT = ("crash", "network", "concurrency")
-_LABEL = {"crash": "1. crash safety (SIGKILL `h5forge build`)",
-          "corruption": "2. corruption (byte flips, truncation)",
-          "hostile": "3. hostile and odd input",
-          "archives": "4. archives and paths",
-          "network": "5. network faults (HTTP, S3)",
-          "concurrency": "6. concurrency (publishers, readers, re-verify)",
-          "hostile-h5": "7. hostile .h5 assets",
-          "first-run": "8. first contact (fresh PREFECT_HOME, busy cores, kill -9 + re-run)"}
+_LABEL = {
+    "crash": "1. crash safety (SIGKILL `h5forge build`)",
+    "corruption": "2. corruption (byte flips, truncation)",
+    "hostile": "3. hostile and odd input",
+    "archives": "4. archives and paths",
+    "network": "5. network faults (HTTP, S3)",
+    "concurrency": "6. concurrency (publishers, readers, re-verify)",
+    "hostile-h5": "7. hostile .h5 assets",
+    "first-run": "8. first contact (fresh PREFECT_HOME, busy cores, kill -9 + re-run)",
+}
 
 
 def _log(text: str) -> None:
     print(text, flush=True)
 
 
-def _run_one(name: str, trials: int | None, seed: int, work: Path, api_url: str | None,
-             builds: bool) -> CampaignResult:
+def _run_one(
+    name: str, trials: int | None, seed: int, work: Path, api_url: str | None, builds: bool
+) -> CampaignResult:
     box = work / name
     box.mkdir(parents=True, exist_ok=True)
     if name == "crash":
@@ -62,8 +73,7 @@ def _run_one(name: str, trials: int | None, seed: int, work: Path, api_url: str 
         from tests.reliability import corruption
 
         n = trials or 600
-        return corruption.run(trials=n, truncations=max(20, n // 5), seed=seed, work=box,
-                              log=_log)
+        return corruption.run(trials=n, truncations=max(20, n // 5), seed=seed, work=box, log=_log)
     if name == "hostile":
         from tests.reliability import hostile
 
@@ -78,8 +88,9 @@ def _run_one(name: str, trials: int | None, seed: int, work: Path, api_url: str 
 
         n = trials or 120
         build = b.network_builds(api_url, box, _log) if builds and api_url else None
-        return network.run(http_trials=n, s3_trials=max(4, n // 10), seed=seed, work=box,
-                           build=build, log=_log)
+        return network.run(
+            http_trials=n, s3_trials=max(4, n // 10), seed=seed, work=box, build=build, log=_log
+        )
     if name == "concurrency":
         from tests.reliability import builds as b
         from tests.reliability import concurrency
@@ -104,7 +115,7 @@ def _command(name: str, trials: int | None) -> str:
 
 
 def _row(res: CampaignResult, command: str) -> str:
-    return (f"| {_LABEL[res.name]} | {res.trials} | {res.detected} | {res.lost} | {command} |")
+    return f"| {_LABEL[res.name]} | {res.trials} | {res.detected} | {res.lost} | {command} |"
 
 
 def _details(res: CampaignResult, when: str) -> str:
@@ -133,8 +144,11 @@ def update_doc(results: list[tuple[CampaignResult, str]], doc: Path = DOC) -> No
                 rows[name] = line
     for res, command in results:
         rows[res.name] = _row(res, command)
-    body = ["| campaign | trials | failures detected | data lost | command |",
-            "|---|---|---|---|---|", *(rows[n] for n in CAMPAIGNS if n in rows)]
+    body = [
+        "| campaign | trials | failures detected | data lost | command |",
+        "|---|---|---|---|---|",
+        *(rows[n] for n in CAMPAIGNS if n in rows),
+    ]
     text = head + start + "\n" + "\n".join(body) + "\n" + end + tail
     for res, _ in results:
         a, b = f"<!-- details:{res.name}:start -->", f"<!-- details:{res.name}:end -->"
@@ -159,17 +173,28 @@ def _maybe_prefect(work: Path, needed: bool) -> Iterator[str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the campaigns, update the document; 0 when all passed."""
-    parser = argparse.ArgumentParser(prog="python -m tests.reliability.campaigns",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--campaign", action="append", choices=CAMPAIGNS,
-                        help="run this campaign (repeatable); default: all")
-    parser.add_argument("--trials", type=int, default=None,
-                        help="main trial count of each campaign run (default: its full size)")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.reliability.campaigns", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--campaign",
+        action="append",
+        choices=CAMPAIGNS,
+        help="run this campaign (repeatable); default: all",
+    )
+    parser.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        help="main trial count of each campaign run (default: its full size)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: temp)")
-    parser.add_argument("--no-builds", action="store_true",
-                        help="skip the build-level trials of the network and concurrency "
-                             "campaigns")
+    parser.add_argument(
+        "--no-builds",
+        action="store_true",
+        help="skip the build-level trials of the network and concurrency campaigns",
+    )
     parser.add_argument("--no-doc", action="store_true", help="do not update RELIABILITY.md")
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the Prefect server and every child get stopped.
@@ -177,11 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     names = args.campaign or list(CAMPAIGNS)
     results: list[tuple[CampaignResult, str]] = []
     with contextlib.ExitStack() as stack:
-        work = args.work or Path(stack.enter_context(
-            tempfile.TemporaryDirectory(prefix="h5forge-reliability-")))
+        work = args.work or Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="h5forge-reliability-"))
+        )
         work.mkdir(parents=True, exist_ok=True)
-        needs = any(n == "crash" or (n in _NEEDS_PREFECT and not args.no_builds)
-                    for n in names)
+        needs = any(n == "crash" or (n in _NEEDS_PREFECT and not args.no_builds) for n in names)
         api_url = stack.enter_context(_maybe_prefect(work, needs))
         for name in names:
             _log(f"== {name}")

@@ -57,8 +57,15 @@ from h5forge.writer import pack
 from tests.fixtures.processes import descendants, survivors
 from tests.reliability._result import CampaignResult
 
-__all__ = ["KINDS", "PACK_KINDS", "make_assets", "make_pack_source", "run", "run_pack_trial",
-           "run_trial"]
+__all__ = [
+    "KINDS",
+    "PACK_KINDS",
+    "make_assets",
+    "make_pack_source",
+    "run",
+    "run_pack_trial",
+    "run_trial",
+]
 
 KINDS = ("replace", "first-wins", "same-bytes")
 PACK_KINDS = ("pack-race", "pack-killed")
@@ -71,8 +78,14 @@ def make_assets(work: Path) -> dict[str, Path]:
         src = work / f"src-{name}"
         path = work / f"{name}.h5"
         if not path.exists():
-            write_image_folder(src, classes=("x", "y"), per_class=60 + 10 * i, seed=100 + i,
-                               size=(48, 48), formats=("png",))
+            write_image_folder(
+                src,
+                classes=("x", "y"),
+                per_class=60 + 10 * i,
+                seed=100 + i,
+                size=(48, 48),
+                formats=("png",),
+            )
             pack(src, path, image=ImageConfig(resize="resize", size=(96, 96)), workers=1)
             shutil.rmtree(src)
         out[name] = path
@@ -84,8 +97,11 @@ def _fingerprint(path: Path) -> dict[str, Any]:
 
     with h5py.File(path, "r") as h5:
         digests = h5["digests"][()]
-    return {"sha256": sha256_file(path), "n": len(digests),
-            "digests": hashlib.sha256(digests.tobytes()).hexdigest()}
+    return {
+        "sha256": sha256_file(path),
+        "n": len(digests),
+        "digests": hashlib.sha256(digests.tobytes()).hexdigest(),
+    }
 
 
 # --------------------------------------------------------------------------- processes
@@ -174,8 +190,9 @@ def _reverifier(gate: Any, stop: Any, dest: str, out: Any) -> None:
     tally.send(out)
 
 
-def run_trial(kind: str, assets: dict[str, Path], work: Path, k: int,
-              rng: random.Random) -> tuple[dict[str, int], list[str]]:
+def run_trial(
+    kind: str, assets: dict[str, Path], work: Path, k: int, rng: random.Random
+) -> tuple[dict[str, int], list[str]]:
     """One race; returns (observation -> count, problems)."""
     ctx = mp.get_context("fork")
     box = work / f"race-{k}"
@@ -188,10 +205,12 @@ def run_trial(kind: str, assets: dict[str, Path], work: Path, k: int,
     overwrite = kind == "replace"
     known = {name: _fingerprint(p)["n"] for name, p in assets.items()}
     gate, stop, out = ctx.Barrier(5), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_publisher, args=(gate, str(s), str(dest), overwrite, out))
-             for s in srcs]
-    procs += [ctx.Process(target=_reader, args=(gate, stop, str(dest), known, out))
-              for _ in range(2)]
+    procs = [
+        ctx.Process(target=_publisher, args=(gate, str(s), str(dest), overwrite, out)) for s in srcs
+    ]
+    procs += [
+        ctx.Process(target=_reader, args=(gate, stop, str(dest), known, out)) for _ in range(2)
+    ]
     procs.append(ctx.Process(target=_reverifier, args=(gate, stop, str(dest), out)))
     for p in procs:
         p.start()
@@ -209,18 +228,27 @@ def run_trial(kind: str, assets: dict[str, Path], work: Path, k: int,
     for what, src, result, detail, n in events:
         key = f"{what}: {result}"
         seen[key] = seen.get(key, 0) + n
-        if result in ("IntegrityError", "TORN", "UNKNOWN COUNT") or (
-                what == "publish" and result not in ("published", "unchanged",
-                                                     "FileExistsError")) or (
-                what != "publish" and result not in (
-                    "whole", "absent", "not published", "matches its manifest",
-                    "manifest changed meanwhile")):
-            problems.append(f"{kind}: {what} {Path(src).name if src else ''} -> {result}: "
-                            f"{detail}")
+        if (
+            result in ("IntegrityError", "TORN", "UNKNOWN COUNT")
+            or (what == "publish" and result not in ("published", "unchanged", "FileExistsError"))
+            or (
+                what != "publish"
+                and result
+                not in (
+                    "whole",
+                    "absent",
+                    "not published",
+                    "matches its manifest",
+                    "manifest changed meanwhile",
+                )
+            )
+        ):
+            problems.append(f"{kind}: {what} {Path(src).name if src else ''} -> {result}: {detail}")
     pubs = [r for w, _, r, _, _ in events if w == "publish"]
     if kind == "first-wins" and sorted(pubs) != ["FileExistsError", "published"]:
-        problems.append(f"first-wins: publishers ended {pubs}, expected one published and one "
-                        "FileExistsError")
+        problems.append(
+            f"first-wins: publishers ended {pubs}, expected one published and one FileExistsError"
+        )
     if kind != "first-wins" and any(r not in ("published", "unchanged") for r in pubs):
         problems.append(f"{kind}: publishers ended {pubs}, expected both to succeed")
     final = read_manifest(str(dest))
@@ -238,22 +266,36 @@ def make_pack_source(work: Path) -> Path:
     """An image folder whose pack takes a few seconds (long enough to race and to kill)."""
     src = work / "pack-src"
     if not src.exists():
-        write_image_folder(src, classes=("x", "y"), per_class=200, seed=7, size=(120, 160),
-                           formats=("png",))
+        write_image_folder(
+            src, classes=("x", "y"), per_class=200, seed=7, size=(120, 160), formats=("png",)
+        )
     return src
 
 
 def _pack_cmd(src: Path, out: Path, workers: int) -> list[str]:
-    return [sys.executable, "-m", "h5forge.cli", "pack", str(src), str(out), "--size", "64",
-            "--resize", "resize", "--workers", str(workers)]
+    return [
+        sys.executable,
+        "-m",
+        "h5forge.cli",
+        "pack",
+        str(src),
+        str(out),
+        "--size",
+        "64",
+        "--resize",
+        "resize",
+        "--workers",
+        str(workers),
+    ]
 
 
 def _leftovers(box: Path, out: Path) -> list[str]:
     return sorted(p.name for p in box.iterdir() if p != out)
 
 
-def run_pack_trial(kind: str, src: Path, work: Path, k: int,
-                   rng: random.Random) -> tuple[dict[str, int], list[str]]:
+def run_pack_trial(
+    kind: str, src: Path, work: Path, k: int, rng: random.Random
+) -> tuple[dict[str, int], list[str]]:
     """One pack race or kill; returns (observation -> count, problems)."""
     box = work / f"pack-{k}"
     shutil.rmtree(box, ignore_errors=True)
@@ -262,21 +304,28 @@ def run_pack_trial(kind: str, src: Path, work: Path, k: int,
     seen: dict[str, int] = {}
     problems: list[str] = []
     if kind == "pack-race":
-        procs = [subprocess.Popen(_pack_cmd(src, out, 1), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
-        ends = [(p.pid, p.returncode, err) for p in procs
-                for _, err in [p.communicate(timeout=300)]]
+        procs = [
+            subprocess.Popen(
+                _pack_cmd(src, out, 1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
+        ends = [
+            (p.pid, p.returncode, err) for p in procs for _, err in [p.communicate(timeout=300)]
+        ]
         codes = sorted(code for _, code, _ in ends)
         for pid, code, err in ends:
             other = next(q for q, _, _ in ends if q != pid)
             if code == 0:
                 seen["pack: won"] = seen.get("pack: won", 0) + 1
             elif code == 2 and f"another h5forge run (pid {other}" in err:
-                seen["pack: refused, busy (names the winner)"] = \
+                seen["pack: refused, busy (names the winner)"] = (
                     seen.get("pack: refused, busy (names the winner)", 0) + 1
+                )
             elif code == 2 and "exists" in err:
-                seen["pack: refused, output exists"] = \
+                seen["pack: refused, output exists"] = (
                     seen.get("pack: refused, output exists", 0) + 1
+                )
             else:
                 problems.append(f"pack-race: pid {pid} exited {code}: {err[-400:]}")
             if "Traceback" in err:
@@ -284,8 +333,9 @@ def run_pack_trial(kind: str, src: Path, work: Path, k: int,
         if codes != [0, 2]:
             problems.append(f"pack-race: exit codes {codes}, expected one 0 and one 2")
     else:
-        proc = subprocess.Popen(_pack_cmd(src, out, 2), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            _pack_cmd(src, out, 2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 60
         tree: dict[int, int] = {}
         while len(tree) < 3 and proc.poll() is None and time.monotonic() < deadline:
@@ -305,14 +355,16 @@ def run_pack_trial(kind: str, src: Path, work: Path, k: int,
         key = "kill: no process left" if not left else "kill: PROCESSES LEFT"
         seen[key] = 1
         if left:
-            problems.append(f"pack-killed: {len(left)} of {len(tree)} processes it started "
-                            f"still ran 2 s after the kill: {sorted(left)}")
+            problems.append(
+                f"pack-killed: {len(left)} of {len(tree)} processes it started "
+                f"still ran 2 s after the kill: {sorted(left)}"
+            )
         seen["kill: left " + (", ".join(_leftovers(box, out)) or "nothing")] = 1
-        again = subprocess.run(_pack_cmd(src, out, 2), capture_output=True, text=True,
-                               timeout=300)
+        again = subprocess.run(_pack_cmd(src, out, 2), capture_output=True, text=True, timeout=300)
         if again.returncode != 0:
-            problems.append(f"pack-killed: the re-run exited {again.returncode}: "
-                            f"{again.stderr[-400:]}")
+            problems.append(
+                f"pack-killed: the re-run exited {again.returncode}: {again.stderr[-400:]}"
+            )
         else:
             seen["re-run: packed"] = 1
     if out.exists():
@@ -329,9 +381,14 @@ def run_pack_trial(kind: str, src: Path, work: Path, k: int,
     return seen, problems
 
 
-def run(*, trials: int = 30, seed: int = 0, work: Path,
-        builds: Callable[[CampaignResult], None] | None = None,
-        log: Callable[[str], None] = lambda s: None) -> CampaignResult:
+def run(
+    *,
+    trials: int = 30,
+    seed: int = 0,
+    work: Path,
+    builds: Callable[[CampaignResult], None] | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> CampaignResult:
     """``trials`` races, round-robin over :data:`KINDS`; then the build races if given."""
     t0 = time.perf_counter()
     res = CampaignResult("concurrency")
@@ -343,15 +400,22 @@ def run(*, trials: int = 30, seed: int = 0, work: Path,
         seen, problems = run_trial(kind, assets, work, k, rng)
         for key, n in seen.items():
             totals[key] = totals.get(key, 0) + n
-        lost = any("TORN" in p or "!=" in p or "none of" in p or "IntegrityError" in p
-                   for p in problems)
-        res.record(f"race {kind}: {'clean' if not problems else 'PROBLEM'}",
-                   detected=not problems, lost=lost,
-                   problem="\n    ".join(problems) if problems else None)
-        log(f"  race {k} {kind}: {json.dumps(seen, sort_keys=True)}"
-            f"{' PROBLEMS' if problems else ''}")
-    res.notes.append("observations over all races: " + ", ".join(
-        f"{k} {v}" for k, v in sorted(totals.items())))
+        lost = any(
+            "TORN" in p or "!=" in p or "none of" in p or "IntegrityError" in p for p in problems
+        )
+        res.record(
+            f"race {kind}: {'clean' if not problems else 'PROBLEM'}",
+            detected=not problems,
+            lost=lost,
+            problem="\n    ".join(problems) if problems else None,
+        )
+        log(
+            f"  race {k} {kind}: {json.dumps(seen, sort_keys=True)}"
+            f"{' PROBLEMS' if problems else ''}"
+        )
+    res.notes.append(
+        "observations over all races: " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items()))
+    )
     src = make_pack_source(work)
     pack_totals: dict[str, int] = {}
     for k in range(max(2, trials // 3)):
@@ -359,13 +423,17 @@ def run(*, trials: int = 30, seed: int = 0, work: Path,
         seen, problems = run_pack_trial(kind, src, work, k, rng)
         for key, n in seen.items():
             pack_totals[key] = pack_totals.get(key, 0) + n
-        res.record(f"{kind}: {'clean' if not problems else 'PROBLEM'}", detected=not problems,
-                   lost=any("does not verify" in p for p in problems),
-                   problem="\n    ".join(problems) if problems else None)
-        log(f"  {kind} {k}: {json.dumps(seen, sort_keys=True)}"
-            f"{' PROBLEMS' if problems else ''}")
-    res.notes.append("observations over all pack trials: " + ", ".join(
-        f"{k} {v}" for k, v in sorted(pack_totals.items())))
+        res.record(
+            f"{kind}: {'clean' if not problems else 'PROBLEM'}",
+            detected=not problems,
+            lost=any("does not verify" in p for p in problems),
+            problem="\n    ".join(problems) if problems else None,
+        )
+        log(f"  {kind} {k}: {json.dumps(seen, sort_keys=True)}{' PROBLEMS' if problems else ''}")
+    res.notes.append(
+        "observations over all pack trials: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(pack_totals.items()))
+    )
     if builds is not None:
         builds(res)
     res.seconds = time.perf_counter() - t0

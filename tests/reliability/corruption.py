@@ -50,8 +50,7 @@ __all__ = ["REGIONS", "VARIANTS", "make_assets", "regions", "run", "snapshot"]
 
 REGIONS = ("sample", "index", "strings", "attributes", "hdf5-metadata")
 _INDEX = (fmt.LABELS, fmt.OFFSETS, fmt.SHAPES, fmt.BYTE_RANGES, fmt.DIGESTS, fmt.SPLITS)
-_STRINGS = (fmt.PATHS, fmt.CLASSES, fmt.SPLIT_NAMES, fmt.QUARANTINE_PATHS,
-            fmt.QUARANTINE_REASONS)
+_STRINGS = (fmt.PATHS, fmt.CLASSES, fmt.SPLIT_NAMES, fmt.QUARANTINE_PATHS, fmt.QUARANTINE_REASONS)
 
 
 @dataclass(frozen=True)
@@ -76,16 +75,30 @@ def make_assets(work: Path, variants: tuple[Variant, ...] = VARIANTS) -> dict[st
     """Pack the campaign's small source folder once per variant; returns name -> sealed file."""
     src = work / "source"
     if not src.exists():
-        write_image_folder(src, classes=("cat", "dog", "eel"), per_class=4,
-                           splits=("train", "val"), seed=5, size=((16, 40), (16, 40)))
+        write_image_folder(
+            src,
+            classes=("cat", "dog", "eel"),
+            per_class=4,
+            splits=("train", "val"),
+            seed=5,
+            size=((16, 40), (16, 40)),
+        )
         (src / "train" / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
     out = {}
     for v in variants:
         path = work / f"{v.name}.h5"
         if not path.exists():
-            pack(src, path, image=v.image, compression=v.compression, fletcher32=v.fletcher32,
-                 workers=1, max_bad_fraction=0.2, source_url="https://example.org/data.tar.gz",
-                 source_sha256="ab" * 32)
+            pack(
+                src,
+                path,
+                image=v.image,
+                compression=v.compression,
+                fletcher32=v.fletcher32,
+                workers=1,
+                max_bad_fraction=0.2,
+                source_url="https://example.org/data.tar.gz",
+                source_sha256="ab" * 32,
+            )
         out[v.name] = path
     return out
 
@@ -209,13 +222,22 @@ def snapshot(path: Path) -> str:
 
     try:
         with h5py.File(path, "r") as h5:
+
             def visit(name: str, obj: Any) -> None:
                 put("obj", name, type(obj).__name__)
                 for key in sorted(obj.attrs):
                     put("attr", key, obj.attrs.get_id(key).dtype.str, obj.attrs[key])
                 if isinstance(obj, h5py.Dataset):
-                    put("ds", obj.dtype.str, obj.shape, obj.chunks, obj.compression,
-                        obj.compression_opts, obj.fletcher32, obj.shuffle)
+                    put(
+                        "ds",
+                        obj.dtype.str,
+                        obj.shape,
+                        obj.chunks,
+                        obj.compression,
+                        obj.compression_opts,
+                        obj.fletcher32,
+                        obj.shuffle,
+                    )
                     value = obj[()]
                     if isinstance(value, np.ndarray) and value.dtype != object:
                         digest.update(np.ascontiguousarray(value).tobytes())
@@ -260,8 +282,17 @@ def _verify_outcome(path: Path) -> tuple[str, str]:
     return "passed", ""
 
 
-def _flip_trial(res: CampaignResult, variant: str, pristine: Path, clean: str, trial: Path,
-                region: str, offset: int, mask: int, reader_stats: dict[str, int]) -> None:
+def _flip_trial(
+    res: CampaignResult,
+    variant: str,
+    pristine: Path,
+    clean: str,
+    trial: Path,
+    region: str,
+    offset: int,
+    mask: int,
+    reader_stats: dict[str, int],
+) -> None:
     data = bytearray(pristine.read_bytes())
     data[offset] ^= mask
     trial.write_bytes(bytes(data))
@@ -270,13 +301,20 @@ def _flip_trial(res: CampaignResult, variant: str, pristine: Path, clean: str, t
     if kind == "detected":
         res.record(f"{region}: detected", detected=True)
     elif kind.startswith("unclear"):
-        res.record(f"{region}: {kind}", detected=True,
-                   problem=f"{where}: verify raised a raw error, not IntegrityError: {message}")
+        res.record(
+            f"{region}: {kind}",
+            detected=True,
+            problem=f"{where}: verify raised a raw error, not IntegrityError: {message}",
+        )
     elif snapshot(trial) == clean:
         res.record(f"{region}: benign (nothing readable changed)", detected=False)
     else:
-        res.record(f"{region}: SILENT", detected=False, lost=True,
-                   problem=f"{where}: verify passed but the readable content changed")
+        res.record(
+            f"{region}: SILENT",
+            detected=False,
+            lost=True,
+            problem=f"{where}: verify passed but the readable content changed",
+        )
     if region == "sample":
         _reader_trial(pristine, trial, offset, where, res, reader_stats)
     elif kind != "passed":
@@ -300,8 +338,9 @@ def _reader_scan(path: Path) -> str:
     return "read every sample without error"
 
 
-def _reader_trial(pristine: Path, trial: Path, offset: int, where: str, res: CampaignResult,
-                  stats: dict[str, int]) -> None:
+def _reader_trial(
+    pristine: Path, trial: Path, offset: int, where: str, res: CampaignResult, stats: dict[str, int]
+) -> None:
     """What ``H5ImageDataset`` does with a flipped sample, with and without verify_reads."""
     i = _sample_at(pristine, offset)
     if i is None:
@@ -309,8 +348,11 @@ def _reader_trial(pristine: Path, trial: Path, offset: int, where: str, res: Cam
     good = _read_sample(pristine, i, verify_reads=False)
     try:
         got = _read_sample(trial, i, verify_reads=False)
-        key = "plain read: same pixels" if np.array_equal(got, good) else \
-            "plain read: wrong pixels, no error"
+        key = (
+            "plain read: same pixels"
+            if np.array_equal(got, good)
+            else "plain read: wrong pixels, no error"
+        )
     except IntegrityError:
         key = "plain read: IntegrityError"
     except Exception as e:  # noqa: BLE001
@@ -325,16 +367,18 @@ def _reader_trial(pristine: Path, trial: Path, offset: int, where: str, res: Cam
             key = "verify_reads: WRONG PIXELS"
             res.problems.append(f"{where}: verify_reads=True returned wrong pixels silently")
     except IntegrityError as e:
-        key = "verify_reads: IntegrityError" + (" naming the sample" if f"sample {i}" in str(e)
-                                                 else "")
+        key = "verify_reads: IntegrityError" + (
+            " naming the sample" if f"sample {i}" in str(e) else ""
+        )
     except Exception as e:  # noqa: BLE001
         key = f"verify_reads: raw {type(e).__name__}"
         res.problems.append(f"{where}: verify_reads raised a raw {type(e).__name__}: {e}")
     stats[key] = stats.get(key, 0) + 1
 
 
-def _truncate_trial(res: CampaignResult, variant: str, pristine: Path, trial: Path,
-                    length: int) -> None:
+def _truncate_trial(
+    res: CampaignResult, variant: str, pristine: Path, trial: Path, length: int
+) -> None:
     trial.write_bytes(pristine.read_bytes()[:length])
     where = f"{variant} truncated to {length} bytes"
     kind, message = _verify_outcome(trial)
@@ -345,12 +389,22 @@ def _truncate_trial(res: CampaignResult, variant: str, pristine: Path, trial: Pa
         ok, problem = False, problem or f"{where}: H5ImageDataset read every sample silently"
     elif outcome != "IntegrityError":
         ok, problem = False, problem or f"{where}: H5ImageDataset raised {outcome}"
-    res.record("truncation: clear error" if ok else "truncation: UNCLEAR OR SILENT",
-               detected=ok, lost=kind == "passed", problem=problem)
+    res.record(
+        "truncation: clear error" if ok else "truncation: UNCLEAR OR SILENT",
+        detected=ok,
+        lost=kind == "passed",
+        problem=problem,
+    )
 
 
-def run(*, trials: int = 400, truncations: int = 100, seed: int = 0,
-        work: Path, log: Callable[[str], None] = lambda s: None) -> CampaignResult:
+def run(
+    *,
+    trials: int = 400,
+    truncations: int = 100,
+    seed: int = 0,
+    work: Path,
+    log: Callable[[str], None] = lambda s: None,
+) -> CampaignResult:
     """Flip ``trials`` bytes and truncate ``truncations`` times, spread over the variants.
 
     Regions are picked round-robin per variant so every region gets about the same number of
@@ -371,25 +425,31 @@ def run(*, trials: int = 400, truncations: int = 100, seed: int = 0,
             region = "hdf5-metadata"
         offset = _pick(rng, spans[region])
         trial = work / f"trial-{name}.h5"
-        _flip_trial(res, name, path, clean, trial, region, offset, rng.randrange(1, 256),
-                    reader_stats)
+        _flip_trial(
+            res, name, path, clean, trial, region, offset, rng.randrange(1, 256), reader_stats
+        )
         if (t + 1) % 50 == 0:
             log(f"  {t + 1}/{trials} flips: {res.detected} detected, {res.lost} silent")
     for t in range(truncations):
         name = names[t % len(names)]
         path = per_variant[name][0]
-        _truncate_trial(res, name, path, work / f"trunc-{name}.h5",
-                        rng.randrange(path.stat().st_size))
+        _truncate_trial(
+            res, name, path, work / f"trunc-{name}.h5", rng.randrange(path.stat().st_size)
+        )
     for path in work.glob("trial-*.h5"):
         path.unlink()
     for path in work.glob("trunc-*.h5"):
         path.unlink()
-    res.notes.append("H5ImageDataset on the flipped files: " + ", ".join(
-        f"{k} {v}" for k, v in sorted(reader_stats.items())))
+    res.notes.append(
+        "H5ImageDataset on the flipped files: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(reader_stats.items()))
+    )
     for name, (path, spans, _) in per_variant.items():
         sizes = {r: sum(hi - lo for lo, hi in s) for r, s in spans.items()}
-        res.notes.append(f"{name}: {path.stat().st_size} bytes; region sizes " + ", ".join(
-            f"{r} {n}" for r, n in sizes.items()))
+        res.notes.append(
+            f"{name}: {path.stat().st_size} bytes; region sizes "
+            + ", ".join(f"{r} {n}" for r, n in sizes.items())
+        )
     res.seconds = time.perf_counter() - t0
     shutil.rmtree(work / "source", ignore_errors=True)
     return res

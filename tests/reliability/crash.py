@@ -83,8 +83,18 @@ class Baseline:
 
 
 def _args(src: Path, sha: str, dest: Path, cache: Path, overwrite: bool) -> list[str]:
-    return ["build", str(src), str(dest), "--sha256", sha, "--cache-dir", str(cache),
-            "--smoke-workers", "0", *(["--overwrite"] if overwrite else [])]
+    return [
+        "build",
+        str(src),
+        str(dest),
+        "--sha256",
+        sha,
+        "--cache-dir",
+        str(cache),
+        "--smoke-workers",
+        "0",
+        *(["--overwrite"] if overwrite else []),
+    ]
 
 
 def _finished_times(w: Watched) -> dict[str, float]:
@@ -107,8 +117,9 @@ def measure(src: Path, sha: str, work: Path, api_url: str) -> Baseline:
     if rc != 0:
         raise RuntimeError(f"the normal build failed (exit {rc}):\n{w.text[-3000:]}")
     begin = next(t for t, line in w.lines if _BEGIN in line)
-    return Baseline(total=total, begin=begin, finished=_finished_times(w), asset=dest,
-                    size=dest.stat().st_size)
+    return Baseline(
+        total=total, begin=begin, finished=_finished_times(w), asset=dest, size=dest.stat().st_size
+    )
 
 
 def _partial_size(tmp: Path) -> int:
@@ -124,8 +135,11 @@ def _observed(w: Watched, at: float, tail: bool) -> str:
     if not any(_BEGIN in line for line in lines):
         return "startup"
     done = [m.group(1) for line in lines if (m := _FINISHED.search(line))]
-    nxt = _TASKS[_TASKS.index(done[-1]) + 1] if done and done[-1] != "report" else \
-        ("fetch" if not done else "finishing")
+    nxt = (
+        _TASKS[_TASKS.index(done[-1]) + 1]
+        if done and done[-1] != "report"
+        else ("fetch" if not done else "finishing")
+    )
     if nxt == "pack":
         return "pack" if tail else "preprocess"
     if nxt in ("smoke-load", "preview"):
@@ -162,8 +176,10 @@ def check_destination(dest: Path) -> tuple[str, list[str]]:
             continue
         size, sha = path.stat().st_size, sha256_file(path)
         if (manifest["sha256"], manifest["bytes"]) != (sha, size):
-            problems.append(f"{name}: TORN: manifest says {manifest['sha256']} / "
-                            f"{manifest['bytes']} bytes, file is {sha} / {size} bytes")
+            problems.append(
+                f"{name}: TORN: manifest says {manifest['sha256']} / "
+                f"{manifest['bytes']} bytes, file is {sha} / {size} bytes"
+            )
             state = "TORN"
             continue
         try:
@@ -199,8 +215,17 @@ def _bytes_under(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
 
 
-def run_trial(k: int, stage: str, overwrite: bool, rng: random.Random, base: Baseline,
-              src: Path, sha: str, work: Path, api_url: str) -> tuple[str, str, list[str], dict]:
+def run_trial(
+    k: int,
+    stage: str,
+    overwrite: bool,
+    rng: random.Random,
+    base: Baseline,
+    src: Path,
+    sha: str,
+    work: Path,
+    api_url: str,
+) -> tuple[str, str, list[str], dict]:
     """Kill one build aimed at ``stage``, check, re-run, check. Returns
     ``(observed stage, state after kill, problems, facts)``."""
     trial = work / f"trial-{k:03d}"
@@ -219,14 +244,23 @@ def run_trial(k: int, stage: str, overwrite: bool, rng: random.Random, base: Bas
     facts: dict = {"aimed": stage, "delay": round(delay, 3)}
     if start is None:  # the build ended (or failed) before the stage began
         rc = w.finish(timeout=300)
-        return "missed (run ended)", f"exit {rc}", [] if rc == 0 else [
-            f"trial {k}: the build failed on its own (exit {rc}): {w.text[-800:]}"], facts
+        return (
+            "missed (run ended)",
+            f"exit {rc}",
+            []
+            if rc == 0
+            else [f"trial {k}: the build failed on its own (exit {rc}): {w.text[-800:]}"],
+            facts,
+        )
     full = int(0.98 * base.size) if base.size else 1 << 62
     if stage == "pack":  # the tail of the pack task: every image is in the .partial
         delay = rng.uniform(0.0, 0.15)
-        while w.proc.poll() is None and time.perf_counter() - w.t0 < start + 120 \
-                and _partial_size(trial / "tmp") < full \
-                and not any("Task run 'pack[" in line for _, line in w.lines):
+        while (
+            w.proc.poll() is None
+            and time.perf_counter() - w.t0 < start + 120
+            and _partial_size(trial / "tmp") < full
+            and not any("Task run 'pack[" in line for _, line in w.lines)
+        ):
             time.sleep(0.003)
         start = time.perf_counter() - w.t0
         facts["delay"] = round(delay, 3)
@@ -243,14 +277,19 @@ def run_trial(k: int, stage: str, overwrite: bool, rng: random.Random, base: Bas
     facts["tmp_bytes_after_kill"] = _bytes_under(trial / "tmp")
     again = run_cli(args, env, REPO)
     rc = again.finish(timeout=600)
-    if rc == 2 and not overwrite and state != "nothing published" and \
-            "already exists" in again.text:
+    if (
+        rc == 2
+        and not overwrite
+        and state != "nothing published"
+        and "already exists" in again.text
+    ):
         # The same command without --overwrite refuses a destination that holds a file; what
         # the kill left is checked above, so this is a clear refusal, not a failure.
         facts["rerun"] = "refused: already exists (use --overwrite)"
     elif rc != 0:
-        problems.append(f"trial {k} ({observed}, {state}): the re-run failed (exit {rc}): "
-                        f"{again.text[-600:]}")
+        problems.append(
+            f"trial {k} ({observed}, {state}): the re-run failed (exit {rc}): {again.text[-600:]}"
+        )
     else:
         final, more = check_destination(dest)
         problems += more
@@ -270,9 +309,15 @@ def run_trial(k: int, stage: str, overwrite: bool, rng: random.Random, base: Bas
     return observed, state, [f"trial {k} ({stage}->{observed}): {p}" for p in problems], facts
 
 
-def run(*, trials: int = 36, seed: int = 0, work: Path, api_url: str,
-        stages: tuple[str, ...] = STAGES,
-        log: Callable[[str], None] = lambda s: None) -> CampaignResult:
+def run(
+    *,
+    trials: int = 36,
+    seed: int = 0,
+    work: Path,
+    api_url: str,
+    stages: tuple[str, ...] = STAGES,
+    log: Callable[[str], None] = lambda s: None,
+) -> CampaignResult:
     """Kill ``trials`` builds, aimed round-robin at ``stages``."""
     t0 = time.perf_counter()
     res = CampaignResult("crash")
@@ -282,30 +327,41 @@ def run(*, trials: int = 36, seed: int = 0, work: Path, api_url: str,
     base = measure(src, sha, work, api_url)
     res.notes.append(
         f"normal build: {base.total:.1f} s from start to exit; task finished at (s after start): "
-        + ", ".join(f"{k} {v:.2f}" for k, v in base.finished.items()))
+        + ", ".join(f"{k} {v:.2f}" for k, v in base.finished.items())
+    )
     landed: dict[str, int] = {}
     leaked = cleaned = rebuilt = 0
     for k in range(trials):
         stage = stages[k % len(stages)]
         overwrite = (k // len(stages)) % 2 == 1
-        observed, state, problems, facts = run_trial(k, stage, overwrite, rng, base, src, sha,
-                                                     work, api_url)
+        observed, state, problems, facts = run_trial(
+            k, stage, overwrite, rng, base, src, sha, work, api_url
+        )
         landed[observed] = landed.get(observed, 0) + 1
         leaked += int(facts.get("tmp_bytes_after_kill", 0) > 0)
         if facts.get("tmp_bytes_after_kill", 0) > 0 and "rerun" not in facts:
             rebuilt += 1  # the re-run built (was not refused before its flow's first step)
             cleaned += int(facts.get("tmp_bytes_after_rerun", 1) == 0)
-        lost = any("TORN" in p or "expected" in p or "accepted" in p or "no file" in p
-                   or "not whole" in p for p in problems)
-        res.record(f"{observed}: {state}", detected=not problems, lost=lost,
-                   problem="\n    ".join(problems) if problems else None)
-        log(f"  trial {k:2d} aimed {stage:10s} +{facts['delay']:.2f}s -> {observed:18s} "
-            f"{state}{' PROBLEMS' if problems else ''}")
-    res.notes.append("kills landed in: " + ", ".join(f"{k} {v}" for k, v in
-                                                     sorted(landed.items())))
-    res.notes.append(f"{leaked} of {trials} kills left a build work folder (with the partial or "
-                     f"packed file) in TMPDIR; of the {rebuilt} whose re-run built, the re-run "
-                     f"removed it in {cleaned} (a re-run refused up front, destination already "
-                     "published without --overwrite, leaves it to the next build)")
+        lost = any(
+            "TORN" in p or "expected" in p or "accepted" in p or "no file" in p or "not whole" in p
+            for p in problems
+        )
+        res.record(
+            f"{observed}: {state}",
+            detected=not problems,
+            lost=lost,
+            problem="\n    ".join(problems) if problems else None,
+        )
+        log(
+            f"  trial {k:2d} aimed {stage:10s} +{facts['delay']:.2f}s -> {observed:18s} "
+            f"{state}{' PROBLEMS' if problems else ''}"
+        )
+    res.notes.append("kills landed in: " + ", ".join(f"{k} {v}" for k, v in sorted(landed.items())))
+    res.notes.append(
+        f"{leaked} of {trials} kills left a build work folder (with the partial or "
+        f"packed file) in TMPDIR; of the {rebuilt} whose re-run built, the re-run "
+        f"removed it in {cleaned} (a re-run refused up front, destination already "
+        "published without --overwrite, leaves it to the next build)"
+    )
     res.seconds = time.perf_counter() - t0
     return res

@@ -57,8 +57,12 @@ def busy_cores(n: int | None = None, *, limit_s: float = BUILD_TIMEOUT_S) -> Ite
     """Keep ``n`` processes (default: one per core) spinning; each stops by itself after
     ``limit_s`` and all are killed on exit. Yields how many were started."""
     n = n or os.cpu_count() or 2
-    procs = [subprocess.Popen([sys.executable, "-c", _SPIN.format(limit=limit_s)],
-                              stdin=subprocess.DEVNULL) for _ in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SPIN.format(limit=limit_s)], stdin=subprocess.DEVNULL
+        )
+        for _ in range(n)
+    ]
     try:
         yield len(procs)
     finally:
@@ -79,8 +83,17 @@ def _fresh(work: Path, name: str) -> tuple[dict[str, str], Path]:
 
 
 def _build_args(archive: Path, sha: str, box: Path) -> list[str]:
-    return ["build", str(archive), str(box / "out" / "demo.h5"), "--sha256", sha,
-            "--cache-dir", str(box / "cache"), "--smoke-batches", "2"]
+    return [
+        "build",
+        str(archive),
+        str(box / "out" / "demo.h5"),
+        "--sha256",
+        sha,
+        "--cache-dir",
+        str(box / "cache"),
+        "--smoke-batches",
+        "2",
+    ]
 
 
 def _check_published(dest: Path) -> str | None:
@@ -94,8 +107,7 @@ def _check_published(dest: Path) -> str | None:
         return f"asset at {dest} does not check: {type(e).__name__}: {e}"
     if manifest.get("sha256") != report.sha256:
         return f"manifest sha256 {manifest.get('sha256')} != file {report.sha256}"
-    got = {"num_samples": report.num_samples,
-           "num_quarantined": manifest.get("num_quarantined")}
+    got = {"num_samples": report.num_samples, "num_quarantined": manifest.get("num_quarantined")}
     if got != EXPECTED:
         return f"asset holds {got}, expected {EXPECTED}"
     return None
@@ -131,17 +143,31 @@ def run_busy(i: int, archive: Path, sha: str, work: Path, res: CampaignResult) -
     with busy_cores():
         load = os.getloadavg()[0]
         rc, seconds, text = _run_to_end(_build_args(archive, sha, box), env, box)
-    problem = f"busy build exited {rc} after {seconds:.0f} s: {_tail(text)}" if rc else \
-        _check_published(box / "out" / "demo.h5")
-    res.record("fresh PREFECT_HOME, cores busy: build passed" if problem is None else
-               "fresh PREFECT_HOME, cores busy: build FAILED", detected=problem is None,
-               problem=f"busy trial {i}: {problem}" if problem else None)
+    problem = (
+        f"busy build exited {rc} after {seconds:.0f} s: {_tail(text)}"
+        if rc
+        else _check_published(box / "out" / "demo.h5")
+    )
+    res.record(
+        "fresh PREFECT_HOME, cores busy: build passed"
+        if problem is None
+        else "fresh PREFECT_HOME, cores busy: build FAILED",
+        detected=problem is None,
+        problem=f"busy trial {i}: {problem}" if problem else None,
+    )
     res.notes.append(f"busy trial {i}: exit {rc} in {seconds:.1f} s (load {load:.1f})")
     return seconds
 
 
-def run_kill(i: int, archive: Path, sha: str, work: Path, res: CampaignResult,
-             rng: random.Random, kill_window: float) -> None:
+def run_kill(
+    i: int,
+    archive: Path,
+    sha: str,
+    work: Path,
+    res: CampaignResult,
+    rng: random.Random,
+    kill_window: float,
+) -> None:
     """SIGKILL a build at a random moment, then run it again in the same PREFECT_HOME."""
     env, box = _fresh(work, f"kill-{i:02d}")
     args = _build_args(archive, sha, box)
@@ -161,21 +187,40 @@ def run_kill(i: int, archive: Path, sha: str, work: Path, res: CampaignResult,
             left_what = _cmdlines(left)  # read before the group kill below ends them
         w.kill()  # the rest of the group, if anything is left (checked above)
         rc, seconds, text = _run_to_end(args + ["--overwrite"], env, box)
-    problem = f"re-run exited {rc} after {seconds:.0f} s: {_tail(text)}" if rc else \
-        _check_published(box / "out" / "demo.h5")
+    problem = (
+        f"re-run exited {rc} after {seconds:.0f} s: {_tail(text)}"
+        if rc
+        else _check_published(box / "out" / "demo.h5")
+    )
     if left:
-        problem = (f"{len(left)} processes of the killed command outlived it by "
-                   f"{ORPHAN_BOUND_S:.0f} s: {left_what}")
-    where = "after it finished" if finished_first else \
-        f"{'the command alone' if only_main else 'its process group'} at {delay:.1f} s"
-    res.record("kill -9, then re-run in the same PREFECT_HOME: passed" if problem is None else
-               "kill -9, then re-run: FAILED", detected=problem is None,
-               problem=f"kill trial {i} (killed {where}): {problem}" if problem else None)
+        problem = (
+            f"{len(left)} processes of the killed command outlived it by "
+            f"{ORPHAN_BOUND_S:.0f} s: {left_what}"
+        )
+    where = (
+        "after it finished"
+        if finished_first
+        else f"{'the command alone' if only_main else 'its process group'} at {delay:.1f} s"
+    )
+    res.record(
+        "kill -9, then re-run in the same PREFECT_HOME: passed"
+        if problem is None
+        else "kill -9, then re-run: FAILED",
+        detected=problem is None,
+        problem=f"kill trial {i} (killed {where}): {problem}" if problem else None,
+    )
     res.notes.append(f"kill trial {i}: killed {where}; re-run exit {rc} in {seconds:.1f} s")
 
 
-def run(*, busy: int = 5, kills: int = 10, seed: int = 0, work: Path, kill_window: float = 40.0,
-        log: Callable[[str], None] = lambda _: None) -> CampaignResult:
+def run(
+    *,
+    busy: int = 5,
+    kills: int = 10,
+    seed: int = 0,
+    work: Path,
+    kill_window: float = 40.0,
+    log: Callable[[str], None] = lambda _: None,
+) -> CampaignResult:
     """Run ``busy`` fresh builds on busy cores and ``kills`` kill-then-re-run loops."""
     res = CampaignResult("first-run")
     archive = make_demo_archive(work / "source")
@@ -193,6 +238,9 @@ def run(*, busy: int = 5, kills: int = 10, seed: int = 0, work: Path, kill_windo
         run_kill(i, archive, sha, work, res, rng, kill_window)
         log(f"kill {i}: {res.outcomes}")
     res.seconds = time.perf_counter() - t0
-    res.notes.insert(0, f"{os.cpu_count()} CPUs, one busy process per core in every trial; "
-                        f"commands run from {REPO}")
+    res.notes.insert(
+        0,
+        f"{os.cpu_count()} CPUs, one busy process per core in every trial; "
+        f"commands run from {REPO}",
+    )
     return res

@@ -60,12 +60,29 @@ from tests.fixtures.trees import deep_chain
 from tests.reliability._procs import REPO
 from tests.reliability._result import CampaignResult
 
-__all__ = ["MANIFEST_ATTACKS", "Expect", "ManifestAttack", "deep_local_tree", "fuzz_discover",
-           "fuzz_process_file", "manifest_attacks", "manifest_pack", "run", "run_pack",
-           "write_hostile_corpus"]
+__all__ = [
+    "MANIFEST_ATTACKS",
+    "Expect",
+    "ManifestAttack",
+    "deep_local_tree",
+    "fuzz_discover",
+    "fuzz_process_file",
+    "manifest_attacks",
+    "manifest_pack",
+    "run",
+    "run_pack",
+    "write_hostile_corpus",
+]
 
-REASON_KINDS = ("zero-byte file", "unreadable", "not an image", "image too large",
-                "truncated image", "corrupt image", "unsupported image")
+REASON_KINDS = (
+    "zero-byte file",
+    "unreadable",
+    "not an image",
+    "image too large",
+    "truncated image",
+    "corrupt image",
+    "unsupported image",
+)
 
 
 @dataclass(frozen=True)
@@ -99,8 +116,12 @@ def _png(img: Image.Image, **kw: object) -> bytes:
 
 
 def _chunk(kind: bytes, body: bytes) -> bytes:
-    return (struct.pack(">I", len(body)) + kind + body
-            + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
+    return (
+        struct.pack(">I", len(body))
+        + kind
+        + body
+        + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    )
 
 
 def _ycck(photo: Image.Image) -> bytes:
@@ -108,7 +129,7 @@ def _ycck(photo: Image.Image) -> bytes:
     data = bytearray(_jpeg(photo.convert("CMYK")))
     at = data.find(b"Adobe")
     assert at >= 4, "Pillow wrote no Adobe marker"
-    assert data[at - 4:at - 2] == b"\xff\xee", "Pillow wrote no Adobe marker"
+    assert data[at - 4 : at - 2] == b"\xff\xee", "Pillow wrote no Adobe marker"
     data[at + 11] = 2  # "Adobe", version (2 bytes), flags0 (2), flags1 (2), then the transform
     return bytes(data)
 
@@ -137,6 +158,7 @@ def _exif(photo: Image.Image, orientation: int) -> bytes:
 
 def _decoded(data: bytes) -> Callable[[], np.ndarray]:
     """The reference pixels: Pillow's own decode, EXIF transposed, flattened onto white."""
+
     def ref() -> np.ndarray:
         img = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
         if img.mode in ("RGBA", "LA", "PA") or "transparency" in img.info:
@@ -144,6 +166,7 @@ def _decoded(data: bytes) -> Callable[[], np.ndarray]:
             white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
             img = Image.alpha_composite(white, rgba)
         return np.asarray(img.convert("RGB"))
+
     return ref
 
 
@@ -168,26 +191,47 @@ def write_hostile_corpus(root: Path) -> dict[str, Expect]:
     for name, kind in write_bad_files(tmp).items():
         want = EXPECTED_OUTCOME[kind]
         data = (tmp / name).read_bytes()
-        checkable = kind in ("exif-orientation-6", "exif-orientation-8", "tiny-1x1",
-                             "elongated-1x2000", "palette-transparency")
-        expect = (Expect(kind, "packed", "", _decoded(data) if checkable else None)
-                  if want == "ok" else Expect(kind, "quarantined", want))
+        checkable = kind in (
+            "exif-orientation-6",
+            "exif-orientation-8",
+            "tiny-1x1",
+            "elongated-1x2000",
+            "palette-transparency",
+        )
+        expect = (
+            Expect(kind, "packed", "", _decoded(data) if checkable else None)
+            if want == "ok"
+            else Expect(kind, "quarantined", want)
+        )
         put(f"bad/{name}", data, expect)
     shutil.rmtree(tmp)
 
     # 2. Formats and modes.
-    put("odd/html-page.png", b"<html><head><title>Moved</title></head><body></body></html>\n",
-        Expect("html-as-png", "quarantined", "not an image"))
-    put("odd/random.webp", rng.bytes(4096), Expect("random-bytes-webp", "quarantined",
-                                                   "not an image"))
+    put(
+        "odd/html-page.png",
+        b"<html><head><title>Moved</title></head><body></body></html>\n",
+        Expect("html-as-png", "quarantined", "not an image"),
+    )
+    put(
+        "odd/random.webp",
+        rng.bytes(4096),
+        Expect("random-bytes-webp", "quarantined", "not an image"),
+    )
     put("odd/ycck.jpg", _ycck(photo), Expect("ycck-jpeg", "packed"))
-    put("odd/gif-bomb.gif", _gif_bomb(), Expect("gif-bomb-header", "quarantined",
-                                                "image too large"))
-    put("odd/text-bomb.png", _png_text_bomb(photo), Expect("png-ztxt-bomb", "quarantined",
-                                                           "corrupt image"))
+    put(
+        "odd/gif-bomb.gif", _gif_bomb(), Expect("gif-bomb-header", "quarantined", "image too large")
+    )
+    put(
+        "odd/text-bomb.png",
+        _png_text_bomb(photo),
+        Expect("png-ztxt-bomb", "quarantined", "corrupt image"),
+    )
     tiny_wide = _png(synth_photo(rng, 1, 3000))
-    put("odd/strip-3000x1.png", tiny_wide, Expect("elongated-3000x1", "packed", "",
-                                                  _decoded(tiny_wide)))
+    put(
+        "odd/strip-3000x1.png",
+        tiny_wide,
+        Expect("elongated-3000x1", "packed", "", _decoded(tiny_wide)),
+    )
     la = photo.convert("LA")
     put("odd/gray-alpha.png", _png(la), Expect("la-png", "packed", "", _decoded(_png(la))))
     f32 = Image.fromarray(np.linspace(-50, 400, 36 * 52, dtype=np.float32).reshape(36, 52))
@@ -196,15 +240,23 @@ def write_hostile_corpus(root: Path) -> dict[str, Expect]:
     put("odd/float32.tif", buf.getvalue(), Expect("float32-tiff", "packed"))
     multi = io.BytesIO()
     photo.save(multi, "TIFF", save_all=True, append_images=[photo.rotate(90, expand=True)])
-    put("odd/two-pages.tif", multi.getvalue(), Expect("multi-page-tiff", "packed", "",
-                                                      _decoded(multi.getvalue())))
+    put(
+        "odd/two-pages.tif",
+        multi.getvalue(),
+        Expect("multi-page-tiff", "packed", "", _decoded(multi.getvalue())),
+    )
     webp = io.BytesIO()
     photo.save(webp, "WEBP", quality=80)
-    put("odd/truncated.webp", webp.getvalue()[: len(webp.getvalue()) // 2],
-        Expect("truncated-webp", "quarantined", "corrupt image"))  # libwebp cannot tell
-    put("odd/photo.bmp", _bmp := (lambda: (b := io.BytesIO(), photo.save(b, "BMP"),
-                                           b.getvalue())[2])(),
-        Expect("bmp", "packed", "", _decoded(_bmp)))
+    put(
+        "odd/truncated.webp",
+        webp.getvalue()[: len(webp.getvalue()) // 2],
+        Expect("truncated-webp", "quarantined", "corrupt image"),
+    )  # libwebp cannot tell
+    put(
+        "odd/photo.bmp",
+        _bmp := (lambda: (b := io.BytesIO(), photo.save(b, "BMP"), b.getvalue())[2])(),
+        Expect("bmp", "packed", "", _decoded(_bmp)),
+    )
     ppm = io.BytesIO()
     photo.save(ppm, "PPM")
     put("odd/photo.ppm", ppm.getvalue(), Expect("ppm", "packed", "", _decoded(ppm.getvalue())))
@@ -212,13 +264,17 @@ def write_hostile_corpus(root: Path) -> dict[str, Expect]:
     # 3. Every EXIF orientation, 1-8 (2-5 and 7 beyond write_bad_files' 6 and 8).
     for o in range(1, 9):
         data = _exif(photo, o)
-        put(f"exif/orientation-{o}.jpg", data, Expect(f"exif-orientation-{o}", "packed", "",
-                                                      _decoded(data)))
+        put(
+            f"exif/orientation-{o}.jpg",
+            data,
+            Expect(f"exif-orientation-{o}", "packed", "", _decoded(data)),
+        )
 
     # 4. Names: unicode, spaces, newlines, in files and classes; deep nesting; duplicates.
     good = _png(photo)
-    put("café 日本/naïve ümlaut 🐱.png", good, Expect("unicode-names", "packed", "",
-                                                      _decoded(good)))
+    put(
+        "café 日本/naïve ümlaut 🐱.png", good, Expect("unicode-names", "packed", "", _decoded(good))
+    )
     put("odd/with space .png", good, Expect("space-in-name", "packed"))
     put("odd/line\nbreak.png", good, Expect("newline-in-file-name", "packed"))
     put("class\nwith newline/x.png", good, Expect("newline-in-class-name", "packed"))
@@ -258,28 +314,47 @@ def write_hostile_corpus(root: Path) -> dict[str, Expect]:
     os.symlink(outside / "secret.png", links / "leak.png")
     out["links/leak.png"] = Expect("symlink-to-file-outside-root", "skipped", "link-outside-root")
     os.symlink("leak.png", links / "leak-via-link.png")
-    out["links/leak-via-link.png"] = Expect("symlink-to-symlink-outside-root", "skipped",
-                                            "link-outside-root")
+    out["links/leak-via-link.png"] = Expect(
+        "symlink-to-symlink-outside-root", "skipped", "link-outside-root"
+    )
     os.symlink(outside, links / "outside-dir")
-    out["links/outside-dir/secret.png"] = Expect("symlink-to-folder-outside-root", "skipped",
-                                                 "link-outside-root")
+    out["links/outside-dir/secret.png"] = Expect(
+        "symlink-to-folder-outside-root", "skipped", "link-outside-root"
+    )
     os.symlink(outside, root / "outside-class")
-    out["outside-class/secret.png"] = Expect("class-folder-linked-outside-root", "skipped",
-                                             "link-outside-root")
+    out["outside-class/secret.png"] = Expect(
+        "class-folder-linked-outside-root", "skipped", "link-outside-root"
+    )
     return out
 
 
 def run_pack(root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """``h5forge pack ROOT OUT EXTRA...`` as a subprocess (the console script's module)."""
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "pack", str(root), str(out), "--workers", "2",
-         "--max-bad-fraction", "1", *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"})
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "pack",
+            str(root),
+            str(out),
+            "--workers",
+            "2",
+            "--max-bad-fraction",
+            "1",
+            *extra,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+    )
 
 
-def _check_packed(out: Path, corpus: dict[str, Expect], res: CampaignResult,
-                  check_pixels: bool, label: str) -> None:
+def _check_packed(
+    out: Path, corpus: dict[str, Expect], res: CampaignResult, check_pixels: bool, label: str
+) -> None:
     with h5py.File(out, "r") as h5:
         paths = h5["paths"].asstr()[()].tolist()
         qpaths = h5["quarantine/paths"].asstr()[()].tolist()
@@ -289,36 +364,59 @@ def _check_packed(out: Path, corpus: dict[str, Expect], res: CampaignResult,
     row = {p: i for i, p in enumerate(paths)}
     expected = {p for p, e in corpus.items() if e.outcome != "skipped"}
     for extra in sorted((set(paths) | set(qpaths)) - expected):
-        res.record(f"{label}: unexpected entry", detected=False,
-                   problem=f"{label}: {extra!r} was packed or quarantined but is not in the corpus")
+        res.record(
+            f"{label}: unexpected entry",
+            detected=False,
+            problem=f"{label}: {extra!r} was packed or quarantined but is not in the corpus",
+        )
     for rel, e in corpus.items():
         where = f"{label}: {e.kind} ({rel!r})"
         if e.outcome == "skipped":
             ok = rel not in row and rel not in reasons
-            res.record(f"{e.kind}: skipped ({e.detail})" if ok else f"{e.kind}: NOT SKIPPED",
-                       detected=ok, problem=None if ok else f"{where} should have been skipped")
+            res.record(
+                f"{e.kind}: skipped ({e.detail})" if ok else f"{e.kind}: NOT SKIPPED",
+                detected=ok,
+                problem=None if ok else f"{where} should have been skipped",
+            )
         elif e.outcome == "quarantined":
             reason = reasons.get(rel, "")
             ok = reason.startswith(e.detail)
-            res.record(f"{e.kind}: quarantined ({e.detail})" if ok else f"{e.kind}: WRONG",
-                       detected=ok, lost=rel in row,
-                       problem=None if ok else f"{where}: expected quarantine '{e.detail}...', "
-                                               f"got {'packed' if rel in row else repr(reason)}")
+            res.record(
+                f"{e.kind}: quarantined ({e.detail})" if ok else f"{e.kind}: WRONG",
+                detected=ok,
+                lost=rel in row,
+                problem=None
+                if ok
+                else f"{where}: expected quarantine '{e.detail}...', "
+                f"got {'packed' if rel in row else repr(reason)}",
+            )
         elif rel not in row:
-            res.record(f"{e.kind}: NOT PACKED", detected=False, lost=True,
-                       problem=f"{where}: expected packed, got {reasons.get(rel, 'missing')!r}")
+            res.record(
+                f"{e.kind}: NOT PACKED",
+                detected=False,
+                lost=True,
+                problem=f"{where}: expected packed, got {reasons.get(rel, 'missing')!r}",
+            )
         elif check_pixels and e.reference is not None:
             i = row[rel]
             with open(out, "rb") as f:
                 f.seek(int(ranges[i, 0]))
                 got = np.frombuffer(f.read(int(ranges[i, 1])), np.uint8)
             want = e.reference()
-            ok = shapes is not None and tuple(shapes[i]) == want.shape and \
-                np.array_equal(got.reshape(want.shape), want)
-            res.record(f"{e.kind}: packed, pixels checked" if ok else f"{e.kind}: WRONG PIXELS",
-                       detected=ok, lost=not ok,
-                       problem=None if ok else f"{where}: stored pixels differ from Pillow's "
-                                               f"EXIF-transposed decode {want.shape}")
+            ok = (
+                shapes is not None
+                and tuple(shapes[i]) == want.shape
+                and np.array_equal(got.reshape(want.shape), want)
+            )
+            res.record(
+                f"{e.kind}: packed, pixels checked" if ok else f"{e.kind}: WRONG PIXELS",
+                detected=ok,
+                lost=not ok,
+                problem=None
+                if ok
+                else f"{where}: stored pixels differ from Pillow's "
+                f"EXIF-transposed decode {want.shape}",
+            )
         else:
             res.record(f"{e.kind}: packed", detected=True)
 
@@ -344,27 +442,53 @@ class ManifestAttack:
     expect: str | None
 
 
-def _m(kind: str, text: str | bytes, line: int, expect: str | None,
-       name: str = "m.csv") -> ManifestAttack:
-    return ManifestAttack(kind, name, text.encode() if isinstance(text, str) else text, line,
-                          expect)
+def _m(
+    kind: str, text: str | bytes, line: int, expect: str | None, name: str = "m.csv"
+) -> ManifestAttack:
+    return ManifestAttack(
+        kind, name, text.encode() if isinstance(text, str) else text, line, expect
+    )
 
 
 MANIFEST_ATTACKS: list[ManifestAttack] = [
-    _m("huge-integer-label-csv", "path,label\na.png,0\nb.png,1099511627776\n", 3,
-       "label 1099511627776 is out of range"),
-    _m("huge-integer-label-jsonl", '{"path": "a.png", "label": 1099511627776}\n', 1,
-       "is out of range", "m.jsonl"),
+    _m(
+        "huge-integer-label-csv",
+        "path,label\na.png,0\nb.png,1099511627776\n",
+        3,
+        "label 1099511627776 is out of range",
+    ),
+    _m(
+        "huge-integer-label-jsonl",
+        '{"path": "a.png", "label": 1099511627776}\n',
+        1,
+        "is out of range",
+        "m.jsonl",
+    ),
     _m("1000-digit-label", "path,label\na.png," + "9" * 1000 + "\n", 2, "is out of range"),
-    _m("5000-digit-json-number", '{"path": "a.png", "label": ' + "9" * 5000 + "}\n", 1,
-       "not usable JSON", "m.jsonl"),
+    _m(
+        "5000-digit-json-number",
+        '{"path": "a.png", "label": ' + "9" * 5000 + "}\n",
+        1,
+        "not usable JSON",
+        "m.jsonl",
+    ),
     _m("128k-csv-field-label", f"path,label\na.png,{_FIELD}\n", 2, "label is 131,072 characters"),
-    _m("over-csv-field-limit", f"path,label\na.png,{_FIELD}y\n", 2,
-       "a field is longer than 131,072 characters"),
-    _m("unclosed-quote", f'path,label\na.png,a\n"{_FIELD}\n{_FIELD}\n', 3,
-       "a field is longer than"),
-    _m("2-mib-line", '{"path": "' + "a" * (2 << 20) + '", "label": 0}\n', 1,
-       "line is longer than", "m.jsonl"),
+    _m(
+        "over-csv-field-limit",
+        f"path,label\na.png,{_FIELD}y\n",
+        2,
+        "a field is longer than 131,072 characters",
+    ),
+    _m(
+        "unclosed-quote", f'path,label\na.png,a\n"{_FIELD}\n{_FIELD}\n', 3, "a field is longer than"
+    ),
+    _m(
+        "2-mib-line",
+        '{"path": "' + "a" * (2 << 20) + '", "label": 0}\n',
+        1,
+        "line is longer than",
+        "m.jsonl",
+    ),
     _m("nul-byte-csv", b"path,label\na.png,a\x00b\n", 2, "NUL byte at column 8"),
     _m("nul-byte-jsonl", b'{"path": "a\x00.png", "label": 0}\n', 1, "NUL byte", "m.jsonl"),
     _m("utf16-manifest", "path,label\na.png,a\n".encode("utf-16"), 1, "NUL byte"),
@@ -382,10 +506,18 @@ MANIFEST_ATTACKS: list[ManifestAttack] = [
     _m("symlink-loop", "path,label\nloop.png,a\n", 2, "more than 40 symbolic links"),
     _m("fifo", "path,label\npipe.png,a\n", 2, "is a FIFO (named pipe), not a regular file"),
     _m("device-via-link", "path,label\nzero.png,a\n", 2, "outside the manifest's folder"),
-    _m("escape-sequences-in-path", "path,label\nx\x1b[2J\x1b]0;pwned\x07.png,a\n", 2,
-       "'x\\x1b[2J\\x1b]0;pwned\\x07.png' not found"),
-    _m("escape-sequences-in-split", "path,label,split\na.png,a,\x1b[31m\n", 2,
-       "split '\\x1b[31m' is not one of"),
+    _m(
+        "escape-sequences-in-path",
+        "path,label\nx\x1b[2J\x1b]0;pwned\x07.png,a\n",
+        2,
+        "'x\\x1b[2J\\x1b]0;pwned\\x07.png' not found",
+    ),
+    _m(
+        "escape-sequences-in-split",
+        "path,label,split\na.png,a,\x1b[31m\n",
+        2,
+        "split '\\x1b[31m' is not one of",
+    ),
     # Valid manifests that look odd: accepted.
     _m("dotdot-that-comes-back", "path,label\nsub/../a.png,a\n", 0, None),
     _m("bom-and-crlf", b"\xef\xbb\xbfpath,label\r\na.png,a\r\n", 0, None),
@@ -435,28 +567,45 @@ def manifest_attacks(work: Path, res: CampaignResult) -> None:
             problem = f"raised {type(e).__name__}: {str(e)[:300]}"
         path.unlink()
         verdict = "accepted" if attack.expect is None else "refused, file:line named"
-        res.record(f"manifest {attack.kind}: {verdict}" if problem is None else
-                   f"manifest {attack.kind}: FAILED", detected=problem is None,
-                   lost=bool(problem and "ACCEPTED" in problem),
-                   problem=None if problem is None else f"manifest {attack.kind}: {problem}")
+        res.record(
+            f"manifest {attack.kind}: {verdict}"
+            if problem is None
+            else f"manifest {attack.kind}: FAILED",
+            detected=problem is None,
+            lost=bool(problem and "ACCEPTED" in problem),
+            problem=None if problem is None else f"manifest {attack.kind}: {problem}",
+        )
 
 
 def manifest_pack(work: Path, res: CampaignResult) -> None:
     """``h5forge pack --manifest``: a link out and escape sequences end in exit 2, one line."""
     folder = work / "manifests"
     _manifest_folder(folder)
-    for kind, body in (("symlink-out", "path,label\na.png,a\nleak.png,b\n"),
-                       ("escape-sequences", "path,label\na.png,a\n\x1b[2J\x1b]0;x\x07.png,b\n")):
+    for kind, body in (
+        ("symlink-out", "path,label\na.png,a\nleak.png,b\n"),
+        ("escape-sequences", "path,label\na.png,a\n\x1b[2J\x1b]0;x\x07.png,b\n"),
+    ):
         (folder / "m.csv").write_text(body)
         out = work / f"manifest-{kind}.h5"
         proc = run_pack(folder, out, "--manifest", str(folder / "m.csv"))
         text = proc.stdout + proc.stderr
-        ok = (proc.returncode == 2 and "Traceback" not in text and "\x1b" not in text
-              and f"{folder / 'm.csv'}:3: " in text and not out.exists())
-        res.record(f"pack --manifest {kind}: exit 2, file:line, escaped" if ok else
-                   f"pack --manifest {kind}: WRONG", detected=ok,
-                   lost=out.exists(), problem=None if ok else
-                   f"pack --manifest {kind}: exit {proc.returncode}: {text[-800:]!r}")
+        ok = (
+            proc.returncode == 2
+            and "Traceback" not in text
+            and "\x1b" not in text
+            and f"{folder / 'm.csv'}:3: " in text
+            and not out.exists()
+        )
+        res.record(
+            f"pack --manifest {kind}: exit 2, file:line, escaped"
+            if ok
+            else f"pack --manifest {kind}: WRONG",
+            detected=ok,
+            lost=out.exists(),
+            problem=None
+            if ok
+            else f"pack --manifest {kind}: exit {proc.returncode}: {text[-800:]!r}",
+        )
 
 
 def deep_local_tree(work: Path, res: CampaignResult) -> None:
@@ -469,21 +618,28 @@ def deep_local_tree(work: Path, res: CampaignResult) -> None:
     deep_chain(root / "a", 1_200)
     try:
         cat = discover(root)
-        ok = [s.relpath for s in cat.samples] == ["a/top.png"] and \
-            cat.skipped.get("folder-too-deep") == 1
+        ok = [s.relpath for s in cat.samples] == ["a/top.png"] and cat.skipped.get(
+            "folder-too-deep"
+        ) == 1
         problem = None if ok else f"deep tree: samples {len(cat.samples)}, skipped {cat.skipped}"
     except Exception as e:  # noqa: BLE001 - RecursionError was the finding
         problem = f"deep tree: discover raised {type(e).__name__}: {str(e)[:200]}"
     finally:
         remove_tree(root)
-    res.record("1,200-deep folder tree: skipped (folder-too-deep)" if problem is None else
-               "1,200-deep folder tree: FAILED", detected=problem is None, problem=problem)
+    res.record(
+        "1,200-deep folder tree: skipped (folder-too-deep)"
+        if problem is None
+        else "1,200-deep folder tree: FAILED",
+        detected=problem is None,
+        problem=problem,
+    )
 
 
 # --------------------------------------------------------------------------- fuzzing
 
-_NAME = st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1,
-                max_size=12).filter(lambda s: s not in (".", ".."))
+_NAME = st.text(
+    st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=12
+).filter(lambda s: s not in (".", ".."))
 _EXT = st.sampled_from([".jpg", ".png", ".txt", ".JPG", ".webp", "", ".gif"])
 
 
@@ -491,11 +647,25 @@ def fuzz_discover(work: Path, examples: int, res: CampaignResult) -> None:
     """Random trees (names, nesting, split folders, non-images) through ``discover``."""
     counter = iter(range(10**9))
 
-    @settings(max_examples=examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.lists(st.tuples(st.lists(st.one_of(_NAME, st.sampled_from(
-        ["train", "val", "test", ".hidden"])), min_size=1, max_size=4), _NAME, _EXT,
-        st.binary(max_size=8)), max_size=12), st.booleans())
+    @settings(
+        max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(
+        st.lists(
+            st.tuples(
+                st.lists(
+                    st.one_of(_NAME, st.sampled_from(["train", "val", "test", ".hidden"])),
+                    min_size=1,
+                    max_size=4,
+                ),
+                _NAME,
+                _EXT,
+                st.binary(max_size=8),
+            ),
+            max_size=12,
+        ),
+        st.booleans(),
+    )
     def check(entries: list[tuple[list[str], str, str, bytes]], empty_class: bool) -> None:
         root = work / f"fuzz-discover-{next(counter)}"
         root.mkdir()
@@ -515,8 +685,11 @@ def fuzz_discover(work: Path, examples: int, res: CampaignResult) -> None:
                 res.record(f"discover fuzz: {type(e).__name__}", detected=True)
                 return
             problems = _catalog_problems(cat)
-            res.record("discover fuzz: catalog", detected=not problems,
-                       problem="; ".join(problems) if problems else None)
+            res.record(
+                "discover fuzz: catalog",
+                detected=not problems,
+                problem="; ".join(problems) if problems else None,
+            )
         finally:
             shutil.rmtree(root)
 
@@ -560,16 +733,25 @@ def fuzz_process_file(work: Path, examples: int, res: CampaignResult) -> None:
     """Random bytes and damaged real images through ``process_file``, two configurations."""
     seeds = _seeds()
     path = work / "fuzz-input.img"
-    cfgs = (ImageConfig(resize="shorter-side", size=(16, 16)),
-            ImageConfig(layout="encoded", encoding="png", resize="resize", size=(12, 20)))
+    cfgs = (
+        ImageConfig(resize="shorter-side", size=(16, 16)),
+        ImageConfig(layout="encoded", encoding="png", resize="resize", size=(12, 20)),
+    )
 
-    @settings(max_examples=examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.one_of(
-        st.binary(max_size=512).map(lambda b: ("random", b)),
-        st.tuples(st.sampled_from(sorted(seeds)), st.lists(st.tuples(
-            st.integers(0, 10**6), st.integers(1, 255)), max_size=6), st.floats(0.05, 1.0))
-        .map(lambda t: (t[0], _damage(seeds[t[0]], t[1], t[2])))), st.sampled_from([0, 1]))
+    @settings(
+        max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(
+        st.one_of(
+            st.binary(max_size=512).map(lambda b: ("random", b)),
+            st.tuples(
+                st.sampled_from(sorted(seeds)),
+                st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=6),
+                st.floats(0.05, 1.0),
+            ).map(lambda t: (t[0], _damage(seeds[t[0]], t[1], t[2]))),
+        ),
+        st.sampled_from([0, 1]),
+    )
     def check(sample: tuple[str, bytes], which: int) -> None:
         kind, data = sample
         path.write_bytes(data)
@@ -584,28 +766,39 @@ def fuzz_process_file(work: Path, examples: int, res: CampaignResult) -> None:
                 res.outcomes[key] += 0  # listed in the breakdown, not counted as a trial
                 warned.add(key)
         except Exception as e:  # noqa: BLE001 - the requirement: nothing escapes
-            res.record(f"process_file fuzz: RAISED {type(e).__name__}", detected=False,
-                       problem=f"process_file raised {type(e).__name__}: {e} on {kind} "
-                               f"({len(data)} bytes)")
+            res.record(
+                f"process_file fuzz: RAISED {type(e).__name__}",
+                detected=False,
+                problem=f"process_file raised {type(e).__name__}: {e} on {kind} "
+                f"({len(data)} bytes)",
+            )
             return
         if isinstance(r, Quarantined):
             ok = r.reason.startswith(REASON_KINDS)
-            res.record(f"process_file fuzz: quarantined ({r.reason.split(':')[0]})" if ok else
-                       "process_file fuzz: BAD REASON", detected=ok,
-                       problem=None if ok else f"undocumented reason {r.reason!r}")
+            res.record(
+                f"process_file fuzz: quarantined ({r.reason.split(':')[0]})"
+                if ok
+                else "process_file fuzz: BAD REASON",
+                detected=ok,
+                problem=None if ok else f"undocumented reason {r.reason!r}",
+            )
             return
         assert isinstance(r, Processed)
         h, w, c = r.shape
         ok = (len(r.data) == h * w * c) if which == 0 else r.data[:8] == b"\x89PNG\r\n\x1a\n"
         ok = ok and (h, w) == cfgs[which].size
-        res.record("process_file fuzz: processed", detected=ok,
-                   problem=None if ok else f"{kind}: processed output inconsistent: {r.shape}")
+        res.record(
+            "process_file fuzz: processed",
+            detected=ok,
+            problem=None if ok else f"{kind}: processed output inconsistent: {r.shape}",
+        )
 
     warned: set[str] = set()
     _run_given(check, res, "process_file fuzz")
     if warned:
-        res.notes.append("process_file fuzz: Pillow warnings seen (not errors): "
-                         + "; ".join(sorted(warned)))
+        res.notes.append(
+            "process_file fuzz: Pillow warnings seen (not errors): " + "; ".join(sorted(warned))
+        )
 
 
 def _damage(data: bytes, flips: list[tuple[int, int]], keep: float) -> bytes:
@@ -619,15 +812,21 @@ def _run_given(check: Callable[[], None], res: CampaignResult, label: str) -> No
     try:
         check()
     except Exception as e:  # noqa: BLE001 - a falsifying example is reported, not raised
-        res.record(f"{label}: HARNESS ERROR", detected=False,
-                   problem=f"{label}: {type(e).__name__}: {e}")
+        res.record(
+            f"{label}: HARNESS ERROR", detected=False, problem=f"{label}: {type(e).__name__}: {e}"
+        )
 
 
 # --------------------------------------------------------------------------- campaign
 
 
-def run(*, fuzz_examples: int = 300, work: Path, full: bool = True,
-        log: Callable[[str], None] = lambda s: None) -> CampaignResult:
+def run(
+    *,
+    fuzz_examples: int = 300,
+    work: Path,
+    full: bool = True,
+    log: Callable[[str], None] = lambda s: None,
+) -> CampaignResult:
     """Pack the corpus (one or two configurations), check the empty-class refusal, fuzz."""
     t0 = time.perf_counter()
     res = CampaignResult("hostile")
@@ -644,8 +843,11 @@ def run(*, fuzz_examples: int = 300, work: Path, full: bool = True,
         proc = run_pack(root, out, "--overwrite", *args)
         text = proc.stdout + proc.stderr
         if proc.returncode != 0 or "Traceback" in text:
-            res.record(f"pack ({label}): FAILED", detected=False,
-                       problem=f"h5forge pack ({label}) exit {proc.returncode}:\n{text[-2000:]}")
+            res.record(
+                f"pack ({label}): FAILED",
+                detected=False,
+                problem=f"h5forge pack ({label}) exit {proc.returncode}:\n{text[-2000:]}",
+            )
             continue
         _check_packed(out, corpus, res, pixels, label)
         log(f"  pack ({label}): exit 0, no traceback")
@@ -657,9 +859,11 @@ def run(*, fuzz_examples: int = 300, work: Path, full: bool = True,
     proc = run_pack(empty, work / "empty.h5")
     text = proc.stdout + proc.stderr
     ok = proc.returncode == 2 and "holds no image file" in text and "Traceback" not in text
-    res.record("empty class folder: EmptyDatasetError, exit 2" if ok else "empty class: WRONG",
-               detected=ok, problem=None if ok else f"empty class folder: exit "
-                                                    f"{proc.returncode}: {text[-1000:]}")
+    res.record(
+        "empty class folder: EmptyDatasetError, exit 2" if ok else "empty class: WRONG",
+        detected=ok,
+        problem=None if ok else f"empty class folder: exit {proc.returncode}: {text[-1000:]}",
+    )
     manifest_attacks(work, res)
     log(f"  manifests: {len(MANIFEST_ATTACKS)} attacks through discover")
     manifest_pack(work, res)

@@ -103,8 +103,7 @@ def _trial(entry: str, url: str, mem_bound: int) -> dict[str, Any]:
         out.update(outcome="IntegrityError", message=str(e))
     except BaseException as e:  # the campaign reports any other type as a failure
         out.update(outcome=type(e).__name__, message=f"{type(e).__name__}: {e}"[:2000])
-    out["rss_growth_mib"] = max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0
-                                ) / 1024
+    out["rss_growth_mib"] = max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
     return out
 
 
@@ -130,8 +129,12 @@ def _fork_trial(entry: str, url: str, seconds: float, mem_bound: int) -> dict[st
             left = deadline - time.monotonic()
             if left <= 0:
                 os.kill(pid, signal.SIGKILL)
-                return {"outcome": "hang", "message": f"killed after {seconds:.0f} s",
-                        "leak": False, "rss_growth_mib": 0.0}
+                return {
+                    "outcome": "hang",
+                    "message": f"killed after {seconds:.0f} s",
+                    "leak": False,
+                    "rss_growth_mib": 0.0,
+                }
             ready, _, _ = select.select([rd], [], [], left)
             if ready:
                 chunk = os.read(rd, 1 << 16)
@@ -142,8 +145,12 @@ def _fork_trial(entry: str, url: str, seconds: float, mem_bound: int) -> dict[st
         os.close(rd)
         _, status = os.waitpid(pid, 0)
     if not chunks:
-        return {"outcome": f"child died (status {status})", "message": "", "leak": False,
-                "rss_growth_mib": 0.0}
+        return {
+            "outcome": f"child died (status {status})",
+            "message": "",
+            "leak": False,
+            "rss_growth_mib": 0.0,
+        }
     return dict(json.loads(b"".join(chunks)))
 
 
@@ -166,8 +173,13 @@ def _worker() -> None:
 class _Worker:
     def __init__(self, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.hostile_h5", "--worker"], cwd=REPO,
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [sys.executable, "-m", "tests.reliability.hostile_h5", "--worker"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline()
         if not ready:
@@ -176,8 +188,10 @@ class _Worker:
     def trial(self, entry: str, url: str, seconds: float, mem_bound: int) -> dict[str, Any]:
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"entry": entry, "url": url, "seconds": seconds,
-                                          "mem_bound": mem_bound}) + "\n")
+        self.proc.stdin.write(
+            json.dumps({"entry": entry, "url": url, "seconds": seconds, "mem_bound": mem_bound})
+            + "\n"
+        )
         self.proc.stdin.flush()
         return dict(json.loads(self.proc.stdout.readline()))
 
@@ -193,83 +207,144 @@ class _Worker:
 
 
 def _env(extra_path: Path | None = None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + str(extra_path)
-                                                   if extra_path else ""), "COLUMNS": "200"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + (os.pathsep + str(extra_path) if extra_path else ""),
+        "COLUMNS": "200",
+    }
     return env
 
 
-def _judge(res: CampaignResult, kind: Kind, entry: str, got: dict[str, Any],
-           rss: list[tuple[float, str]], want: str = "IntegrityError") -> None:
+def _judge(
+    res: CampaignResult,
+    kind: Kind,
+    entry: str,
+    got: dict[str, Any],
+    rss: list[tuple[float, str]],
+    want: str = "IntegrityError",
+) -> None:
     where = f"{kind.name} via {entry}"
     rss.append((float(got.get("rss_growth_mib", 0.0)), where))
     outcome, message = got["outcome"], got.get("message", "")
     must_refuse = entry.split("-")[0] in kind.refused_by
     if got.get("leak"):
-        res.record(f"{entry}: returned data from outside the file", detected=False, lost=True,
-                   problem=f"{where}: returned the secret from outside the asset")
+        res.record(
+            f"{entry}: returned data from outside the file",
+            detected=False,
+            lost=True,
+            problem=f"{where}: returned the secret from outside the asset",
+        )
     elif outcome == want and re.search(kind.match, message):
         res.record(f"{entry}: {want} naming the problem", detected=True)
     elif outcome == want:
-        res.record(f"{entry}: {want}, unclear message", detected=False,
-                   problem=f"{where}: message does not match {kind.match!r}: {message[:300]}")
+        res.record(
+            f"{entry}: {want}, unclear message",
+            detected=False,
+            problem=f"{where}: message does not match {kind.match!r}: {message[:300]}",
+        )
     elif outcome == "opened" and not must_refuse:
         res.record(f"{entry}: opened (harmless to it, nothing from outside)", detected=True)
     elif outcome == "opened":
-        res.record(f"{entry}: NOT REFUSED", detected=False, lost=True,
-                   problem=f"{where}: opened without an error")
+        res.record(
+            f"{entry}: NOT REFUSED",
+            detected=False,
+            lost=True,
+            problem=f"{where}: opened without an error",
+        )
     else:
-        res.record(f"{entry}: {outcome}", detected=False,
-                   problem=f"{where}: {outcome}: {message[:300]}")
+        res.record(
+            f"{entry}: {outcome}", detected=False, problem=f"{where}: {outcome}: {message[:300]}"
+        )
 
 
-def _cli(kind: Kind, path: Path, res: CampaignResult, env: dict[str, str], seconds: float,
-         want_codes: tuple[int, ...] = (1,), want: str = "IntegrityError") -> None:
+def _cli(
+    kind: Kind,
+    path: Path,
+    res: CampaignResult,
+    env: dict[str, str],
+    seconds: float,
+    want_codes: tuple[int, ...] = (1,),
+    want: str = "IntegrityError",
+) -> None:
     for command in ("verify", "inspect"):
         entry = f"cli-{command}"
         must = command in kind.refused_by
         try:
-            proc = subprocess.run([sys.executable, "-m", "h5forge.cli", command, str(path)],
-                                  cwd=REPO, env=env, capture_output=True, text=True,
-                                  timeout=seconds)
+            proc = subprocess.run(
+                [sys.executable, "-m", "h5forge.cli", command, str(path)],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=seconds,
+            )
         except subprocess.TimeoutExpired:
-            res.record(f"{entry}: hang", detected=False,
-                       problem=f"{kind.name} via {entry}: no exit after {seconds:.0f} s")
+            res.record(
+                f"{entry}: hang",
+                detected=False,
+                problem=f"{kind.name} via {entry}: no exit after {seconds:.0f} s",
+            )
             continue
         text = proc.stdout + proc.stderr
         if "Traceback" in text:
-            res.record(f"{entry}: traceback", detected=False,
-                       problem=f"{kind.name} via {entry}: traceback: {text[-400:]}")
+            res.record(
+                f"{entry}: traceback",
+                detected=False,
+                problem=f"{kind.name} via {entry}: traceback: {text[-400:]}",
+            )
         elif SECRET.decode() in text:
-            res.record(f"{entry}: printed data from outside the file", detected=False,
-                       lost=True, problem=f"{kind.name} via {entry}: printed the secret")
+            res.record(
+                f"{entry}: printed data from outside the file",
+                detected=False,
+                lost=True,
+                problem=f"{kind.name} via {entry}: printed the secret",
+            )
         elif proc.returncode in want_codes and re.search(kind.match, proc.stderr):
-            res.record(f"{entry}: exit {proc.returncode}, {want} naming the problem",
-                       detected=True)
+            res.record(f"{entry}: exit {proc.returncode}, {want} naming the problem", detected=True)
         elif proc.returncode == 0 and not must:
             res.record(f"{entry}: exit 0 (harmless to it)", detected=True)
         else:
-            res.record(f"{entry}: exit {proc.returncode}", detected=False,
-                       problem=f"{kind.name} via {entry}: exit {proc.returncode}: "
-                               f"{proc.stderr[-300:]}")
+            res.record(
+                f"{entry}: exit {proc.returncode}",
+                detected=False,
+                problem=f"{kind.name} via {entry}: exit {proc.returncode}: {proc.stderr[-300:]}",
+            )
 
 
 def _plugin_kinds() -> list[Kind]:
-    return [Kind(f"plugin-missing-{name}", name, lambda h, a: None,
-                 r"pip install 'h5forge\[plugins\]'",
-                 f"a {name} file read where hdf5plugin cannot be imported") for name in
-            _PLUGIN_BASES]
+    return [
+        Kind(
+            f"plugin-missing-{name}",
+            name,
+            lambda h, a: None,
+            r"pip install 'h5forge\[plugins\]'",
+            f"a {name} file read where hdf5plugin cannot be imported",
+        )
+        for name in _PLUGIN_BASES
+    ]
 
 
-_PLUGIN_TRIAL = _NO_PLUGIN + """
+_PLUGIN_TRIAL = (
+    _NO_PLUGIN
+    + """
 import json, sys
 import torch, h5forge.dataset, h5forge.preview, h5forge.summary, h5forge.verify
 from tests.reliability.hostile_h5 import _trial
 print(json.dumps(_trial(sys.argv[1], sys.argv[2], int(sys.argv[3]))))
 """
+)
 
 
-def _plugin_missing(kind: Kind, path: Path, work: Path, res: CampaignResult, seconds: float,
-                    mem_bound: int, rss: list[tuple[float, str]], cli: bool) -> None:
+def _plugin_missing(
+    kind: Kind,
+    path: Path,
+    work: Path,
+    res: CampaignResult,
+    seconds: float,
+    mem_bound: int,
+    rss: list[tuple[float, str]],
+    cli: bool,
+) -> None:
     empty = work / "no-plugins"
     empty.mkdir(exist_ok=True)
     site = work / "block-hdf5plugin"
@@ -278,9 +353,14 @@ def _plugin_missing(kind: Kind, path: Path, work: Path, res: CampaignResult, sec
     env = {**_env(site), "HDF5_PLUGIN_PATH": str(empty)}
     for entry in ("reader", "verify", "inspect"):
         try:
-            proc = subprocess.run([sys.executable, "-c", _PLUGIN_TRIAL, entry, str(path),
-                                   str(mem_bound)], cwd=REPO, env=env, capture_output=True,
-                                  text=True, timeout=seconds)
+            proc = subprocess.run(
+                [sys.executable, "-c", _PLUGIN_TRIAL, entry, str(path), str(mem_bound)],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=seconds,
+            )
             got = json.loads(proc.stdout.strip().splitlines()[-1])
         except (subprocess.TimeoutExpired, IndexError, json.JSONDecodeError) as e:
             got = {"outcome": type(e).__name__, "message": str(e)}
@@ -289,9 +369,17 @@ def _plugin_missing(kind: Kind, path: Path, work: Path, res: CampaignResult, sec
         _cli(kind, path, res, env, seconds, want_codes=(1, 2), want="MissingExtraError")
 
 
-def run(*, work: Path, kinds: Iterable[str] | None = None, cli: bool = True, http: bool = True,
-        plugins: bool = True, trial_seconds: float = 60.0, mem_bound: int = 512 << 20,
-        log: Callable[[str], None] = lambda s: None) -> CampaignResult:
+def run(
+    *,
+    work: Path,
+    kinds: Iterable[str] | None = None,
+    cli: bool = True,
+    http: bool = True,
+    plugins: bool = True,
+    trial_seconds: float = 60.0,
+    mem_bound: int = 512 << 20,
+    log: Callable[[str], None] = lambda s: None,
+) -> CampaignResult:
     """Craft every kind (or those named), open each through every entry point, judge it."""
     from tests.reliability._servers import loopback_http
 
@@ -302,8 +390,13 @@ def run(*, work: Path, kinds: Iterable[str] | None = None, cli: bool = True, htt
     bases = build_bases(work)
     chosen = [k for k in KINDS if kinds is None or k.name in set(kinds)]
     rss: list[tuple[float, str]] = []
-    fifo_asset = Kind("asset-is-a-fifo", "decoded", lambda h, a: None, r"not a regular file",
-                      "the asset path itself is a FIFO")
+    fifo_asset = Kind(
+        "asset-is-a-fifo",
+        "decoded",
+        lambda h, a: None,
+        r"not a regular file",
+        "the asset path itself is a FIFO",
+    )
     worker = _Worker(_env())
     try:
         with loopback_http() as server:
@@ -317,8 +410,7 @@ def run(*, work: Path, kinds: Iterable[str] | None = None, cli: bool = True, htt
                     if entry == "reader-http" and (not http or kind is fifo_asset):
                         continue
                     url = server.url(f"/{kind.name}.h5") if entry == "reader-http" else str(path)
-                    got = worker.trial(entry.replace("-http", ""), url, trial_seconds,
-                                       mem_bound)
+                    got = worker.trial(entry.replace("-http", ""), url, trial_seconds, mem_bound)
                     _judge(res, kind, entry, got, rss)
                 if cli:
                     _cli(kind, path, res, _env(), trial_seconds)
@@ -327,14 +419,17 @@ def run(*, work: Path, kinds: Iterable[str] | None = None, cli: bool = True, htt
         worker.close()
     if plugins and kinds is None:
         for kind in _plugin_kinds():
-            _plugin_missing(kind, bases[kind.base], work, res, trial_seconds, mem_bound, rss,
-                            cli)
+            _plugin_missing(kind, bases[kind.base], work, res, trial_seconds, mem_bound, rss, cli)
     n_kinds = len(chosen) + (1 + len(_PLUGIN_BASES) * plugins if kinds is None else 0)
-    res.notes.append(f"{n_kinds} kinds x entry points (reader local and over loopback HTTP, "
-                     "verify, inspect + preview; CLI verify and inspect)")
+    res.notes.append(
+        f"{n_kinds} kinds x entry points (reader local and over loopback HTTP, "
+        "verify, inspect + preview; CLI verify and inspect)"
+    )
     top, where = max(rss, default=(0.0, "-"))
-    res.notes.append(f"address space capped at +{mem_bound >> 20} MiB per trial; largest peak "
-                     f"RSS growth of a trial {top:.1f} MiB ({where})")
+    res.notes.append(
+        f"address space capped at +{mem_bound >> 20} MiB per trial; largest peak "
+        f"RSS growth of a trial {top:.1f} MiB ({where})"
+    )
     res.seconds = time.perf_counter() - t0
     return res
 

@@ -54,20 +54,49 @@ __all__ = ["http_trial", "make_archive", "run", "s3_trial"]
 RETRIES, TIMEOUT, BACKOFF, MIN_RATE, MAX_BYTES = 3, 0.5, 0.05, 1000.0, 4 << 20
 SECRET = {"X-Campaign-Secret": "never-cross-origin"}
 # The last two end a trial for sure; they are added to a few trials only.
-FAULTS = ("drop", "stall", "500", "502", "503", "bad_range", "ignore_range", "redirect",
-          "cross_redirect", "endless", "trickle", "trickle_head", "continues", "lie_long",
-          "lie_short", "partial", "corrupt", "404")
+FAULTS = (
+    "drop",
+    "stall",
+    "500",
+    "502",
+    "503",
+    "bad_range",
+    "ignore_range",
+    "redirect",
+    "cross_redirect",
+    "endless",
+    "trickle",
+    "trickle_head",
+    "continues",
+    "lie_long",
+    "lie_short",
+    "partial",
+    "corrupt",
+    "404",
+)
 # How many failures without progress a fault can cause (a Content-Length larger than the body
 # also makes the resume answer 416, which restarts); used by _allowed.
-_NO_PROGRESS = {"500": 1, "502": 1, "503": 1, "stall": 1, "bad_range": 1, "trickle": 1,
-                "trickle_head": 1, "continues": 1, "lie_long": 1, "lie_short": 2, "partial": 1}
+_NO_PROGRESS = {
+    "500": 1,
+    "502": 1,
+    "503": 1,
+    "stall": 1,
+    "bad_range": 1,
+    "trickle": 1,
+    "trickle_head": 1,
+    "continues": 1,
+    "lie_long": 1,
+    "lie_short": 2,
+    "partial": 1,
+}
 
 
 def make_archive(work: Path) -> tuple[bytes, dict[str, bytes]]:
     """A small ImageFolder as .tar.gz bytes, and its files (relative path -> bytes)."""
     src = work / "net-src"
-    files = write_image_folder(src, classes=("a", "b", "c"), per_class=8, seed=4,
-                               size=((40, 80), (40, 80)))
+    files = write_image_folder(
+        src, classes=("a", "b", "c"), per_class=8, seed=4, size=((40, 80), (40, 80))
+    )
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
         tf.add(src, arcname="data")
@@ -76,8 +105,14 @@ def make_archive(work: Path) -> tuple[bytes, dict[str, bytes]]:
     return buf.getvalue(), content
 
 
-def _queue(http: LoopbackHTTP, path: str, faults: list[str], size: int,
-           rng: random.Random, other: LoopbackHTTP | None) -> None:
+def _queue(
+    http: LoopbackHTTP,
+    path: str,
+    faults: list[str],
+    size: int,
+    rng: random.Random,
+    other: LoopbackHTTP | None,
+) -> None:
     for f in faults:
         if f == "drop":
             http.drop(path, after=rng.randrange(1, size))
@@ -134,9 +169,16 @@ def _allowed(faults: list[str]) -> set[str]:
     return allowed
 
 
-def http_trial(k: int, http: LoopbackHTTP, archive: bytes, content: dict[str, bytes],
-               work: Path, rng: random.Random, res: CampaignResult,
-               other: LoopbackHTTP | None = None) -> None:
+def http_trial(
+    k: int,
+    http: LoopbackHTTP,
+    archive: bytes,
+    content: dict[str, bytes],
+    work: Path,
+    rng: random.Random,
+    res: CampaignResult,
+    other: LoopbackHTTP | None = None,
+) -> None:
     """One fetch through a random fault sequence (``other``: the second origin)."""
     path = f"/t{k}/data.tar.gz"
     moved = path.replace(".tar.gz", "-moved.tar.gz")
@@ -156,11 +198,23 @@ def http_trial(k: int, http: LoopbackHTTP, archive: bytes, content: dict[str, by
     t0 = time.perf_counter()
     outcome, detail = "complete", ""
     try:
-        result = fetch(http.url(path), dest, sha256=sha, retries=RETRIES, timeout=TIMEOUT,
-                       backoff=BACKOFF, cache_dir=box / "cache", min_rate=MIN_RATE,
-                       max_bytes=MAX_BYTES, storage_options={"headers": SECRET})
-        got = {str(p.relative_to(Path(result.root))): p.read_bytes()
-               for p in Path(result.root).rglob("*") if p.is_file() and p.name[0] != "."}
+        result = fetch(
+            http.url(path),
+            dest,
+            sha256=sha,
+            retries=RETRIES,
+            timeout=TIMEOUT,
+            backoff=BACKOFF,
+            cache_dir=box / "cache",
+            min_rate=MIN_RATE,
+            max_bytes=MAX_BYTES,
+            storage_options={"headers": SECRET},
+        )
+        got = {
+            str(p.relative_to(Path(result.root))): p.read_bytes()
+            for p in Path(result.root).rglob("*")
+            if p.is_file() and p.name[0] != "."
+        }
         if got != content:
             outcome, detail = "WRONG CONTENT", f"{len(got)} files"
     except ChecksumError as e:
@@ -176,8 +230,11 @@ def http_trial(k: int, http: LoopbackHTTP, archive: bytes, content: dict[str, by
     seconds = time.perf_counter() - t0
     # No-progress attempts: at most (RETRIES + 1) per streak, each <= TIMEOUT plus backoff.
     bound = (len(faults) + RETRIES + 2) * (TIMEOUT + 0.5) + 5
-    left = sorted(str(p.relative_to(box)) for p in box.rglob("*")
-                  if any(s in p.name for s in (".staging-", ".incoming-", ".part-", ".lock")))
+    left = sorted(
+        str(p.relative_to(box))
+        for p in box.rglob("*")
+        if any(s in p.name for s in (".staging-", ".incoming-", ".part-", ".lock"))
+    )
     allowed = _allowed(faults)
     problems = []
     if outcome != "complete" and dest.exists():
@@ -186,8 +243,11 @@ def http_trial(k: int, http: LoopbackHTTP, archive: bytes, content: dict[str, by
         problems.append(f"left {left}")
     if seconds > bound:
         problems.append(f"took {seconds:.1f} s, bound {bound:.1f} s (a hang?)")
-    leaked = [r.path for r in (other.requests_for(moved) if other else [])
-              if "X-Campaign-Secret" in r.headers]
+    leaked = [
+        r.path
+        for r in (other.requests_for(moved) if other else [])
+        if "X-Campaign-Secret" in r.headers
+    ]
     if leaked:
         problems.append(f"LEAKED the caller header to another origin: {leaked}")
     if outcome.startswith(("unclear", "WRONG")):
@@ -195,16 +255,26 @@ def http_trial(k: int, http: LoopbackHTTP, archive: bytes, content: dict[str, by
     elif outcome not in allowed:
         problems.append(f"expected one of {sorted(allowed)}, got {outcome}: {detail}")
     label = f"http {'+'.join(faults) or 'no fault'} -> {outcome}"
-    res.record(f"http: {outcome}", detected=not problems,
-               lost=outcome == "WRONG CONTENT" or bool(leaked),
-               problem=f"trial {k} {label}: " + "; ".join(problems) if problems else None)
+    res.record(
+        f"http: {outcome}",
+        detected=not problems,
+        lost=outcome == "WRONG CONTENT" or bool(leaked),
+        problem=f"trial {k} {label}: " + "; ".join(problems) if problems else None,
+    )
     if not problems:
         shutil.rmtree(box, ignore_errors=True)
 
 
-def s3_trial(k: int, s3: RestartableS3, local: Path, sha: str, rng: random.Random,
-             res: CampaignResult, log: Callable[[str], None],
-             when: tuple[float, float] | None = None) -> None:
+def s3_trial(
+    k: int,
+    s3: RestartableS3,
+    local: Path,
+    sha: str,
+    rng: random.Random,
+    res: CampaignResult,
+    log: Callable[[str], None],
+    when: tuple[float, float] | None = None,
+) -> None:
     """Publish while the S3 server goes away mid-upload; then publish again once it is back.
 
     ``when``: ``(seconds into the upload, outage seconds)``; random when None.
@@ -234,15 +304,19 @@ def s3_trial(k: int, s3: RestartableS3, local: Path, sha: str, rng: random.Rando
         outcome = "completed despite the outage"
     except Exception as e:  # noqa: BLE001 - classified: which errors are clear is reported
         outcome = f"failed: {type(e).__name__}"
-        if "127.0.0.1" not in str(e) and "endpoint" not in str(e).lower() \
-                and "connect" not in str(e).lower() and "read-back" not in str(e):
+        if (
+            "127.0.0.1" not in str(e)
+            and "endpoint" not in str(e).lower()
+            and "connect" not in str(e).lower()
+            and "read-back" not in str(e)
+        ):
             problems.append(f"unclear error {type(e).__name__}: {str(e)[:200]}")
     seconds = time.perf_counter() - t0
     chaos.join()
     if seconds > 120:
         problems.append(f"publish took {seconds:.0f} s (a hang?)")
     fresh = s3fs.S3FileSystem(**options)
-    path = url[len("s3://"):]
+    path = url[len("s3://") :]
     manifest = fresh.exists(path + ".manifest.json")
     if manifest:
         m = read_manifest(url, storage_options=options)
@@ -253,8 +327,9 @@ def s3_trial(k: int, s3: RestartableS3, local: Path, sha: str, rng: random.Rando
             # an ambiguous commit. Consistent (checked above); a retry finds it unchanged.
             outcome += ", but its manifest had landed (ambiguous commit, consistent)"
     try:
-        again = publish(local, url, storage_options=options, extra={"counts": {"": {"x": 1}}},
-                        overwrite=True)
+        again = publish(
+            local, url, storage_options=options, extra={"counts": {"": {"x": 1}}}, overwrite=True
+        )
         if again.sha256 != sha:
             problems.append("re-publish digest differs")
         m = read_manifest(url, storage_options=options)
@@ -262,17 +337,29 @@ def s3_trial(k: int, s3: RestartableS3, local: Path, sha: str, rng: random.Rando
             problems.append("after re-publish the manifest does not match the object")
     except Exception as e:  # noqa: BLE001
         problems.append(f"re-publish after the restart failed: {type(e).__name__}: {e}")
-    res.record(f"s3 outage during publish: {outcome}", detected=not problems,
-               lost=any("TORN" in p for p in problems),
-               problem=f"s3 trial {k} (outage at +{delay:.2f}s for {outage}s): "
-                       + "; ".join(problems) if problems else None)
-    log(f"  s3 trial {k}: outage at +{delay:.2f}s for {outage:.1f}s -> {outcome} "
-        f"in {seconds:.1f}s{' PROBLEMS' if problems else ''}")
+    res.record(
+        f"s3 outage during publish: {outcome}",
+        detected=not problems,
+        lost=any("TORN" in p for p in problems),
+        problem=f"s3 trial {k} (outage at +{delay:.2f}s for {outage}s): " + "; ".join(problems)
+        if problems
+        else None,
+    )
+    log(
+        f"  s3 trial {k}: outage at +{delay:.2f}s for {outage:.1f}s -> {outcome} "
+        f"in {seconds:.1f}s{' PROBLEMS' if problems else ''}"
+    )
 
 
-def run(*, http_trials: int = 120, s3_trials: int = 12, seed: int = 0, work: Path,
-        build: Callable[[LoopbackHTTP, bytes, CampaignResult], None] | None = None,
-        log: Callable[[str], None] = lambda s: None) -> CampaignResult:
+def run(
+    *,
+    http_trials: int = 120,
+    s3_trials: int = 12,
+    seed: int = 0,
+    work: Path,
+    build: Callable[[LoopbackHTTP, bytes, CampaignResult], None] | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> CampaignResult:
     """HTTP fault trials, S3 outage trials and (when ``build`` is given) build-level trials."""
     import os
 
@@ -307,5 +394,9 @@ def run(*, http_trials: int = 120, s3_trials: int = 12, seed: int = 0, work: Pat
     return res
 
 
-_AWS: dict[str, Any] = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+_AWS: dict[str, Any] = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}

@@ -19,8 +19,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("kind", concurrency.KINDS)
-def test_race_ends_whole_and_consistent(assets: dict[str, Path], tmp_path: Path,
-                                        kind: str) -> None:
+def test_race_ends_whole_and_consistent(assets: dict[str, Path], tmp_path: Path, kind: str) -> None:
     seen, problems = concurrency.run_trial(kind, assets, tmp_path, 0, random.Random(0))
     assert not problems, problems
     assert seen.get("read: whole", 0) >= 1
@@ -32,9 +31,9 @@ def pack_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("kind", concurrency.PACK_KINDS)
-def test_packs_to_one_output_race_and_die_cleanly(pack_source: Path, tmp_path: Path,
-                                                  kind: str) -> None:
-    seen, problems = concurrency.run_pack_trial(kind, pack_source, tmp_path, 0,
-                                                random.Random(0))
+def test_packs_to_one_output_race_and_die_cleanly(
+    pack_source: Path, tmp_path: Path, kind: str
+) -> None:
+    seen, problems = concurrency.run_pack_trial(kind, pack_source, tmp_path, 0, random.Random(0))
     assert not problems, problems
     assert seen.get("re-run: packed" if kind == "pack-killed" else "pack: won") == 1

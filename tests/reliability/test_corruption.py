@@ -51,10 +51,19 @@ def _edit(path: Path, change: str) -> None:
             del h5.attrs[fmt.A_METADATA_SHA256]
 
 
-@pytest.mark.parametrize("change", ["created_at", "source_url", "class name", "path",
-                                    "quarantine reason", "new attribute", "digest removed"])
-def test_metadata_changes_fail_verify(assets: dict[str, Path], tmp_path: Path,
-                                      change: str) -> None:
+@pytest.mark.parametrize(
+    "change",
+    [
+        "created_at",
+        "source_url",
+        "class name",
+        "path",
+        "quarantine reason",
+        "new attribute",
+        "digest removed",
+    ],
+)
+def test_metadata_changes_fail_verify(assets: dict[str, Path], tmp_path: Path, change: str) -> None:
     path = tmp_path / "x.h5"
     shutil.copyfile(assets["decoded-array"], path)
     verify(str(path))
@@ -69,8 +78,9 @@ def test_metadata_digest_ignores_sealed_and_is_stable(assets: dict[str, Path]) -
         assert h5.attrs[fmt.A_SEALED]
 
 
-def test_without_verify_reads_a_flipped_pixel_reads_back_wrong(assets: dict[str, Path],
-                                                               tmp_path: Path) -> None:
+def test_without_verify_reads_a_flipped_pixel_reads_back_wrong(
+    assets: dict[str, Path], tmp_path: Path
+) -> None:
     path = tmp_path / "x.h5"
     shutil.copyfile(assets["decoded-array"], path)
     good = H5ImageDataset(path)[2][0].numpy()
@@ -89,8 +99,7 @@ def test_without_verify_reads_a_flipped_pixel_reads_back_wrong(assets: dict[str,
         verify(str(path))
 
 
-def test_fletcher32_failure_is_an_integrity_error(assets: dict[str, Path],
-                                                  tmp_path: Path) -> None:
+def test_fletcher32_failure_is_an_integrity_error(assets: dict[str, Path], tmp_path: Path) -> None:
     path = tmp_path / "x.h5"
     shutil.copyfile(assets["gzip-fletcher32"], path)
     with h5py.File(path, "r") as h5:
@@ -104,8 +113,7 @@ def test_fletcher32_failure_is_an_integrity_error(assets: dict[str, Path],
         H5ImageDataset(path)[1]
 
 
-def test_impossible_byte_range_is_refused_at_open(assets: dict[str, Path],
-                                                  tmp_path: Path) -> None:
+def test_impossible_byte_range_is_refused_at_open(assets: dict[str, Path], tmp_path: Path) -> None:
     path = tmp_path / "x.h5"
     shutil.copyfile(assets["decoded-blob"], path)
     with h5py.File(path, "r+") as h5:

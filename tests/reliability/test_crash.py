@@ -17,9 +17,21 @@ from tests.reliability import crash
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
 # Stage windows of a typical demo build (seconds); the kill lands at a random point inside.
-_TYPICAL = crash.Baseline(total=6.0, begin=0.5, asset=Path("/nonexistent"), finished={
-    "fetch": 0.9, "discover": 0.95, "pack": 2.6, "verify": 2.9, "smoke-load": 3.0,
-    "preview": 3.2, "publish": 3.6, "report": 3.8})
+_TYPICAL = crash.Baseline(
+    total=6.0,
+    begin=0.5,
+    asset=Path("/nonexistent"),
+    finished={
+        "fetch": 0.9,
+        "discover": 0.95,
+        "pack": 2.6,
+        "verify": 2.9,
+        "smoke-load": 3.0,
+        "preview": 3.2,
+        "publish": 3.6,
+        "report": 3.8,
+    },
+)
 
 
 @pytest.fixture
@@ -33,12 +45,24 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.mark.parametrize("stage", ["preprocess", "publish"])
 def test_killed_build_leaves_a_consistent_destination_and_reruns(
-        prefect_harness: str, short_tmp: Path, stage: str) -> None:
+    prefect_harness: str, short_tmp: Path, stage: str
+) -> None:
     src = make_demo_archive(short_tmp / "source")
     observed, state, problems, facts = crash.run_trial(
-        0, stage, False, random.Random(stage), _TYPICAL, src, sha256_file(src), short_tmp,
-        prefect_harness)
+        0,
+        stage,
+        False,
+        random.Random(stage),
+        _TYPICAL,
+        src,
+        sha256_file(src),
+        short_tmp,
+        prefect_harness,
+    )
     assert not problems, problems
-    assert state in ("nothing published", "file without manifest (not published)",
-                     "asset committed (manifest matches)"), state
+    assert state in (
+        "nothing published",
+        "file without manifest (not published)",
+        "asset committed (manifest matches)",
+    ), state
     assert facts.get("tmp_bytes_after_rerun", 0) == 0  # the killed run's work dir was removed

@@ -34,8 +34,12 @@ def test_link_to_an_ancestor_is_a_loop_not_a_second_copy(tmp_path: Path) -> None
     os.symlink("..", tmp_path / "a" / "up")
     os.symlink("../..", tmp_path / "b" / "way-up")
     cat = discover(tmp_path)
-    assert [s.relpath for s in cat.samples] == ["a/a_0000.jpg", "a/a_0001.png",
-                                                "b/b_0000.jpg", "b/b_0001.png"]
+    assert [s.relpath for s in cat.samples] == [
+        "a/a_0000.jpg",
+        "a/a_0001.png",
+        "b/b_0000.jpg",
+        "b/b_0001.png",
+    ]
     assert cat.skipped["revisited-folder"] == 2
 
 
@@ -44,4 +48,3 @@ def test_manifest_attacks_are_refused_naming_file_and_line(tmp_path: Path) -> No
     hostile.manifest_attacks(tmp_path, res)
     assert res.ok, res.summary()
     assert res.trials == len(hostile.MANIFEST_ATTACKS) >= 30
-

@@ -13,9 +13,19 @@ pytestmark = pytest.mark.reliability
 
 # One kind of each family: out-of-file references (a FIFO among them), declared sizes, labels,
 # byte ranges, shapes that overflow, a chunk larger than the file, and one harmless kind.
-_SUBSET = ("ext-storage-fifo-labels", "ext-link-nested", "vds-labels", "soft-link-classes",
-           "index-beyond-file", "labels-huge-chunk", "label-2-40", "range-overflow",
-           "shapes-overflow-encoded", "images-huge-filtered", "hardlink-cycle")
+_SUBSET = (
+    "ext-storage-fifo-labels",
+    "ext-link-nested",
+    "vds-labels",
+    "soft-link-classes",
+    "index-beyond-file",
+    "labels-huge-chunk",
+    "label-2-40",
+    "range-overflow",
+    "shapes-overflow-encoded",
+    "images-huge-filtered",
+    "hardlink-cycle",
+)
 
 
 def test_the_campaign_has_at_least_30_kinds() -> None:

@@ -24,14 +24,14 @@ from tests.reliability._servers import RestartableS3
 pytestmark = pytest.mark.reliability
 
 
-def test_http_faults_complete_or_fail_clearly(tmp_path: Path, http_server: LoopbackHTTP,
-                                              other_http_server: LoopbackHTTP) -> None:
+def test_http_faults_complete_or_fail_clearly(
+    tmp_path: Path, http_server: LoopbackHTTP, other_http_server: LoopbackHTTP
+) -> None:
     res = CampaignResult("network")
     archive, content = network.make_archive(tmp_path)
     rng = random.Random(3)
     for k in range(24):
-        network.http_trial(k, http_server, archive, content, tmp_path, rng, res,
-                           other_http_server)
+        network.http_trial(k, http_server, archive, content, tmp_path, rng, res, other_http_server)
     assert res.ok, res.summary()
     assert res.outcomes["http: complete"] >= 12
 
@@ -42,8 +42,14 @@ def test_stalled_server_never_hangs(tmp_path: Path, http_server: LoopbackHTTP) -
     http_server.stall("/stall.tar.gz", seconds=60, times=10)
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError, match="stall.tar.gz"):
-        fetch(url, tmp_path / "dest", retries=2, timeout=0.3, backoff=0.01,
-              cache_dir=tmp_path / "cache")
+        fetch(
+            url,
+            tmp_path / "dest",
+            retries=2,
+            timeout=0.3,
+            backoff=0.01,
+            cache_dir=tmp_path / "cache",
+        )
     assert time.perf_counter() - t0 < 10
     assert not (tmp_path / "dest").exists()
 
@@ -57,23 +63,31 @@ def restartable_s3(monkeypatch: pytest.MonkeyPatch) -> RestartableS3:
     s3.close()
 
 
-@pytest.mark.parametrize("outage", [
-    0.5, pytest.param(6.0, marks=pytest.mark.slow)], ids=["short-outage", "long-outage"])
+@pytest.mark.parametrize(
+    "outage", [0.5, pytest.param(6.0, marks=pytest.mark.slow)], ids=["short-outage", "long-outage"]
+)
 def test_s3_outage_mid_upload_publishes_whole_or_nothing(
-        tmp_path: Path, restartable_s3: RestartableS3, outage: float) -> None:
+    tmp_path: Path, restartable_s3: RestartableS3, outage: float
+) -> None:
     res = CampaignResult("network")
     local = tmp_path / "asset.h5"
     local.write_bytes(random.Random(1).randbytes(6 << 20))
     sha = hashlib.sha256(local.read_bytes()).hexdigest()
-    network.s3_trial(0, restartable_s3, local, sha, random.Random(0), res, lambda s: None,
-                     when=(0.05, outage))
+    network.s3_trial(
+        0, restartable_s3, local, sha, random.Random(0), res, lambda s: None, when=(0.05, outage)
+    )
     assert res.ok, res.summary()
 
 
 def _killed_while_holding(code: str) -> None:
     """Run ``code`` in a child that SIGKILLs itself at the marker point."""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
@@ -92,7 +106,8 @@ def test_killed_fetch_leaves_nothing_that_blocks_or_lingers(tmp_path: Path) -> N
         "(s / 'half.jpg').write_bytes(b'x'); "
         # as fetch leaves it: the extraction's staging folder renamed, its marker kept
         "make_marked_dir(d.with_name(d.name + '.incoming-dead'), 'staging'); "
-        "os.kill(os.getpid(), signal.SIGKILL)")
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
     left = sorted(p.name for p in dest.parent.iterdir())
     assert left[:2] == ["dest.incoming-dead", "dest.lock"]
     assert len(left) == 3

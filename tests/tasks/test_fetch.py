@@ -106,11 +106,15 @@ def _fetch_twice(source: str, sha256: str, cache: str, delete_between: bool) -> 
     [(False, ["Completed", "Cached"]), (True, ["Completed", "Completed"])],
 )
 def test_second_fetch_is_cached_unless_its_folder_is_gone(
-    prefect_harness: str, archive: Path, tmp_path: Path, delete_between: bool,
+    prefect_harness: str,
+    archive: Path,
+    tmp_path: Path,
+    delete_between: bool,
     expected: list[str],
 ) -> None:
-    states = _fetch_twice(str(archive), sha256_file(archive), str(tmp_path / "cache"),
-                          delete_between)
+    states = _fetch_twice(
+        str(archive), sha256_file(archive), str(tmp_path / "cache"), delete_between
+    )
     assert states == expected
 
 
@@ -122,8 +126,9 @@ def _fetch_missing(source: str, dest: str) -> None:
 def test_a_missing_source_fails_at_once_without_retries(
     prefect_harness: str, tmp_path: Path
 ) -> None:
-    state = _fetch_missing(str(tmp_path / "absent.tar.gz"), str(tmp_path / "dest"),
-                           return_state=True)
+    state = _fetch_missing(
+        str(tmp_path / "absent.tar.gz"), str(tmp_path / "dest"), return_state=True
+    )
     assert state.is_failed()
     with pytest.raises(FileNotFoundError):
         state.result()

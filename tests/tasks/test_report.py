@@ -12,21 +12,43 @@ from tasks.smoke_load import SmokeSummary
 
 def _render(quarantined: int) -> str:
     pack = PackSummary(
-        path="/w/x.h5", num_samples=10, num_quarantined=quarantined, num_classes=2,
+        path="/w/x.h5",
+        num_samples=10,
+        num_quarantined=quarantined,
+        num_classes=2,
         classes=("a|b", "c"),
         quarantined=tuple((f"c/bad{i}.jpg", "zero-byte file") for i in range(quarantined)),
-        counts={"train": {"a|b": 4, "c": 3}, "val": {"a|b": 2, "c": 1}}, bytes=1000, seconds=1.0,
+        counts={"train": {"a|b": 4, "c": 3}, "val": {"a|b": 2, "c": 1}},
+        bytes=1000,
+        seconds=1.0,
     )
-    smoke = SmokeSummary(path="/w/x.h5", workers=2, samples_checked=8,
-                         images_per_second=400.0, per_method={"fork": 900.0, "spawn": 400.0},
-                         startup_seconds={"fork": 0.1, "spawn": 3.2}, seconds=4.0)
-    published = PublishSummary(url="s3://b/x.h5", manifest_url="s3://b/x.h5.manifest.json",
-                               preview_url="s3://b/x.h5.preview.png", asset_key="s3://b/x.h5",
-                               sha256="f" * 64, bytes=2_000_000, unchanged=False)
-    return render_report(dataset="x.h5", source="https://h/x.tgz", pack=pack, smoke=smoke,
-                         published=published, format_version=1,
-                         stage_seconds={"fetch": 1.0, "pack": 2.0, "smoke-load": 4.0,
-                                        "publish": 0.5})
+    smoke = SmokeSummary(
+        path="/w/x.h5",
+        workers=2,
+        samples_checked=8,
+        images_per_second=400.0,
+        per_method={"fork": 900.0, "spawn": 400.0},
+        startup_seconds={"fork": 0.1, "spawn": 3.2},
+        seconds=4.0,
+    )
+    published = PublishSummary(
+        url="s3://b/x.h5",
+        manifest_url="s3://b/x.h5.manifest.json",
+        preview_url="s3://b/x.h5.preview.png",
+        asset_key="s3://b/x.h5",
+        sha256="f" * 64,
+        bytes=2_000_000,
+        unchanged=False,
+    )
+    return render_report(
+        dataset="x.h5",
+        source="https://h/x.tgz",
+        pack=pack,
+        smoke=smoke,
+        published=published,
+        format_version=1,
+        stage_seconds={"fetch": 1.0, "pack": 2.0, "smoke-load": 4.0, "publish": 0.5},
+    )
 
 
 def test_report_has_counts_per_class_and_split_timings_and_smoke_rates() -> None:
