@@ -155,8 +155,8 @@ class _Progress:
         if self._bar is not None:
             rate = done / max(time.perf_counter() - self._t0, 1e-9)
             self._bar.update(
-                self._task,
-                completed=done,  # type: ignore[arg-type]
+                self._task,  # type: ignore[arg-type]
+                completed=done,
                 rate=f"{rate:,.0f} img/s",
             )
         if self.callback is not None:
