@@ -46,9 +46,9 @@ MB = 1e6
 _CHILD = """
 import json, sys, time
 from dataclasses import replace
-from h5forge.catalog import discover
-from h5forge.images import ImageConfig
-from h5forge.writer import pack
+from h5forge.discover.catalog import discover
+from h5forge.preprocess.images import ImageConfig
+from h5forge.pack.writer import pack
 root, n, out, workers = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 catalog = discover(root)
 warm = replace(catalog, samples=catalog.samples[1::len(catalog.samples) // 16][:16])  # warm-up
@@ -142,9 +142,9 @@ def _tiny_file(tmp: Path, n: int) -> Path:
     """A decoded file of ``n`` 8x8 samples, packed by h5forge from one tiny PNG."""
     from PIL import Image
 
-    from h5forge.catalog import Catalog, Sample
-    from h5forge.images import ImageConfig
-    from h5forge.writer import pack
+    from h5forge.discover.catalog import Catalog, Sample
+    from h5forge.pack.writer import pack
+    from h5forge.preprocess.images import ImageConfig
 
     png = tmp / "tiny.png"
     if not png.exists():
@@ -220,7 +220,7 @@ def main() -> None:
 
         from benchmarks._datasets import Constant
         from h5forge import H5ImageDataset
-        from h5forge.writer import pack
+        from h5forge.pack.writer import pack
 
         root, what = image_root(args)
         decoded = pack(root, tmp / "decoded224.h5", workers=args.workers)

@@ -1,7 +1,7 @@
 """Shard merge against a plain file copy, and a Dask build against the local executor.
 
 1. Merge: the published shards of one build (each with its manifest) are merged with
-   :func:`h5forge.merge.merge_shards` and, in the same run, simply copied with
+   :func:`h5forge.scale.merge.merge_shards` and, in the same run, simply copied with
    ``shutil.copyfile`` (the kernel's copy, no parsing, no fsync) and with ``copyfile`` +
    ``fsync``. Target: merge >= 0.5x the copy's rate, against the copy that is as durable as
    the merge (copyfile + fsync): the copy left in the page cache is also shown, with the bound
@@ -16,7 +16,7 @@
    Decoded (raw chunks), decoded + gzip (compressed chunks) and encoded (blob) shards.
 2. Build: the same catalog packed by ``pack(workers=2)`` (one process pool on this machine) and
    by a ``distributed.LocalCluster`` of 2 single-thread worker processes running
-   :func:`h5forge.shards.pack_shard` per shard, then the merge. Cluster start-up is reported
+   :func:`h5forge.scale.shards.pack_shard` per shard, then the merge. Cluster start-up is reported
    apart: a real cluster is already running when a build starts.
 
     python -m benchmarks.bench_merge                  # 2000 generated photos, best of 3
@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import best, image_root, interleave, parser, start_report, table, verdict
-from h5forge.catalog import Catalog, discover
-from h5forge.images import ImageConfig
-from h5forge.merge import merge_shards
-from h5forge.shards import ShardSpec, pack_shard, plan_shards, shard_catalog, shard_url
-from h5forge.writer import pack
+from h5forge.discover.catalog import Catalog, discover
+from h5forge.pack.writer import pack
+from h5forge.preprocess.images import ImageConfig
+from h5forge.scale.merge import merge_shards
+from h5forge.scale.shards import ShardSpec, pack_shard, plan_shards, shard_catalog, shard_url
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "decoded 224 (raw chunks)": {"image": ImageConfig()},
@@ -69,9 +69,9 @@ class _VerifyClock:
     """Times the verify inside merge_shards (a measurement hook; behaviour unchanged)."""
 
     def __init__(self) -> None:
-        import h5forge.verify
+        from h5forge.verify import checks
 
-        self.module, self.real = h5forge.verify, h5forge.verify.verify_unsealed
+        self.module, self.real = checks, checks.verify_unsealed
         self.seconds: list[float] = []
 
     def __enter__(self) -> _VerifyClock:

@@ -96,8 +96,8 @@ def main() -> None:
         "--no-variants", action="store_true", help="skip the one-off encoded and compressed packs"
     )
     args = p.parse_args()
-    from h5forge.images import ImageConfig
-    from h5forge.writer import pack
+    from h5forge.pack.writer import pack
+    from h5forge.preprocess.images import ImageConfig
 
     report = start_report("pack: h5forge vs workers x one-core decode+resize, and vs naive")
     root, what = image_root(args)

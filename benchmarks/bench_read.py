@@ -53,7 +53,7 @@ from benchmarks._datasets import (
     ResizeCrop,
     TensorResizeCrop,
 )
-from h5forge.dataset import H5ImageDataset
+from h5forge.read.dataset import H5ImageDataset
 
 
 def _epoch(loader: DataLoader[Any]) -> int:
@@ -134,8 +134,8 @@ def main() -> None:
     )
     args = p.parse_args()
     from h5forge import H5ImageDataset
-    from h5forge.images import ImageConfig
-    from h5forge.writer import pack
+    from h5forge.pack.writer import pack
+    from h5forge.preprocess.images import ImageConfig
 
     report = start_report("read: DataLoader, h5forge vs numpy memmap and a JPEG folder")
     root, what = image_root(args)
@@ -154,7 +154,7 @@ def main() -> None:
                 root, tmp / "jpeg224.h5", image=ImageConfig(layout="encoded", encoding="jpeg")
             ),
         }
-        from h5forge.catalog import discover
+        from h5forge.discover.catalog import discover
 
         catalog = discover(root)
         files = [Path(s.path) for s in catalog.samples]

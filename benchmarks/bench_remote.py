@@ -95,7 +95,7 @@ def main() -> None:
     import s3fs
 
     from h5forge import H5ImageDataset
-    from h5forge.writer import pack
+    from h5forge.pack.writer import pack
 
     report = start_report("remote: S3 on loopback, h5forge vs h5py over a default fsspec file")
     root, what = image_root(args)

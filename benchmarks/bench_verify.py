@@ -1,6 +1,6 @@
 """Full verify of a ~1.5 GB decoded file vs hashlib's sha256 of the same file.
 
-``h5forge.verify`` checks structure, labels, byte ranges, the metadata digest, every sample's
+``h5forge.verify.checks`` checks structure, labels, byte ranges, the metadata digest, every sample's
 sha256 and the whole file's sha256 in one sequential pass. The baseline only hashes the file
 (``hashlib.file_digest``, the standard library's own loop). Both read from the page cache (the
 file is read once before timing); runs are interleaved, best of ``--repeat``.
@@ -39,9 +39,9 @@ def main() -> None:
         help="decoded images are side x side x 3 (500: 2,000 images make ~1.5 GB)",
     )
     args = p.parse_args()
-    from h5forge.images import ImageConfig
-    from h5forge.verify import verify
-    from h5forge.writer import pack
+    from h5forge.pack.writer import pack
+    from h5forge.preprocess.images import ImageConfig
+    from h5forge.verify.checks import verify
 
     report = start_report("verify: full verify vs hashlib sha256 of the file")
     root, what = image_root(args)

@@ -84,7 +84,7 @@ def ensure_photoset(
 
 def image_files(root: Path) -> list[Path]:
     """Every image file below ``root``, sorted (the order the benchmarks use)."""
-    from h5forge.catalog import IMAGE_EXTENSIONS
+    from h5forge.discover.catalog import IMAGE_EXTENSIONS
 
     return sorted(
         p

@@ -12,7 +12,6 @@ from typing import Annotated, Any, Literal
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from h5forge.images import ImageConfig
 from h5forge.options import (
     PACK_OPTIONS,
     SIZE_MAX,
@@ -26,6 +25,7 @@ from h5forge.options import (
     check_size,
     option,
 )
+from h5forge.preprocess.images import ImageConfig
 from h5forge.redact import redact_url
 
 __all__ = ["BuildConfig", "check_url"]

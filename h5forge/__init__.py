@@ -7,6 +7,8 @@ The public API is re-exported here. Heavy modules (torch, h5py, Pillow) load on 
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 from h5forge.errors import (
@@ -25,19 +27,36 @@ from h5forge.errors import (
 __version__ = "0.1.0"
 
 _LAZY = {
-    "H5ImageDataset": "h5forge.dataset",
-    "ImageConfig": "h5forge.images",
-    "Catalog": "h5forge.catalog",
-    "discover": "h5forge.catalog",
-    "pack": "h5forge.writer",
-    "PackResult": "h5forge.writer",
-    "verify": "h5forge.verify",
-    "VerifyReport": "h5forge.verify",
-    "fetch": "h5forge.sources",
-    "publish": "h5forge.storage",
-    "read_manifest": "h5forge.storage",
-    "write_preview": "h5forge.preview",
+    "fetch": "h5forge.fetch.sources",
+    "Catalog": "h5forge.discover.catalog",
+    "discover": "h5forge.discover.catalog",
+    "ImageConfig": "h5forge.preprocess.images",
+    "pack": "h5forge.pack.writer",
+    "PackResult": "h5forge.pack.writer",
+    "verify": "h5forge.verify.checks",
+    "VerifyReport": "h5forge.verify.checks",
+    "publish": "h5forge.publish.storage",
+    "read_manifest": "h5forge.publish.storage",
+    "write_preview": "h5forge.publish.preview",
+    "H5ImageDataset": "h5forge.read.dataset",
 }
+
+
+class _Package(types.ModuleType):
+    """``h5forge`` itself: a stage package never hides the function of the same name.
+
+    Importing ``h5forge.pack.writer`` binds the package ``h5forge.pack`` on ``h5forge``; without
+    this, ``from h5forge import pack`` would then give the package instead of the function.
+    Stage modules are imported by their full name (``from h5forge.pack import writer``).
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "BusyError",

@@ -237,9 +237,9 @@ def pack(
     pack_options: dict[str, Any],
 ) -> None:
     """Pack an image folder into a sealed HDF5 file (no Prefect)."""
-    from h5forge.images import ImageConfig
+    from h5forge.pack.writer import pack as do_pack
     from h5forge.preflight import check_destination, check_source
-    from h5forge.writer import pack as do_pack
+    from h5forge.preprocess.images import ImageConfig
 
     v = check_pack_options(pack_options)
     # The image policy goes to ImageConfig, the rest (codec, checksums, workers...) to pack().
@@ -277,10 +277,10 @@ def _verify_with_manifest(
     Returns the report and the manifest URL checked (None when there is none beside the file).
     A manifest that changed while the file was verified (a republish) is checked again.
     """
-    from h5forge.storage import check_manifest, read_manifest
-    from h5forge.storage import manifest_url as sidecar
+    from h5forge.publish.storage import check_manifest, read_manifest
+    from h5forge.publish.storage import manifest_url as sidecar
     from h5forge.summary import summarize
-    from h5forge.verify import verify as do_verify
+    from h5forge.verify.checks import verify as do_verify
 
     target = manifest_url or sidecar(file)
 
@@ -349,7 +349,7 @@ def verify(
     if no_manifest and manifest is not None:
         raise fail("--manifest and --no-manifest contradict each other; give one", EXIT_USAGE)
     if no_manifest:
-        from h5forge.verify import verify as do_verify
+        from h5forge.verify.checks import verify as do_verify
 
         report = run_guarded(
             do_verify,
@@ -462,7 +462,7 @@ def inspect(
     else:
         typer.echo(format_summary(info))
     if preview is not None:
-        from h5forge.preview import write_preview
+        from h5forge.publish.preview import write_preview
 
         run_guarded(write_preview, file, preview, what=str(preview), n=n)
         typer.echo(f"preview written to {printable(preview)}")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw
 
-from h5forge.catalog import SPLIT_NAMES
+from h5forge.discover.catalog import SPLIT_NAMES
 from h5forge.files import create_exclusive
 
 __all__ = [
@@ -108,7 +108,7 @@ def write_image_folder(
         root: the folder to fill (created if missing).
         classes: class folder names.
         per_class: images per class (per split, when there are splits).
-        splits: split folder names from ``h5forge.catalog.SPLIT_NAMES``; ``()`` for none.
+        splits: split folder names from ``h5forge.discover.catalog.SPLIT_NAMES``; ``()`` for none.
         seed: the seed; every image has its own stream, so files do not depend on each other.
         size: ``(H, W)``, or ``((H_min, H_max), (W_min, W_max))`` for random sizes (inclusive).
         formats: cycled over the images of a class: ``jpeg``, ``png``, ``webp``, ``bmp``, ``tiff``.

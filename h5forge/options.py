@@ -1,7 +1,8 @@
 """The pack options, each defined once: name, type, default, bounds, help, and the checks.
 
 ``h5forge pack``, ``h5forge build``, ``BuildConfig`` (the UI form) and the library
-(:class:`h5forge.images.ImageConfig`, :func:`h5forge.writer.pack`) all take these options; the
+(:class:`h5forge.preprocess.images.ImageConfig`, :func:`h5forge.pack.writer.pack`) all take these
+options; the
 Typer options and the pydantic fields are derived from :data:`PACK_OPTIONS`, and every one of
 them refuses a bad value with the message of :meth:`PackOption.check`, so a value means the same
 thing, and is refused with the same words, wherever it is given.

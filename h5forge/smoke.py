@@ -1,6 +1,6 @@
 """Smoke-load: read a finished asset the way training code will, and check what comes out.
 
-The check opens the real :class:`h5forge.dataset.H5ImageDataset` in a ``torch`` ``DataLoader``
+The check opens the real :class:`h5forge.read.dataset.H5ImageDataset` in a ``torch`` ``DataLoader``
 with worker processes, once per multiprocessing start method (``fork`` and ``spawn`` by
 default), and compares every sample it receives with what the file declares: dtype ``uint8``,
 shape, label (and its range), and the per-sample sha256 digest in ``/digests``. That proves the
@@ -23,12 +23,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from h5forge import format as fmt
-from h5forge.access import open_h5
-from h5forge.dataset import H5ImageDataset
+from h5forge.asset import format as fmt
+from h5forge.asset.access import open_h5
+from h5forge.asset.structure import check_declared
 from h5forge.errors import IntegrityError
 from h5forge.lifetime import worker_init
-from h5forge.structure import check_declared
+from h5forge.read.dataset import H5ImageDataset
 
 __all__ = ["MethodReport", "SmokeReport", "smoke_load"]
 
@@ -168,7 +168,7 @@ def _check_sample(exp: _Expected, index: int, image: object, label: object, url:
     if exp.header.layout == "encoded":
         # The digest covers the encoded file bytes: check them, then check that the worker's
         # decoded pixels are exactly what decoding those bytes gives.
-        from h5forge.images import Encoding, decode_stored
+        from h5forge.preprocess.images import Encoding, decode_stored
 
         raw = exp.raw[index]
         actual = hashlib.sha256(raw).hexdigest()

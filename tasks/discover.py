@@ -8,7 +8,7 @@ from collections import Counter
 from prefect import get_run_logger, task
 from pydantic import BaseModel, ConfigDict
 
-from h5forge.catalog import discover
+from h5forge.discover.catalog import discover
 from h5forge.errors import EmptyDatasetError
 from tasks._common import run_name
 
@@ -31,7 +31,7 @@ class CatalogSummary(BaseModel):
 
 @task(name="discover", task_run_name=run_name("discover"))
 def discover_samples(root: str, *, manifest: str | None = None) -> CatalogSummary:
-    """Catalog ``root`` (see :func:`h5forge.catalog.discover`).
+    """Catalog ``root`` (see :func:`h5forge.discover.catalog.discover`).
 
     Raises:
         EmptyDatasetError: the source holds no image at all.

@@ -18,8 +18,8 @@ from prefect.context import TaskRunContext
 from prefect.utilities.hashing import hash_objects
 from pydantic import BaseModel, ConfigDict
 
+from h5forge.fetch.sources import fetch
 from h5forge.redact import canonical_url
-from h5forge.sources import fetch
 from tasks._common import run_name, with_retries
 
 __all__ = ["FetchedSource", "fetch_source", "fetch_task", "source_dir"]
@@ -76,7 +76,7 @@ def fetch_source(
     download_cache: str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> FetchedSource:
-    """Fetch ``source`` into ``dest`` (see :func:`h5forge.sources.fetch`)."""
+    """Fetch ``source`` into ``dest`` (see :func:`h5forge.fetch.sources.fetch`)."""
     result = fetch(
         source,
         dest,
@@ -96,7 +96,7 @@ def fetch_task(cache_dir: str | Path, dest: Path) -> Task[..., FetchedSource]:
     """``fetch_source`` with its cache records kept under ``cache_dir``.
 
     Runs that fetch the same pinned source at the same time are serialised by
-    :func:`h5forge.sources.fetch` itself (an OS file lock on the destination folder, released
+    :func:`h5forge.fetch.sources.fetch` itself (an OS file lock on the destination folder, released
     by the kernel when its holder dies): the second waits for the first and then reuses the
     complete extraction instead of extracting into the same folder concurrently. (Not a
     Prefect SERIALIZABLE cache lock: ``FileSystemLockManager`` writes its locks without expiry,

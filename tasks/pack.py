@@ -21,8 +21,8 @@ from prefect.artifacts import (
 from pydantic import BaseModel, ConfigDict
 
 from h5forge.errors import TooManyBadImagesError
-from h5forge.images import ImageConfig
-from h5forge.writer import pack
+from h5forge.pack.writer import pack
+from h5forge.preprocess.images import ImageConfig
 from tasks._common import run_name
 
 __all__ = ["PackSummary", "artifact_key", "pack_images", "quarantine_table"]
@@ -95,7 +95,8 @@ def pack_images(
     source_url: str = "",
     source_sha256: str = "",
 ) -> PackSummary:
-    """Preprocess and pack ``root`` into the local file ``out`` (see :func:`h5forge.writer.pack`).
+    """Preprocess and pack ``root`` into the local file ``out`` (see
+    :func:`h5forge.pack.writer.pack`).
 
     ``dataset`` names the artifacts (the destination's file name, so runs of one dataset share
     artifact keys and the UI shows their history).

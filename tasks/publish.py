@@ -21,12 +21,12 @@ from prefect.types.names import MAX_ASSET_KEY_LENGTH, RESTRICTED_ASSET_CHARACTER
 from prefect.utilities.hashing import hash_objects
 from pydantic import BaseModel, ConfigDict
 
-from h5forge.access import url_to_fs
+from h5forge.asset.access import url_to_fs
 from h5forge.errors import PreviewPublishError
 from h5forge.messages import describe_os_error
-from h5forge.preview import write_preview
+from h5forge.publish.preview import write_preview
+from h5forge.publish.storage import publish, put_file
 from h5forge.redact import redact_url
-from h5forge.storage import publish, put_file
 from tasks._common import (
     dataset_name,
     retry_upload,

@@ -1,10 +1,10 @@
 """Shard stages of a Dask build: plan (finding finished shards), pack one shard, merge, clean up.
 
 ``pack_shard_task`` is what runs on the Dask workers: a thin task over
-:func:`h5forge.shards.pack_shard` with retries, returning the small
-:class:`h5forge.shards.ShardResult` (never arrays). The others run in the flow's process.
+:func:`h5forge.scale.shards.pack_shard` with retries, returning the small
+:class:`h5forge.scale.shards.ShardResult` (never arrays). The others run in the flow's process.
 Caching is off for all of them: whether a shard is done is decided by its manifest in the
-staging folder (:func:`h5forge.shards.find_done_shards`), not by Prefect's cache.
+staging folder (:func:`h5forge.scale.shards.find_done_shards`), not by Prefect's cache.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from prefect import get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field
 
-from h5forge.access import url_to_fs
-from h5forge.catalog import Catalog, discover
+from h5forge.asset.access import url_to_fs
+from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import TooManyBadImagesError
-from h5forge.images import ImageConfig
-from h5forge.merge import merge_shards
+from h5forge.preprocess.images import ImageConfig
+from h5forge.publish.storage import MANIFEST_SUFFIX
 from h5forge.redact import redact_url
-from h5forge.shards import (
+from h5forge.scale.merge import merge_shards
+from h5forge.scale.shards import (
     ShardResult,
     ShardSpec,
     find_done_shards,
@@ -32,7 +33,6 @@ from h5forge.shards import (
     plan_shards,
     shard_url,
 )
-from h5forge.storage import MANIFEST_SUFFIX
 from tasks._common import (
     retry_upload,
     run_name,
@@ -157,7 +157,7 @@ def pack_shard_task(
     storage_options: dict[str, Any] | None = None,
 ) -> ShardResult:
     """Pack one shard on a worker and publish it, manifest last (see
-    :func:`h5forge.shards.pack_shard`). One process per task: the cluster's worker processes
+    :func:`h5forge.scale.shards.pack_shard`). One process per task: the cluster's worker processes
     are the parallelism. ``dataset`` names the task run."""
     result = pack_shard(
         catalog,
@@ -192,7 +192,7 @@ def merge_task(
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | None = None,
 ) -> PackSummary:
-    """Merge the shards into the local file ``out`` (see :func:`h5forge.merge.merge_shards`).
+    """Merge the shards into the local file ``out`` (see :func:`h5forge.scale.merge.merge_shards`).
 
     The quarantine table artifact lists every input no shard could pack, as a local pack's
     does, also when too many were quarantined and the merge fails.

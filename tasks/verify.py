@@ -7,10 +7,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from pydantic import BaseModel, ConfigDict
 
+from h5forge.publish.storage import check_manifest as check_file_manifest
+from h5forge.publish.storage import read_manifest
 from h5forge.redact import redact_url
-from h5forge.storage import check_manifest as check_file_manifest
-from h5forge.storage import read_manifest
-from h5forge.verify import verify
+from h5forge.verify.checks import verify
 from tasks._common import (
     run_name,
     with_retries,
@@ -69,14 +69,14 @@ def verify_file(
     **with_retries(3),
 )
 def load_manifest(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``.manifest.json`` beside ``url`` (see :func:`h5forge.storage.read_manifest`)."""
+    """The ``.manifest.json`` beside ``url`` (see :func:`h5forge.publish.storage.read_manifest`)."""
     return read_manifest(url, storage_options=storage_options)
 
 
 @task(name="check-manifest", task_run_name=run_name("check-manifest"))
 def check_manifest(url: str, *, manifest: dict[str, Any], report: VerifySummary) -> None:
     """Compare what the file is (``report``) with what its published manifest promises
-    (see :func:`h5forge.storage.check_manifest`).
+    (see :func:`h5forge.publish.storage.check_manifest`).
 
     Raises:
         IntegrityError: size, sha256, counts or format version differ (all differences listed).

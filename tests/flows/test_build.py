@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from flows.build import BuildConfig, build_dataset
 from h5forge.errors import IntegrityError, TooManyBadImagesError
-from h5forge.verify import verify
+from h5forge.verify.checks import verify
 from tasks.publish import asset_key
 from tests.fixtures.damage import flip_sample_byte
 from tests.fixtures.prefect import asset_events, flow_run_artifacts, flow_run_task_runs

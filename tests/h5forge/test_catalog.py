@@ -1,4 +1,4 @@
-"""Tests for h5forge.catalog: ImageFolder and manifest discovery."""
+"""Tests for h5forge.discover.catalog: ImageFolder and manifest discovery."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from h5forge.catalog import IMAGE_EXTENSIONS, MAX_DEPTH, SPLIT_NAMES, Catalog, discover
+from h5forge.discover.catalog import IMAGE_EXTENSIONS, MAX_DEPTH, SPLIT_NAMES, Catalog, discover
+from h5forge.discover.manifest import LABEL_FLOOR
 from h5forge.errors import EmptyDatasetError
 from h5forge.files import remove_tree
-from h5forge.sample_manifest import LABEL_FLOOR
 from tests.fixtures.trees import deep_chain, touch_at
 
 PNG = b"\x89PNG\r\n\x1a\n"  # contents do not matter to discovery

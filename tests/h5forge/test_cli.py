@@ -20,9 +20,9 @@ import pytest
 from PIL import Image
 
 from h5forge.demo import write_image_folder
-from h5forge.storage import manifest_url, publish
+from h5forge.pack.writer import pack
+from h5forge.publish.storage import manifest_url, publish
 from h5forge.summary import summarize
-from h5forge.writer import pack
 from tests.fixtures.mounts import in_mounts
 
 _PY = [sys.executable, "-m", "h5forge.cli"]

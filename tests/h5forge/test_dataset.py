@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from h5forge.dataset import H5ImageDataset
-from h5forge.writer import PackResult
+from h5forge.pack.writer import PackResult
+from h5forge.read.dataset import H5ImageDataset
 from tests.fixtures.loaders import Indexed, as_list
 
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h5forge.catalog import discover
 from h5forge.demo import (
     DEMO_ARCHIVE_NAME,
     make_demo_archive,
@@ -18,7 +17,8 @@ from h5forge.demo import (
     write_bad_files,
     write_image_folder,
 )
-from h5forge.images import ImageConfig, Quarantined, process_file
+from h5forge.discover.catalog import discover
+from h5forge.preprocess.images import ImageConfig, Quarantined, process_file
 
 
 def test_synth_photo_is_deterministic_and_photo_like() -> None:

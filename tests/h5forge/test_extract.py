@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from h5forge._staging import discard, exclusive, resolve
 from h5forge.errors import UnsafeArchiveError
-from h5forge.extract import MAX_DEPTH, MAX_LINKS, detect_archive, safe_extract
+from h5forge.fetch.extract import MAX_DEPTH, MAX_LINKS, detect_archive, safe_extract
+from h5forge.fetch.staging import discard, exclusive, resolve
 from h5forge.files import mark, remove_tree
 from h5forge.text import printable
 from tests.fixtures.archives import (
@@ -376,7 +376,7 @@ def test_permission_denied_is_named_as_such(tmp_path: Path) -> None:
     locked.mkdir()
     locked.chmod(0o555)
     script = (
-        "from h5forge.extract import safe_extract\n"
+        "from h5forge.fetch.extract import safe_extract\n"
         "try:\n"
         f"    safe_extract({str(archive)!r}, {str(locked / 'dest')!r})\n"
         "except PermissionError as e:\n"

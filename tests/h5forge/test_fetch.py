@@ -15,7 +15,7 @@ import fsspec
 import pytest
 
 from h5forge.errors import ChecksumError, UnsafeArchiveError
-from h5forge.sources import MARKER, FetchResult, fetch
+from h5forge.fetch.sources import MARKER, FetchResult, fetch
 from tests.fixtures.archives import GOOD_FILES, tar_bytes
 from tests.fixtures.servers import LoopbackHTTP, S3RequestLog
 

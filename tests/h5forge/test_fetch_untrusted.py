@@ -15,9 +15,9 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from h5forge import _http
 from h5forge.errors import UnsafeArchiveError
-from h5forge.sources import fetch
+from h5forge.fetch import http as _http
+from h5forge.fetch.sources import fetch
 from tests.fixtures.archives import GOOD_FILES, tar_bytes
 from tests.fixtures.servers import LoopbackHTTP
 

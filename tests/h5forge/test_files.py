@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 
 from h5forge import files
-from h5forge._staging import commit, exclusive, new_staging
 from h5forge.demo import write_image_folder
 from h5forge.errors import BusyError, UnsafePathError
-from h5forge.images import ImageConfig
-from h5forge.merge import merge_shards
-from h5forge.preview import write_preview
-from h5forge.storage import _folder_lock, _remove_stale_temps, put_file
-from h5forge.verify import verify
-from h5forge.writer import PackResult, pack
+from h5forge.fetch.staging import commit, exclusive, new_staging
+from h5forge.pack.writer import PackResult, pack
+from h5forge.preprocess.images import ImageConfig
+from h5forge.publish.preview import write_preview
+from h5forge.publish.storage import _folder_lock, _remove_stale_temps, put_file
+from h5forge.scale.merge import merge_shards
+from h5forge.verify.checks import verify
 
 SMALL = ImageConfig(resize="resize", size=(16, 16))
 ENCODED = ImageConfig(layout="encoded", encoding="original", resize="none", size=None)

@@ -1,4 +1,4 @@
-"""docs/FORMAT.md, h5forge/format.py and what the writer writes must agree, field by field."""
+"""docs/FORMAT.md, h5forge/asset/format.py and what the writer writes must agree, field by field."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import h5py
 import pytest
 
-from h5forge import format as fmt
-from h5forge.writer import PackResult
+from h5forge.asset import format as fmt
+from h5forge.pack.writer import PackResult
 
 FORMAT_MD = Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md"
 

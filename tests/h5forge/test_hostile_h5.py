@@ -18,13 +18,13 @@ import fsspec
 import h5py
 import pytest
 
-from h5forge.dataset import H5ImageDataset
 from h5forge.errors import IntegrityError
-from h5forge.images import decode_stored
-from h5forge.merge import merge_shards
-from h5forge.preview import render_preview
+from h5forge.preprocess.images import decode_stored
+from h5forge.publish.preview import render_preview
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.scale.merge import merge_shards
 from h5forge.summary import summarize
-from h5forge.verify import verify
+from h5forge.verify.checks import verify
 from tests.fixtures.hostile_h5 import KINDS, SECRET, Kind, craft, make_aux
 from tests.fixtures.servers import LoopbackHTTP
 

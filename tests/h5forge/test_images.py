@@ -1,4 +1,4 @@
-"""Tests for h5forge.images: normalisation, resize, storage and quarantine.
+"""Tests for h5forge.preprocess.images: normalisation, resize, storage and quarantine.
 
 Expected pixels are computed independently with plain Pillow/numpy operations.
 """
@@ -16,7 +16,7 @@ from PIL import Image, ImageFile
 
 from h5forge.demo import synth_photo
 from h5forge.errors import IntegrityError
-from h5forge.images import (
+from h5forge.preprocess.images import (
     ImageConfig,
     Processed,
     Quarantined,
@@ -111,7 +111,7 @@ def test_config_json_is_canonical_and_round_trips() -> None:
 
 
 def test_truncated_images_are_not_loaded_by_pillow() -> None:
-    import h5forge.images  # noqa: F401  (importing must not change the global)
+    import h5forge.preprocess.images  # noqa: F401  (importing must not change the global)
 
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from h5forge import _batches
-from h5forge.dataset import H5ImageDataset
 from h5forge.errors import IntegrityError
-from h5forge.writer import PackResult
+from h5forge.pack.writer import PackResult
+from h5forge.read import batches as _batches
+from h5forge.read.dataset import H5ImageDataset
 from tests.fixtures.damage import flip_sample_byte
 from tests.fixtures.loaders import TopLeft
 

@@ -11,13 +11,13 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.catalog import discover
 from h5forge.demo import write_image_folder
+from h5forge.discover.catalog import discover
 from h5forge.errors import IntegrityError
-from h5forge.images import ImageConfig
-from h5forge.merge import merge_shards
-from h5forge.shards import pack_shard, plan_shards
-from h5forge.verify import verify, verify_unsealed
+from h5forge.preprocess.images import ImageConfig
+from h5forge.scale.merge import merge_shards
+from h5forge.scale.shards import pack_shard, plan_shards
+from h5forge.verify.checks import verify, verify_unsealed
 from tests.fixtures.damage import flip_sample_byte
 
 BUILDS: dict[str, dict[str, Any]] = {

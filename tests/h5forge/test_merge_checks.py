@@ -17,16 +17,16 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge.catalog import Catalog, discover
-from h5forge.dataset import H5ImageDataset
 from h5forge.demo import write_image_folder
+from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import IntegrityError
-from h5forge.images import ImageConfig
-from h5forge.merge import merge_shards
-from h5forge.shards import pack_shard, plan_shards
-from h5forge.storage import MANIFEST_SUFFIX
-from h5forge.verify import verify
-from h5forge.writer import PackResult, pack
+from h5forge.pack.writer import PackResult, pack
+from h5forge.preprocess.images import ImageConfig
+from h5forge.publish.storage import MANIFEST_SUFFIX
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.scale.merge import merge_shards
+from h5forge.scale.shards import pack_shard, plan_shards
+from h5forge.verify.checks import verify
 from tests.fixtures.damage import flip_sample_byte
 
 DECODED = ImageConfig(resize="resize", size=(24, 32))

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from h5forge.dataset import H5ImageDataset
+from h5forge.read.dataset import H5ImageDataset
 from h5forge.smoke import smoke_load
 from h5forge.summary import summarize
-from h5forge.verify import verify
+from h5forge.verify.checks import verify
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = ("blosc-lz4", "zstd")
@@ -66,9 +66,9 @@ except ImportError:
     blocked = True
 else:
     blocked = False
-from h5forge.dataset import H5ImageDataset
+from h5forge.read.dataset import H5ImageDataset
 from h5forge.summary import summarize
-from h5forge.verify import verify
+from h5forge.verify.checks import verify
 out = {"blocked": blocked}
 for name, call in (("reader", H5ImageDataset), ("verify", verify), ("inspect", summarize)):
     try:
@@ -132,7 +132,7 @@ def test_missing_plugin_through_the_cli(bases: dict[str, Path], tmp_path: Path) 
 
 def test_hdf5plugin_is_imported_only_for_files_that_need_it(bases: dict[str, Path]) -> None:
     code = (
-        "import sys\nfrom h5forge.dataset import H5ImageDataset\n"
+        "import sys\nfrom h5forge.read.dataset import H5ImageDataset\n"
         "H5ImageDataset(sys.argv[1])[0]\nprint('hdf5plugin' in sys.modules)\n"
         "H5ImageDataset(sys.argv[2])[0]\nprint('hdf5plugin' in sys.modules)\n"
     )

@@ -1,4 +1,4 @@
-"""Tests for h5forge.preprocess: order, bounded work in flight, clean shutdown."""
+"""Tests for h5forge.preprocess.pool: order, bounded work in flight, clean shutdown."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from h5forge.demo import write_image_folder
-from h5forge.images import ImageConfig, Processed, Quarantined, process_file
-from h5forge.preprocess import iter_processed
+from h5forge.preprocess.images import ImageConfig, Processed, Quarantined, process_file
+from h5forge.preprocess.pool import iter_processed
 from tests.fixtures.images import BadImages
 from tests.fixtures.processes import descendants, survivors
 
@@ -163,8 +163,8 @@ def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Pa
     import sys
 
     script = (
-        "from h5forge.images import ImageConfig\n"
-        "from h5forge.preprocess import iter_processed\n"
+        "from h5forge.preprocess.images import ImageConfig\n"
+        "from h5forge.preprocess.pool import iter_processed\n"
         f"paths = sorted(str(p) for p in __import__('pathlib').Path({str(image_folder)!r})"
         ".rglob('*.*'))\n"
         "list(iter_processed(paths, ImageConfig(size=(16, 16)), workers=2))\n"
@@ -193,8 +193,8 @@ def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Pa
 
 _PACK = """
 import sys
-from h5forge.images import ImageConfig
-from h5forge.writer import pack
+from h5forge.preprocess.images import ImageConfig
+from h5forge.pack.writer import pack
 pack(sys.argv[1], sys.argv[2], image=ImageConfig(resize="resize", size=(64, 64)), workers=2)
 """
 

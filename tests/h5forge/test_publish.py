@@ -23,7 +23,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from h5forge.errors import ChecksumError
-from h5forge.storage import manifest_url, publish, read_manifest, sha256_file
+from h5forge.publish.storage import manifest_url, publish, read_manifest, sha256_file
 
 Event = tuple[str, str]  # ("write" | "delete" | "read", basename)
 

@@ -21,11 +21,11 @@ import fsspec
 import pytest
 import torch
 
-from h5forge.dataset import H5ImageDataset
 from h5forge.demo import write_image_folder
-from h5forge.images import ImageConfig
-from h5forge.storage import publish
-from h5forge.writer import PackResult, pack
+from h5forge.pack.writer import PackResult, pack
+from h5forge.preprocess.images import ImageConfig
+from h5forge.publish.storage import publish
+from h5forge.read.dataset import H5ImageDataset
 from tests.fixtures import remote_epoch
 from tests.fixtures.remote_epoch import WORKERS, content, epoch
 from tests.fixtures.servers import S3RequestLog

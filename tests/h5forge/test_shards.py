@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from h5forge.catalog import Catalog, discover
-from h5forge.dataset import H5ImageDataset
 from h5forge.demo import write_bad_files, write_image_folder
+from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import EmptyDatasetError, TooManyBadImagesError, UnsealedFileError
-from h5forge.images import ImageConfig
-from h5forge.merge import merge_shards
-from h5forge.shards import (
+from h5forge.pack.writer import PackResult, pack
+from h5forge.preprocess.images import ImageConfig
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.scale.merge import merge_shards
+from h5forge.scale.shards import (
     ShardResult,
     ShardSpec,
     find_done_shards,
@@ -33,8 +34,7 @@ from h5forge.shards import (
     shard_catalog,
     shard_url,
 )
-from h5forge.verify import verify
-from h5forge.writer import PackResult, pack
+from h5forge.verify.checks import verify
 
 DECODED = ImageConfig(resize="resize", size=(24, 32))
 ENCODED = ImageConfig(layout="encoded", encoding="original", resize="none", size=None)

@@ -10,8 +10,8 @@ import h5py
 import pytest
 
 from h5forge.errors import IntegrityError, UnsealedFileError
+from h5forge.pack.writer import PackResult
 from h5forge.smoke import smoke_load
-from h5forge.writer import PackResult
 from tests.fixtures.damage import flip_sample_byte
 
 HAS_FORK = "fork" in multiprocessing.get_all_start_methods()

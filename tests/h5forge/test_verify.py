@@ -9,10 +9,10 @@ from pathlib import Path
 import h5py
 import pytest
 
-from h5forge.dataset import H5ImageDataset
 from h5forge.errors import IntegrityError, UnsealedFileError
-from h5forge.verify import verify
-from h5forge.writer import PackResult
+from h5forge.pack.writer import PackResult
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.verify.checks import verify
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from h5forge.dataset import H5ImageDataset
 from h5forge.demo import write_image_folder
 from h5forge.errors import EmptyDatasetError, MissingExtraError, TooManyBadImagesError
-from h5forge.images import ImageConfig
-from h5forge.writer import PackResult, pack
+from h5forge.pack.writer import PackResult, pack
+from h5forge.preprocess.images import ImageConfig
+from h5forge.read.dataset import H5ImageDataset
 
 
 def _pillow_resize(path: Path, h: int, w: int) -> np.ndarray:
@@ -192,7 +192,7 @@ def test_killed_pack_never_leaves_the_final_name(tmp_path: Path) -> None:
     )
     out = tmp_path / "killed.h5"
     code = (
-        "from h5forge.writer import pack; from h5forge.images import ImageConfig;"
+        "from h5forge.pack.writer import pack; from h5forge.preprocess.images import ImageConfig;"
         f"pack({str(src)!r}, {str(out)!r}, image=ImageConfig(resize='resize', size=(64, 64)),"
         " workers=1)"
     )

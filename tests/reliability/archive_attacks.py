@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from h5forge.errors import UnsafeArchiveError
-from h5forge.extract import safe_extract
-from h5forge.sources import fetch
+from h5forge.fetch.extract import safe_extract
+from h5forge.fetch.sources import fetch
 from tests.fixtures.archives import ATTACKS, Attack
 from tests.reliability._result import CampaignResult
 from tests.reliability._servers import loopback_http

@@ -47,13 +47,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Imported here, before the children fork, so they start at once (torch takes seconds).
-from h5forge.dataset import H5ImageDataset
 from h5forge.demo import write_image_folder
-from h5forge.images import ImageConfig
-from h5forge.storage import publish, read_manifest, sha256_file
-from h5forge.verify import verify
-from h5forge.writer import pack
+from h5forge.pack.writer import pack
+from h5forge.preprocess.images import ImageConfig
+from h5forge.publish.storage import publish, read_manifest, sha256_file
+
+# Imported here, before the children fork, so they start at once (torch takes seconds).
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.verify.checks import verify
 from tests.fixtures.processes import descendants, survivors
 from tests.reliability._result import CampaignResult
 

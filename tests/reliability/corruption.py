@@ -10,7 +10,8 @@ The bytes of a file are split into regions — ``sample`` (the byte ranges of th
 names, split names, quarantine entries, in HDF5's global heap), ``attributes`` (root attribute
 names and values) and ``hdf5-metadata`` (everything else: superblock, object headers, B-trees,
 heaps, free space, padding) — and each trial picks a region, then a byte in it, then XORs it with
-a random non-zero mask. ``h5forge.verify.verify`` must raise ``IntegrityError``. When it passes,
+a random non-zero mask. ``h5forge.verify.checks.verify`` must raise ``IntegrityError``. When it
+passes,
 everything readable (every attribute, every dataset with its type, shape and filters, every
 image) is compared with the pristine file: identical means the flip hit bytes nothing reads
 (``benign``); anything else is a silent corruption (``lost``).
@@ -37,13 +38,13 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5forge import format as fmt
-from h5forge.dataset import H5ImageDataset
+from h5forge.asset import format as fmt
 from h5forge.demo import write_image_folder
 from h5forge.errors import IntegrityError
-from h5forge.images import ImageConfig
-from h5forge.verify import verify
-from h5forge.writer import pack
+from h5forge.pack.writer import pack
+from h5forge.preprocess.images import ImageConfig
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.verify.checks import verify
 from tests.reliability._result import CampaignResult
 
 __all__ = ["REGIONS", "VARIANTS", "make_assets", "regions", "run", "snapshot"]

@@ -37,11 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from h5forge.dataset import H5ImageDataset
 from h5forge.demo import make_demo_archive
 from h5forge.errors import IntegrityError, UnsealedFileError
-from h5forge.storage import read_manifest, sha256_file
-from h5forge.verify import verify
+from h5forge.publish.storage import read_manifest, sha256_file
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.verify.checks import verify
 from tests.reliability._procs import REPO, Watched, base_env, run_cli
 from tests.reliability._result import CampaignResult
 

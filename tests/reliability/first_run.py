@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from h5forge.demo import make_demo_archive
-from h5forge.storage import read_manifest, sha256_file
-from h5forge.verify import verify
+from h5forge.publish.storage import read_manifest, sha256_file
+from h5forge.verify.checks import verify
 from tests.fixtures.processes import descendants, survivors
 from tests.reliability._procs import REPO, base_env, run_cli
 from tests.reliability._result import CampaignResult

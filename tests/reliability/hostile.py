@@ -50,11 +50,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from h5forge.catalog import Catalog, discover
 from h5forge.demo import synth_photo, write_bad_files
+from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import EmptyDatasetError
 from h5forge.files import remove_tree
-from h5forge.images import ImageConfig, Processed, Quarantined, process_file
+from h5forge.preprocess.images import ImageConfig, Processed, Quarantined, process_file
 from tests.fixtures.images import EXPECTED_OUTCOME
 from tests.fixtures.trees import deep_chain
 from tests.reliability._procs import REPO

@@ -53,7 +53,7 @@ def _collect(entry: str, url: str) -> list[bytes]:
     """Run one entry point on ``url``; returns every byte string it handed out."""
     seen: list[bytes] = []
     if entry in ("reader", "reader-http"):
-        from h5forge.dataset import H5ImageDataset
+        from h5forge.read.dataset import H5ImageDataset
 
         ds = H5ImageDataset(url, verify_reads=False)
         seen += [c.encode("utf-8", "surrogateescape") for c in ds.classes]
@@ -63,11 +63,11 @@ def _collect(entry: str, url: str) -> list[bytes]:
             seen += [image.numpy().tobytes(), repr(label).encode()]
         ds.close()
     elif entry == "verify":
-        from h5forge.verify import verify
+        from h5forge.verify.checks import verify
 
         seen.append(repr(verify(url)).encode())
     elif entry == "inspect":
-        from h5forge.preview import render_preview
+        from h5forge.publish.preview import render_preview
         from h5forge.summary import summarize
 
         seen.append(json.dumps(summarize(url), ensure_ascii=False).encode())
@@ -158,10 +158,10 @@ def _worker() -> None:
     """Serve trials read from stdin as JSON lines; one forked child per trial."""
     import torch  # noqa: F401  (imported once here, not in every child)
 
-    import h5forge.dataset  # noqa: F401
-    import h5forge.preview  # noqa: F401
+    import h5forge.publish.preview  # noqa: F401
+    import h5forge.read.dataset  # noqa: F401
     import h5forge.summary  # noqa: F401
-    import h5forge.verify  # noqa: F401
+    import h5forge.verify.checks  # noqa: F401
 
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
@@ -328,7 +328,7 @@ _PLUGIN_TRIAL = (
     _NO_PLUGIN
     + """
 import json, sys
-import torch, h5forge.dataset, h5forge.preview, h5forge.summary, h5forge.verify
+import torch, h5forge.read.dataset, h5forge.publish.preview, h5forge.summary, h5forge.verify.checks
 from tests.reliability.hostile_h5 import _trial
 print(json.dumps(_trial(sys.argv[1], sys.argv[2], int(sys.argv[3]))))
 """

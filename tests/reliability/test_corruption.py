@@ -10,10 +10,10 @@ import h5py
 import numpy as np
 import pytest
 
-from h5forge import format as fmt
-from h5forge.dataset import H5ImageDataset
+from h5forge.asset import format as fmt
 from h5forge.errors import IntegrityError
-from h5forge.verify import verify
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.verify.checks import verify
 from tests.reliability import corruption
 
 pytestmark = pytest.mark.reliability

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from h5forge.catalog import discover
 from h5forge.demo import write_image_folder
+from h5forge.discover.catalog import discover
 from tests.reliability import hostile
 from tests.reliability._result import CampaignResult
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from h5forge.sources import fetch
-from h5forge.storage import publish, read_manifest
+from h5forge.fetch.sources import fetch
+from h5forge.publish.storage import publish, read_manifest
 from tests.fixtures.servers import LoopbackHTTP
 from tests.reliability import network
 from tests.reliability._result import CampaignResult
@@ -99,7 +99,7 @@ def test_killed_fetch_leaves_nothing_that_blocks_or_lingers(tmp_path: Path) -> N
     # A fetch killed mid-extraction: it holds the lock and has a staging folder.
     _killed_while_holding(
         "import os, signal; from pathlib import Path; "
-        "from h5forge._staging import exclusive, new_staging; "
+        "from h5forge.fetch.staging import exclusive, new_staging; "
         "from h5forge.files import make_marked_dir; "
         f"d = Path({str(dest)!r}); "
         "cm = exclusive(d); cm.__enter__(); s = new_staging(d); "

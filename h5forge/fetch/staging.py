@@ -28,7 +28,7 @@ from h5forge.text import printable
 
 __all__: list[str] = []
 
-log = logging.getLogger("h5forge.sources")
+log = logging.getLogger("h5forge.fetch.sources")
 
 # Names of the temporary siblings of a destination folder (see new_staging, commit, fetch).
 LEFTOVER_KINDS = ("staging", "incoming", "old")

@@ -42,10 +42,10 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 from PIL.JpegImagePlugin import JpegImageFile
 
-from h5forge import _normalise as norm
 from h5forge import options as opts
 from h5forge.errors import IntegrityError
 from h5forge.options import Encoding, Layout, Mode, ResizePolicy
+from h5forge.preprocess import normalise as norm
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",

@@ -1,6 +1,7 @@
 """Check whole shard files against their manifests: one sha256 per file, on helper threads.
 
-A published shard has a manifest, written last by :func:`h5forge.storage.publish`, that records
+A published shard has a manifest, written last by :func:`h5forge.publish.storage.publish`, that
+records
 the whole file's sha256 and size. The file's sha256 covers every byte the merge copies (image
 bytes as stored, compressed or not, the index, the digests), so when it matches, what the merge
 copied is what was packed and verified: the per-sample digests need not be recomputed and
@@ -153,7 +154,7 @@ class FileChecks:
                 f"{expected.url} has {size} bytes, its manifest {expected.manifest_url} records "
                 f"{expected.size}: the shard changed after it was published. Run the build again "
                 "(find_done_shards sees the mismatch and re-packs it) or re-pack it with "
-                "h5forge.shards.pack_shard"
+                "h5forge.scale.shards.pack_shard"
             )
         self._expected[key] = expected
         self._waiting.append((key, path))
@@ -206,7 +207,7 @@ class FileChecks:
                 f"{expected.url}: sha256 of the shard file is {actual}, its manifest "
                 f"{expected.manifest_url} records {expected.sha256}: the shard changed after it "
                 "was published. Run the build again (find_done_shards sees the mismatch and "
-                "re-packs it) or re-pack it with h5forge.shards.pack_shard"
+                "re-packs it) or re-pack it with h5forge.scale.shards.pack_shard"
             )
         copied = self._copied.pop(key)
         if copied != hashed:

@@ -6,14 +6,14 @@ ones are not touched: unfiltered chunks go file to file in runs (into chunks all
 carried over). Blob storage copies each shard's ``/images`` bytes into the output blob and
 rebases ``/offsets``. Digests, labels, splits, paths and quarantine lists are concatenated.
 
-How the copy is checked, per shard (:mod:`h5forge._checked_copy`):
+How the copy is checked, per shard (:mod:`h5forge.scale.checked_copy`):
 
-- **A published shard** (its manifest, written last by :func:`h5forge.storage.publish`, lies
+- **A published shard** (its manifest, written last by :func:`h5forge.publish.storage.publish`, lies
   next to it): the whole shard file's sha256 is checked against the manifest's
-  (:mod:`h5forge._file_check`). The hashes start as soon as each manifest is read, in the
-  survey (:mod:`h5forge._shard_survey`), on a pool of threads (two files at once with two or
+  (:mod:`h5forge.scale.file_check`). The hashes start as soon as each manifest is read, in the
+  survey (:mod:`h5forge.scale.survey`), on a pool of threads (two files at once with two or
   more CPUs) reading the files through ``mmap`` while the copy runs; the copy itself stays in
-  the kernel (``os.copy_file_range`` for raw chunks and blobs, :mod:`h5forge._kernel_copy`;
+  the kernel (``os.copy_file_range`` for raw chunks and blobs, :mod:`h5forge.scale.kernel_copy`;
   filtered chunks are read with ``pread`` and written with ``write_direct_chunk``, not inflated).
   The file's identity (device, inode, size, mtime) when surveyed, hashed and copied must be one
   and the same. A mismatch raises :class:`~h5forge.errors.IntegrityError` naming the shard,
@@ -28,9 +28,9 @@ then sealed after a structural verify (counts, labels, metadata digest, byte ran
 HDF5 layout) that does not hash the samples again. After each shard the output's dirty pages
 are sent to disk without waiting (``sync_file_range`` on Linux, else ``fdatasync`` on a helper
 thread), so the fsync before the seal, which runs beside the verify, finds little left; seal,
-rename as :func:`h5forge.writer.pack`.
+rename as :func:`h5forge.pack.writer.pack`.
 
-The output has the writer's physical layout (:class:`h5forge._placement.Head`: the index at the
+The output has the writer's physical layout (:class:`h5forge.asset.placement.Head`: the index at the
 head of the file, the image bytes after it). Remote shards are downloaded one at a time and the
 local copy is what is hashed.
 
@@ -56,22 +56,12 @@ from typing import Any, cast
 import h5py
 import numpy as np
 
-from h5forge import format as fmt
-from h5forge._checked_copy import (
-    CheckedCopy,
-    chunk_ranges,
-    copy_blob,
-    copy_filtered,
-    copy_raw,
-)
-from h5forge._file_check import FileChecks, FileIdentity
-from h5forge._kernel_copy import RangeCopy, writeback_starter
-from h5forge._placement import Head, _early
-from h5forge._shard_survey import Shard, survey
-from h5forge.access import is_local, load_index, open_h5, url_to_fs
+from h5forge.asset import format as fmt
+from h5forge.asset.access import is_local, load_index, open_h5, url_to_fs
+from h5forge.asset.placement import Head, _early
 from h5forge.errors import EmptyDatasetError, IntegrityError, UnsafePathError
 from h5forge.files import OutputLock, output_lock, same_file
-from h5forge.writer import (
+from h5forge.pack.writer import (
     PackResult,
     _check_bad_fraction,
     _check_every_class,
@@ -81,6 +71,16 @@ from h5forge.writer import (
     _root_attrs,
     _seal,
 )
+from h5forge.scale.checked_copy import (
+    CheckedCopy,
+    chunk_ranges,
+    copy_blob,
+    copy_filtered,
+    copy_raw,
+)
+from h5forge.scale.file_check import FileChecks, FileIdentity
+from h5forge.scale.kernel_copy import RangeCopy, writeback_starter
+from h5forge.scale.survey import Shard, survey
 
 __all__ = ["merge_shards"]
 
@@ -342,7 +342,7 @@ def merge_shards(
         tmp_dir: local scratch folder for downloaded shards; default the system's.
 
     Returns:
-        The same summary :func:`h5forge.writer.pack` returns.
+        The same summary :func:`h5forge.pack.writer.pack` returns.
 
     Raises:
         ValueError: no shards, or shards that disagree (configuration, classes, splits,
@@ -361,7 +361,7 @@ def merge_shards(
     t0 = time.perf_counter()
     urls = [os.fspath(s) for s in shards]
     if not urls:
-        raise ValueError("no shards to merge; pack them first with h5forge.shards.pack_shard")
+        raise ValueError("no shards to merge; pack them first with h5forge.scale.shards.pack_shard")
     out_path = _check_output(out, overwrite, max_bad_fraction)
     options = dict(storage_options) if storage_options else None
     # Leaving this stops the shard hashes still running (the merge failed).

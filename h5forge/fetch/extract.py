@@ -35,7 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Literal
 
-from h5forge._staging import (
+from h5forge.errors import UnsafeArchiveError
+from h5forge.fetch.staging import (
     MAX_DEPTH,
     MAX_LINKS,
     commit,
@@ -46,7 +47,6 @@ from h5forge._staging import (
     resolve,
     split_member_name,
 )
-from h5forge.errors import UnsafeArchiveError
 from h5forge.messages import STORAGE_ERRNOS, storage_error
 from h5forge.text import printable
 

@@ -1,14 +1,14 @@
 """Pack a catalog of images into one sealed h5forge file (format v1).
 
 The writer is the only process that touches the HDF5 file; preprocessing runs in a process
-pool and streams results back in order (see :mod:`h5forge.preprocess`). The file is written as
+pool and streams results back in order (see :mod:`h5forge.preprocess.pool`). The file is written as
 ``OUT.partial``, flushed, fsynced while it is verified, sealed (the ``sealed`` attribute is set
 last), and only then renamed to ``OUT``: an interrupted pack never leaves a file named ``OUT``.
 One pack per output: the writer holds ``OUT.lock`` (:func:`h5forge.files.output_lock`), creates
 ``OUT.partial`` and its spool exclusively (a planted symlink or hard link at either name is
 refused, never written through), and checks that every later open of the ``.partial`` by name
 is still the inode it created.
-Everything but the image bytes is placed at the head of the file (:mod:`h5forge._placement`),
+Everything but the image bytes is placed at the head of the file (:mod:`h5forge.asset.placement`),
 so a remote reader opens it with one ranged read.
 """
 
@@ -30,10 +30,10 @@ from typing import Any, get_args
 import h5py
 import numpy as np
 
-from h5forge import format as fmt
-from h5forge._placement import Head
-from h5forge._placement import utf8 as _utf8
-from h5forge.catalog import Catalog, discover
+from h5forge.asset import format as fmt
+from h5forge.asset.placement import Head
+from h5forge.asset.placement import utf8 as _utf8
+from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import (
     EmptyDatasetError,
     MissingExtraError,
@@ -41,9 +41,9 @@ from h5forge.errors import (
     UnsafePathError,
 )
 from h5forge.files import OutputLock, describe, output_lock, same_file
-from h5forge.images import ImageConfig, Processed, Quarantined
 from h5forge.options import CODEC_LEVELS, Compression, check_compression, option
-from h5forge.preprocess import iter_processed
+from h5forge.preprocess.images import ImageConfig, Processed, Quarantined
+from h5forge.preprocess.pool import iter_processed
 
 __all__ = ["COMPRESSIONS", "PackResult", "pack"]
 
@@ -295,7 +295,7 @@ def pack(
 
     Args:
         src: dataset root (ImageFolder layout, or the folder a ``manifest`` is relative to), or
-            a catalog from :func:`h5forge.catalog.discover`.
+            a catalog from :func:`h5forge.discover.catalog.discover`.
         out: path of the ``.h5`` file to write (local).
         image: decoding, resizing and storage options; defaults to decoded RGB 224x224.
         compression: ``none`` (default), ``gzip``, ``lzf``, ``blosc-lz4`` or ``zstd`` (the
@@ -458,7 +458,7 @@ def _seal(partial: str, out_path: Path, lock: OutputLock, *, check_digests: bool
     sample's digest from the bytes they wrote (the shard merge). Every reopen by name is
     checked to be the inode ``lock`` recorded creating.
     """
-    from h5forge.verify import verify_unsealed
+    from h5forge.verify.checks import verify_unsealed
 
     with _open_own(partial, lock) as h5:  # covers every attribute but itself and ``sealed``
         # modify() rewrites an attribute in place (h5py's item assignment deletes and
@@ -583,7 +583,7 @@ def _write(
             stack.callback(sink.close)
 
             def head(capacity: int) -> tuple[h5py.File, Head]:
-                # Everything but the image bytes goes first (see h5forge._placement).
+                # Everything but the image bytes goes first (see h5forge.asset.placement).
                 h5 = stack.enter_context(_create_h5(partial, lock))
                 made = Head(
                     h5,

@@ -13,10 +13,10 @@ data is read:
   storage, and a dataset (any but ``/images``) declaring more bytes than the file has; it also
   resolves every HDF5 filter the file uses (:func:`require_filters`). It only
   reads object headers, which the writer places in the head of the file, so a remote open
-  costs no extra request. :func:`h5forge.access.open_h5` runs it on every file it opens.
+  costs no extra request. :func:`h5forge.asset.access.open_h5` runs it on every file it opens.
 * :func:`check_declared` compares every dataset's declared shape and type with the root
   attributes (``num_samples``, ``num_classes``, ``num_quarantined``) and the file's size;
-  :func:`h5forge.access.load_index` runs it before reading the index.
+  :func:`h5forge.asset.access.load_index` runs it before reading the index.
 * :func:`require_filters` imports ``hdf5plugin`` (which registers Blosc, Zstd, LZ4, ... with
   HDF5) the first time a file needs a filter HDF5 does not have, in the one place every opener
   goes through, and says which extra to install when it is missing.
@@ -31,7 +31,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5forge import format as fmt
+from h5forge.asset import format as fmt
 from h5forge.errors import IntegrityError, MissingExtraError
 
 __all__ = ["MAX_LINKS", "check_declared", "check_links", "require_filters"]

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from h5forge.access import is_local, url_to_fs
+from h5forge.asset.access import is_local, url_to_fs
 from h5forge.files import replace_file
 
 __all__ = ["render_preview", "write_preview"]
@@ -26,7 +26,7 @@ def render_preview(
     Raises:
         ValueError: ``n`` or ``tile`` is not positive.
     """
-    from h5forge.dataset import H5ImageDataset
+    from h5forge.read.dataset import H5ImageDataset
 
     if n < 1 or tile < 8:
         raise ValueError(f"n={n} must be >= 1 and tile={tile} >= 8")

@@ -7,8 +7,9 @@ from them never depend on a label's value. :func:`check_path` and :func:`check_f
 listed path inside the manifest's folder, symbolic links included (their real target is checked),
 and refuse anything that is not a regular file without opening it. Every error names the manifest
 and the physical line (a quoted CSV field holding newlines does not shift the count); names from
-the file are shown escaped (:func:`h5forge.text.printable`). :mod:`h5forge.catalog` turns the
-rows into a :class:`~h5forge.catalog.Catalog`.
+the file are shown escaped (:func:`h5forge.text.printable`). :mod:`h5forge.discover.catalog` turns
+the
+rows into a :class:`~h5forge.discover.catalog.Catalog`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from h5forge._staging import MAX_LINKS, is_within, resolve
+from h5forge.fetch.staging import MAX_LINKS, is_within, resolve
 from h5forge.text import printable
 
 __all__ = [

@@ -2,10 +2,10 @@
 
 A shard is a contiguous slice of the catalog's samples, packed anywhere (a Dask worker, this
 process) into a normal format-v1 file and published to ``STAGING/shard-00003.h5``; its manifest,
-written last by :func:`h5forge.storage.publish`, is the commit marker and records the slice,
+written last by :func:`h5forge.publish.storage.publish`, is the commit marker and records the slice,
 the quarantined inputs and the configuration hash. :func:`find_done_shards` trusts a shard only
 when manifest, size and sha256 all match, so a re-run redoes only the rest;
-:func:`h5forge.merge.merge_shards` then copies the stored bytes of all shards into one file.
+:func:`h5forge.scale.merge.merge_shards` then copies the stored bytes of all shards into one file.
 
 Labels stay global: every shard carries the whole catalog's classes and split names. The
 quarantine limit is global too: shards accept any number of bad inputs and list them; the merge
@@ -27,11 +27,11 @@ from typing import Any
 
 import fsspec
 
-from h5forge.catalog import Catalog, Sample
+from h5forge.discover.catalog import Catalog, Sample
 from h5forge.errors import EmptyDatasetError
-from h5forge.images import ImageConfig
-from h5forge.storage import MANIFEST_SUFFIX, publish, read_manifest, sha256_file
-from h5forge.writer import _config_json, _filter_kwargs, _pack
+from h5forge.pack.writer import _config_json, _filter_kwargs, _pack
+from h5forge.preprocess.images import ImageConfig
+from h5forge.publish.storage import MANIFEST_SUFFIX, publish, read_manifest, sha256_file
 
 __all__ = [
     "SHARD_KIND",
@@ -183,7 +183,7 @@ def plan_shards(
     estimate of the work: decoded output size does not depend on it). Give one limit or both.
 
     Args:
-        catalog: from :func:`h5forge.catalog.discover`.
+        catalog: from :func:`h5forge.discover.catalog.discover`.
         samples_per_shard: most inputs per shard, >= 1.
         bytes_per_shard: source bytes after which a shard closes, >= 1.
 
@@ -254,7 +254,7 @@ def pack_shard(
             what a remote task should carry.
         spec: the slice, from :func:`plan_shards`.
         staging_url: folder (local path or fsspec URL) every worker and the merge can reach.
-        image, compression, compression_level, fletcher32: as for :func:`h5forge.writer.pack`;
+        image, compression, compression_level, fletcher32: as for :func:`h5forge.pack.writer.pack`;
             every shard of one build must use the same.
         processes: preprocessing processes inside this task (``workers`` of ``pack``; named
             apart because ``Client.submit`` claims ``workers``). Default 1: on a Dask cluster

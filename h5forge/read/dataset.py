@@ -18,11 +18,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from h5forge import _batches
-from h5forge import format as fmt
-from h5forge.access import H5_DAMAGE, AssetIndex, RangeReader, check_index, load_index, open_h5
+from h5forge.asset import format as fmt
+from h5forge.asset.access import (
+    H5_DAMAGE,
+    AssetIndex,
+    RangeReader,
+    check_index,
+    load_index,
+    open_h5,
+)
 from h5forge.errors import IntegrityError
-from h5forge.images import DEFAULT_MAX_PIXELS
+from h5forge.preprocess.images import DEFAULT_MAX_PIXELS
+from h5forge.read import batches as _batches
 
 __all__ = ["H5ImageDataset"]
 
@@ -130,10 +137,11 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         storage_options: passed to fsspec for remote URLs (credentials, endpoint).
         verify_reads: check each sample's sha256 as it is read; an ``IntegrityError`` names the
             sample. Without it a flipped byte in an uncompressed sample is returned as is (run
-            :func:`h5forge.verify` on the file, or enable ``fletcher32`` when packing).
+            :func:`h5forge.verify.checks` on the file, or enable ``fletcher32`` when packing).
         max_pixels: most pixels one sample may decode to where the file's size does not bound
             it (encoded images, compressed chunks); default Pillow's limit,
-            :data:`h5forge.images.DEFAULT_MAX_PIXELS` (89.5 M). The file's ``/shapes`` are
+            :data:`h5forge.preprocess.images.DEFAULT_MAX_PIXELS` (89.5 M). The file's ``/shapes``
+            are
             checked against it at open and never raise it.
 
     Opening checks the whole file before reading any sample (see docs/FORMAT.md, "What
@@ -310,7 +318,7 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
 
     def _read_batch(self, indices: Sequence[int], *, use_slots: bool) -> Any:
         """:meth:`read_batch`; ``use_slots`` (the loader's workers) reads into a reusable slot
-        and returns a :class:`h5forge._batches.SlotBatch` (see that module)."""
+        and returns a :class:`h5forge.read.batches.SlotBatch` (see that module)."""
         from torch.utils.data import get_worker_info
 
         st = self._open()
@@ -370,7 +378,7 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         process; 9.6 MB each for 64 x 224 x 224 x 3) and reuses one once every tensor of the
         batch it held is gone; if the consumer keeps more batches alive than that, further
         batches get fresh shared memory, as with torch's own collate. See
-        :mod:`h5forge._batches`.
+        :mod:`h5forge.read.batches`.
 
         Args:
             batch_size: samples per batch.
@@ -460,7 +468,7 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
                 np.frombuffer(b, np.uint8).reshape(tuple(idx.shapes[r]))
                 for b, r in zip(raw, rows, strict=True)
             ]
-        from h5forge.images import Encoding, decode_stored
+        from h5forge.preprocess.images import Encoding, decode_stored
 
         return (
             decode_stored(

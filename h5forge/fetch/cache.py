@@ -16,15 +16,15 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-from h5forge._staging import exclusive
 from h5forge.errors import ChecksumError
+from h5forge.fetch.staging import exclusive
 from h5forge.files import replace_file
+from h5forge.publish.storage import sha256_file
 from h5forge.redact import canonical_url
-from h5forge.storage import sha256_file
 
 __all__: list[str] = []
 
-log = logging.getLogger("h5forge.sources")
+log = logging.getLogger("h5forge.fetch.sources")
 
 
 def check_digest(expected: str, actual: str, shown: str) -> None:

@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urljoin, urlsplit
 
-from h5forge._progress import Progress, progress_bar
 from h5forge.errors import UnsafeArchiveError
+from h5forge.progress import Progress, progress_bar
 from h5forge.redact import redact_text, redact_url
 
 __all__: list[str] = []
 
-log = logging.getLogger("h5forge.sources")
+log = logging.getLogger("h5forge.fetch.sources")
 
 _CHUNK = 1 << 20
 _MAX_REDIRECTS = 5

@@ -28,8 +28,8 @@ import h5py
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from h5forge import format as fmt
-from h5forge import structure
+from h5forge.asset import format as fmt
+from h5forge.asset import structure
 from h5forge.errors import H5ForgeError, IntegrityError
 
 __all__ = [
@@ -165,7 +165,7 @@ def open_h5(url: str, storage_options: dict[str, Any] | None = None) -> _Opened:
 
     Remote files cost one ``info`` request and one ranged read of the file's head for files this
     version writes (see the module docstring). Every link and dataset of the file is checked
-    before it is returned (:func:`h5forge.structure.check_links`): soft, external and
+    before it is returned (:func:`h5forge.asset.structure.check_links`): soft, external and
     user-defined links, virtual datasets and external storage are refused, and the filters the
     file uses are resolved (``hdf5plugin`` is imported when one needs it).
 

@@ -1,4 +1,4 @@
-"""Run :func:`h5forge.images.process_file` over many inputs in worker processes.
+"""Run :func:`h5forge.preprocess.images.process_file` over many inputs in worker processes.
 
 Results come back strictly in input order, and at most ``window`` inputs are submitted but not
 yet handed to the consumer, so memory stays bounded whatever the number of inputs.
@@ -30,8 +30,8 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.context import BaseContext
 from typing import NamedTuple
 
-from h5forge.images import ImageConfig, Processed, Quarantined, process_file
 from h5forge.lifetime import end_with_owner
+from h5forge.preprocess.images import ImageConfig, Processed, Quarantined, process_file
 
 __all__ = ["iter_processed"]
 
@@ -301,7 +301,7 @@ def _context() -> BaseContext:
     return ctx
 
 
-_PRELOAD = "h5forge.preprocess"
+_PRELOAD = "h5forge.preprocess.pool"
 
 
 def _preload(ctx: BaseContext) -> None:

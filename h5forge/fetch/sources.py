@@ -4,7 +4,7 @@
 or any fsspec URL) are downloaded into a content-addressed cache, checked against ``sha256``
 and extracted safely. Object-store prefixes (``s3://``, ``gs://``, ``memory://`` ...) are copied
 with bounded concurrency. Every location goes through ``fsspec.core.url_to_fs`` except
-``http(s)``, which uses our own resumable client (see ``h5forge._http`` for why).
+``http(s)``, which uses our own resumable client (see ``h5forge.fetch.http`` for why).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from h5forge import _http
-from h5forge._cache import cached_download, check_digest
-from h5forge._progress import progress_bar
-from h5forge._staging import commit, discard, exclusive, new_staging, split_member_name
 from h5forge.errors import UnsafeArchiveError
-from h5forge.extract import detect_archive, safe_extract
+from h5forge.fetch import http as _http
+from h5forge.fetch.cache import cached_download, check_digest
+from h5forge.fetch.extract import detect_archive, safe_extract
+from h5forge.fetch.staging import commit, discard, exclusive, new_staging, split_member_name
+from h5forge.progress import progress_bar
+from h5forge.publish.storage import sha256_file
 from h5forge.redact import redact_url
-from h5forge.storage import sha256_file
 
 __all__ = ["MARKER", "FetchResult", "fetch"]
 

@@ -12,7 +12,7 @@ from someone else cannot make a pack read ``/etc`` or a home folder. Folders mor
 the kernel cannot name (``path-too-long``); the walk is iterative, so depth never exhausts the
 stack.
 
-Manifest: see :func:`discover`; reading and checking its rows is :mod:`h5forge.sample_manifest`.
+Manifest: see :func:`discover`; reading and checking its rows is :mod:`h5forge.discover.manifest`.
 Every error names the manifest and the physical line, and names from it are shown escaped.
 
 Order is deterministic: by split (in ``SPLIT_NAMES`` order), then class, then relpath (code
@@ -27,9 +27,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from h5forge._staging import MAX_DEPTH, is_within, resolve
+from h5forge.discover.manifest import check_file, check_label_range, check_path, read_rows
 from h5forge.errors import EmptyDatasetError
-from h5forge.sample_manifest import check_file, check_label_range, check_path, read_rows
+from h5forge.fetch.staging import MAX_DEPTH, is_within, resolve
 from h5forge.text import printable
 
 __all__ = ["IMAGE_EXTENSIONS", "MAX_DEPTH", "SPLIT_NAMES", "Catalog", "Sample", "discover"]
@@ -99,7 +99,7 @@ def discover(
     indices ``0..max`` are kept as given and the classes are named ``"0"``, ``"1"``, ...; an
     index must be below ``max(rows, LABEL_FLOOR)``, so the classes made are bounded by the
     manifest, never by a label's value. Manifest entries are used as listed (no extension
-    filter). Bounds (in :mod:`h5forge.sample_manifest`): ``MAX_MANIFEST_BYTES``,
+    filter). Bounds (in :mod:`h5forge.discover.manifest`): ``MAX_MANIFEST_BYTES``,
     ``MAX_MANIFEST_ROWS``, ``MAX_LINE_BYTES`` per physical line, ``csv.field_size_limit()``
     per CSV field, ``MAX_PATH_BYTES`` per path, ``MAX_LABEL_CHARS`` per label. CSV rows must
     have as many fields as the header; text must be UTF-8 (a BOM is allowed) without NUL bytes.

@@ -3,7 +3,7 @@
 Two ways to know the copy is right, chosen per shard by the merge:
 
 - **By the shard file's sha256** (``check=None`` below): the shard has a manifest and the merge
-  hashes the whole file against it (:mod:`h5forge._file_check`), so the bytes need not pass
+  hashes the whole file against it (:mod:`h5forge.scale.file_check`), so the bytes need not pass
   through Python at all. Unfiltered chunks and blobs move with ``os.copy_file_range`` (in the
   kernel, no user-space copy) in runs that lie back to back in both files (:class:`RangeCopy`,
   which falls back to ``pread``/``pwrite`` where the kernel or filesystem cannot). Filtered
@@ -36,9 +36,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from h5forge._kernel_copy import BLOCK as _BLOCK
-from h5forge._kernel_copy import RangeCopy, pread_into, pwrite_all, runs
 from h5forge.errors import IntegrityError
+from h5forge.scale.kernel_copy import BLOCK as _BLOCK
+from h5forge.scale.kernel_copy import RangeCopy, pread_into, pwrite_all, runs
 
 __all__ = ["CheckedCopy", "chunk_ranges", "copy_blob", "copy_filtered", "copy_raw"]
 

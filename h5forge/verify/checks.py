@@ -23,8 +23,8 @@ from typing import Any, cast
 import h5py
 import numpy as np
 
-from h5forge import format as fmt
-from h5forge.access import (
+from h5forge.asset import format as fmt
+from h5forge.asset.access import (
     H5_DAMAGE,
     AssetIndex,
     check_index,
@@ -34,7 +34,7 @@ from h5forge.access import (
     url_to_fs,
 )
 from h5forge.errors import IntegrityError
-from h5forge.images import DEFAULT_MAX_PIXELS
+from h5forge.preprocess.images import DEFAULT_MAX_PIXELS
 
 __all__ = ["VerifyReport", "verify", "verify_unsealed"]
 
@@ -314,7 +314,7 @@ def _check_samples(
     Returns the file's sha256, or ``""`` without ``file_hash``: then a local file's samples are
     hashed on every usable CPU at once instead of in one sequential pass.
     """
-    from h5forge.images import Encoding, decode_stored
+    from h5forge.preprocess.images import Encoding, decode_stored
 
     hdr = idx.header
     decode = decode and hdr.layout == "encoded"
@@ -547,7 +547,8 @@ def verify(
         seed: seed of the subset.
         max_pixels: most pixels one encoded sample may decode to (the check decodes every
             chosen one), and one compressed chunk may hold; default Pillow's limit,
-            :data:`h5forge.images.DEFAULT_MAX_PIXELS`. Never raised by the file's ``/shapes``.
+            :data:`h5forge.preprocess.images.DEFAULT_MAX_PIXELS`. Never raised by the file's
+            ``/shapes``.
 
     Before anything is read, the file's structure is checked as a reader's open checks it
     (links, virtual datasets, external storage, declared sizes; see docs/FORMAT.md, "What
@@ -626,7 +627,7 @@ def verify_unsealed(path: str, *, check_digests: bool = True) -> VerifyReport:
         path: the local unsealed file.
         check_digests: False skips the per-sample sha256 pass (``checked_samples`` is 0) and
             keeps every structural check; for a writer that already checked the bytes it
-            wrote (:func:`h5forge.merge.merge_shards`: each shard's file sha256, or each
+            wrote (:func:`h5forge.scale.merge.merge_shards`: each shard's file sha256, or each
             sample's digest for shards without a manifest).
     """
     return _damage_is_integrity(

@@ -1,6 +1,7 @@
-"""Private helpers of :mod:`h5forge.images`: checked open, mode rules and resize geometry.
+"""Private helpers of :mod:`h5forge.preprocess.images`: checked open, mode rules and resize
+geometry.
 
-The rules themselves are documented in :mod:`h5forge.images`.
+The rules themselves are documented in :mod:`h5forge.preprocess.images`.
 
 Coordinates are "logical": those of the full-resolution image after EXIF transposition. A JPEG
 decoded with DCT scaling (``Image.draft``) covers the same logical image at a lower resolution,
@@ -18,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 if TYPE_CHECKING:
-    from h5forge.images import ImageConfig
+    from h5forge.preprocess.images import ImageConfig
 
 __all__ = [
     "TRANSPOSE",
@@ -148,7 +149,7 @@ def orientation(img: Image.Image) -> int:
 
 
 def normalise_mode(img: Image.Image, mode: str) -> Image.Image:
-    """Bit depth, transparency and colour rules of :mod:`h5forge.images`, to ``mode``."""
+    """Bit depth, transparency and colour rules of :mod:`h5forge.preprocess.images`, to ``mode``."""
     if img.mode.startswith("I;16"):
         img = Image.fromarray((np.asarray(img).astype(np.uint16) >> 8).astype(np.uint8))
     elif img.mode in ("I", "F"):

@@ -3,8 +3,8 @@
 Every shard is opened once (HDF5 header and index, a local or remote URL) before anything is
 written, so a mix of builds, an unsealed shard or too many bad inputs fail the merge up front.
 A shard with a manifest (``url + ".manifest.json"``, written last by
-:func:`h5forge.storage.publish`) is to be checked by its whole file's sha256: the hash of a
-local one starts here, on :class:`h5forge._file_check.FileChecks`' threads, while the others
+:func:`h5forge.publish.storage.publish`) is to be checked by its whole file's sha256: the hash of a
+local one starts here, on :class:`h5forge.scale.file_check.FileChecks`' threads, while the others
 are surveyed.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from h5forge import format as fmt
-from h5forge._file_check import Expected, FileChecks, FileIdentity
-from h5forge.access import check_labels, is_local, load_index, open_h5, url_to_fs
-from h5forge.storage import manifest_url, read_manifest
+from h5forge.asset import format as fmt
+from h5forge.asset.access import check_labels, is_local, load_index, open_h5, url_to_fs
+from h5forge.publish.storage import manifest_url, read_manifest
+from h5forge.scale.file_check import Expected, FileChecks, FileIdentity
 
 __all__ = ["Shard", "survey"]
 

@@ -1,0 +1,5 @@
+"""Stage 4, pack: write the preprocessed samples into the documented HDF5 layout, atomically
+(``writer``: :func:`pack`, :class:`PackResult`).
+
+Nothing is imported here, so that naming a module of this package stays cheap.
+"""
