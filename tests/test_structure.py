@@ -1,0 +1,191 @@
+"""The house's shape, read from the code's own imports with ``ast``.
+
+* no import circle among the modules of ``h5forge/`` (imports inside functions count too;
+  ``if TYPE_CHECKING:`` blocks do not, they never run);
+* no module imports an underscore name of another (``from h5forge.x import _y``, ``x._y``):
+  what siblings share is public inside the package;
+* no environment read outside ``deployments/``;
+* every module of the project is under 300 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("h5forge", "tasks", "flows", "deployments")
+MAX_LINES = 300
+
+
+def _modules(*packages: str) -> dict[str, Path]:
+    found = {}
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = _modules(*PACKAGES)
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run (``if TYPE_CHECKING:`` bodies left out)."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".")
+    is_package = MODULES[module].name == "__init__.py"
+    base = package if is_package else package[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> Iterator[tuple[str, str | None]]:
+    """``(module imported, name taken from it or None)`` for each name of one import."""
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            yield alias.name, None
+        return
+    source = _absolute(module, node)
+    for alias in node.names:
+        submodule = f"{source}.{alias.name}"
+        if submodule in MODULES:
+            yield submodule, None
+        else:
+            yield source, alias.name
+
+
+def _edges(module: str) -> set[str]:
+    out = set()
+    for node in _imports(_tree(MODULES[module])):
+        for target, _ in _targets(module, node):
+            if target in MODULES and target != module:
+                out.add(target)
+    return out
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_cycle_finder_finds_a_circle_and_only_a_circle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_circle_in_the_library() -> None:
+    library = {m for m in MODULES if m.split(".")[0] == "h5forge"}
+    graph = {m: _edges(m) & library for m in library}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _underscore_uses(module: str) -> Iterator[str]:
+    tree = _tree(MODULES[module])
+    aliases: dict[str, str] = {}  # local name -> project module it is bound to
+    for node in _imports(tree):
+        for (target, name), alias in zip(_targets(module, node), node.names, strict=True):
+            if target.split(".")[0] not in PACKAGES:
+                continue
+            local = alias.asname or alias.name.split(".")[0]
+            if name is not None and _private(name):
+                yield f"line {node.lineno}: imports {name} from {target}"
+            elif any(_private(part) for part in target.split(".")[1:]):
+                yield f"line {node.lineno}: imports the private module {target}"
+            elif name is None and (alias.asname or isinstance(node, ast.ImportFrom)):
+                aliases[local] = target
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and _private(node.attr)
+        ):
+            yield f"line {node.lineno}: uses {aliases[node.value.id]}.{node.attr}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_underscore_name_crosses_modules(module: str) -> None:
+    found = list(_underscore_uses(module))
+    assert not found, f"{MODULES[module].relative_to(ROOT)}: " + "; ".join(found)
+
+
+_ENV_READERS = {("os", "environ"), ("os", "getenv"), ("os", "putenv"), ("os", "unsetenv")}
+
+
+def _environment_reads(path: Path) -> Iterator[str]:
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if (node.value.id, node.attr) in _ENV_READERS:
+                yield f"line {node.lineno}: os.{node.attr}"
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            for alias in node.names:
+                if ("os", alias.name) in _ENV_READERS:
+                    yield f"line {node.lineno}: from os import {alias.name}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("deployments")))
+def test_no_environment_read_outside_deployments(module: str) -> None:
+    found = list(_environment_reads(MODULES[module]))
+    assert not found, f"{MODULES[module].relative_to(ROOT)}: " + "; ".join(found)
+
+
+def test_environment_reads_are_found() -> None:
+    found = list(_environment_reads(MODULES["deployments.serve"]))
+    assert found, "deployments/serve.py reads the environment; the finder must see it"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_is_under_300_lines(module: str) -> None:
+    lines = MODULES[module].read_text(encoding="utf-8").count("\n")
+    assert lines < MAX_LINES, f"{MODULES[module].relative_to(ROOT)} has {lines} lines"
