@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import best, image_root, interleave, parser, start_report, table, verdict
+from h5forge.cpus import usable_cpus
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.pack.writer import pack
 from h5forge.preprocess.images import ImageConfig
@@ -118,12 +119,6 @@ def _sha256_files(urls: list[str]) -> None:
             hashlib.sha256(m).hexdigest()
 
 
-def _cpus() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def _compare(name: str, urls: list[str], work: Path, repeat: int) -> list[object]:
     """One table row: copyfile, copyfile+fsync, sha256, merge and bare merge of the same shards."""
     merge_runs: list[tuple[float, float]] = []  # (wall s, CPU s of this process)
@@ -159,7 +154,7 @@ def _compare(name: str, urls: list[str], work: Path, repeat: int) -> list[object
     (m, cpu), v = merge_runs[k], clock.seconds[2 * k]  # verify runs in merge, then merge_bare
     # No merge that hashes and copies every byte can beat this on this machine's CPUs (two
     # hash threads), whatever else it does: the bound of the ratio the target asks for.
-    bound = c / max(c, h / 2, (h + c) / _cpus())
+    bound = c / max(c, h / 2, (h + c) / usable_cpus())
     mb = sum(Path(u).stat().st_size for u in urls) / 1e6
     # The merge is durable (fsync before the seal); a copy left in the page cache is not. No
     # durable copy of these bytes beats copyfile+fsync: the bound of the strict ratio.
@@ -227,7 +222,7 @@ def _merge_vs_copy(
         "chunks inflated to hash the pixels). 'merge CPU s' is the CPU time of the process "
         "(all threads) in the best merge run; 'sha256 s' is hashlib over the same "
         "shards on one thread; 'bound' is the best merge / copyfile ratio any merge "
-        f"that hashes and copies every byte could reach on these {_cpus()} CPUs: "
+        f"that hashes and copies every byte could reach on these {usable_cpus()} CPUs: "
         "copyfile / max(copyfile, sha256 / 2 threads, (sha256 + copyfile) / CPUs). "
         "The merge fsyncs its output before sealing it (nothing is called done before "
         "it is on disk); 'copyfile' leaves its copy in the page cache. 'durable bound' "

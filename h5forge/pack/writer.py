@@ -31,6 +31,7 @@ import h5py
 import numpy as np
 
 from h5forge.asset import format as fmt
+from h5forge.asset.chunks import chunk_ranges
 from h5forge.asset.placement import Head
 from h5forge.asset.placement import utf8 as _utf8
 from h5forge.discover.catalog import Catalog, discover
@@ -234,13 +235,9 @@ class _Sink:
         assert images is not None
         if self.storage == "array":
             images.resize(n, axis=0)
-            ranges = np.zeros((n, 2), np.uint64)
-
-            def record(info: Any) -> None:
-                ranges[info.chunk_offset[0]] = (info.byte_offset, info.size)
-
-            images.id.chunk_iter(record)
-            return ranges, None
+            ranges = chunk_ranges(images, n)
+            assert (ranges >= 0).all(), "every sample was written as one chunk"
+            return ranges.astype(np.uint64), None
         assert self._spool is not None
         offsets = np.zeros(n + 1, np.uint64)
         np.cumsum(np.asarray(self.lengths, np.uint64), out=offsets[1:])

@@ -30,6 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.context import BaseContext
 from typing import NamedTuple
 
+from h5forge.cpus import usable_cpus
 from h5forge.lifetime import end_with_owner
 from h5forge.preprocess.images import ImageConfig, Processed, Quarantined, process_file
 
@@ -87,7 +88,7 @@ def iter_processed(
             raise ValueError(f"{name}={value!r} must be an int >= 1 (or None for the default)")
     cfg.validate()
     items = [os.fspath(p) for p in paths]
-    n_workers = workers or _usable_cpus()
+    n_workers = workers or usable_cpus()
     if n_workers == 1 or len(items) < _POOL_FROM:
         return (process_file(i, p, cfg) for i, p in enumerate(items))
     chunk = max(1, min(_MAX_CHUNK, len(items) // (n_workers * 4)))
@@ -317,11 +318,3 @@ def _preload(ctx: BaseContext) -> None:
     current = list(getattr(server, "_preload_modules", None) or ["__main__"])
     if _PRELOAD not in current:
         ctx.set_forkserver_preload([*current, _PRELOAD])
-
-
-def _usable_cpus() -> int:
-    if hasattr(os, "process_cpu_count"):  # Python 3.13+
-        return int(os.process_cpu_count() or 1)
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1

@@ -36,18 +36,19 @@ from typing import Any
 import h5py
 import numpy as np
 
+from h5forge.asset.chunks import chunk_ranges, chunk_table
+from h5forge.cpus import usable_cpus
 from h5forge.errors import IntegrityError
 from h5forge.scale.kernel_copy import BLOCK as _BLOCK
 from h5forge.scale.kernel_copy import RangeCopy, pread_into, pwrite_all, runs
 
-__all__ = ["CheckedCopy", "chunk_ranges", "copy_blob", "copy_filtered", "copy_raw"]
+__all__ = ["CheckedCopy", "copy_blob", "copy_filtered", "copy_raw"]
 
 _IN_FLIGHT = 48 << 20  # bytes held for hashing at once
 
 
 def _hash_threads() -> int:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(4, cpus or 1))
+    return max(1, min(4, usable_cpus()))
 
 
 class CheckedCopy:
@@ -190,24 +191,6 @@ def _check_one(
             f"shard's /digests says {want.hex()}"
         ]
     return []
-
-
-def chunk_table(images: h5py.Dataset, n: int) -> np.ndarray:
-    """``(file offset, size, filter mask)`` of chunk ``i`` of ``images`` (``-1`` where none)."""
-    table = np.full((n, 3), -1, np.int64)
-
-    def record(info: Any) -> None:
-        if 0 <= info.chunk_offset[0] < n:
-            table[info.chunk_offset[0]] = (info.byte_offset, info.size, info.filter_mask)
-
-    if n:
-        images.id.chunk_iter(record)
-    return table
-
-
-def chunk_ranges(images: h5py.Dataset, n: int) -> np.ndarray:
-    """``(file offset, size)`` of chunk ``i`` of ``images`` (``-1`` where none), one pass."""
-    return chunk_table(images, n)[:, :2].copy()
 
 
 def copy_raw(

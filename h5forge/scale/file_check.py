@@ -33,6 +33,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from h5forge.cpus import usable_cpus
 from h5forge.errors import IntegrityError
 
 __all__ = ["Expected", "FileChecks", "FileIdentity"]
@@ -111,8 +112,7 @@ def _sha256_mapped(path: str, url: str, stop: threading.Event) -> tuple[str, Fil
 
 
 def _hash_threads() -> int:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return 2 if (cpus or 1) >= 2 else 1
+    return 2 if usable_cpus() >= 2 else 1
 
 
 class FileChecks:

@@ -58,6 +58,7 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.access import is_local, load_index, open_h5, url_to_fs
+from h5forge.asset.chunks import chunk_ranges
 from h5forge.asset.placement import Head, _early
 from h5forge.errors import EmptyDatasetError, IntegrityError, UnsafePathError
 from h5forge.files import OutputLock, output_lock, same_file
@@ -73,7 +74,6 @@ from h5forge.pack.writer import (
 )
 from h5forge.scale.checked_copy import (
     CheckedCopy,
-    chunk_ranges,
     copy_blob,
     copy_filtered,
     copy_raw,

@@ -33,6 +33,8 @@ from h5forge.asset.access import (
     open_h5,
     url_to_fs,
 )
+from h5forge.asset.chunks import chunk_ranges
+from h5forge.cpus import usable_cpus
 from h5forge.errors import IntegrityError
 from h5forge.preprocess.images import DEFAULT_MAX_PIXELS
 
@@ -122,13 +124,8 @@ def _layout(
     images = h5[fmt.IMAGES]
     actual = np.zeros((max(n, 0), 2), np.uint64)
     if idx.header.storage == "array":
-
-        def record(info: Any) -> None:
-            if 0 <= info.chunk_offset[0] < n:
-                actual[info.chunk_offset[0]] = (info.byte_offset, info.size)
-
-        if images.shape[0]:
-            images.id.chunk_iter(record)
+        found = chunk_ranges(images, n)
+        actual[found[:, 0] >= 0] = found[found[:, 0] >= 0]
         if lookup and not idx.filtered and h5.driver != "fileobj":
             _lookup(images, n, actual, fails)
     else:
@@ -256,9 +253,7 @@ def _scan_parallel(
     threads = max(
         1,
         min(
-            len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else (os.cpu_count() or 1),
+            usable_cpus(),
             8,
             len(ranges),
         ),
@@ -338,7 +333,7 @@ def _check_samples(
         if shape is not None and tuple(arr.shape) != shape:
             found.append((i, f"sample {i}: decodes to {tuple(arr.shape)}, /shapes says {shape}"))
 
-    cpus = _usable_cpus()
+    cpus = usable_cpus()
     with ThreadPoolExecutor(cpus if decode else 1) as decoders:  # Pillow releases the GIL
         decoding: deque[Future[None]] = deque()
 
@@ -383,12 +378,6 @@ def _check_samples(
         ]
     fails.extend(msg for _, msg in sorted(found, key=lambda f: f[0]))
     return sha
-
-
-def _usable_cpus() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _verify(
