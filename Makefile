@@ -27,9 +27,11 @@ demo: install
 test: install
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest
 
+# One format and one lint for the whole tree; CI runs this before the tests.
 lint: install
+	$(VENV)/bin/ruff format --check h5forge tasks flows deployments tests benchmarks
 	$(VENV)/bin/ruff check h5forge tasks flows deployments tests benchmarks
-	$(VENV)/bin/mypy h5forge tasks flows
+	$(VENV)/bin/mypy h5forge tasks flows deployments
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
