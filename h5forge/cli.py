@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -74,9 +75,10 @@ def pack(
 
 
 def _verify_with_manifest(
-    file: str, manifest_url: str | None, *, sample_fraction: float, seed: int, progress: bool
+    file: str, manifest_url: str | None, verify_file: Callable[[], Any]
 ) -> tuple[Any, str | None]:
-    """Verify ``file``; then compare it with its manifest (the sidecar, or ``manifest_url``).
+    """Verify ``file`` with ``verify_file()``; then compare it with its manifest (the sidecar,
+    or ``manifest_url``).
 
     Returns the report and the manifest URL checked (None when there is none beside the file).
     A manifest that changed while the file was verified (a republish) is checked again.
@@ -84,7 +86,6 @@ def _verify_with_manifest(
     from h5forge.publish.storage import check_manifest, read_manifest
     from h5forge.publish.storage import manifest_url as sidecar
     from h5forge.summary import summarize
-    from h5forge.verify.checks import verify as do_verify
 
     target = manifest_url or sidecar(file)
 
@@ -100,14 +101,7 @@ def _verify_with_manifest(
 
     manifest = run_guarded(load)
     for _ in range(3):
-        report = run_guarded(
-            do_verify,
-            file,
-            what=file,
-            sample_fraction=sample_fraction,
-            seed=seed,
-            progress=progress,
-        )
+        report = verify_file()
         latest = run_guarded(load)
         if latest == manifest:
             break
@@ -152,10 +146,10 @@ def verify(
     """
     if no_manifest and manifest is not None:
         raise fail("--manifest and --no-manifest contradict each other; give one", EXIT_USAGE)
-    if no_manifest:
-        from h5forge.verify.checks import verify as do_verify
+    from h5forge.verify.checks import verify as do_verify
 
-        report = run_guarded(
+    def verify_file() -> Any:
+        return run_guarded(
             do_verify,
             file,
             what=file,
@@ -163,11 +157,11 @@ def verify(
             seed=seed,
             progress=not as_json,
         )
-        checked = None
+
+    if no_manifest:
+        report, checked = verify_file(), None
     else:
-        report, checked = _verify_with_manifest(
-            file, manifest, sample_fraction=sample_fraction, seed=seed, progress=not as_json
-        )
+        report, checked = _verify_with_manifest(file, manifest, verify_file)
     if as_json:
         typer.echo(json.dumps({**report.__dict__, "manifest": checked}, indent=2))
         return
