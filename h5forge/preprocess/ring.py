@@ -59,9 +59,11 @@ class Ring:
 
     @property
     def spec(self) -> tuple[str, int, int]:
+        """``(path, size, slots)``: what a worker needs to open the ring and find a slot."""
         return self.path, self.size, self.slots
 
     def take(self, r: InRing) -> Processed:
+        """A copy of the slot's bytes, as the :class:`Processed` the worker made."""
         data = os.pread(self._fd, self.size, (r.sample % self.slots) * self.size)
         if len(data) != self.size:
             raise OSError(
@@ -79,6 +81,7 @@ class Ring:
         return Processed(r.sample, view, r.shape, r.digest)  # type: ignore[arg-type]
 
     def close(self) -> None:
+        """Unmap and close the file (and unlink it where it still has a name)."""
         if self._map is not None:
             with contextlib.suppress(BufferError):  # a caller still holds a view: GC frees it
                 self._map.close()
