@@ -47,7 +47,7 @@ _CHILD = """
 import json, sys, time
 from dataclasses import replace
 from h5forge.discover.catalog import discover
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.pack.writer import pack
 root, n, out, workers = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 catalog = discover(root)
@@ -144,7 +144,7 @@ def _tiny_file(tmp: Path, n: int) -> Path:
 
     from h5forge.discover.catalog import Catalog, Sample
     from h5forge.pack.writer import pack
-    from h5forge.preprocess.images import ImageConfig
+    from h5forge.preprocess.config import ImageConfig
 
     png = tmp / "tiny.png"
     if not png.exists():

@@ -39,7 +39,7 @@ from benchmarks._common import best, image_root, interleave, parser, start_repor
 from h5forge.cpus import usable_cpus
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.pack.writer import pack
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.scale.merge import merge_shards
 from h5forge.scale.shards import ShardSpec, pack_shard, plan_shards, shard_catalog, shard_url
 

@@ -97,7 +97,7 @@ def main() -> None:
     )
     args = p.parse_args()
     from h5forge.pack.writer import pack
-    from h5forge.preprocess.images import ImageConfig
+    from h5forge.preprocess.config import ImageConfig
 
     report = start_report("pack: h5forge vs workers x one-core decode+resize, and vs naive")
     root, what = image_root(args)

@@ -135,7 +135,7 @@ def main() -> None:
     args = p.parse_args()
     from h5forge import H5ImageDataset
     from h5forge.pack.writer import pack
-    from h5forge.preprocess.images import ImageConfig
+    from h5forge.preprocess.config import ImageConfig
 
     report = start_report("read: DataLoader, h5forge vs numpy memmap and a JPEG folder")
     root, what = image_root(args)

@@ -40,7 +40,7 @@ def main() -> None:
     )
     args = p.parse_args()
     from h5forge.pack.writer import pack
-    from h5forge.preprocess.images import ImageConfig
+    from h5forge.preprocess.config import ImageConfig
     from h5forge.verify.checks import verify
 
     report = start_report("verify: full verify vs hashlib sha256 of the file")

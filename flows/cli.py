@@ -23,15 +23,9 @@ import typer
 from pydantic import ValidationError
 
 from flows.temporary_server import STARTUP_SETTING, ServerStartError, start_temporary_server
-from h5forge.cli import (
-    EXIT_FAILURE,
-    EXIT_USAGE,
-    app,
-    check_pack_options,
-    fail,
-    usage_error,
-    with_pack_options,
-)
+from h5forge.cli import app
+from h5forge.cli_exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
+from h5forge.cli_options import check_pack_options, with_pack_options
 from h5forge.errors import DestinationExistsError, H5ForgeError, PreviewPublishError
 from h5forge.messages import describe_os_error, os_error_in
 from h5forge.options import OptionError

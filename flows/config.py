@@ -25,7 +25,7 @@ from h5forge.options import (
     check_size,
     option,
 )
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.redact import redact_url
 
 __all__ = ["BuildConfig", "check_url"]

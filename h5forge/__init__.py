@@ -30,7 +30,7 @@ _LAZY = {
     "fetch": "h5forge.fetch.sources",
     "Catalog": "h5forge.discover.catalog",
     "discover": "h5forge.discover.catalog",
-    "ImageConfig": "h5forge.preprocess.images",
+    "ImageConfig": "h5forge.preprocess.config",
     "pack": "h5forge.pack.writer",
     "PackResult": "h5forge.pack.writer",
     "verify": "h5forge.verify.checks",

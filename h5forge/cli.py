@@ -1,65 +1,30 @@
 """``h5forge`` command line: pack, verify and inspect, without Prefect.
 
-Exit codes, the same for every command (``build`` and ``demo`` included):
-
-====  ===========================================================================
-0     success
-1     integrity or run failure: a file failed its checks or disagrees with its
-      manifest, too many images were quarantined, the disk filled up mid-run
-2     usage: a bad option or value, a source that does not exist, a destination
-      that exists (without ``--overwrite``), is read-only, full, or inside the source
-====  ===========================================================================
+Exit codes, the same for every command (``build`` and ``demo`` included): 0 success, 1
+integrity or run failure, 2 usage error; the table is in :mod:`h5forge.cli_exits`.
 
 The pack options come from :mod:`h5forge.options` (one name, type, default, bounds and help
-each), shared with ``build`` and the build form. The Prefect commands (``build``, ``demo``) are
-added to this app by ``flows/cli.py``.
+each), shared with ``build`` and the build form through :mod:`h5forge.cli_options`. The Prefect
+commands (``build``, ``demo``) are added to this app by ``flows/cli.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect as pyinspect
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from h5forge.errors import (
-    BusyError,
-    DestinationExistsError,
-    H5ForgeError,
-    IntegrityError,
-    MissingExtraError,
-    TooManyBadImagesError,
-)
-from h5forge.messages import describe_os_error, os_error_in
-from h5forge.options import (
-    PACK_OPTIONS,
-    OptionError,
-    check_compression,
-    format_size,
-    option,
-    parse_size,
-)
+from h5forge.cli_exits import EXIT_USAGE, fail, run_guarded, usage_error
+from h5forge.cli_options import check_pack_options, with_pack_options
+from h5forge.cli_summary import format_summary
+from h5forge.errors import IntegrityError
 from h5forge.text import printable
 
-__all__ = [
-    "EXIT_FAILURE",
-    "EXIT_INTEGRITY",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "app",
-    "check_pack_options",
-    "fail",
-    "main",
-    "pack_default",
-    "pack_flag",
-    "run_guarded",
-    "usage_error",
-]
+__all__ = ["app", "main"]
 
 app = typer.Typer(
     add_completion=False,
@@ -67,166 +32,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Turn image folders into verified HDF5 assets, and check them.",
 )
-
-EXIT_OK = 0
-EXIT_FAILURE = 1  # integrity or run failure
-EXIT_INTEGRITY = EXIT_FAILURE
-EXIT_USAGE = 2
-
-
-_PANEL = "Pack options (the same in pack, build and the UI form)"
-
-
-def pack_flag(name: str) -> Any:
-    """The Typer option of the pack option ``name``: its flag and help, from h5forge.options.
-
-    Bounds and choices are checked by :func:`check_pack_options` (not by click), so that
-    ``pack``, ``build`` and the build form refuse a value with the same message.
-    """
-    o = option(name)
-    if o.kind == "choice":
-        return typer.Option(
-            o.flag,
-            help=o.help,
-            metavar="[" + "|".join(o.choices) + "]",
-            show_default=True,
-            rich_help_panel=_PANEL,
-        )
-    if o.kind == "bool":
-        return typer.Option(f"{o.flag}/--no-{o.flag[2:]}", help=o.help, rich_help_panel=_PANEL)
-    if o.kind == "size":
-        return typer.Option(o.flag, help=o.help, metavar="S|HxW|none", rich_help_panel=_PANEL)
-    shown = f" [{o.bounds}]" if o.kind in ("int", "float") else ""
-    return typer.Option(o.flag, help=o.help + shown, rich_help_panel=_PANEL)
-
-
-def fail(message: str, code: int) -> typer.Exit:
-    """Print ``message`` to stderr (control characters escaped) and return the Exit to raise."""
-    # Line by line: a multi-line report keeps its lines; no terminal control gets through.
-    # Only what is not printable is escaped here: names the message already passed through
-    # printable() keep their single backslashes.
-    safe = "\n".join(
-        "".join(ch if ch.isprintable() else printable(ch) for ch in line)
-        for line in message.splitlines() or [""]
-    )
-    typer.secho(f"error: {safe}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code)
-
-
-def usage_error(e: BaseException) -> typer.Exit:
-    """The exit for an error found before any work (a bad argument or path): exit 2."""
-    if isinstance(e, DestinationExistsError):
-        return fail(f"{e.url} already exists; pass --overwrite to replace it", EXIT_USAGE)
-    if isinstance(e, OptionError):
-        return fail(f"invalid value for {option(e.option).flag}: {e}", EXIT_USAGE)
-    text = describe_os_error(e, overwrite_flag="--overwrite") if isinstance(e, OSError) else str(e)
-    # The library words the fix for Python callers; on the command line it is a flag.
-    for python in ("overwrite=True (CLI: --overwrite)", "overwrite=True"):
-        text = text.replace(python, "--overwrite")
-    return fail(text, EXIT_USAGE)
-
-
-def run_guarded(fn: Callable[..., Any], *args: Any, what: str | None = None, **kwargs: Any) -> Any:
-    """Call ``fn``; turn its errors into one message and the exit-code table's code.
-
-    Args:
-        what: the path to name in an operating-system error that carries none (the output).
-    """
-    try:
-        return fn(*args, **kwargs)
-    except (IntegrityError, TooManyBadImagesError) as e:
-        raise fail(str(e), EXIT_FAILURE) from e
-    except (
-        DestinationExistsError,
-        OptionError,
-        MissingExtraError,
-        BusyError,
-        FileExistsError,
-        FileNotFoundError,
-    ) as e:
-        raise usage_error(e) from e
-    except OSError as e:
-        raise fail(
-            describe_os_error(e, path=what, overwrite_flag="--overwrite"), EXIT_FAILURE
-        ) from e
-    except (H5ForgeError, ValueError) as e:
-        cause = os_error_in(e)  # e.g. an extraction that ran out of disk
-        if cause is not None:
-            raise fail(describe_os_error(cause, path=what), EXIT_FAILURE) from e
-        raise fail(str(e), EXIT_USAGE) from e
-
-
-def check_pack_options(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Check command-line pack options with the rules of :mod:`h5forge.options`.
-
-    ``size`` is given as text (``224``, ``224x256``, ``none``) and comes back as ``(H, W)`` or
-    None; every other value comes back as given. Exits 2 with the option's message.
-    """
-    checked = dict(values)
-    try:
-        for name, value in values.items():
-            if name == "size":
-                checked[name] = parse_size(value, values.get("resize"))
-            else:
-                option(name).check(value)
-        if "compression" in values:
-            fixed = (
-                values.get("layout", "decoded") == "decoded"
-                and values.get("resize", "shorter-side") != "none"
-            )
-            check_compression(
-                values["compression"], values.get("compression_level"), fixed_size_decoded=fixed
-            )
-    except OptionError as e:
-        raise usage_error(e) from e
-    return checked
-
-
-def pack_default(name: str) -> Any:
-    """The command-line default of the pack option ``name`` (``--size`` as text)."""
-    o = option(name)
-    return format_size(o.default) if o.kind == "size" else o.default
-
-
-_PY_TYPES = {"choice": str, "size": str, "path": str, "int": int, "float": float, "bool": bool}
-
-
-def with_pack_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Give ``command`` every option of :data:`h5forge.options.PACK_OPTIONS` as a Typer option.
-
-    The options are declared once, in :mod:`h5forge.options`; ``pack`` and ``build`` take them
-    from there instead of restating them. ``command`` receives them as one dict, its keyword
-    ``pack_options`` (name -> value as typed; ``size`` as text), and lists them in ``--help``
-    after its own parameters.
-    """
-    own = [
-        p for name, p in pyinspect.signature(command).parameters.items() if name != "pack_options"
-    ]
-    added = []
-    for o in PACK_OPTIONS:
-        kind: Any = _PY_TYPES[o.kind]
-        if o.optional:
-            kind = kind | None
-        added.append(
-            pyinspect.Parameter(
-                o.name,
-                pyinspect.Parameter.KEYWORD_ONLY,
-                default=pack_default(o.name),
-                annotation=Annotated[kind, pack_flag(o.name)],
-            )
-        )
-
-    @functools.wraps(command)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        chosen = {o.name: kwargs.pop(o.name) for o in PACK_OPTIONS}
-        return command(*args, pack_options=chosen, **kwargs)
-
-    signature = pyinspect.Signature(
-        [*(p.replace(kind=pyinspect.Parameter.KEYWORD_ONLY) for p in own), *added]
-    )
-    run.__signature__ = signature  # type: ignore[attr-defined]
-    run.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
-    return run
 
 
 @app.command()
@@ -239,7 +44,7 @@ def pack(
     """Pack an image folder into a sealed HDF5 file (no Prefect)."""
     from h5forge.pack.writer import pack as do_pack
     from h5forge.preflight import check_destination, check_source
-    from h5forge.preprocess.images import ImageConfig
+    from h5forge.preprocess.config import ImageConfig
 
     v = check_pack_options(pack_options)
     # The image policy goes to ImageConfig, the rest (codec, checksums, workers...) to pack().
@@ -270,9 +75,10 @@ def pack(
 
 
 def _verify_with_manifest(
-    file: str, manifest_url: str | None, *, sample_fraction: float, seed: int, progress: bool
+    file: str, manifest_url: str | None, verify_file: Callable[[], Any]
 ) -> tuple[Any, str | None]:
-    """Verify ``file``; then compare it with its manifest (the sidecar, or ``manifest_url``).
+    """Verify ``file`` with ``verify_file()``; then compare it with its manifest (the sidecar,
+    or ``manifest_url``).
 
     Returns the report and the manifest URL checked (None when there is none beside the file).
     A manifest that changed while the file was verified (a republish) is checked again.
@@ -280,7 +86,6 @@ def _verify_with_manifest(
     from h5forge.publish.storage import check_manifest, read_manifest
     from h5forge.publish.storage import manifest_url as sidecar
     from h5forge.summary import summarize
-    from h5forge.verify.checks import verify as do_verify
 
     target = manifest_url or sidecar(file)
 
@@ -296,14 +101,7 @@ def _verify_with_manifest(
 
     manifest = run_guarded(load)
     for _ in range(3):
-        report = run_guarded(
-            do_verify,
-            file,
-            what=file,
-            sample_fraction=sample_fraction,
-            seed=seed,
-            progress=progress,
-        )
+        report = verify_file()
         latest = run_guarded(load)
         if latest == manifest:
             break
@@ -348,10 +146,10 @@ def verify(
     """
     if no_manifest and manifest is not None:
         raise fail("--manifest and --no-manifest contradict each other; give one", EXIT_USAGE)
-    if no_manifest:
-        from h5forge.verify.checks import verify as do_verify
+    from h5forge.verify.checks import verify as do_verify
 
-        report = run_guarded(
+    def verify_file() -> Any:
+        return run_guarded(
             do_verify,
             file,
             what=file,
@@ -359,11 +157,11 @@ def verify(
             seed=seed,
             progress=not as_json,
         )
-        checked = None
+
+    if no_manifest:
+        report, checked = verify_file(), None
     else:
-        report, checked = _verify_with_manifest(
-            file, manifest, sample_fraction=sample_fraction, seed=seed, progress=not as_json
-        )
+        report, checked = _verify_with_manifest(file, manifest, verify_file)
     if as_json:
         typer.echo(json.dumps({**report.__dict__, "manifest": checked}, indent=2))
         return
@@ -377,72 +175,6 @@ def verify(
         f"{report.num_classes} classes, {report.bytes:,} bytes, sha256 {report.sha256}, "
         f"{report.checked_samples} digests checked in {report.seconds:.2f} s{against}"
     )
-
-
-def _lines(value: Any, indent: str) -> list[str]:
-    """``key: value`` lines of a JSON-like value, nested mappings indented."""
-    if not isinstance(value, dict):
-        return [f"{indent}{printable(json.dumps(value, ensure_ascii=False))}"]
-    out = []
-    for key, item in sorted(value.items()):
-        if isinstance(item, dict) and item:
-            out.append(f"{indent}{printable(key)}:")
-            out.extend(_lines(item, indent + "  "))
-        else:
-            shown = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
-            out.append(f"{indent}{printable(key)}: {printable(shown)}")
-    return out
-
-
-def format_summary(info: Mapping[str, Any]) -> str:
-    """The readable ``inspect`` text of :func:`h5forge.summary.summarize`'s dict."""
-    attrs = info.get("attributes", {})
-    get = attrs.get
-    counts: dict[str, dict[str, int]] = info.get("counts", {})
-    quarantined = info.get("quarantined", [])
-    shape = info.get("image_shape")
-    shown_shape = "x".join(map(str, shape)) if isinstance(shape, list) else str(shape)
-    lines = [
-        f"file:         {printable(info.get('url', ''))}",
-        f"sealed:       {'yes' if info.get('sealed') else 'NO (not a finished asset)'}",
-        f"format:       {printable(get('format', '?'))} v{get('format_version', '?')}, "
-        f"written by h5forge {printable(get('h5forge_version', '?'))} at "
-        f"{printable(get('created_at', '?'))}",
-        f"layout:       {printable(get('layout', '?'))} ({printable(get('storage', '?'))} "
-        f"storage, encoding {printable(get('encoding', '?'))}, mode {printable(get('mode', '?'))},"
-        f" images {printable(shown_shape)})",
-        f"compression:  {printable(get('compression', 'none'))}",
-        f"size:         {int(info.get('bytes', 0)):,} bytes",
-        f"samples:      {get('num_samples', '?')} in {get('num_classes', '?')} classes, "
-        f"{get('num_quarantined', len(quarantined))} quarantined",
-    ]
-    if get("source_url"):
-        lines.append(
-            f"source:       {printable(get('source_url'))}"
-            + (f" (sha256 {printable(get('source_sha256'))})" if get("source_sha256") else "")
-        )
-    lines.append("counts:")
-    for split, per_class in sorted(counts.items()):
-        total = sum(per_class.values())
-        per = ", ".join(f"{printable(c)} {n}" for c, n in per_class.items())
-        lines.append(f"  {printable(split) or '(all)'}: {total} ({per})")
-    config = info.get("config") or ""
-    try:
-        parsed = json.loads(config) if isinstance(config, str) and config else config
-    except ValueError:
-        parsed = config
-    lines.append("config:")
-    lines.extend(_lines(parsed, "  ") if parsed else ["  (none)"])
-    total_bad = get("num_quarantined", len(quarantined))
-    lines.append(f"quarantined:  {total_bad}")
-    for path, reason in quarantined:
-        lines.append(f"  {printable(path)}: {printable(reason)}")
-    if isinstance(total_bad, int) and total_bad > len(quarantined):
-        lines.append(
-            f"  ... and {total_bad - len(quarantined)} more (all are in the file's "
-            "/quarantine group)"
-        )
-    return "\n".join(lines)
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""Private progress reporting for transfers: a rich bar when asked for, otherwise nothing."""
+"""Progress reporting for transfers: a rich bar when asked for, otherwise nothing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-__all__: list[str] = []
+__all__ = ["Progress", "progress_bar"]
 
 
 class Progress(Protocol):

@@ -43,7 +43,8 @@ from h5forge.errors import (
 )
 from h5forge.files import OutputLock, describe, output_lock, same_file
 from h5forge.options import CODEC_LEVELS, Compression, check_compression, option
-from h5forge.preprocess.images import ImageConfig, Processed, Quarantined
+from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.images import Processed, Quarantined
 from h5forge.preprocess.pool import iter_processed
 
 __all__ = ["COMPRESSIONS", "PackResult", "pack"]

@@ -30,10 +30,8 @@ is left False: a truncated file is never padded with grey.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
-import json
 import struct
 from dataclasses import dataclass
 from typing import Literal
@@ -42,99 +40,22 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 from PIL.JpegImagePlugin import JpegImageFile
 
-from h5forge import options as opts
 from h5forge.errors import IntegrityError
-from h5forge.options import Encoding, Layout, Mode, ResizePolicy
+from h5forge.options import Encoding, Layout, option
 from h5forge.preprocess import normalise as norm
+from h5forge.preprocess.config import DEFAULT_MAX_PIXELS, ImageConfig
 
 __all__ = [
-    "DEFAULT_MAX_PIXELS",
     "Encoding",
-    "ImageConfig",
     "Layout",
     "Processed",
     "Quarantined",
-    "ResizePolicy",
     "decode_stored",
     "load_normalised",
     "process_file",
 ]
 
-_LAYOUTS = opts.option("layout").choices
-_ENCODINGS = opts.option("encoding").choices
-_RESIZES = opts.option("resize").choices
 _PIL_FORMAT = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
-#: Pillow's own decompression-bomb limit: the default most pixels one image may decode to, in
-#: packing (``ImageConfig.max_image_pixels``) and in reading (``max_pixels=`` of
-#: :func:`decode_stored`, ``H5ImageDataset`` and ``verify``). 89.5 M pixels is 268 MB of RGB.
-DEFAULT_MAX_PIXELS: int = opts.option("max_image_pixels").default
-
-
-@dataclass(frozen=True)
-class ImageConfig:
-    """How every image of one file is decoded, normalised, resized and stored.
-
-    Attributes:
-        layout: ``"decoded"`` stores raw ``(H, W, C)`` uint8 pixels; ``"encoded"`` stores bytes.
-        encoding: for ``"encoded"`` only: ``"original"`` keeps the source file bit for bit (the
-            resize policy then does not apply to the stored bytes), or re-encode as
-            ``"jpeg"``/``"png"``/``"webp"`` after normalising and resizing.
-        quality: JPEG/WebP re-encode quality, 1..100.
-        mode: ``"RGB"`` (C=3) or ``"L"`` (C=1).
-        resize: ``"none"``, ``"resize"`` (exactly ``size``) or ``"shorter-side"``.
-        size: ``(H, W)`` output size; ``None`` only with ``resize="none"`` (ignored there).
-        shorter_side: S for ``"shorter-side"``; ``None`` means ``max(size)``; must be
-            ``>= max(size)`` so the centre crop always fits.
-        max_image_pixels: images with more pixels (from the header) are quarantined.
-    """
-
-    layout: Layout = "decoded"
-    encoding: Encoding = "original"
-    quality: int = 90
-    mode: Mode = "RGB"
-    resize: ResizePolicy = "shorter-side"
-    size: tuple[int, int] | None = (224, 224)
-    shorter_side: int | None = None
-    max_image_pixels: int = DEFAULT_MAX_PIXELS
-
-    def __post_init__(self) -> None:
-        if isinstance(self.size, list):  # e.g. from JSON
-            object.__setattr__(self, "size", tuple(self.size))
-        self.validate()
-
-    def validate(self) -> None:
-        """Check every field.
-
-        Raises:
-            ValueError: naming the field, the value found, what is allowed and the fix.
-        """
-        # The bounds and their messages are the pack options' (h5forge.options), shared
-        # with the command line and the build form.
-        for name in ("layout", "encoding", "mode", "resize", "quality", "max_image_pixels"):
-            opts.option(name).check(getattr(self, name))
-        if self.layout == "decoded" and self.encoding != "original":
-            raise ValueError(
-                f"encoding={self.encoding!r} only applies to layout='encoded'; "
-                "set layout='encoded' or leave encoding='original'"
-            )
-        opts.check_size(self.size, self.resize)
-        if self.shorter_side is not None:
-            opts.option("shorter_side").check(self.shorter_side)
-            least = max(self.size) if self.size else 1
-            if self.shorter_side < least:
-                raise ValueError(
-                    f"shorter_side={self.shorter_side!r} must be an int >= max(size) = {least} "
-                    "so the centre crop fits; raise it or leave it None"
-                )
-
-    def to_json(self) -> str:
-        """Canonical JSON (sorted keys, no spaces): equal configs give equal strings."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> ImageConfig:
-        """Inverse of :meth:`to_json`."""
-        return cls(**json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -281,8 +202,8 @@ def decode_stored(
             are) more than ``max_pixels`` pixels.
         ValueError: an unknown ``layout``, ``encoding`` or ``mode``, or a bad ``max_pixels``.
     """
-    _one_of("layout", layout, _LAYOUTS)
-    _one_of("encoding", encoding, _ENCODINGS)
+    option("layout").check(layout)
+    option("encoding").check(encoding)
     if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < 1:
         raise ValueError(
             f"max_pixels={max_pixels!r} must be an int >= 1; the default is {DEFAULT_MAX_PIXELS}"
@@ -327,8 +248,3 @@ def decode_stored(
 
 def _is_truncation(e: BaseException) -> bool:
     return isinstance(e, EOFError) or "truncated" in str(e).lower()
-
-
-def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")

@@ -1,4 +1,4 @@
-"""Private helpers of :mod:`h5forge.preprocess.images`: checked open, mode rules and resize
+"""The steps :mod:`h5forge.preprocess.images` composes: checked open, mode rules and resize
 geometry.
 
 The rules themselves are documented in :mod:`h5forge.preprocess.images`.
@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import io
 import threading
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
 
-if TYPE_CHECKING:
-    from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 
 __all__ = [
     "TRANSPOSE",

@@ -3,12 +3,10 @@
 Results come back strictly in input order, and at most ``window`` inputs are submitted but not
 yet handed to the consumer, so memory stays bounded whatever the number of inputs.
 
-Decoded samples of a fixed size (150 KB at 224x224 RGB) do not travel back through the pool's
-pipe: there each costs the consumer's process a pickle round trip and several copies, CPU the
-decoders need. Workers write them into a ring of ``window`` slots in a shared-memory file
-instead and return only the digest; the consumer's side reads each slot once. Slots cannot
-collide: input ``i`` uses slot ``i % window``, and it is submitted only after input
-``i - window`` was read out.
+Decoded samples of a fixed size do not travel back through the pool's pipe: workers write them
+into a shared-memory ring of ``window`` slots (:mod:`h5forge.preprocess.ring`) and return only
+the digest. Slots cannot collide: input ``i`` uses slot ``i % window``, and it is submitted only
+after input ``i - window`` was read out.
 
 Workers end with the process that owns the pool, even when it is killed with SIGKILL
 (:mod:`h5forge.lifetime`).
@@ -16,23 +14,18 @@ Workers end with the process that owns the pool, even when it is killed with SIG
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-import multiprocessing
 import os
-import shutil
-import sys
-import tempfile
 from collections import deque
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.context import BaseContext
-from typing import NamedTuple
 
 from h5forge.cpus import usable_cpus
 from h5forge.lifetime import end_with_owner
-from h5forge.preprocess.images import ImageConfig, Processed, Quarantined, process_file
+from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.context import check_main_importable, worker_context
+from h5forge.preprocess.images import Processed, Quarantined, process_file
+from h5forge.preprocess.ring import InRing, Ring
 
 __all__ = ["iter_processed"]
 
@@ -57,8 +50,8 @@ def iter_processed(
 
     Stop early by closing the generator (``close()``, ``contextlib.closing``, or leaving a
     ``for`` loop and dropping it): pending work is cancelled and the worker processes exit.
-    Workers start with forkserver or spawn (see ``_context``), so a script that calls this at
-    import time needs the usual ``if __name__ == "__main__":`` guard.
+    Workers start with forkserver or spawn (see :mod:`h5forge.preprocess.context`), so a
+    script that calls this at import time needs the usual ``if __name__ == "__main__":`` guard.
 
     Args:
         paths: local paths; result ``i`` has ``index == i``.
@@ -99,71 +92,6 @@ def iter_processed(
     return _pooled(items, cfg, n_workers, min(chunk, limit), limit, size, borrow)
 
 
-class _InRing(NamedTuple):
-    """A processed sample whose bytes a worker wrote into its ring slot."""
-
-    sample: int
-    shape: tuple[int, int, int]
-    digest: bytes
-
-
-class _Ring:
-    """``slots`` slots of ``size`` bytes in a file in /dev/shm (or the temp folder).
-
-    On Linux the file is unlinked at once and workers open it as ``/proc/<pid>/fd/<fd>``, so
-    nothing is left behind even when the pack is killed; elsewhere it is unlinked on close.
-    """
-
-    def __init__(self, size: int, slots: int) -> None:
-        self.size, self.slots = size, slots
-        self._map: mmap.mmap | None = None
-        folder = "/dev/shm"
-        if not (
-            os.path.isdir(folder)
-            and os.access(folder, os.W_OK)
-            and shutil.disk_usage(folder).free > 4 * size * slots
-        ):
-            folder = tempfile.gettempdir()
-        self._fd, self._named = tempfile.mkstemp(prefix="h5forge-ring-", dir=folder)
-        os.ftruncate(self._fd, size * slots)
-        self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
-        if os.path.exists(self.path):
-            os.unlink(self._named)
-            self._named = ""
-        else:
-            self.path = self._named
-
-    @property
-    def spec(self) -> tuple[str, int, int]:
-        return self.path, self.size, self.slots
-
-    def take(self, r: _InRing) -> Processed:
-        data = os.pread(self._fd, self.size, (r.sample % self.slots) * self.size)
-        if len(data) != self.size:
-            raise OSError(
-                f"ring {self.path}: slot of input {r.sample} holds {len(data)} bytes, "
-                f"expected {self.size}"
-            )
-        return Processed(r.sample, data, r.shape, r.digest)
-
-    def borrow(self, r: _InRing) -> Processed:
-        """The slot itself, read-only: valid until the slot is handed to another input."""
-        if self._map is None:
-            self._map = mmap.mmap(self._fd, self.size * self.slots, prot=mmap.PROT_READ)
-        start = (r.sample % self.slots) * self.size
-        view = memoryview(self._map)[start : start + self.size]
-        return Processed(r.sample, view, r.shape, r.digest)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        if self._map is not None:
-            with contextlib.suppress(BufferError):  # a caller still holds a view: GC frees it
-                self._map.close()
-        os.close(self._fd)
-        if self._named:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._named)
-
-
 def _fixed_size(cfg: ImageConfig) -> int | None:
     """Bytes of every processed sample when they are all the same size, else None."""
     if cfg.layout != "decoded" or cfg.resize == "none" or cfg.size is None:
@@ -173,7 +101,7 @@ def _fixed_size(cfg: ImageConfig) -> int | None:
 
 def _process_chunk(
     start: int, paths: list[str], cfg: ImageConfig, ring: tuple[str, int, int] | None = None
-) -> list[Result | _InRing]:
+) -> list[Result | InRing]:
     # Module level so that spawn/forkserver workers can unpickle it by name.
     if ring is None:
         return [process_file(start + i, p, cfg) for i, p in enumerate(paths)]
@@ -182,14 +110,14 @@ def _process_chunk(
         fd = os.open(path, os.O_WRONLY)
     except OSError:  # the ring cannot be reached from here: send the bytes the slow way
         return _process_chunk(start, paths, cfg)
-    out: list[Result | _InRing] = []
+    out: list[Result | InRing] = []
     try:
         for i, p in enumerate(paths):
             r = process_file(start + i, p, cfg)
             if isinstance(r, Processed) and len(r.data) == size:
                 try:
                     if os.pwrite(fd, r.data, (r.index % slots) * size) == size:
-                        out.append(_InRing(r.index, r.shape, r.digest))
+                        out.append(InRing(r.index, r.shape, r.digest))
                         continue
                 except OSError:  # e.g. the shared-memory folder is full: send it the slow way
                     pass
@@ -208,7 +136,7 @@ def _pooled(
     size: int | None,
     borrow: bool,
 ) -> Generator[Result, None, None]:
-    ring = _Ring(size, window) if size else None
+    ring = Ring(size, window) if size else None
     try:
         yield from _pooled_with(paths, cfg, workers, chunk, window, ring, borrow)
     finally:
@@ -222,12 +150,12 @@ def _pooled_with(
     workers: int,
     chunk: int,
     window: int,
-    ring: _Ring | None,
+    ring: Ring | None,
     borrow: bool,
 ) -> Generator[Result, None, None]:
     n = len(paths)
-    ctx = _context()
-    _check_main_importable(ctx)
+    ctx = worker_context()
+    check_main_importable(ctx)
     pool = ProcessPoolExecutor(
         max_workers=min(workers, -(-n // chunk)),
         mp_context=ctx,
@@ -235,7 +163,7 @@ def _pooled_with(
         initargs=(os.getpid(),),
     )
     spec = ring.spec if ring is not None else None
-    pending: deque[tuple[int, int, Future[list[Result | _InRing]]]] = deque()
+    pending: deque[tuple[int, int, Future[list[Result | InRing]]]] = deque()
     in_flight = 0  # submitted and not yet yielded
     next_start = 0
     try:
@@ -257,7 +185,7 @@ def _pooled_with(
                 ) from e
             for r in results:
                 in_flight -= 1
-                if isinstance(r, _InRing):
+                if isinstance(r, InRing):
                     assert ring is not None
                     # The consumer is done with it when it asks for the next result; only then
                     # can the loop above submit the input that reuses the slot.
@@ -268,53 +196,3 @@ def _pooled_with(
         for _, _, task in pending:
             task.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _check_main_importable(ctx: BaseContext) -> None:
-    """spawn and forkserver children re-run ``__main__`` from its file: refuse a main script
-    they cannot find (``python - < script.py``) with the fix, instead of workers that die."""
-    if ctx.get_start_method() == "fork":
-        return
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main_file is not None and not os.path.exists(main_file):
-        raise RuntimeError(
-            f"worker processes ({ctx.get_start_method()}) re-import the main script, and "
-            f"{main_file!r} is not a file (a script read from stdin?); run it from a file or "
-            "with python -c, or pass workers=1 to decode in this process"
-        )
-
-
-def _context() -> BaseContext:
-    # fork() copies a parent that may run threads (Prefect's event loop, torch's thread pools,
-    # h5py) and can deadlock in the child; Python 3.14 moved Linux to forkserver for this reason.
-    # An explicitly chosen start method wins; otherwise keep the platform default (spawn on
-    # macOS/Windows) unless it is fork, and use forkserver (spawn where it is missing) instead.
-    chosen = multiprocessing.get_start_method(allow_none=True)
-    if chosen is not None:
-        return multiprocessing.get_context(chosen)
-    available = multiprocessing.get_all_start_methods()  # the platform default comes first
-    if available[0] != "fork":
-        return multiprocessing.get_context(available[0])
-    if "forkserver" not in available:
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    _preload(ctx)
-    return ctx
-
-
-_PRELOAD = "h5forge.preprocess.pool"
-
-
-def _preload(ctx: BaseContext) -> None:
-    """Have the fork server import the decoders once, so each pool's workers start in ms.
-
-    A worker forked from a bare fork server imports numpy, Pillow and h5forge itself (0.3 s of
-    CPU each, per pack). The list is added to, never replaced; it takes effect when the fork
-    server starts (the first forkserver process of this interpreter), later calls change nothing.
-    """
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    current = list(getattr(server, "_preload_modules", None) or ["__main__"])
-    if _PRELOAD not in current:
-        ctx.set_forkserver_preload([*current, _PRELOAD])

@@ -28,7 +28,7 @@ from h5forge.asset.access import (
     open_h5,
 )
 from h5forge.errors import IntegrityError
-from h5forge.preprocess.images import DEFAULT_MAX_PIXELS
+from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
 
 __all__ = ["H5ImageDataset"]

@@ -36,7 +36,7 @@ from h5forge.asset.access import (
 from h5forge.asset.chunks import chunk_ranges
 from h5forge.cpus import usable_cpus
 from h5forge.errors import IntegrityError
-from h5forge.preprocess.images import DEFAULT_MAX_PIXELS
+from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 
 __all__ = ["VerifyReport", "verify", "verify_unsealed"]
 

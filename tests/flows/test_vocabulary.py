@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.config import BuildConfig
-from h5forge.cli import pack_default
+from h5forge.cli_options import pack_default
 from h5forge.options import CODEC_LEVELS, PACK_OPTIONS, OptionError, format_size, option
 from h5forge.pack.writer import pack
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 
 _COMMANDS = typer.main.get_command(app).commands  # type: ignore[attr-defined]
 _LIBRARY = {f.name: f.default for f in fields(ImageConfig)} | {

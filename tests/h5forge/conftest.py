@@ -8,7 +8,7 @@ import pytest
 
 from h5forge.demo import write_image_folder
 from h5forge.pack.writer import PackResult, pack
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from tests.fixtures.hostile_h5 import build_bases
 
 

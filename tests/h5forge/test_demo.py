@@ -18,7 +18,8 @@ from h5forge.demo import (
     write_image_folder,
 )
 from h5forge.discover.catalog import discover
-from h5forge.preprocess.images import ImageConfig, Quarantined, process_file
+from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.images import Quarantined, process_file
 
 
 def test_synth_photo_is_deterministic_and_photo_like() -> None:

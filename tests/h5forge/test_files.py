@@ -24,7 +24,7 @@ from h5forge.demo import write_image_folder
 from h5forge.errors import BusyError, UnsafePathError
 from h5forge.fetch.staging import commit, exclusive, new_staging
 from h5forge.pack.writer import PackResult, pack
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.preview import write_preview
 from h5forge.publish.storage import _folder_lock, _remove_stale_temps, put_file
 from h5forge.scale.merge import merge_shards

@@ -16,8 +16,8 @@ from PIL import Image, ImageFile
 
 from h5forge.demo import synth_photo
 from h5forge.errors import IntegrityError
+from h5forge.preprocess.config import ImageConfig
 from h5forge.preprocess.images import (
-    ImageConfig,
     Processed,
     Quarantined,
     decode_stored,

@@ -14,7 +14,7 @@ import pytest
 from h5forge.demo import write_image_folder
 from h5forge.discover.catalog import discover
 from h5forge.errors import IntegrityError
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.scale.merge import merge_shards
 from h5forge.scale.shards import pack_shard, plan_shards
 from h5forge.verify.checks import verify, verify_unsealed

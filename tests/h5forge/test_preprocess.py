@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from h5forge.demo import write_image_folder
-from h5forge.preprocess.images import ImageConfig, Processed, Quarantined, process_file
+from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.images import Processed, Quarantined, process_file
 from h5forge.preprocess.pool import iter_processed
 from tests.fixtures.images import BadImages
 from tests.fixtures.processes import descendants, survivors
@@ -163,7 +164,7 @@ def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Pa
     import sys
 
     script = (
-        "from h5forge.preprocess.images import ImageConfig\n"
+        "from h5forge.preprocess.config import ImageConfig\n"
         "from h5forge.preprocess.pool import iter_processed\n"
         f"paths = sorted(str(p) for p in __import__('pathlib').Path({str(image_folder)!r})"
         ".rglob('*.*'))\n"
@@ -193,7 +194,7 @@ def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Pa
 
 _PACK = """
 import sys
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.pack.writer import pack
 pack(sys.argv[1], sys.argv[2], image=ImageConfig(resize="resize", size=(64, 64)), workers=2)
 """

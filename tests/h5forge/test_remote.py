@@ -23,7 +23,7 @@ import torch
 
 from h5forge.demo import write_image_folder
 from h5forge.pack.writer import PackResult, pack
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
 from h5forge.read.dataset import H5ImageDataset
 from tests.fixtures import remote_epoch

@@ -18,7 +18,7 @@ from PIL import Image, ImageOps
 from h5forge.demo import write_image_folder
 from h5forge.errors import EmptyDatasetError, MissingExtraError, TooManyBadImagesError
 from h5forge.pack.writer import PackResult, pack
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.read.dataset import H5ImageDataset
 
 
@@ -192,7 +192,7 @@ def test_killed_pack_never_leaves_the_final_name(tmp_path: Path) -> None:
     )
     out = tmp_path / "killed.h5"
     code = (
-        "from h5forge.pack.writer import pack; from h5forge.preprocess.images import ImageConfig;"
+        "from h5forge.pack.writer import pack; from h5forge.preprocess.config import ImageConfig;"
         f"pack({str(src)!r}, {str(out)!r}, image=ImageConfig(resize='resize', size=(64, 64)),"
         " workers=1)"
     )

@@ -49,7 +49,7 @@ from typing import Any
 
 from h5forge.demo import write_image_folder
 from h5forge.pack.writer import pack
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish, read_manifest, sha256_file
 
 # Imported here, before the children fork, so they start at once (torch takes seconds).

@@ -42,7 +42,7 @@ from h5forge.asset import format as fmt
 from h5forge.demo import write_image_folder
 from h5forge.errors import IntegrityError
 from h5forge.pack.writer import pack
-from h5forge.preprocess.images import ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.verify.checks import verify
 from tests.reliability._result import CampaignResult

@@ -54,7 +54,8 @@ from h5forge.demo import synth_photo, write_bad_files
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import EmptyDatasetError
 from h5forge.files import remove_tree
-from h5forge.preprocess.images import ImageConfig, Processed, Quarantined, process_file
+from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.images import Processed, Quarantined, process_file
 from tests.fixtures.images import EXPECTED_OUTCOME
 from tests.fixtures.trees import deep_chain
 from tests.reliability._procs import REPO
