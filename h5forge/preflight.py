@@ -73,7 +73,7 @@ def check_destination(
     """
     path = local_path(dest)
     if path is None:
-        from h5forge.asset.access import url_to_fs
+        from h5forge.asset.open import url_to_fs
 
         fs, remote = url_to_fs(dest, storage_options)
         if not overwrite and fs.exists(remote):

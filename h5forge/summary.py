@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from h5forge.asset import format as fmt
-from h5forge.asset.access import check_index, check_labels, load_index, open_h5, url_to_fs
+from h5forge.asset.index import check_index, check_labels, load_index
+from h5forge.asset.open import open_h5, url_to_fs
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 
 __all__ = ["summarize"]

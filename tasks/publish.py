@@ -21,7 +21,7 @@ from prefect.types.names import MAX_ASSET_KEY_LENGTH, RESTRICTED_ASSET_CHARACTER
 from prefect.utilities.hashing import hash_objects
 from pydantic import BaseModel, ConfigDict
 
-from h5forge.asset.access import url_to_fs
+from h5forge.asset.open import url_to_fs
 from h5forge.errors import PreviewPublishError
 from h5forge.messages import describe_os_error
 from h5forge.publish.preview import write_preview

@@ -18,7 +18,7 @@ from prefect import get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field
 
-from h5forge.asset.access import url_to_fs
+from h5forge.asset.open import url_to_fs
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import TooManyBadImagesError
 from h5forge.preprocess.config import ImageConfig

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from pydantic import BaseModel, ConfigDict
 
-from h5forge.smoke import smoke_load
+from h5forge.smoke.load import smoke_load
 from tasks._common import run_name
 from tasks._fork import forget_inherited_prefect_services
 
@@ -39,7 +39,7 @@ def smoke_load_file(
     start_methods: Sequence[str] = ("fork", "spawn"),
     storage_options: dict[str, Any] | None = None,
 ) -> SmokeSummary:
-    """Run :func:`h5forge.smoke.smoke_load`; an ``IntegrityError`` fails the run."""
+    """Run :func:`h5forge.smoke.load.smoke_load`; an ``IntegrityError`` fails the run."""
     report = smoke_load(
         path,
         workers=workers,

@@ -31,7 +31,6 @@ __all__ = [
     "PARTIAL_SUFFIX",
     "Header",
     "Storage",
-    "metadata_sha256",
 ]
 
 FORMAT_NAME = "h5forge"
@@ -253,86 +252,3 @@ def refuse_partial(url: str) -> None:
             f"{url} is a {PARTIAL_SUFFIX} file: a pack in progress or one that was interrupted; "
             "open the finished file (without the suffix) or re-run the pack"
         )
-
-
-# Root attributes the metadata digest leaves out: itself, and ``sealed`` (written after it).
-_UNHASHED_ATTRS = frozenset({A_METADATA_SHA256, A_SEALED})
-
-
-def _canonical(value: object) -> object:
-    """A JSON-able, type-preserving form of an attribute value as h5py returns it."""
-    import h5py
-    import numpy as np
-
-    if isinstance(value, bytes):
-        return {"bytes": value.hex()}
-    if isinstance(value, h5py.Reference):  # never written by h5forge; hashed, never followed
-        return {"reference": repr(value)}
-    if isinstance(value, np.ndarray):
-        return {
-            "array": value.dtype.str,
-            "shape": list(value.shape),
-            "items": [_canonical(v) for v in value.ravel().tolist()],
-        }
-    if isinstance(value, np.generic):
-        return {value.dtype.str: _canonical(value.item())}
-    if isinstance(value, float):
-        return {"float": value.hex()}
-    return value
-
-
-def metadata_sha256(h5: object) -> str:
-    """sha256 hex over everything in an open file but the image bytes and two attributes.
-
-    Covers every root attribute (name, stored type, value) except ``metadata_sha256`` and
-    ``sealed``, and every dataset except ``/images`` (name, stored type, shape, attributes and
-    contents; strings as their stored UTF-8 bytes). The image bytes are covered by
-    ``/digests``, which this digest covers in turn. The writer stores the result as the root
-    attribute ``metadata_sha256`` before sealing; ``verify`` recomputes it, so a changed
-    creation time, class name, path, quarantine entry or any attribute cannot pass.
-
-    Raises:
-        UnicodeDecodeError, OSError, KeyError: from h5py when the file is damaged.
-    """
-    import hashlib
-    import json
-
-    import h5py
-    import numpy as np
-
-    assert isinstance(h5, h5py.File)
-    digest = hashlib.sha256(b"h5forge-metadata-v1\n")
-
-    def put(record: object) -> None:
-        text = json.dumps(record, sort_keys=True, ensure_ascii=True).encode()
-        digest.update(len(text).to_bytes(8, "little") + text)
-
-    def attrs(obj: h5py.HLObject, skip: frozenset[str]) -> None:
-        # A damaged name may not decode: h5py then gives bytes, sorted by their UTF-8 form.
-        for name in sorted(
-            obj.attrs,
-            key=lambda k: k if isinstance(k, bytes) else k.encode("utf-8", "surrogateescape"),
-        ):
-            if name not in skip:
-                stored = obj.attrs.get_id(name).dtype.str
-                put(["attr", _canonical(name), stored, _canonical(obj.attrs[name])])
-
-    attrs(h5, _UNHASHED_ATTRS)
-    names: list[str] = []
-    h5.visititems(
-        lambda name, obj: (
-            names.append(name) if isinstance(obj, h5py.Dataset) and name != IMAGES else None
-        )
-    )
-    for name in sorted(names):
-        ds = h5[name]
-        put(["dataset", name, ds.dtype.str, list(ds.shape)])
-        attrs(ds, frozenset())
-        data = ds[()]
-        if h5py.check_string_dtype(ds.dtype) is not None:
-            for item in np.asarray(data, dtype=object).ravel().tolist():
-                raw = item if isinstance(item, bytes) else str(item).encode("utf-8")
-                digest.update(len(raw).to_bytes(8, "little") + raw)
-        else:
-            digest.update(np.ascontiguousarray(data).tobytes())
-    return digest.hexdigest()

@@ -6,7 +6,7 @@ the end, ``sealed = False``), the link and object header of every dataset, and t
 the per-sample index, in the order a reader needs it: ``/byte_ranges``, ``/labels``,
 ``/splits`` (and ``/shapes``), the class and split names, then ``/digests`` (and ``/offsets``)
 and ``/paths``. A remote reader opens the file with one ranged read of its first MiB (see
-:mod:`h5forge.asset.access`) instead of chasing metadata to the end of a multi-GB file.
+:mod:`h5forge.asset.open`) instead of chasing metadata to the end of a multi-GB file.
 
 The count of samples is only known once every input has been decoded (some are quarantined),
 yet the index must be allocated before. Index datasets are therefore chunked with a single

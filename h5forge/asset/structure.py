@@ -13,10 +13,10 @@ data is read:
   storage, and a dataset (any but ``/images``) declaring more bytes than the file has; it also
   resolves every HDF5 filter the file uses (:func:`require_filters`). It only
   reads object headers, which the writer places in the head of the file, so a remote open
-  costs no extra request. :func:`h5forge.asset.access.open_h5` runs it on every file it opens.
-* :func:`check_declared` compares every dataset's declared shape and type with the root
-  attributes (``num_samples``, ``num_classes``, ``num_quarantined``) and the file's size;
-  :func:`h5forge.asset.access.load_index` runs it before reading the index.
+  costs no extra request. :func:`h5forge.asset.open.open_h5` runs it on every file it opens.
+* :func:`h5forge.asset.declared.check_declared` compares every dataset's declared shape and
+  type with the root attributes (``num_samples``, ``num_classes``, ``num_quarantined``) and the
+  file's size; :func:`h5forge.asset.index.load_index` runs it before reading the index.
 * :func:`require_filters` imports ``hdf5plugin`` (which registers Blosc, Zstd, LZ4, ... with
   HDF5) the first time a file needs a filter HDF5 does not have, in the one place every opener
   goes through, and says which extra to install when it is missing.
@@ -34,13 +34,14 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.errors import IntegrityError, MissingExtraError
 
-__all__ = ["MAX_LINKS", "check_declared", "check_links", "require_filters"]
+__all__ = ["FIX", "MAX_LINKS", "check_links", "require_filters"]
 
 #: Most links a file may hold: an h5forge file has 14; a file with more is not one of ours, and
 #: walking millions of links would make the open itself the attack.
 MAX_LINKS = 1024
 
-_FIX = "the file was not written by h5forge or was altered after it was; re-fetch or re-pack it"
+#: How a refusal of a file h5forge did not write (or that was altered) ends.
+FIX = "the file was not written by h5forge or was altered after it was; re-fetch or re-pack it"
 
 
 def check_links(h5: h5py.File, *, where: str) -> None:
@@ -66,11 +67,11 @@ def check_links(h5: h5py.File, *, where: str) -> None:
     except (TypeError, KeyError, ValueError, RuntimeError) as e:
         raise IntegrityError(
             f"{where}: a link cannot be inspected ({type(e).__name__}: {e}); "
-            f"h5forge files hold hard links only — {_FIX}"
+            f"h5forge files hold hard links only — {FIX}"
         ) from e
     if len(links) > MAX_LINKS:
         raise IntegrityError(
-            f"{where} holds more than {MAX_LINKS} links (an h5forge file has about 14); {_FIX}"
+            f"{where} holds more than {MAX_LINKS} links (an h5forge file has about 14); {FIX}"
         )
     filters: dict[int, tuple[str, str]] = {}
     size = int(h5.id.get_filesize())
@@ -94,15 +95,15 @@ def _refuse_link(h5: h5py.File, raw: bytes, kind: int, where: str) -> None:
     if isinstance(link, h5py.SoftLink):
         raise IntegrityError(
             f"{where}: /{name} is a soft link to {link.path!r}; readers "
-            f"refuse links (h5forge files hold hard links only) — {_FIX}"
+            f"refuse links (h5forge files hold hard links only) — {FIX}"
         )
     if isinstance(link, h5py.ExternalLink):
         raise IntegrityError(
             f"{where}: /{name} is an external link to {link.path!r} in file "
-            f"{link.filename!r}; readers never follow a reference out of the file — {_FIX}"
+            f"{link.filename!r}; readers never follow a reference out of the file — {FIX}"
         )
     raise IntegrityError(
-        f"{where}: /{name} is a link of type {kind}; h5forge files hold hard links only — {_FIX}"
+        f"{where}: /{name} is a link of type {kind}; h5forge files hold hard links only — {FIX}"
     )
 
 
@@ -119,21 +120,21 @@ def _check_dataset(
         if max(declared, chunk) > size:
             raise IntegrityError(
                 f"{where}: {name} declares {ds.shape} (chunks {ds.chunks}) of {ds.dtype} = "
-                f"{max(declared, chunk)} bytes, more than the whole {size}-byte file; {_FIX}"
+                f"{max(declared, chunk)} bytes, more than the whole {size}-byte file; {FIX}"
             )
     if dcpl.get_layout() == h5py.h5d.VIRTUAL:
         source = dcpl.get_virtual_filename(0) if dcpl.get_virtual_count() else "?"
         raise IntegrityError(
             f"{where}: {name} is a virtual dataset mapped from {dcpl.get_virtual_count()} "
             f"source(s), the first in file {source!r}; readers never follow a reference out of "
-            f"the file — {_FIX}"
+            f"the file — {FIX}"
         )
     if dcpl.get_external_count():
         file, offset, size = dcpl.get_external(0)
         raise IntegrityError(
             f"{where}: {name} keeps its bytes in {dcpl.get_external_count()} external file(s), "
             f"the first {file!r} (offset {offset}, {size} bytes); readers never read outside "
-            f"the file — {_FIX}"
+            f"the file — {FIX}"
         )
     for k in range(dcpl.get_nfilters()):
         fid, _, _, fname = dcpl.get_filter(k)
@@ -169,175 +170,3 @@ def require_filters(filters: dict[int, tuple[str, str]], *, where: str) -> None:
                 "HDF5 nor hdf5plugin provides, so its data cannot be read; h5forge writes "
                 "gzip, lzf, blosc-lz4, zstd and fletcher32 only — re-pack the file"
             )
-
-
-# name -> (numpy kind, itemsize, trailing dims); kind "S" means any string type.
-_INDEX = {
-    fmt.BYTE_RANGES: ("u", 8, (2,)),
-    fmt.LABELS: ("i", 8, ()),
-    fmt.SPLITS: ("u", 1, ()),
-    fmt.DIGESTS: ("u", 1, (fmt.DIGEST_SIZE,)),
-    fmt.PATHS: ("S", 16, ()),
-    fmt.OFFSETS: ("u", 8, ()),
-    fmt.SHAPES: ("u", 4, (3,)),
-    fmt.CLASSES: ("S", 16, ()),
-    fmt.SPLIT_NAMES: ("S", 16, ()),
-    fmt.QUARANTINE_PATHS: ("S", 16, ()),
-    fmt.QUARANTINE_REASONS: ("S", 16, ()),
-}
-_TYPE_NAMES = {
-    ("u", 8): "uint64",
-    ("i", 8): "int64",
-    ("u", 1): "uint8",
-    ("u", 4): "uint32",
-    ("S", 16): "UTF-8 string",
-}
-
-
-def check_declared(h5: h5py.File, header: fmt.Header, *, file_size: int, where: str) -> None:
-    """Refuse declared shapes and types a reader cannot trust, before reading any of them.
-
-    Every per-sample dataset must have ``num_samples`` rows (``/offsets`` one more), the type
-    FORMAT.md gives it, and fit in the file: a dataset whose declared size exceeds the file's
-    cannot be stored in it (HDF5 would hand back fill values, allocated in full). ``/classes``
-    must have ``num_classes`` names, the quarantine lists ``num_quarantined`` entries, and
-    ``/images`` the storage's shape, type, chunking and channel count. No chunk may be larger
-    than the file either (HDF5 inflates whole chunks to read any row of one).
-
-    Raises:
-        IntegrityError: naming the dataset, what it declares and what was expected.
-    """
-    n, k, q = header.num_samples, header.num_classes, header.num_quarantined
-    size = max(int(file_size), 0)
-    for attr, value in ((fmt.A_NUM_SAMPLES, n), (fmt.A_NUM_CLASSES, k), (fmt.A_NUM_QUARANTINED, q)):
-        if value < 0 or value * 16 > size:
-            raise IntegrityError(
-                f"{where}: root attribute {attr} = {value}, but a "
-                f"{size}-byte file holds at most {size // 16} (16 bytes of "
-                f"index each); {_FIX}"
-            )
-    rows = {
-        fmt.BYTE_RANGES: n,
-        fmt.LABELS: n,
-        fmt.SPLITS: n,
-        fmt.DIGESTS: n,
-        fmt.PATHS: n,
-        fmt.CLASSES: k,
-        fmt.QUARANTINE_PATHS: q,
-        fmt.QUARANTINE_REASONS: q,
-    }
-    if header.storage == "blob":
-        rows.update({fmt.OFFSETS: n + 1, fmt.SHAPES: n})
-    for name, want_rows in rows.items():
-        _check_index_dataset(h5, name, want_rows, size, where)
-    splits = _check_index_dataset(h5, fmt.SPLIT_NAMES, None, size, where)
-    if not 1 <= splits <= 256:  # /splits is uint8
-        raise IntegrityError(
-            f"{where}: /split_names has {splits} names, expected 1..256 (/splits is uint8); {_FIX}"
-        )
-    _check_images(h5, header, size, where)
-
-
-def _dataset(h5: h5py.File, name: str, where: str) -> h5py.Dataset:
-    obj = h5.get(name)
-    if not isinstance(obj, h5py.Dataset):
-        raise IntegrityError(
-            f"{where}: /{name} is {'missing' if obj is None else 'a group'}, "
-            f"expected a dataset; {_FIX}"
-        )
-    return obj
-
-
-def _check_index_dataset(
-    h5: h5py.File, name: str, want_rows: int | None, size: int, where: str
-) -> int:
-    ds = _dataset(h5, name, where)
-    kind, itemsize, tail = _INDEX[name]
-    shape = ds.shape
-    if shape is None or len(shape) != 1 + len(tail) or tuple(shape[1:]) != tail:
-        expected = (
-            "("
-            + ", ".join(["N" if want_rows is None else str(want_rows), *map(str, tail)])
-            + ("," if not tail else "")
-            + ")"
-        )
-        raise IntegrityError(f"{where}: /{name} has shape {shape}, expected {expected}; {_FIX}")
-    if want_rows is not None and shape[0] != want_rows:
-        what = {
-            fmt.CLASSES: "num_classes",
-            fmt.QUARANTINE_PATHS: "num_quarantined",
-            fmt.QUARANTINE_REASONS: "num_quarantined",
-        }.get(name, "num_samples")
-        raise IntegrityError(
-            f"{where}: /{name} has {shape[0]} rows, root attribute {what} "
-            f"says {want_rows - (name == fmt.OFFSETS)}"
-            f"{' (plus one)' if name == fmt.OFFSETS else ''}; {_FIX}"
-        )
-    dt = ds.dtype
-    is_str = h5py.check_string_dtype(dt) is not None
-    ok = is_str if kind == "S" else (dt.kind == kind and dt.itemsize == itemsize)
-    if not ok:
-        raise IntegrityError(
-            f"{where}: /{name} has type {dt}, expected {_TYPE_NAMES[(kind, itemsize)]}; {_FIX}"
-        )
-    item = itemsize if not is_str else 16
-    stored = int(np.prod(shape, dtype=object)) * item
-    if stored > size:
-        raise IntegrityError(
-            f"{where}: /{name} declares {shape} = {stored} bytes, more than "
-            f"the whole {size}-byte file; {_FIX}"
-        )
-    # HDF5 reads (and inflates) whole chunks: a compressed chunk far larger than the dataset
-    # would be allocated in full to read a few rows of it.
-    chunk = int(np.prod(ds.chunks, dtype=object)) * item if ds.chunks else 0
-    if chunk > max(size, stored):
-        raise IntegrityError(
-            f"{where}: /{name} has chunks of {ds.chunks} = {chunk} bytes, more "
-            f"than the whole {size}-byte file; {_FIX}"
-        )
-    return int(shape[0])
-
-
-def _check_images(h5: h5py.File, header: fmt.Header, size: int, where: str) -> None:
-    images = _dataset(h5, fmt.IMAGES, where)
-    shape, n, c = images.shape, header.num_samples, header.channels
-    if images.dtype != np.uint8:
-        raise IntegrityError(f"{where}: /images has type {images.dtype}, expected uint8; {_FIX}")
-    filtered = images.id.get_create_plist().get_nfilters() > 0
-    if header.storage == "blob":
-        if shape is None or len(shape) != 1:
-            raise IntegrityError(
-                f"{where}: /images has shape {shape}, blob storage needs (B,); {_FIX}"
-            )
-        if filtered or images.chunks is not None:
-            raise IntegrityError(
-                f"{where}: /images is chunked or filtered, blob storage "
-                f"keeps it contiguous and unfiltered; {_FIX}"
-            )
-        if shape[0] > size:
-            raise IntegrityError(
-                f"{where}: /images declares {shape[0]} bytes, more than the "
-                f"whole {size}-byte file; {_FIX}"
-            )
-        return
-    if shape is None or len(shape) != 4 or shape[0] != n or shape[3] != c or 0 in shape[1:]:
-        raise IntegrityError(
-            f"{where}: /images has shape {shape}, expected ({n}, H, W, {c}) "
-            f"(num_samples {n}, mode {header.mode}); {_FIX}"
-        )
-    if images.chunks != (1, *shape[1:]):
-        raise IntegrityError(
-            f"{where}: /images has chunks {images.chunks}, expected one "
-            f"sample per chunk {(1, *shape[1:])}; {_FIX}"
-        )
-    sample = shape[1] * shape[2] * shape[3]
-    if sample > 0xFFFFFFFF:  # HDF5's own limit on one chunk
-        raise IntegrityError(
-            f"{where}: /images declares samples of {sample} bytes, more "
-            f"than one HDF5 chunk can hold (4 GiB); {_FIX}"
-        )
-    if not filtered and n * sample > size:
-        raise IntegrityError(
-            f"{where}: /images declares {n} x {sample} bytes, more than the "
-            f"whole {size}-byte file; {_FIX}"
-        )

@@ -32,6 +32,7 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.chunks import chunk_ranges
+from h5forge.asset.metadata import metadata_sha256
 from h5forge.asset.placement import Head
 from h5forge.asset.placement import utf8 as _utf8
 from h5forge.discover.catalog import Catalog, discover
@@ -461,7 +462,7 @@ def _seal(partial: str, out_path: Path, lock: OutputLock, *, check_digests: bool
     with _open_own(partial, lock) as h5:  # covers every attribute but itself and ``sealed``
         # modify() rewrites an attribute in place (h5py's item assignment deletes and
         # recreates it), keeping the root object header where the writer put it: at the head.
-        h5.attrs.modify(fmt.A_METADATA_SHA256, fmt.metadata_sha256(h5))
+        h5.attrs.modify(fmt.A_METADATA_SHA256, metadata_sha256(h5))
     # The data must be durable before the seal is written; flushing it to disk and reading it
     # back to verify are independent, so they run at the same time.
     with ThreadPoolExecutor(1) as pool:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from h5forge.asset.access import is_local, url_to_fs
+from h5forge.asset.open import is_local, url_to_fs
 from h5forge.files import replace_file
 
 __all__ = ["render_preview", "write_preview"]

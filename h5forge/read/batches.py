@@ -34,6 +34,7 @@ __all__ = [
     "SlotBatch",
     "SlotRef",
     "acquire",
+    "collate",
     "collect",
     "make_batch",
     "send_batch",
@@ -244,3 +245,26 @@ def send_batch(batch: Any) -> Any:
     from torch.utils.data import default_convert
 
     return default_convert(batch)
+
+
+def collate(items: list[tuple[Any, Any]], *, slot: bool, url: str) -> Any:
+    """Samples (already transformed) as one batch: a :class:`Batch` in a slot when ``slot`` and
+    :func:`collect` takes them, else torch's ``default_collate``, which needs one image size.
+
+    Raises:
+        ValueError: the images differ in size, with a message that says what to do.
+    """
+    batch = collect(items) if slot else None
+    if batch is not None:
+        return batch
+    from torch.utils.data import default_collate
+
+    shapes = {tuple(image.shape) for image, _ in items if isinstance(image, torch.Tensor)}
+    if len(shapes) > 1:
+        a, b = sorted(shapes)[:2]
+        raise ValueError(
+            f"{url}: the images of one batch differ in size ({' x '.join(map(str, a))} and "
+            f"{' x '.join(map(str, b))}), so they cannot be stacked; give H5ImageDataset a "
+            "transform that resizes or crops to one size, or pack with a resize policy"
+        )
+    return default_collate(items)

@@ -9,7 +9,6 @@ a whole batch sorted by offset, coalescing neighbours.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
@@ -19,98 +18,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from h5forge.asset import format as fmt
-from h5forge.asset.access import (
-    H5_DAMAGE,
-    AssetIndex,
-    RangeReader,
-    check_index,
-    load_index,
-    open_h5,
-)
-from h5forge.errors import IntegrityError
+from h5forge.asset.index import AssetIndex
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
+from h5forge.read.samples import read_batch, read_images
+from h5forge.read.state import ProcessState, open_state
 
 __all__ = ["H5ImageDataset"]
-
-
-def _digests(h5: Any, url: str) -> np.ndarray:
-    try:
-        digests = h5[fmt.DIGESTS][()]
-    except H5_DAMAGE as e:
-        raise IntegrityError(
-            f"{url}: /digests cannot be read ({type(e).__name__}: {e}); the "
-            "file is damaged — run `h5forge verify`"
-        ) from e
-    if digests.ndim != 2 or digests.shape[1] != fmt.DIGEST_SIZE:
-        raise IntegrityError(f"{url}: /digests has shape {digests.shape}; the file is damaged")
-    return digests
-
-
-class _Replaced(Exception):
-    """The file was replaced (e.g. republished) between reading its index and opening it."""
-
-
-def _same_file(h5: Any, reader: RangeReader) -> bool:
-    """Whether the byte reader and the HDF5 handle the index came from see one file (local).
-
-    A local reader keeps its descriptor, so once they agree every later read is of the same
-    version even if the path is republished meanwhile. Remote readers cannot pin an object
-    version; see H5ImageDataset's docstring.
-    """
-    fd = getattr(reader, "_fd", None)
-    if fd is None or h5.driver != "sec2":
-        return True
-    a, b = os.fstat(fd), os.fstat(h5.id.get_vfd_handle())
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-class _State:
-    """Per-process handles: index, range reader and (for filtered files) an HDF5 handle."""
-
-    def __init__(
-        self, url: str, storage_options: dict[str, Any] | None, want_digests: bool, max_pixels: int
-    ):
-        self.pid = os.getpid()
-        self.opened = open_h5(url, storage_options)
-        try:
-            self.index = load_index(self.opened.h5, where=url)
-            check_index(
-                self.index, self.opened.h5.id.get_filesize(), where=url, max_pixels=max_pixels
-            )
-            self.digests = _digests(self.opened.h5, url) if want_digests else None
-        except BaseException:
-            self.opened.close()
-            raise
-        self.reader: RangeReader | None = None
-        if self.index.filtered:
-            self.images = self.opened.h5[fmt.IMAGES]  # compressed: reads go through HDF5
-        else:
-            try:
-                self.reader = RangeReader(url, storage_options)
-                if not _same_file(self.opened.h5, self.reader):
-                    self.reader.close()
-                    raise _Replaced(url)
-            finally:
-                self.opened.close()  # the rest is read by byte range; no HDF5 handle kept
-
-    def close(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
-        else:
-            self.opened.close()
-
-
-def _same_shape(items: list[tuple[Any, Any]], url: str) -> None:
-    """Refuse to collate images of different sizes with a message that says what to do."""
-    shapes = {tuple(image.shape) for image, _ in items if isinstance(image, torch.Tensor)}
-    if len(shapes) > 1:
-        a, b = sorted(shapes)[:2]
-        raise ValueError(
-            f"{url}: the images of one batch differ in size ({' x '.join(map(str, a))} and "
-            f"{' x '.join(map(str, b))}), so they cannot be stacked; give H5ImageDataset a "
-            "transform that resizes or crops to one size, or pack with a resize policy"
-        )
 
 
 class _Batches(Dataset[tuple[Any, Any]]):
@@ -137,12 +51,11 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         storage_options: passed to fsspec for remote URLs (credentials, endpoint).
         verify_reads: check each sample's sha256 as it is read; an ``IntegrityError`` names the
             sample. Without it a flipped byte in an uncompressed sample is returned as is (run
-            :func:`h5forge.verify.checks` on the file, or enable ``fletcher32`` when packing).
+            :func:`h5forge.verify` on the file, or enable ``fletcher32`` when packing).
         max_pixels: most pixels one sample may decode to where the file's size does not bound
             it (encoded images, compressed chunks); default Pillow's limit,
-            :data:`h5forge.preprocess.images.DEFAULT_MAX_PIXELS` (89.5 M). The file's ``/shapes``
-            are
-            checked against it at open and never raise it.
+            :data:`h5forge.preprocess.images.DEFAULT_MAX_PIXELS` (89.5 M). The file's
+            ``/shapes`` are checked against it at open and never raise it.
 
     Opening checks the whole file before reading any sample (see docs/FORMAT.md, "What
     readers refuse"): links, virtual datasets and external storage, declared sizes against
@@ -179,8 +92,8 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         self.storage_options = dict(storage_options or {})
         self.verify_reads = verify_reads
         fmt.refuse_partial(self.url)
-        self._state: _State | None = None
-        self._orphans: list[_State] = []
+        self._state: ProcessState | None = None
+        self._orphans: list[ProcessState] = []
         self._indices: np.ndarray | None = None
         self._open()
 
@@ -204,26 +117,16 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         self._indices = None  # selected on first access, in the process that reads
 
     # --- per-process state -------------------------------------------------------------------
-    def _open(self) -> _State:
+    def _open(self) -> ProcessState:
         st = self._state
         if st is not None and st.pid == os.getpid():
             return st
         if st is not None:
             # Inherited through fork: never use or close the parent's handles here.
             self._orphans.append(st)
-        for _ in range(3):  # a publish may replace the file while it is opened: open again
-            try:
-                st = self._state = _State(
-                    self.url, self.storage_options, self.verify_reads, self.max_pixels
-                )
-                break
-            except _Replaced:
-                continue
-        else:
-            raise IntegrityError(
-                f"{self.url} was replaced 3 times while being opened; open it "
-                "again once it is no longer being published"
-            )
+        st = self._state = open_state(
+            self.url, self.storage_options, self.verify_reads, self.max_pixels
+        )
         if self._indices is None:
             self._select(st.index)
         return st
@@ -287,7 +190,7 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
         st = self._open()
         rows = self._rows(indices)
-        images = self._read(st, rows)
+        images = read_images(st, rows, max_pixels=self.max_pixels)
         labels = st.index.labels[rows].tolist()
         if self.transform is None and self.target_transform is None:
             return list(zip(images, labels, strict=True))
@@ -330,30 +233,9 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             or self.transform is not None
             or self.target_transform is not None
         ):
-            from torch.utils.data import default_collate
-
             items = self.__getitems__(indices)
-            batch = _batches.collect(items) if use_slots and in_worker else None
-            if batch is not None:
-                return batch
-            _same_shape(items, self.url)
-            return default_collate(items)
-        rows = self._rows(indices)
-        assert st.reader is not None
-        assert idx.image_shape is not None
-        size, n = int(np.prod(idx.image_shape)), len(rows)
-        # Pixels and labels share one buffer: one allocation (and one hand-over) per batch.
-        batch = _batches.Batch(n, idx.image_shape, slot=use_slots and in_worker, shared=in_worker)
-        try:
-            view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
-            bufs = [view[k * size : (k + 1) * size] for k in range(n)]
-            st.reader.read_into(idx.byte_ranges[rows].tolist(), bufs)
-            self._check(bufs, rows, st)
-            batch.labels.numpy()[:] = idx.labels[rows]
-        except BaseException:
-            batch.release()
-            raise
-        return batch.result()
+            return _batches.collate(items, slot=use_slots and in_worker, url=self.url)
+        return read_batch(st, self._rows(indices), slot=use_slots and in_worker, shared=in_worker)
 
     def loader(
         self,
@@ -415,82 +297,3 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             sampler=BatchSampler(order, batch_size, drop_last),
             **dataloader_kwargs,
         )
-
-    def _read(self, st: _State, rows: list[int]) -> Iterable[Any]:
-        """The images of ``rows`` as uint8 C x H x W tensors (views of H x W x C pixels).
-
-        Encoded images are decoded lazily, as the caller iterates: each is transformed (and
-        usually shrunk) before the next is decoded, instead of a batch of full-size images
-        living at once (64 x 560 KB at 500x375, well past the CPU caches).
-        """
-        if st.index.header.storage == "array" and not st.index.filtered:
-            return self._read_array(st, rows)
-        return (torch.from_numpy(a).permute(2, 0, 1) for a in self._read_arrays(st, rows))
-
-    def _read_array(self, st: _State, rows: list[int]) -> list[Any]:
-        # The whole batch lands in one array, one pread per sample (touching ones coalesced).
-        idx = st.index
-        assert st.reader is not None
-        assert idx.image_shape is not None
-        size = int(np.prod(idx.image_shape))
-        batch = np.empty((len(rows), *idx.image_shape), np.uint8)
-        view = batch.data.cast("B")
-        bufs = [view[k * size : (k + 1) * size] for k in range(len(rows))]
-        st.reader.read_into(idx.byte_ranges[rows].tolist(), bufs)
-        self._check(bufs, rows, st)
-        chw = torch.from_numpy(batch).permute(0, 3, 1, 2)
-        return list(chw.unbind(0))
-
-    def _read_arrays(self, st: _State, rows: list[int]) -> Iterable[np.ndarray]:
-        idx = st.index
-        if idx.filtered:
-            arrays = []
-            for r in rows:
-                try:
-                    arrays.append(np.ascontiguousarray(st.images[r]))
-                except OSError as e:  # fletcher32 mismatch, or the codec rejects the chunk
-                    raise IntegrityError(
-                        f"{self.url}: sample {r} cannot be read ({e}): its chunk fails its "
-                        "checksum (fletcher32) or does not decompress; the file is corrupt — "
-                        "re-fetch it or run `h5forge verify`"
-                    ) from e
-            self._check([a.data for a in arrays], rows, st)
-            return arrays
-        assert st.reader is not None
-        ranges = idx.byte_ranges[rows].tolist()
-        raw = [bytearray(n) for _, n in ranges]
-        bufs = [memoryview(b) for b in raw]
-        st.reader.read_into(ranges, bufs)
-        self._check(bufs, rows, st)
-        assert idx.shapes is not None
-        if idx.header.layout == "decoded":
-            return [
-                np.frombuffer(b, np.uint8).reshape(tuple(idx.shapes[r]))
-                for b, r in zip(raw, rows, strict=True)
-            ]
-        from h5forge.preprocess.images import Encoding, decode_stored
-
-        return (
-            decode_stored(
-                memoryview(b),
-                tuple(int(x) for x in idx.shapes[r]),
-                layout="encoded",
-                encoding=cast(Encoding, idx.header.encoding),
-                mode=idx.header.mode,
-                max_pixels=self.max_pixels,
-            )
-            for b, r in zip(raw, rows, strict=True)
-        )
-
-    def _check(self, bufs: Sequence[Any], rows: list[int], st: _State) -> None:
-        if not self.verify_reads or st.digests is None:
-            return
-        for buf, r in zip(bufs, rows, strict=True):
-            got = hashlib.sha256(buf).hexdigest()
-            want = bytes(st.digests[r]).hex()
-            if got != want:
-                raise IntegrityError(
-                    f"{self.url}: sample {r} ({'/paths'}[{r}]) read back with sha256 {got}, "
-                    f"the file records {want}; the file is corrupt — re-fetch it or run "
-                    "`h5forge verify`"
-                )

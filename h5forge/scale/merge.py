@@ -57,8 +57,9 @@ import h5py
 import numpy as np
 
 from h5forge.asset import format as fmt
-from h5forge.asset.access import is_local, load_index, open_h5, url_to_fs
 from h5forge.asset.chunks import chunk_ranges
+from h5forge.asset.index import load_index
+from h5forge.asset.open import is_local, open_h5, url_to_fs
 from h5forge.asset.placement import Head, _early
 from h5forge.errors import EmptyDatasetError, IntegrityError, UnsafePathError
 from h5forge.files import OutputLock, output_lock, same_file

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from h5forge.read.dataset import H5ImageDataset
-from h5forge.smoke import smoke_load
+from h5forge.smoke.load import smoke_load
 from h5forge.summary import summarize
 from h5forge.verify.checks import verify
 

@@ -1,4 +1,4 @@
-"""``h5forge.smoke.smoke_load``: real DataLoader worker processes under fork and spawn."""
+"""``h5forge.smoke.load.smoke_load``: real DataLoader worker processes under fork and spawn."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from h5forge.errors import IntegrityError, UnsealedFileError
 from h5forge.pack.writer import PackResult
-from h5forge.smoke import smoke_load
+from h5forge.smoke.load import smoke_load
 from tests.fixtures.damage import flip_sample_byte
 
 HAS_FORK = "fork" in multiprocessing.get_all_start_methods()

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from h5forge.asset import format as fmt
+from h5forge.asset.metadata import metadata_sha256
 from h5forge.errors import IntegrityError
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.verify.checks import verify
@@ -74,7 +75,7 @@ def test_metadata_changes_fail_verify(assets: dict[str, Path], tmp_path: Path, c
 
 def test_metadata_digest_ignores_sealed_and_is_stable(assets: dict[str, Path]) -> None:
     with h5py.File(assets["encoded-blob"], "r") as h5:
-        assert h5.attrs[fmt.A_METADATA_SHA256] == fmt.metadata_sha256(h5)
+        assert h5.attrs[fmt.A_METADATA_SHA256] == metadata_sha256(h5)
         assert h5.attrs[fmt.A_SEALED]
 
 

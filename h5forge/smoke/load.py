@@ -12,23 +12,20 @@ slots handed over as shared memory); files of varying sample sizes sample by sam
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from h5forge.asset import format as fmt
-from h5forge.asset.access import open_h5
-from h5forge.asset.structure import check_declared
 from h5forge.errors import IntegrityError
 from h5forge.lifetime import worker_init
 from h5forge.read.dataset import H5ImageDataset
+from h5forge.smoke.expected import Expected, check_sample, read_expected
 
 __all__ = ["MethodReport", "SmokeReport", "smoke_load"]
 
@@ -85,19 +82,6 @@ class SmokeReport:
         return min((m.images_per_second for m in self.methods), default=0.0)
 
 
-@dataclass(frozen=True)
-class _Expected:
-    """What the file says about itself, read once in the main process."""
-
-    header: fmt.Header
-    num_classes: int
-    labels: np.ndarray
-    digests: np.ndarray
-    image_shape: tuple[int, int, int] | None  # array storage
-    shapes: np.ndarray | None  # blob storage
-    raw: dict[int, bytes]  # encoded layout: stored bytes of each checked sample
-
-
 def _as_list(batch: list[tuple[torch.Tensor, int]]) -> list[tuple[torch.Tensor, int]]:
     # Module-level so spawn workers can unpickle it; keeps variable-size images uncollated.
     return batch
@@ -111,89 +95,10 @@ def _spread(n_total: int, n_pick: int, shift: int) -> list[int]:
     return sorted({int(i) for i in (base + shift) % n_total})
 
 
-def _read_expected(
-    url: str, indices: set[int], storage_options: dict[str, Any] | None
-) -> _Expected:
-    with open_h5(url, storage_options) as h5:
-        header = fmt.read_header(h5.attrs, where=url)
-        fmt.require_sealed(header, where=url)
-        # Declared sizes against the counts and the file, before reading the index whole.
-        check_declared(h5, header, file_size=h5.id.get_filesize(), where=url)
-        images = h5[fmt.IMAGES]
-        raw: dict[int, bytes] = {}
-        shapes = h5[fmt.SHAPES][()] if header.storage == "blob" else None
-        if header.layout == "encoded":
-            offsets = h5[fmt.OFFSETS]
-            for i in sorted(indices):
-                lo, hi = (int(x) for x in offsets[i : i + 2])
-                raw[i] = images[lo:hi].tobytes()
-        return _Expected(
-            header=header,
-            num_classes=int(h5[fmt.CLASSES].shape[0]),
-            labels=h5[fmt.LABELS][()],
-            digests=h5[fmt.DIGESTS][()],
-            image_shape=(
-                tuple(int(x) for x in images.shape[1:])  # type: ignore[arg-type]
-                if header.storage == "array"
-                else None
-            ),
-            shapes=shapes,
-            raw=raw,
-        )
-
-
-def _check_sample(exp: _Expected, index: int, image: object, label: object, url: str) -> list[str]:
-    """Every way sample ``index`` read through the DataLoader differs from the file."""
-    where = f"{url}[{index}]"
-    if not isinstance(image, torch.Tensor):
-        return [f"{where}: got {type(image).__name__}, expected a torch.Tensor"]
-    problems: list[str] = []
-    if image.dtype != torch.uint8:
-        problems.append(f"{where}: dtype {image.dtype}, expected torch.uint8")
-    want_hwc = exp.image_shape if exp.shapes is None else tuple(int(x) for x in exp.shapes[index])
-    want_chw = (want_hwc[2], want_hwc[0], want_hwc[1]) if want_hwc else None
-    if image.ndim != 3 or tuple(image.shape) != want_chw:
-        problems.append(f"{where}: shape {tuple(image.shape)}, expected C x H x W = {want_chw}")
-    if not isinstance(label, int) or not 0 <= label < exp.num_classes:
-        problems.append(
-            f"{where}: label {label!r} out of range: file declares {exp.num_classes} classes "
-            f"(0..{exp.num_classes - 1})"
-        )
-    elif label != int(exp.labels[index]):
-        problems.append(f"{where}: label {label}, /labels[{index}] is {int(exp.labels[index])}")
-    if problems:
-        return problems
-    hwc = image.permute(1, 2, 0).contiguous().numpy()
-    expected = bytes(exp.digests[index]).hex()
-    if exp.header.layout == "encoded":
-        # The digest covers the encoded file bytes: check them, then check that the worker's
-        # decoded pixels are exactly what decoding those bytes gives.
-        from h5forge.preprocess.images import Encoding, decode_stored
-
-        raw = exp.raw[index]
-        actual = hashlib.sha256(raw).hexdigest()
-        if actual != expected:
-            return [f"{where}: sha256 of stored bytes {actual}, /digests says {expected}"]
-        ref = decode_stored(
-            raw,
-            want_hwc,
-            layout="encoded",
-            encoding=cast(Encoding, exp.header.encoding),
-            mode=cast(Literal["RGB", "L"], exp.header.mode),
-        )
-        if ref.shape != hwc.shape or not np.array_equal(ref, hwc):
-            return [f"{where}: decoded pixels differ from decoding the stored bytes"]
-        return []
-    actual = hashlib.sha256(hwc.tobytes()).hexdigest()
-    if actual != expected:
-        return [f"{where}: sha256 of pixels read {actual}, /digests says {expected}"]
-    return []
-
-
 def _run_once(
     dataset: H5ImageDataset,
     indices: list[int],
-    exp: _Expected,
+    exp: Expected,
     *,
     method: str,
     workers: int,
@@ -209,7 +114,7 @@ def _run_once(
         "worker_init_fn": worker_init(worker_init_fn) if workers > 0 else None,
     }
     loader: Iterable[list[tuple[Any, Any]]]
-    if exp.header.storage == "array":
+    if exp.index.header.storage == "array":
         # Fixed-size samples: the way training reads them, whole batches through loader()
         # (worker slots handed to this process), then each sample of the batch checked.
         loader = (
@@ -231,7 +136,7 @@ def _run_once(
     for batch in loader:
         arrivals.append((time.perf_counter() - start, len(batch)))
         for image, label in batch:
-            failures.extend(_check_sample(exp, indices[position], image, label, url))
+            failures.extend(check_sample(exp, indices[position], image, label, url))
             position += 1
         end = time.perf_counter()
     # Up to the last batch checked: worker shutdown (a second or more under spawn) excluded.
@@ -302,11 +207,11 @@ def smoke_load(
         raise IntegrityError(f"{url} holds no samples; there is nothing to smoke-load")
     n_pick = min(n_total, batches * batch_size)
     plan = [_spread(n_total, n_pick, shift) for shift in range(len(methods))]
-    exp = _read_expected(url, {i for idx in plan for i in idx}, storage_options)
-    if exp.header.num_samples != n_total:
+    exp = read_expected(url, {i for idx in plan for i in idx}, storage_options)
+    if exp.index.header.num_samples != n_total:
         raise IntegrityError(
             f"{url}: H5ImageDataset has {n_total} samples, the file header says "
-            f"{exp.header.num_samples}"
+            f"{exp.index.header.num_samples}"
         )
     reports: list[MethodReport] = []
     for method, indices in zip(methods, plan, strict=True):

@@ -1,0 +1,224 @@
+"""Open an asset by URL: the seam between local and remote files, and HDF5's view of them.
+
+This is the one place that tells local files from remote ones (:func:`url_to_fs`,
+:func:`is_local`). Local files are opened by HDF5 itself; remote files through a ranged file
+object for HDF5's ``fileobj`` driver.
+
+Opening a remote file costs two requests for files this version writes: one ``info`` (the size,
+which HDF5 checks against the end address in the superblock) and one ranged read of the head of
+the file, where the writer puts the superblock, every object header, the root attributes and
+the per-sample index (see docs/FORMAT.md, "Physical placement"). Reads HDF5 makes beyond what
+is cached cost one request each: small ones fetch a block around them, large ones exactly what
+is asked. Files laid out otherwise (older writers, ``h5repack``) open too, with a few more
+requests.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from collections import OrderedDict
+from typing import Any
+
+import fsspec
+import h5py
+from fsspec.implementations.local import LocalFileSystem
+
+from h5forge.asset import structure
+from h5forge.errors import H5ForgeError, IntegrityError
+
+__all__ = ["H5_DAMAGE", "Opened", "is_local", "open_h5", "url_to_fs"]
+
+# The first read of a remote file fetches this much from offset 0: the writer keeps everything
+# an open needs there (about 25 bytes per sample of index), so one request serves the open of
+# files up to ~30,000 samples and a handful of requests serve millions.
+_HEAD_BYTES = 1 << 20
+# Later small misses (HDF5 metadata: B-tree nodes, heaps) fetch a block this large around them;
+# reads at least this large (chunks, index datasets) are fetched exactly, never read ahead.
+_MISS_BLOCK = 64 << 10
+# Bytes of fetched ranges a remote file object keeps (oldest dropped first).
+_CACHE_BYTES = 64 << 20
+
+
+def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    """Resolve ``url`` to ``(filesystem, path)``; plain paths are local files."""
+    return fsspec.core.url_to_fs(str(url), **(storage_options or {}))
+
+
+def is_local(fs: Any) -> bool:
+    """True when ``fs`` is the local filesystem (the reader can use ``pread``)."""
+    return isinstance(fs, LocalFileSystem)
+
+
+# What h5py, HDF5 and numpy raise when a file's structure is damaged (bad object header,
+# undecodable name or string, corrupt dataspace, impossible sizes ...).
+H5_DAMAGE = (
+    OSError,
+    KeyError,
+    RuntimeError,
+    TypeError,
+    IndexError,
+    UnicodeError,
+    OverflowError,
+    ValueError,
+    MemoryError,
+)
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only, seekable file over fsspec ranged reads, for HDF5's file-object driver.
+
+    fsspec's own file objects either read ahead a large block on every miss (``readahead``,
+    ``bytes``: 35-200x the bytes a random sample read needs) or cache fixed blocks (the
+    ``blockcache``, which still rounds every chunk read up to whole blocks). This one knows what
+    HDF5 asks for: the head of the file in one request, small metadata misses as one small
+    block, and large reads exactly.
+    """
+
+    def __init__(self, fs: Any, path: str, size: int) -> None:
+        super().__init__()
+        self._fs, self._path, self._size = fs, path, size
+        self._pos = 0
+        self._spans: OrderedDict[int, bytes] = OrderedDict()  # start -> bytes, oldest first
+        self._held = 0
+        self.requests = 0  # ranged reads issued (for tests and benchmarks)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        want = min(len(view), max(0, self._size - self._pos))
+        done = 0
+        while done < want:
+            pos = self._pos + done
+            start, data = self._span(pos, want - done)
+            n = min(want - done, start + len(data) - pos)
+            view[done : done + n] = data[pos - start : pos - start + n]
+            done += n
+        self._pos += done
+        return done
+
+    def _span(self, pos: int, need: int) -> tuple[int, bytes]:
+        for start, data in reversed(self._spans.items()):
+            if start <= pos < start + len(data):
+                return start, data
+        if not self._spans and pos == 0:
+            end = _HEAD_BYTES
+        elif need >= _MISS_BLOCK:
+            end = pos + need
+        else:
+            end = pos + _MISS_BLOCK
+        end = min(max(end, pos + need), self._size)
+        data = self._fs.cat_file(self._path, start=pos, end=end)
+        self.requests += 1
+        if len(data) < min(need, end - pos):
+            raise OSError(
+                f"short read: {len(data)} bytes at offset {pos}, expected "
+                f"{end - pos}; the file is truncated"
+            )
+        self._spans[pos] = data
+        self._held += len(data)
+        while self._held > _CACHE_BYTES and len(self._spans) > 1:
+            _, old = self._spans.popitem(last=False)
+            self._held -= len(old)
+        return pos, data
+
+
+class Opened:
+    """An open ``h5py.File`` plus whatever file object it reads through."""
+
+    def __init__(self, h5: h5py.File, fileobj: Any | None) -> None:
+        self.h5 = h5
+        self._fileobj = fileobj
+
+    @property
+    def requests(self) -> int:
+        """Ranged reads made so far through the file object (0 for local files)."""
+        return int(getattr(self._fileobj, "requests", 0))
+
+    def close(self) -> None:
+        self.h5.close()
+        if self._fileobj is not None:
+            self._fileobj.close()
+
+    def __enter__(self) -> h5py.File:
+        return self.h5
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_h5(url: str, storage_options: dict[str, Any] | None = None) -> Opened:
+    """Open an HDF5 file read-only from a local path or any fsspec URL.
+
+    Remote files cost one ``info`` request and one ranged read of the file's head for files this
+    version writes (see the module docstring). Every link and dataset of the file is checked
+    before it is returned (:func:`h5forge.asset.structure.check_links`): soft, external and
+    user-defined links, virtual datasets and external storage are refused, and the filters the
+    file uses are resolved (``hdf5plugin`` is imported when one needs it).
+
+    Raises:
+        FileNotFoundError: nothing at ``url``.
+        IntegrityError: the file exists but HDF5 cannot open it (truncated or not HDF5), or it
+            holds a link, virtual dataset or external storage, or an unknown filter.
+        MissingExtraError: the file uses a plugin filter and ``hdf5plugin`` is not installed.
+    """
+    opened = _open(url, storage_options)
+    try:
+        structure.check_links(opened.h5, where=url)
+    except BaseException as e:
+        opened.close()
+        if isinstance(e, H5ForgeError) or not isinstance(e, H5_DAMAGE):
+            raise
+        raise IntegrityError(
+            f"{url}: its HDF5 structure cannot be read ({type(e).__name__}: "
+            f"{e}); it is damaged — re-fetch or re-pack it"
+        ) from e
+    return opened
+
+
+def _open(url: str, storage_options: dict[str, Any] | None) -> Opened:
+    fs, path = url_to_fs(url, storage_options)
+    try:
+        if is_local(fs):
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"no file at {url}")
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
+                raise IntegrityError(f"{url} is not a regular file; an asset is one .h5 file")
+            return Opened(h5py.File(path, "r"), None)
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no file at {url}") from None
+        if info.get("type", "file") != "file":
+            raise FileNotFoundError(f"no file at {url}: it is a {info.get('type')}")
+        fileobj: Any
+        if info.get("size") is None:  # e.g. an HTTP server that sends no Content-Length
+            fileobj = fs.open(path, "rb", cache_type="blockcache", block_size=_HEAD_BYTES)
+        else:
+            fileobj = _RangeFile(fs, path, int(info["size"]))
+        try:
+            return Opened(h5py.File(fileobj, "r"), fileobj)
+        except BaseException:
+            fileobj.close()
+            raise
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise IntegrityError(
+            f"{url} cannot be opened as HDF5 ({e}); it is truncated, corrupt or not an HDF5 "
+            "file — re-fetch or re-pack it"
+        ) from e

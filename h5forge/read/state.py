@@ -1,0 +1,135 @@
+"""What one process holds to read an asset: its index, a byte-range reader, the digests.
+
+:class:`H5ImageDataset <h5forge.read.dataset.H5ImageDataset>` makes one :class:`ProcessState`
+per process, lazily, on first use (a handle inherited through ``fork`` is never used). Opening
+checks the whole file before any sample is read; the HDF5 handle is then closed unless the
+images are filtered (compressed), and samples are read by byte range.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from h5forge.asset import format as fmt
+from h5forge.asset.index import check_index, load_index
+from h5forge.asset.open import H5_DAMAGE, open_h5
+from h5forge.asset.ranges import RangeReader
+from h5forge.errors import IntegrityError
+
+__all__ = ["ProcessState", "open_state"]
+
+
+def _digests(h5: Any, url: str) -> np.ndarray:
+    try:
+        digests = h5[fmt.DIGESTS][()]
+    except H5_DAMAGE as e:
+        raise IntegrityError(
+            f"{url}: /digests cannot be read ({type(e).__name__}: {e}); the "
+            "file is damaged — run `h5forge verify`"
+        ) from e
+    if digests.ndim != 2 or digests.shape[1] != fmt.DIGEST_SIZE:
+        raise IntegrityError(f"{url}: /digests has shape {digests.shape}; the file is damaged")
+    return digests
+
+
+class _Replaced(Exception):
+    """The file was replaced (e.g. republished) between reading its index and opening it."""
+
+
+def _same_file(h5: Any, reader: RangeReader) -> bool:
+    """Whether the byte reader and the HDF5 handle the index came from see one file (local).
+
+    A local reader keeps its descriptor, so once they agree every later read is of the same
+    version even if the path is republished meanwhile. Remote readers cannot pin an object
+    version; see H5ImageDataset's docstring.
+    """
+    fd = reader.fd
+    if fd is None or h5.driver != "sec2":
+        return True
+    a, b = os.fstat(fd), os.fstat(h5.id.get_vfd_handle())
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+class ProcessState:
+    """Per-process handles: index, range reader and (for filtered files) an HDF5 handle.
+
+    Raises:
+        _Replaced: the file changed identity while it was opened (:func:`open_state` opens
+            it again).
+    """
+
+    def __init__(
+        self, url: str, storage_options: dict[str, Any] | None, want_digests: bool, max_pixels: int
+    ):
+        self.pid = os.getpid()
+        self.url = url
+        self.opened = open_h5(url, storage_options)
+        try:
+            self.index = load_index(self.opened.h5, where=url)
+            check_index(
+                self.index, self.opened.h5.id.get_filesize(), where=url, max_pixels=max_pixels
+            )
+            self.digests = _digests(self.opened.h5, url) if want_digests else None
+        except BaseException:
+            self.opened.close()
+            raise
+        self.reader: RangeReader | None = None
+        if self.index.filtered:
+            self.images = self.opened.h5[fmt.IMAGES]  # compressed: reads go through HDF5
+        else:
+            try:
+                self.reader = RangeReader(url, storage_options)
+                if not _same_file(self.opened.h5, self.reader):
+                    self.reader.close()
+                    raise _Replaced(url)
+            finally:
+                self.opened.close()  # the rest is read by byte range; no HDF5 handle kept
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+        else:
+            self.opened.close()
+
+    def check(self, bufs: Sequence[Any], rows: list[int]) -> None:
+        """With ``verify_reads`` (digests loaded), each sample's sha256 against ``/digests``.
+
+        Raises:
+            IntegrityError: naming the first sample whose bytes differ.
+        """
+        if self.digests is None:
+            return
+        for buf, r in zip(bufs, rows, strict=True):
+            got = hashlib.sha256(buf).hexdigest()
+            want = bytes(self.digests[r]).hex()
+            if got != want:
+                raise IntegrityError(
+                    f"{self.url}: sample {r} ({'/paths'}[{r}]) read back with sha256 {got}, "
+                    f"the file records {want}; the file is corrupt — re-fetch it or run "
+                    "`h5forge verify`"
+                )
+
+
+def open_state(
+    url: str, storage_options: dict[str, Any] | None, want_digests: bool, max_pixels: int
+) -> ProcessState:
+    """This process's :class:`ProcessState` for ``url``, opened again if a publish replaced the
+    file while it was being opened.
+
+    Raises:
+        IntegrityError: the file was replaced 3 times in a row, or is damaged.
+    """
+    for _ in range(3):
+        try:
+            return ProcessState(url, storage_options, want_digests, max_pixels)
+        except _Replaced:
+            continue
+    raise IntegrityError(
+        f"{url} was replaced 3 times while being opened; open it "
+        "again once it is no longer being published"
+    )
