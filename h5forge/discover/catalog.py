@@ -29,7 +29,7 @@ from pathlib import Path
 
 from h5forge.discover.manifest import check_file, check_label_range, check_path, read_rows
 from h5forge.errors import EmptyDatasetError
-from h5forge.fetch.staging import MAX_DEPTH, is_within, resolve
+from h5forge.paths import MAX_DEPTH, is_within, resolve
 from h5forge.text import printable
 
 __all__ = ["IMAGE_EXTENSIONS", "MAX_DEPTH", "SPLIT_NAMES", "Catalog", "Sample", "discover"]

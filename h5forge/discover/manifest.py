@@ -22,7 +22,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from h5forge.fetch.staging import MAX_LINKS, is_within, resolve
+from h5forge.paths import MAX_LINKS, is_within, resolve
 from h5forge.text import printable
 
 __all__ = [

@@ -19,7 +19,7 @@ from pathlib import Path
 from h5forge.errors import ChecksumError
 from h5forge.fetch.staging import exclusive
 from h5forge.files import replace_file
-from h5forge.publish.storage import sha256_file
+from h5forge.hashing import sha256_file
 from h5forge.redact import canonical_url
 
 __all__: list[str] = []

@@ -29,9 +29,10 @@ from h5forge.errors import UnsafeArchiveError
 from h5forge.fetch import http as _http
 from h5forge.fetch.cache import cached_download, check_digest
 from h5forge.fetch.extract import detect_archive, safe_extract
-from h5forge.fetch.staging import commit, discard, exclusive, new_staging, split_member_name
+from h5forge.fetch.staging import commit, discard, exclusive, new_staging
+from h5forge.hashing import sha256_file
+from h5forge.paths import split_member_name
 from h5forge.progress import progress_bar
-from h5forge.publish.storage import sha256_file
 from h5forge.redact import redact_url
 
 __all__ = ["MARKER", "FetchResult", "fetch"]

@@ -61,7 +61,8 @@ from h5forge.asset.access import is_local, load_index, open_h5, url_to_fs
 from h5forge.asset.chunks import chunk_ranges
 from h5forge.asset.placement import Head, _early
 from h5forge.errors import EmptyDatasetError, IntegrityError, UnsafePathError
-from h5forge.files import OutputLock, output_lock, same_file
+from h5forge.files import same_file
+from h5forge.output_lock import OutputLock, output_lock
 from h5forge.pack.writer import (
     PackResult,
     _check_bad_fraction,

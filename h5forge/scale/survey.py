@@ -20,7 +20,7 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.access import check_labels, is_local, load_index, open_h5, url_to_fs
-from h5forge.publish.storage import manifest_url, read_manifest
+from h5forge.publish.manifest import manifest_url, read_manifest
 from h5forge.scale.file_check import Expected, FileChecks, FileIdentity
 
 __all__ = ["Shard", "survey"]
