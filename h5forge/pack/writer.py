@@ -42,8 +42,8 @@ from h5forge.errors import (
     UnsafePathError,
 )
 from h5forge.files import describe, same_file
-from h5forge.output_lock import OutputLock, output_lock
 from h5forge.options import CODEC_LEVELS, Compression, check_compression, option
+from h5forge.output_lock import OutputLock, output_lock
 from h5forge.preprocess.images import ImageConfig, Processed, Quarantined
 from h5forge.preprocess.pool import iter_processed
 
