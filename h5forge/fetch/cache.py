@@ -1,4 +1,4 @@
-"""Private content-addressed download cache used by ``fetch``.
+"""The content-addressed download cache of ``fetch``.
 
 An entry is a folder named by sha256(canonical URL, expected digest) holding ``blob`` and
 ``meta.json``. The canonical URL carries no credentials or signatures, so a re-signed URL of the
@@ -22,7 +22,7 @@ from h5forge.files import replace_file
 from h5forge.hashing import sha256_file
 from h5forge.redact import canonical_url
 
-__all__: list[str] = []
+__all__ = ["cached_download", "check_digest"]
 
 log = logging.getLogger("h5forge.fetch.sources")
 

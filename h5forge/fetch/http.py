@@ -1,4 +1,4 @@
-"""Private HTTP(S) downloader: streaming, timeouts, retries with backoff and jitter, Range resume.
+"""The HTTP(S) downloader: streaming, timeouts, retries with backoff and jitter, Range resume.
 
 Why ``http.client`` and not fsspec's ``HTTPFileSystem`` (aiohttp): resuming safely needs the
 status and ``Content-Range`` of every response and the exact number of bytes kept before a drop,
@@ -15,6 +15,9 @@ deadline for the response head, a minimum rate, a total deadline). Content is ne
 (``Accept-Encoding: identity``; a ``Content-Encoding`` answer is stored as sent), so a
 compression bomb is just its compressed bytes. Caller headers go only to the origin they were
 given for.
+
+This module is the attempt loop and its bounds; opening a response (headers, redirects, the
+head's watchdog) is :mod:`h5forge.fetch.connect`, reading its body :mod:`h5forge.fetch.body`.
 """
 
 from __future__ import annotations
