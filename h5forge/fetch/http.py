@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h5forge.fetch.body import Retry, State, accept, restart, stream, trailing, why
+from h5forge.fetch.cache import create_part
 from h5forge.fetch.connect import check_headers, open_response
 from h5forge.progress import Progress, progress_bar
 from h5forge.redact import redact_text, redact_url
@@ -139,15 +140,8 @@ def download(
     """
     shown = redact_url(url)
     caller = check_headers(headers or {})
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     started = time.monotonic()
-    try:
-        fd = os.open(out, flags, 0o666)
-    except FileExistsError as exc:
-        raise FileExistsError(
-            f"download file {str(out)!r} already exists (perhaps as a link); "
-            "refusing to write through it — remove it and retry"
-        ) from exc
+    fd = create_part(out)
     with (
         os.fdopen(fd, "wb") as file,
         progress_bar(progress, f"download {shown.rsplit('/', 1)[-1]}") as bar,

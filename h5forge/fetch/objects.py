@@ -17,6 +17,7 @@ from typing import Any
 
 from h5forge.errors import UnsafeArchiveError
 from h5forge.fetch.body import over_max_bytes
+from h5forge.fetch.cache import create_part
 from h5forge.fetch.dest import check_dest, write_marker
 from h5forge.fetch.staging import commit, discard, exclusive, new_staging
 from h5forge.hashing import CHUNK
@@ -40,11 +41,10 @@ def stream_object(
     if listed is not None and listed > max_bytes:
         raise over_max_bytes(shown, f"is {listed} bytes", max_bytes)
     digest, size = hashlib.sha256(), 0
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     with (
         progress_bar(progress, f"download {shown.rsplit('/', 1)[-1]}", listed) as bar,
         fs.open(path, "rb", block_size=CHUNK) as src,
-        os.fdopen(os.open(part, flags, 0o666), "wb") as out,
+        os.fdopen(create_part(part), "wb") as out,
     ):
         while block := src.read(min(CHUNK, max_bytes + 1 - size)):
             if size + len(block) > max_bytes:
