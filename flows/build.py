@@ -13,9 +13,6 @@ published, and kept after a failure so that a re-run packs only the missing ones
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,8 +23,8 @@ from pydantic import BaseModel, Field
 
 from flows.config import BuildConfig, check_url
 from flows.credentials import default_cache_dir, load_storage_options
-from h5forge.files import is_ours, mark, remove_marked, same_file
 from h5forge.preflight import check_destination
+from h5forge.workdir import work_dir
 from tasks._common import dataset_name
 from tasks.discover import discover_samples
 from tasks.fetch import fetch_task, source_dir
@@ -83,61 +80,6 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
         seconds[name] = round(time.perf_counter() - start, 3)
 
 
-_WORK_PREFIX = "h5forge-build-"
-_WORK_MARK = "build-work"  # the kind in the marker h5forge writes into its work folders
-
-
-@contextmanager
-def _work_dir() -> Iterator[Path]:
-    """This run's private scratch folder in TMPDIR, marked as h5forge's and locked (flock)
-    while the run lives.
-
-    A killed run cannot delete its folder, which holds the packed file (as large as the
-    dataset); each build first removes the folders of dead runs: ``h5forge-build-*`` folders
-    that carry h5forge's marker (:mod:`h5forge.files`) and whose lock it can take (the kernel
-    drops a dead process's locks). The marker is written only once the folder is locked, so a
-    marked, unlocked folder is a dead run's; a folder of the user's named like one carries no
-    marker and stays, and removal never follows a link.
-    """
-    import fcntl
-
-    root = Path(tempfile.gettempdir())
-    for old in root.glob(f"{_WORK_PREFIX}*"):
-        _remove_if_dead(old)
-    work = Path(tempfile.mkdtemp(prefix=_WORK_PREFIX))  # a new name, mode 0o700
-    fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        mark(work, _WORK_MARK)
-        try:
-            yield work
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    finally:
-        os.close(fd)
-
-
-def _remove_if_dead(old: Path) -> None:
-    """Remove ``old`` if it is a dead run's work folder (marked by h5forge, lock free)."""
-    import fcntl
-
-    try:
-        fd = os.open(old, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return  # a symlink, not a folder, gone meanwhile, or not ours to look at
-    try:
-        if not is_ours(old, _WORK_MARK):
-            return  # not made by h5forge (or not by this user): never removed
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return  # a live run holds it
-        if same_file(os.fstat(fd), os.lstat(old)):  # still the folder we locked
-            remove_marked(old, _WORK_MARK)
-    finally:
-        os.close(fd)
-
-
 @flow(name="build-h5-dataset")
 def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSummary:
     """Build, verify, smoke-load and publish one HDF5 image asset.
@@ -163,7 +105,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     dataset = dataset_name(config.destination)
     seconds: dict[str, float] = {}
-    with _work_dir() as work:
+    with work_dir() as work:
         with _stage(seconds, "fetch"):
             pinned = source_dir(cache, config.source, config.sha256)
             dest = pinned if pinned is not None else work / "source"

@@ -292,8 +292,8 @@ def demo(
     """Generate the built-in demo dataset and run the whole build flow on it, offline."""
     from flows.config import BuildConfig
     from h5forge.demo import make_demo_archive
+    from h5forge.hashing import sha256_file
     from h5forge.preflight import check_destination
-    from h5forge.publish.storage import sha256_file
 
     if dest.suffix != ".h5":
         raise fail(f"DEST {dest} must end in .h5", EXIT_USAGE)

@@ -36,7 +36,7 @@ _LAZY = {
     "verify": "h5forge.verify.checks",
     "VerifyReport": "h5forge.verify.checks",
     "publish": "h5forge.publish.storage",
-    "read_manifest": "h5forge.publish.storage",
+    "read_manifest": "h5forge.publish.manifest",
     "write_preview": "h5forge.publish.preview",
     "H5ImageDataset": "h5forge.read.dataset",
 }

@@ -83,8 +83,8 @@ def _verify_with_manifest(
     Returns the report and the manifest URL checked (None when there is none beside the file).
     A manifest that changed while the file was verified (a republish) is checked again.
     """
-    from h5forge.publish.storage import check_manifest, read_manifest
-    from h5forge.publish.storage import manifest_url as sidecar
+    from h5forge.publish.manifest import check_manifest, read_manifest
+    from h5forge.publish.manifest import manifest_url as sidecar
     from h5forge.summary import summarize
 
     target = manifest_url or sidecar(file)

@@ -13,10 +13,8 @@ such a name and have h5forge delete it. The rules, kept in this one module:
   random token, the pid and host). Cleanup removes only folders holding a marker that is a
   regular file owned by this user, never a folder by its name alone, and removes them without
   following links inside and without recursion (:func:`remove_tree`).
-- One writer per output: :func:`output_lock` takes an ``flock`` on ``OUT.lock`` beside it and
-  records the run's pid and host and the inodes of the files it creates, so a second run refuses
-  with a message naming the first, and the next run after a crash removes exactly the files the
-  dead run made (same inode), nothing that merely has their name.
+- Turn-taking (one writer per output, per destination, per folder) is :mod:`h5forge.locks`;
+  its lock records share the marker's fields (:func:`record`).
 
 The folder a caller asks to write into is the caller's choice and may be reached through a
 symlink; only the names h5forge invents inside it are protected.
@@ -31,24 +29,25 @@ import secrets
 import shutil
 import socket
 import stat
-import time
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from h5forge.errors import BusyError, UnsafePathError
+from h5forge.errors import UnsafePathError
 
 __all__ = [
-    "LOCK_SUFFIX",
+    "CLOEXEC",
+    "MARKER_FORMAT",
     "MARKER_NAME",
-    "OutputLock",
+    "NOFOLLOW",
+    "NONBLOCK",
     "create_exclusive",
     "describe",
     "is_ours",
     "make_marked_dir",
     "mark",
-    "output_lock",
+    "read_small",
+    "record",
     "remove_marked",
     "remove_tree",
     "replace_file",
@@ -57,15 +56,13 @@ __all__ = [
 ]
 
 MARKER_NAME = ".h5forge-marker"
-LOCK_SUFFIX = ".lock"
-_MARKER_FORMAT = "h5forge-marker/1"
-_LOCK_FORMAT = "h5forge-lock/1"
+MARKER_FORMAT = "h5forge-marker/1"
 _MAX_RECORD = 64 << 10  # a marker or lock record is a few hundred bytes; refuse anything big
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted at a name must not hang the open
+NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted at a name must not hang the open
 
 
 def describe(path: str | os.PathLike[str]) -> str:
@@ -113,7 +110,7 @@ def create_exclusive(
     """
     p = os.fspath(path)
     try:
-        return os.open(p, flags | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
+        return os.open(p, flags | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, mode)
     except FileExistsError:
         raise UnsafePathError(
             f"cannot create {p}: {describe(p)} already has that name; h5forge creates its "
@@ -148,9 +145,10 @@ def same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _record(kind: str) -> dict[str, Any]:
+def record(kind: str, format: str = MARKER_FORMAT) -> dict[str, Any]:
+    """A fresh record of this process: ``format`` tag, ``kind``, random token, pid, host, time."""
     return {
-        "format": _MARKER_FORMAT if kind != "lock" else _LOCK_FORMAT,
+        "format": format,
         "kind": kind,
         "token": secrets.token_hex(8),
         "pid": os.getpid(),
@@ -163,7 +161,7 @@ def mark(folder: str | os.PathLike[str], kind: str) -> None:
     """Write h5forge's marker (kind, random token, pid, host) into ``folder``, exclusively."""
     fd = create_exclusive(os.path.join(folder, MARKER_NAME), 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(json.dumps(_record(kind)).encode())
+        f.write(json.dumps(record(kind)).encode())
 
 
 def unmark(folder: str | os.PathLike[str]) -> None:
@@ -184,7 +182,9 @@ def make_marked_dir(path: str | os.PathLike[str], kind: str, mode: int = 0o777) 
     return Path(path)
 
 
-def _read_small(fd: int) -> bytes | None:
+def read_small(fd: int) -> bytes | None:
+    """The bytes of a small record file open as ``fd``; None when it is not a regular file of
+    this user under the size a record can have."""
     st = os.fstat(fd)
     if (
         not stat.S_ISREG(st.st_mode)
@@ -199,13 +199,13 @@ def _marker(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The marker record of ``folder``, or None: not a real folder (a symlink is not), not this
     user's, or no marker that is a regular file of this user with h5forge's format tag."""
     try:
-        dfd = os.open(folder, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC)
+        dfd = os.open(folder, os.O_RDONLY | _DIRECTORY | NOFOLLOW | CLOEXEC)
     except OSError:  # gone, a symlink (ELOOP), not a folder, not ours to read
         return None
     try:
         if hasattr(os, "getuid") and os.fstat(dfd).st_uid != os.getuid():
             return None
-        flags = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+        flags = os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC
         # Relative to the folder just checked, so a folder swapped in meanwhile is not read.
         fd = (
             os.open(MARKER_NAME, flags, dir_fd=dfd)
@@ -213,7 +213,7 @@ def _marker(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
             else os.open(os.path.join(folder, MARKER_NAME), flags)
         )
         try:
-            raw = _read_small(fd)
+            raw = read_small(fd)
         finally:
             os.close(fd)
         data = json.loads(raw) if raw is not None else None
@@ -221,7 +221,7 @@ def _marker(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     finally:
         os.close(dfd)
-    return data if isinstance(data, dict) and data.get("format") == _MARKER_FORMAT else None
+    return data if isinstance(data, dict) and data.get("format") == MARKER_FORMAT else None
 
 
 def is_ours(folder: str | os.PathLike[str], kind: str | None = None) -> bool:
@@ -230,7 +230,7 @@ def is_ours(folder: str | os.PathLike[str], kind: str | None = None) -> bool:
     return found is not None and (kind is None or found.get("kind") == kind)
 
 
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS = os.O_RDONLY | _DIRECTORY | NOFOLLOW
 
 
 def remove_tree(path: str | os.PathLike[str]) -> None:
@@ -267,7 +267,7 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
                     fd = -1
                     os.rmdir(path)
                     return
-                parent = os.open("..", _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
+                parent = os.open("..", _DIR_FLAGS & ~NOFOLLOW, dir_fd=fd)
                 os.close(fd)
                 fd = parent
                 pst = os.fstat(fd)
@@ -297,225 +297,3 @@ def remove_marked(folder: str | os.PathLike[str], kind: str | None = None) -> bo
         return False
     remove_tree(folder)
     return True
-
-
-class OutputLock:
-    """The lock of one output, held by this run, and the files this run created beside it.
-
-    See :func:`output_lock`.
-
-    Attributes:
-        path: the lock file (``OUT.lock``).
-        previous: the record a dead run left in it (its pid, host, files), or None.
-    """
-
-    def __init__(self, path: str, fd: int | None, previous: dict[str, Any] | None) -> None:
-        self.path, self._fd, self.previous = path, fd, previous
-        self._record = _record("lock")
-        self._made: list[tuple[str, os.stat_result]] = []
-        self._write()
-
-    def _write(self) -> None:
-        if self._fd is None:
-            return
-        self._record["files"] = [
-            {"name": os.path.basename(p), "dev": st.st_dev, "ino": st.st_ino}
-            for p, st in self._made
-        ]
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, json.dumps(self._record).encode(), 0)
-
-    def create(
-        self, path: str | os.PathLike[str], mode: int = 0o600, *, flags: int = os.O_WRONLY
-    ) -> int:
-        """:func:`create_exclusive`, recorded as this run's (see :meth:`adopt`)."""
-        fd = create_exclusive(path, mode, flags=flags)
-        self.adopt(path, fd)
-        return fd
-
-    def adopt(self, path: str | os.PathLike[str], fd: int) -> os.stat_result:
-        """Record that this run created ``path``, open as ``fd``, and return its identity.
-
-        A later run that finds this record after a crash removes the file if the name is
-        still that very inode, and :meth:`discard` removes it when this run fails.
-        """
-        st = os.fstat(fd)
-        self._made.append((os.path.abspath(os.fspath(path)), st))
-        self._write()
-        return st
-
-    def identity(self, path: str | os.PathLike[str]) -> os.stat_result:
-        """The identity recorded for ``path`` by :meth:`adopt`."""
-        want = os.path.abspath(os.fspath(path))
-        for p, st in reversed(self._made):
-            if p == want:
-                return st
-        raise KeyError(want)
-
-    def forget(self, path: str | os.PathLike[str]) -> None:
-        """Drop ``path`` from the record (it was renamed into place or removed)."""
-        want = os.path.abspath(os.fspath(path))
-        self._made = [(p, st) for p, st in self._made if p != want]
-        self._write()
-
-    def discard_one(self, path: str | os.PathLike[str]) -> None:
-        """Remove one file this run created, if the name is still that inode; forget it."""
-        want = os.path.abspath(os.fspath(path))
-        for p, st in self._made:
-            if p == want:
-                _unlink_if(p, st.st_dev, st.st_ino)
-        self.forget(path)
-
-    def discard(self) -> None:
-        """Remove every file this run created that still has its name (same inode)."""
-        for path, st in self._made:
-            _unlink_if(path, st.st_dev, st.st_ino)
-        self._made = []
-        self._write()
-
-    def remove_leftovers(self) -> list[str]:
-        """Remove the files the dead previous holder recorded, where each name is still that
-        very inode (a regular file); return the paths removed. Anything else is kept."""
-        removed: list[str] = []
-        folder = os.path.dirname(self.path)
-        for entry in (self.previous or {}).get("files", []):
-            if (
-                not isinstance(entry, dict)
-                or not isinstance(entry.get("name"), str)
-                or os.sep in entry["name"]
-                or entry["name"] in ("", ".", "..")
-            ):
-                continue
-            path = os.path.join(folder, entry["name"])
-            if _unlink_if(path, entry.get("dev"), entry.get("ino")):
-                removed.append(path)
-        return removed
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        # Unlinked while still held: a run that opened it meanwhile finds it gone and retries.
-        with contextlib.suppress(FileNotFoundError):
-            if same_file(os.fstat(self._fd), os.lstat(self.path)):
-                os.unlink(self.path)
-        os.close(self._fd)
-
-
-def _unlink_if(path: str, dev: object, ino: object) -> bool:
-    """Unlink ``path`` if it is a regular file with this device and inode number."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == (dev, ino):
-        os.unlink(path)
-        return True
-    return False
-
-
-def _lock_record(fd: int, lock: str) -> dict[str, Any] | None:
-    """The record in a lock file: None when empty.
-
-    Raises:
-        UnsafePathError: the file holds something that is not an h5forge lock record.
-    """
-    raw = _read_small(fd)
-    if raw == b"":
-        return None
-    try:
-        data = json.loads(raw) if raw is not None else None
-    except ValueError:
-        data = None
-    if not (isinstance(data, dict) and data.get("format") == _LOCK_FORMAT):
-        raise UnsafePathError(
-            f"{lock} is not an h5forge lock file ({describe(lock)} that holds no lock record); "
-            "h5forge will not overwrite it: remove it (or rename the output) and run again"
-        )
-    return data
-
-
-def _open_lock(lock: str) -> int:
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC, 0o644)
-    except OSError:
-        if os.path.islink(lock) or os.path.isdir(lock):
-            raise UnsafePathError(
-                f"lock file {lock} is {describe(lock)}; h5forge never follows a link or uses a "
-                "name it did not make: remove it and run again"
-            ) from None
-        raise
-    st = os.fstat(fd)
-    if (
-        not stat.S_ISREG(st.st_mode)
-        or st.st_nlink != 1
-        or (hasattr(os, "getuid") and st.st_uid != os.getuid())
-    ):
-        os.close(fd)
-        raise UnsafePathError(
-            f"lock file {lock} is {describe(lock)}, not a lock file h5forge made (a regular "
-            "file of yours with one link); remove it and run again"
-        )
-    return fd
-
-
-def _busy(out: str, lock: str, fd: int) -> BusyError:
-    other = None
-    for _ in range(10):  # the holder writes its record right after taking the lock
-        with contextlib.suppress(UnsafePathError):
-            other = _lock_record(fd, lock)
-        if other is not None:
-            break
-        time.sleep(0.05)
-    other = other or {}
-    pid, host = other.get("pid", "unknown"), other.get("host", "unknown host")
-    return BusyError(
-        f"{out} is being written by another h5forge run (pid {pid} on {host}, started "
-        f"{other.get('created', 'just now')}); wait for it to finish, or stop it (kill {pid}) "
-        f"and run again. If no such process is running, remove {lock}"
-    )
-
-
-@contextlib.contextmanager
-def output_lock(out: str | os.PathLike[str]) -> Iterator[OutputLock]:
-    """Hold the lock of output ``out`` (``OUT.lock`` beside it) for one writer at a time.
-
-    The lock is an ``flock``, which the kernel drops when its holder dies: a killed run never
-    blocks the next one, and the record it left tells the next one which files it made (see
-    :meth:`OutputLock.remove_leftovers`). Where ``flock`` does not exist (Windows) nothing is
-    locked, and the files made are still tracked.
-
-    Raises:
-        BusyError: a live run holds it; the message names its pid and host, and what to do.
-        UnsafePathError: the lock file is a symlink, a hard link, a folder or not a lock.
-    """
-    shown = os.fspath(out)
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): no turn-taking, files are still tracked
-        held = OutputLock(os.path.abspath(shown) + LOCK_SUFFIX, None, None)
-        yield held
-        return
-    lock = os.path.abspath(shown) + LOCK_SUFFIX
-    while True:
-        fd = _open_lock(lock)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            error = _busy(shown, lock, fd)
-            os.close(fd)
-            raise error from None
-        try:
-            if same_file(os.fstat(fd), os.lstat(lock)):
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # the holder before us removed that file: lock the new one
-    try:
-        held = OutputLock(lock, fd, _lock_record(fd, lock))
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
-        yield held
-    finally:
-        held.release()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from h5forge.errors import DestinationExistsError
+from h5forge.files import create_exclusive
 from h5forge.messages import describe_os_error, reworded
 from h5forge.redact import redact_url
 from h5forge.text import printable
@@ -116,9 +117,7 @@ def _probe(folder: Path) -> None:
     probe = folder / f".h5forge-probe-{secrets.token_hex(6)}"
     try:
         # Exclusive and not through a link: a name planted there is never written through.
-        fd = os.open(
-            probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
-        )
+        fd = create_exclusive(probe, 0o600)
     except OSError as e:
         raise _unwritable(e, folder) from e
     try:

@@ -22,7 +22,7 @@ from h5forge.asset.open import url_to_fs
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import TooManyBadImagesError
 from h5forge.preprocess.config import ImageConfig
-from h5forge.publish.storage import MANIFEST_SUFFIX
+from h5forge.publish.manifest import MANIFEST_SUFFIX
 from h5forge.redact import redact_url
 from h5forge.scale.merge import merge_shards
 from h5forge.scale.shards import (

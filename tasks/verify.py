@@ -7,8 +7,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from pydantic import BaseModel, ConfigDict
 
-from h5forge.publish.storage import check_manifest as check_file_manifest
-from h5forge.publish.storage import read_manifest
+from h5forge.publish.manifest import check_manifest as check_file_manifest
+from h5forge.publish.manifest import read_manifest
 from h5forge.redact import redact_url
 from h5forge.verify.checks import verify
 from tasks._common import (

@@ -1,4 +1,4 @@
-"""Private content-addressed download cache used by ``fetch``.
+"""The content-addressed download cache of ``fetch``.
 
 An entry is a folder named by sha256(canonical URL, expected digest) holding ``blob`` and
 ``meta.json``. The canonical URL carries no credentials or signatures, so a re-signed URL of the
@@ -18,11 +18,11 @@ from pathlib import Path
 
 from h5forge.errors import ChecksumError
 from h5forge.fetch.staging import exclusive
-from h5forge.files import replace_file
-from h5forge.publish.storage import sha256_file
+from h5forge.files import create_exclusive, replace_file
+from h5forge.hashing import sha256_file
 from h5forge.redact import canonical_url
 
-__all__: list[str] = []
+__all__ = ["cached_download", "check_digest", "create_part"]
 
 log = logging.getLogger("h5forge.fetch.sources")
 
@@ -35,6 +35,22 @@ def check_digest(expected: str, actual: str, shown: str) -> None:
             "extracted and any download was deleted — check the URL and the published checksum",
             [f"sha256 expected={expected} actual={actual}"],
         )
+
+
+def create_part(part: Path) -> int:
+    """Create the new download file ``part`` and return its descriptor (see
+    :func:`cached_download`): exclusively, so never through a link planted in the cache.
+
+    Raises:
+        FileExistsError: something already has that name.
+    """
+    try:
+        return create_exclusive(part, 0o666)
+    except FileExistsError as exc:
+        raise FileExistsError(
+            f"download file {str(part)!r} already exists (perhaps as a link); "
+            "refusing to write through it — remove it and retry"
+        ) from exc
 
 
 def cached_download(

@@ -9,15 +9,11 @@ with bounded concurrency. Every location goes through ``fsspec.core.url_to_fs`` 
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-import json
 import logging
 import os
 import re
 import secrets
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,22 +21,21 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from h5forge.errors import UnsafeArchiveError
-from h5forge.fetch import http as _http
 from h5forge.fetch.cache import cached_download, check_digest
+from h5forge.fetch.connect import check_headers
+from h5forge.fetch.dest import already_extracted, check_dest, single_root, write_marker
 from h5forge.fetch.extract import detect_archive, safe_extract
-from h5forge.fetch.staging import commit, discard, exclusive, new_staging, split_member_name
-from h5forge.progress import progress_bar
-from h5forge.publish.storage import sha256_file
+from h5forge.fetch.http import Limits, download
+from h5forge.fetch.objects import copy_prefix, stream_object
+from h5forge.fetch.staging import commit, discard, exclusive
+from h5forge.hashing import sha256_file
 from h5forge.redact import redact_url
 
-__all__ = ["MARKER", "FetchResult", "fetch"]
+__all__ = ["FetchResult", "fetch"]
 
 log = logging.getLogger(__name__)
 
-MARKER = ".h5forge-fetch.json"  # written in dest; lets a later fetch replace what it made
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
-_CHUNK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -136,8 +131,8 @@ def fetch(
     log.info("fetching %s", shown)
     caps = (max_members, max_bytes)
     if url.split("://", 1)[0].lower() in ("http", "https"):
-        headers = _http.check_headers(dict(options.get("headers") or {}))
-        limits = _http.Limits(
+        headers = check_headers(dict(options.get("headers") or {}))
+        limits = Limits(
             retries=retries,
             timeout=timeout,
             backoff=backoff,
@@ -147,10 +142,10 @@ def fetch(
             min_rate=min_rate,
         )
 
-        def download(part: Path) -> tuple[str, int]:
-            return _http.download(url, part, lim=limits, progress=progress, headers=headers)
+        def get(part: Path) -> tuple[str, int]:
+            return download(url, part, lim=limits, progress=progress, headers=headers)
 
-        blob, digest, hit = cached_download(cache, url, expected, shown, download)
+        blob, digest, hit = cached_download(cache, url, expected, shown, get)
         return _unpack(blob, target, shown, digest, hit, caps)
     fs, path = fsspec.core.url_to_fs(url, **options)
     if fs.isdir(path):
@@ -160,8 +155,8 @@ def fetch(
             return FetchResult(
                 root=os.path.abspath(path), source_url=shown, sha256="", cached=False
             )
-        _copy_prefix(fs, path, target, shown, max_members, max_bytes, workers, progress)
-        return FetchResult(root=_single_root(target), source_url=shown, sha256="", cached=False)
+        copy_prefix(fs, path, target, shown, max_members, max_bytes, workers, progress)
+        return FetchResult(root=single_root(target), source_url=shown, sha256="", cached=False)
     if not fs.isfile(path):
         raise FileNotFoundError(f"nothing at {shown!r}: no such folder, prefix or archive")
     if isinstance(fs, LocalFileSystem):  # already local: hash and extract it where it is
@@ -173,7 +168,7 @@ def fetch(
         url,
         expected,
         shown,
-        lambda part: _stream_object(fs, path, part, shown, progress, max_bytes),
+        lambda part: stream_object(fs, path, part, shown, progress, max_bytes),
     )
     return _unpack(blob, target, shown, digest, hit, caps)
 
@@ -213,34 +208,6 @@ def _validate_http(max_attempts: int, total_timeout: float, min_rate: float) -> 
         raise ValueError(f"min_rate={min_rate} is out of range: must be >= 0 bytes/s")
 
 
-def _stream_object(
-    fs: Any, path: str, part: Path, shown: str, progress: bool, max_bytes: int
-) -> tuple[str, int]:
-    """Copy one remote object to the new file ``part`` in large sequential reads, hashing.
-
-    At most ``max_bytes`` are read whatever the listed size says (a store can list one size
-    and serve another); ``part`` is created exclusively, never through a link.
-    """
-    listed = fs.size(path)
-    if listed is not None and listed > max_bytes:
-        raise _http.over_max_bytes(shown, f"is {listed} bytes", max_bytes)
-    digest, size = hashlib.sha256(), 0
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    with (
-        progress_bar(progress, f"download {shown.rsplit('/', 1)[-1]}", listed) as bar,
-        fs.open(path, "rb", block_size=_CHUNK) as src,
-        os.fdopen(os.open(part, flags, 0o666), "wb") as out,
-    ):
-        while block := src.read(min(_CHUNK, max_bytes + 1 - size)):
-            if size + len(block) > max_bytes:
-                raise _http.over_max_bytes(shown, f"sent more than {max_bytes} bytes", max_bytes)
-            out.write(block)
-            digest.update(block)
-            size += len(block)
-            bar.advance(len(block))
-    return digest.hexdigest(), size
-
-
 def _unpack(
     archive: Path, target: Path, shown: str, digest: str, cached: bool, caps: tuple[int, int]
 ) -> FetchResult:
@@ -250,123 +217,18 @@ def _unpack(
             ".tar.xz, .zip); point fetch at an archive or a folder"
         )
     with exclusive(target):  # writers of ``target`` take turns; leftovers of dead ones go
-        _check_dest(target)
-        if _already_extracted(target, digest):
+        check_dest(target)
+        if already_extracted(target, digest):
             log.info("%s already holds the extracted archive (sha256 %s)", target, digest)
             return FetchResult(
-                root=_single_root(target), source_url=shown, sha256=digest, cached=cached
+                root=single_root(target), source_url=shown, sha256=digest, cached=cached
             )
         incoming = target.with_name(f"{target.name}.incoming-{secrets.token_hex(6)}")
         try:
             safe_extract(archive, incoming, max_members=caps[0], max_bytes=caps[1])
-            _write_marker(incoming, shown, digest)
+            write_marker(incoming, shown, digest)
             commit(incoming, target, replace=True)
         except BaseException:
             discard(incoming)
             raise
-    return FetchResult(root=_single_root(target), source_url=shown, sha256=digest, cached=cached)
-
-
-def _already_extracted(target: Path, digest: str) -> bool:
-    """``target`` is a complete extraction of the archive with this sha256 (its marker says so).
-
-    The marker is written inside the folder before it is renamed into place, so a marker means
-    a complete extraction. Reusing it keeps a second fetch of the same archive from replacing
-    the folder under a build that is reading it.
-    """
-    try:
-        marker = json.loads((target / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(marker, dict) and bool(digest) and marker.get("sha256") == digest
-
-
-def _copy_prefix(
-    fs: Any,
-    path: str,
-    target: Path,
-    shown: str,
-    max_members: int,
-    max_bytes: int,
-    workers: int,
-    progress: bool,
-) -> None:
-    base = path.rstrip("/")
-    found = fs.find(base, detail=True)
-    with exclusive(target):  # writers of ``target`` take turns; leftovers of dead ones go
-        _check_dest(target)
-        staging = new_staging(target)
-        try:
-            jobs, total = _plan_copy(base, found, staging, shown, max_members, max_bytes)
-            _copy_all(fs, jobs, found, workers, progress_bar(progress, f"copy {shown}", total))
-            _write_marker(staging, shown, "")
-            commit(staging, target, replace=True)
-        except BaseException:
-            discard(staging)
-            raise
-    log.info("copied %d objects (%d bytes) from %s", len(jobs), total, shown)
-
-
-def _plan_copy(
-    base: str, found: dict[str, Any], staging: Path, shown: str, max_members: int, max_bytes: int
-) -> tuple[list[tuple[str, Path]], int]:
-    """``(object key, local path)`` of every object under ``base``, checked, and their bytes."""
-    jobs: list[tuple[str, Path]] = []
-    total = 0
-    for key, info in sorted(found.items()):
-        rel = key[len(base) + 1 :] if key.startswith(base + "/") else None
-        parts = split_member_name(rel) if rel else "is outside the prefix"
-        if isinstance(parts, str) or not parts:
-            raise UnsafeArchiveError(f"unsafe object {key!r} under {shown!r}: {parts}")
-        total += int(info.get("size") or 0)
-        if len(jobs) >= max_members or total > max_bytes:
-            raise UnsafeArchiveError(
-                f"prefix {shown!r} exceeds max_members={max_members} or "
-                f"max_bytes={max_bytes} at object {key!r}; raise the cap if it is trusted"
-            )
-        local = staging.joinpath(*parts)
-        local.parent.mkdir(parents=True, exist_ok=True)
-        jobs.append((key, local))
-    return jobs, total
-
-
-def _copy_all(
-    fs: Any, jobs: list[tuple[str, Path]], found: dict[str, Any], workers: int, bar_cm: Any
-) -> None:
-    """Copy ``jobs`` with at most ``workers`` in flight; the first failure cancels the rest."""
-    with bar_cm as bar, ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(fs.get_file, key, str(local)): key for key, local in jobs}
-        try:
-            for done in as_completed(futures):
-                done.result()
-                bar.advance(int(found[futures[done]].get("size") or 0))
-        except BaseException:
-            pool.shutdown(cancel_futures=True)
-            raise
-
-
-def _check_dest(target: Path) -> None:
-    """``dest`` must be new, empty, or made by an earlier fetch (never a file or a link)."""
-    if target.is_symlink() or (target.exists() and not target.is_dir()):
-        raise FileExistsError(
-            f"dest {str(target)!r} exists and is not a folder; pass a new or empty folder"
-        )
-    made_by_fetch = (target / MARKER).is_file()
-    if target.is_dir() and not made_by_fetch and any(target.iterdir()):
-        raise FileExistsError(
-            f"dest {str(target)!r} is not empty and was not made by h5forge fetch; "
-            "pass a new or empty folder"
-        )
-
-
-def _write_marker(folder: Path, shown: str, digest: str) -> None:
-    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    (folder / MARKER).write_text(json.dumps({"source_url": shown, "sha256": digest, "at": now}))
-
-
-def _single_root(target: Path) -> str:
-    """The archive's one top folder if it has exactly one, else ``target`` itself."""
-    tops = [e for e in os.scandir(target) if not e.name.startswith(".") and e.name != "__MACOSX"]
-    if len(tops) == 1 and tops[0].is_dir(follow_symlinks=False):
-        return tops[0].path
-    return str(target)
+    return FetchResult(root=single_root(target), source_url=shown, sha256=digest, cached=cached)

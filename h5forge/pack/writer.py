@@ -42,8 +42,9 @@ from h5forge.errors import (
     TooManyBadImagesError,
     UnsafePathError,
 )
-from h5forge.files import OutputLock, describe, output_lock, same_file
+from h5forge.files import describe, same_file
 from h5forge.options import CODEC_LEVELS, Compression, check_compression, option
+from h5forge.output_lock import OutputLock, output_lock
 from h5forge.preprocess.config import ImageConfig
 from h5forge.preprocess.images import Processed, Quarantined
 from h5forge.preprocess.pool import iter_processed

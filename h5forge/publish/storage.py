@@ -6,59 +6,38 @@ the file has been read back from the destination and matched byte for byte, so a
 finds a manifest can trust the file next to it. When replacing, the old manifest is removed
 first, so no reader ever sees a manifest that disagrees with its file.
 
-Local writes never go through a name someone planted: temp files are created exclusively
-(:func:`h5forge.files.create_exclusive`) and renamed over their target, which replaces a
-symlink at the final name instead of writing through it; cleanup of a killed publish's temp
-files removes only regular files of this user with one link, never a symlink or what it
-points to.
+How the bytes are written (temp name, rename, read-back, stale-temp cleanup) is
+:mod:`h5forge.publish.copy`; the manifest itself is :mod:`h5forge.publish.manifest`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import hashlib
-import io
 import json
 import logging
 import os
 import posixpath
-import re
-import secrets
-import stat
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from h5forge.errors import ChecksumError, IntegrityError
-from h5forge.files import create_exclusive
-from h5forge.redact import REDACTED, is_sensitive_key, redact_storage_options, redact_url
+from h5forge.hashing import sha256_file, sha256_of
+from h5forge.locks import folder_lock
+from h5forge.publish.copy import fsync_dir, put, read_back, remove_stale_temps, temp_copy
+from h5forge.publish.manifest import (
+    COMPUTED_FIELDS,
+    MANIFEST_SUFFIX,
+    load_manifest,
+    manifest_bytes,
+    manifest_url,
+)
+from h5forge.redact import redact_url
 
-__all__ = [
-    "FORMAT_NAME",
-    "MANIFEST_SUFFIX",
-    "PublishResult",
-    "check_manifest",
-    "manifest_url",
-    "publish",
-    "put_file",
-    "read_manifest",
-    "sha256_file",
-]
+__all__ = ["PublishResult", "publish", "put_file"]
 
 log = logging.getLogger(__name__)
-
-MANIFEST_SUFFIX = ".manifest.json"
-FORMAT_NAME = "h5forge"
-# Used when ``extra`` carries no "format_version"; the writer passes the file's real version.
-_DEFAULT_FORMAT_VERSION = 1
-_COMPUTED = frozenset({"format", "sha256", "bytes", "created_at"})
-_CHUNK = 8 << 20
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -78,128 +57,6 @@ class PublishResult:
     sha256: str
     bytes: int
     unchanged: bool
-
-
-def sha256_file(
-    path_or_url: str | os.PathLike[str],
-    *,
-    storage_options: Mapping[str, Any] | None = None,
-    chunk: int = _CHUNK,
-) -> str:
-    """Stream a local or remote file through sha256 in ``chunk``-byte reads.
-
-    Args:
-        path_or_url: local path or fsspec URL.
-        storage_options: passed to fsspec.
-        chunk: bytes per read.
-
-    Returns:
-        The hex digest.
-    """
-    if chunk < 1:
-        raise ValueError(f"chunk={chunk} must be >= 1 byte")
-    fs, path = fsspec.core.url_to_fs(os.fspath(path_or_url), **dict(storage_options or {}))
-    return _digest(fs, path, chunk)
-
-
-def _digest(fs: Any, path: str, chunk: int = _CHUNK) -> str:
-    digest = hashlib.sha256()
-    with fs.open(path, "rb", block_size=chunk) as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def manifest_url(url: str) -> str:
-    """The manifest sidecar of ``url``: ``url + ".manifest.json"`` (before any query string)."""
-    if "://" in url and "?" in url:
-        base, _, query = url.partition("?")
-        return f"{base}{MANIFEST_SUFFIX}?{query}"
-    return url + MANIFEST_SUFFIX
-
-
-def read_manifest(url: str, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Read and check the manifest of the asset at ``url`` (or of the manifest URL itself).
-
-    Raises:
-        FileNotFoundError: no manifest, i.e. the asset was never (completely) published.
-        ValueError: the manifest is not valid JSON or lacks format, sha256 or bytes.
-    """
-    target = url if url.endswith(MANIFEST_SUFFIX) else manifest_url(url)
-    fs, path = fsspec.core.url_to_fs(target, **dict(storage_options or {}))
-    manifest = _load(fs, path, redact_url(target))
-    if manifest is None:
-        raise FileNotFoundError(
-            f"no manifest at {redact_url(target)!r}: the asset is not published (the manifest "
-            "is written last, after the file is verified); publish it again"
-        )
-    return manifest
-
-
-def check_manifest(
-    url: str,
-    manifest: Mapping[str, Any],
-    *,
-    sha256: str,
-    bytes: int,
-    num_samples: int,
-    num_classes: int,
-    format_version: int,
-    counts: Mapping[str, Mapping[str, int]] | None = None,
-) -> None:
-    """Compare what the file at ``url`` is with what its manifest promises.
-
-    The verify command, the re-verify flow and anyone holding a manifest call this one
-    function. ``sha256`` and ``bytes`` must be in the manifest; ``num_samples``,
-    ``num_classes``, ``format_version`` and ``counts`` (split -> class -> n; compared when
-    given) must agree when the manifest records them.
-
-    Raises:
-        IntegrityError: one line per disagreement, naming the field, the manifest's value and
-            the file's.
-    """
-    found: dict[str, Any] = {
-        "bytes": bytes,
-        "sha256": sha256,
-        "num_samples": num_samples,
-        "num_classes": num_classes,
-        "format_version": format_version,
-    }
-    if counts is not None:
-        found["counts"] = {split: dict(per) for split, per in counts.items()}
-    failures = [f"manifest lacks {k!r}" for k in ("bytes", "sha256") if k not in manifest]
-    for key, actual in found.items():
-        if key in manifest and manifest[key] != actual:
-            failures.append(f"{key}: manifest says {manifest[key]!r}, the file has {actual!r}")
-    if failures:
-        raise IntegrityError(
-            f"{redact_url(url)} does not match its manifest (sha256, size, counts, format version)",
-            failures,
-        )
-
-
-def _load(fs: Any, path: str, shown: str) -> dict[str, Any] | None:
-    fs.invalidate_cache(path)
-    try:
-        raw = fs.cat_file(path)
-    except FileNotFoundError:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"manifest {shown!r} is not valid JSON: {exc}") from exc
-    if not (
-        isinstance(data, dict)
-        and data.get("format") == FORMAT_NAME
-        and isinstance(data.get("sha256"), str)
-        and _SHA256.fullmatch(data["sha256"])
-        and isinstance(data.get("bytes"), int)
-    ):
-        raise ValueError(
-            f"manifest {shown!r} is not an h5forge manifest: need format={FORMAT_NAME!r}, "
-            "a 64-hex sha256 and an integer bytes"
-        )
-    return data
 
 
 def publish(
@@ -255,9 +112,9 @@ def publish(
     else:
         if fs.exists(mpath):
             fs.rm_file(mpath)  # first: a reader must never pair the old manifest with a new file
-        _put(fs, path, local=local)
-        _read_back(fs, path, sha, size, shown)
-        _put(fs, mpath, data=_manifest(sha, size, fields))  # last: the commit marker
+        put(fs, path, local=local)
+        read_back(fs, path, sha, size, shown)
+        put(fs, mpath, data=manifest_bytes(sha, size, fields))  # last: the commit marker
     log.info("published %s (%d bytes, sha256 %s)", shown, size, sha)
     return target.result(unchanged=False)
 
@@ -290,7 +147,7 @@ def _settled(t: _Target) -> PublishResult | None:
         FileExistsError: different content is there and ``overwrite`` is False.
     """
     fs = t.fs
-    old = _load(fs, t.mpath, t.mshown)
+    old = load_manifest(fs, t.mpath, t.mshown)
     fs.invalidate_cache(t.path)
     if not fs.exists(t.path):
         return None
@@ -299,9 +156,9 @@ def _settled(t: _Target) -> PublishResult | None:
         return t.result(unchanged=True)
     if t.overwrite:
         return None
-    if old is None and fs.size(t.path) == t.size and _digest(fs, t.path) == t.sha:
+    if old is None and fs.size(t.path) == t.size and sha256_of(fs, t.path) == t.sha:
         # Same bytes without a manifest: an interrupted publish. Just commit it.
-        _put(fs, t.mpath, data=_manifest(t.sha, t.size, dict(t.fields)))
+        put(fs, t.mpath, data=manifest_bytes(t.sha, t.size, dict(t.fields)))
         return t.result(unchanged=False)
     found = old["sha256"] if old else "unknown (no manifest)"
     raise FileExistsError(
@@ -320,11 +177,11 @@ def _publish_local(t: _Target, local: str) -> PublishResult | None:
     """
     fs, parent = t.fs, posixpath.dirname(t.path)
     fs.makedirs(parent, exist_ok=True)
-    with _folder_lock(parent):
-        _remove_stale_temps(parent, posixpath.basename(t.path))
-    with _temp_copy(t.path, local) as tmp:
-        _read_back(fs, tmp.path, t.sha, t.size, t.shown)
-        with _folder_lock(parent):
+    with folder_lock(parent):
+        remove_stale_temps(parent, posixpath.basename(t.path))
+    with temp_copy(t.path, local) as tmp:
+        read_back(fs, tmp.path, t.sha, t.size, t.shown)
+        with folder_lock(parent):
             settled = _settled(t)
             if settled is not None:
                 return settled
@@ -335,8 +192,10 @@ def _publish_local(t: _Target, local: str) -> PublishResult | None:
             # it cannot take the temp file in between.
             tmp.unlock()
             os.rename(tmp.path, t.path)
-            _fsync_dir(parent)
-            _put(fs, t.mpath, data=_manifest(t.sha, t.size, dict(t.fields)))  # the commit marker
+            fsync_dir(parent)
+            put(
+                fs, t.mpath, data=manifest_bytes(t.sha, t.size, dict(t.fields))
+            )  # the commit marker
     return None
 
 
@@ -349,7 +208,7 @@ def _check_args(local: str, dest_url: str, extra: Mapping[str, Any] | None) -> d
             f"(e.g. s3://bucket/data.h5), not empty or a *{MANIFEST_SUFFIX}"
         )
     fields = dict(extra or {})
-    reserved = sorted(_COMPUTED & fields.keys())
+    reserved = sorted(COMPUTED_FIELDS & fields.keys())
     if reserved:
         raise ValueError(f"extra sets {reserved}, which publish computes itself; remove them")
     try:
@@ -357,24 +216,6 @@ def _check_args(local: str, dest_url: str, extra: Mapping[str, Any] | None) -> d
     except (TypeError, ValueError) as exc:
         raise ValueError(f"extra is not JSON-serialisable: {exc}") from exc
     return fields
-
-
-def _manifest(sha: str, size: int, fields: dict[str, Any]) -> bytes:
-    """The manifest JSON; every recorded string goes through redaction first."""
-    counts = fields.pop("counts", {}) if "counts" in fields else {}
-    scrubbed = redact_storage_options({k: v for k, v in fields.items() if k != "source"})
-    manifest: dict[str, Any] = {
-        "format": FORMAT_NAME,
-        "format_version": fields.get("format_version", _DEFAULT_FORMAT_VERSION),
-        "sha256": sha,
-        "bytes": size,
-        "counts": counts,  # class names may look like secret keys ("key"): kept verbatim
-        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "source": redact_url(str(fields.get("source", ""))),
-    }
-    for key, value in scrubbed.items():
-        manifest.setdefault(key, REDACTED if is_sensitive_key(key) else value)
-    return json.dumps(manifest, indent=2, sort_keys=True).encode()
 
 
 def put_file(
@@ -389,152 +230,4 @@ def put_file(
     planted symlink) is replaced, never written through. Other stores get a plain upload.
     """
     fs, path = fsspec.core.url_to_fs(dest_url, **dict(storage_options or {}))
-    _put(fs, path, local=os.fspath(local_file))
-
-
-def _put(fs: Any, path: str, *, local: str | None = None, data: bytes | None = None) -> None:
-    """Write a file: temp + fsync + rename where the store has real renames, else upload."""
-    if not isinstance(fs, LocalFileSystem):
-        if local is not None:
-            fs.put_file(local, path)
-        else:
-            fs.pipe_file(path, data)
-        fs.invalidate_cache(path)
-        return
-    parent = posixpath.dirname(path)
-    fs.makedirs(parent, exist_ok=True)
-    with _temp_copy(path, local, data) as tmp:
-        tmp.unlock()
-        os.rename(tmp.path, path)
-    _fsync_dir(parent)  # persist the rename itself
-
-
-_TEMP = ".tmp-"
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-
-
-class _Temp:
-    """A temp file being written: its path, and the open handle whose flock marks it live."""
-
-    def __init__(self, path: str, handle: IO[bytes]) -> None:
-        self.path, self._handle = path, handle
-
-    def unlock(self) -> None:
-        """Close the handle (releasing the flock); the file stays."""
-        self._handle.close()
-
-
-@contextmanager
-def _temp_copy(path: str, local: str | None, data: bytes | None = None) -> Iterator[_Temp]:
-    """A fsynced copy of ``local`` (or ``data``) at a temp name beside ``path``, locked.
-
-    The temp file stays flock-ed until :meth:`_Temp.unlock`, which marks it as live: a later
-    publish removes only temp files whose lock it can take (their writer died, e.g. killed).
-    The temp file is removed on exit unless it was renamed away.
-    """
-    parent, name = posixpath.split(path)
-    token = secrets.token_hex(6)
-    tmp = posixpath.join(parent, f".{name}{_TEMP}{token}")
-    # Created under another name and locked before it gets its temp name, so a temp file
-    # whose lock can be taken is always a dead writer's.
-    fresh = posixpath.join(parent, f".{name}.new-{token}")
-    # Exclusive: a name planted beside the destination (a symlink, a hard link) is refused.
-    out = os.fdopen(create_exclusive(fresh, 0o644), "wb")
-    try:
-        _lock(out.fileno(), blocking=True)
-        os.rename(fresh, tmp)
-        src: IO[bytes]
-        with open(local, "rb") if local else io.BytesIO(data or b"") as src:
-            while block := src.read(_CHUNK):
-                out.write(block)
-        out.flush()
-        os.fsync(out.fileno())
-        yield _Temp(tmp, out)
-    finally:
-        out.close()
-        for leftover in (fresh, tmp):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(leftover)
-
-
-def _remove_stale_temps(parent: str, name: str) -> None:
-    """Remove temp files of ``name`` (and of its manifest) left by a killed publish.
-
-    Call it under :func:`_folder_lock`: a live publisher unlocks its temp file only under that
-    lock, just before renaming it away.
-    """
-    prefixes = (f".{name}{_TEMP}", f".{name}{MANIFEST_SUFFIX}{_TEMP}")
-    with contextlib.suppress(FileNotFoundError), os.scandir(parent) as entries:
-        stale = [
-            e.path
-            for e in entries
-            if e.name.startswith(prefixes) and e.is_file(follow_symlinks=False)
-        ]
-    for tmp in stale:
-        try:  # never through a link, never blocking on a FIFO swapped in meanwhile
-            fd = os.open(tmp, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
-        except OSError:  # gone meanwhile, or now a link (ELOOP): not a temp file of ours
-            continue
-        try:
-            st = os.fstat(fd)
-            ours = (
-                stat.S_ISREG(st.st_mode)
-                and st.st_nlink == 1
-                and (not hasattr(os, "getuid") or st.st_uid == os.getuid())
-            )
-            if ours and _lock(fd, blocking=False):
-                log.info("removing %s, left by an interrupted publish", tmp)
-                os.remove(tmp)
-        finally:
-            os.close(fd)
-
-
-def _lock(fd: int, *, blocking: bool) -> bool:
-    """flock ``fd`` exclusively; False when ``blocking`` is False and someone else holds it."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): no cleanup of stale temps, no turn-taking
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-    except BlockingIOError:
-        return False
-    return True
-
-
-@contextmanager
-def _folder_lock(folder: str) -> Iterator[None]:
-    """Hold an exclusive flock on ``folder`` (publishers into it take turns in here)."""
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        _lock(fd, blocking=True)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_back(fs: Any, path: str, sha: str, size: int, shown: str) -> None:
-    """Compare the destination's size and streamed sha256 with the local file's."""
-    fs.invalidate_cache(path)
-    found_size = fs.size(path)
-    found_sha = _digest(fs, path) if found_size == size else "(not read: size differs)"
-    if found_size != size or found_sha != sha:
-        fs.rm_file(path)
-        raise ChecksumError(
-            f"read-back of {shown!r} does not match the local file: expected sha256 {sha} and "
-            f"{size} bytes, found {found_sha} and {found_size} bytes; the object was deleted, "
-            "publish again",
-            [
-                f"sha256 expected={sha} actual={found_sha}",
-                f"bytes expected={size} actual={found_size}",
-            ],
-        )
+    put(fs, path, local=os.fspath(local_file))

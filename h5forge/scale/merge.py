@@ -62,7 +62,8 @@ from h5forge.asset.index import load_index
 from h5forge.asset.open import is_local, open_h5, url_to_fs
 from h5forge.asset.placement import Head, _early
 from h5forge.errors import EmptyDatasetError, IntegrityError, UnsafePathError
-from h5forge.files import OutputLock, output_lock, same_file
+from h5forge.files import same_file
+from h5forge.output_lock import OutputLock, output_lock
 from h5forge.pack.writer import (
     PackResult,
     _check_bad_fraction,

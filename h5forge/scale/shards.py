@@ -29,9 +29,11 @@ import fsspec
 
 from h5forge.discover.catalog import Catalog, Sample
 from h5forge.errors import EmptyDatasetError
+from h5forge.hashing import sha256_file
 from h5forge.pack.writer import _config_json, _filter_kwargs, _pack
 from h5forge.preprocess.config import ImageConfig
-from h5forge.publish.storage import MANIFEST_SUFFIX, publish, read_manifest, sha256_file
+from h5forge.publish.manifest import MANIFEST_SUFFIX, read_manifest
+from h5forge.publish.storage import publish
 
 __all__ = [
     "SHARD_KIND",

@@ -21,7 +21,7 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.index import check_labels, load_index
 from h5forge.asset.open import is_local, open_h5, url_to_fs
-from h5forge.publish.storage import manifest_url, read_manifest
+from h5forge.publish.manifest import manifest_url, read_manifest
 from h5forge.scale.file_check import Expected, FileChecks, FileIdentity
 
 __all__ = ["Shard", "survey"]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from h5forge.demo import make_demo_archive
-from h5forge.publish.storage import sha256_file
+from h5forge.hashing import sha256_file
 
 
 @dataclass(frozen=True)

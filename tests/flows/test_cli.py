@@ -17,7 +17,7 @@ import h5py
 import pytest
 
 from h5forge.demo import write_bad_files, write_image_folder
-from h5forge.publish.storage import manifest_url
+from h5forge.publish.manifest import manifest_url
 from h5forge.verify.checks import verify
 from tests.fixtures.mounts import in_mounts
 

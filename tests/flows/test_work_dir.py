@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from flows.build import _work_dir
 from h5forge.files import MARKER_NAME
+from h5forge.workdir import work_dir
 
 _REPO = Path(__file__).resolve().parents[2]
 
 _RUN = """
 import sys
-from flows.build import _work_dir
-with _work_dir() as work:
+from h5forge.workdir import work_dir
+with work_dir() as work:
     (work / "x.h5.partial").write_bytes(b"packed bytes")
     print(work, flush=True)
     sys.stdin.read()
@@ -76,7 +76,7 @@ def test_only_dead_runs_marked_work_folders_are_removed(tmpdir_root: Path, tmp_p
     dead.stdin.close()
     try:
         assert dead_dir.is_dir()
-        with _work_dir() as work:
+        with work_dir() as work:
             assert work.is_dir()
             assert (work / MARKER_NAME).is_file()
             assert not dead_dir.exists()

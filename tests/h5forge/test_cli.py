@@ -21,7 +21,8 @@ from PIL import Image
 
 from h5forge.demo import write_image_folder
 from h5forge.pack.writer import pack
-from h5forge.publish.storage import manifest_url, publish
+from h5forge.publish.manifest import manifest_url
+from h5forge.publish.storage import publish
 from h5forge.summary import summarize
 from tests.fixtures.mounts import in_mounts
 

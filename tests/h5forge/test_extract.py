@@ -16,8 +16,9 @@ import pytest
 
 from h5forge.errors import UnsafeArchiveError
 from h5forge.fetch.extract import MAX_DEPTH, MAX_LINKS, detect_archive, safe_extract
-from h5forge.fetch.staging import discard, exclusive, resolve
+from h5forge.fetch.staging import discard, exclusive
 from h5forge.files import mark, remove_tree
+from h5forge.paths import resolve
 from h5forge.text import printable
 from tests.fixtures.archives import (
     ATTACKS,

@@ -15,7 +15,8 @@ import fsspec
 import pytest
 
 from h5forge.errors import ChecksumError, UnsafeArchiveError
-from h5forge.fetch.sources import MARKER, FetchResult, fetch
+from h5forge.fetch.dest import MARKER
+from h5forge.fetch.sources import FetchResult, fetch
 from tests.fixtures.archives import GOOD_FILES, tar_bytes
 from tests.fixtures.servers import LoopbackHTTP, S3RequestLog
 

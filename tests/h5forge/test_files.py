@@ -23,10 +23,13 @@ from h5forge import files
 from h5forge.demo import write_image_folder
 from h5forge.errors import BusyError, UnsafePathError
 from h5forge.fetch.staging import commit, exclusive, new_staging
+from h5forge.locks import folder_lock
+from h5forge.output_lock import output_lock
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
+from h5forge.publish.copy import remove_stale_temps
 from h5forge.publish.preview import write_preview
-from h5forge.publish.storage import _folder_lock, _remove_stale_temps, put_file
+from h5forge.publish.storage import put_file
 from h5forge.scale.merge import merge_shards
 from h5forge.verify.checks import verify
 
@@ -187,7 +190,7 @@ def test_pack_refuses_a_lock_file_it_did_not_make(
 
 _HOLD = """
 import os, sys, time
-from h5forge.files import output_lock
+from h5forge.output_lock import output_lock
 with output_lock(sys.argv[1]) as lock:
     os.close(lock.create(sys.argv[1] + ".partial"))
     print("held", flush=True)
@@ -302,7 +305,7 @@ def test_merge_holds_the_output_and_refuses_a_planted_partial(
         merge_shards([packed_decoded.path], out)
     assert victim.read_bytes() == b"precious bytes that must never change"
     Path(str(out) + ".partial").unlink()
-    with files.output_lock(out), pytest.raises(BusyError, match=f"pid {os.getpid()}"):
+    with output_lock(out), pytest.raises(BusyError, match=f"pid {os.getpid()}"):
         merge_shards([packed_decoded.path], out)
     assert merge_shards([packed_decoded.path], out).num_samples == packed_decoded.num_samples
 
@@ -338,8 +341,8 @@ def test_publish_cleanup_never_follows_or_removes_a_planted_temp(
         _plant(kind, planted, victim)
     dead = tmp_path / ".asset.h5.tmp-deaddeaddead"  # a killed publisher's temp: removed
     dead.write_bytes(b"partial copy")
-    with _folder_lock(str(tmp_path)):
-        _remove_stale_temps(str(tmp_path), "asset.h5")  # would hang on a FIFO it opened
+    with folder_lock(str(tmp_path)):
+        remove_stale_temps(str(tmp_path), "asset.h5")  # would hang on a FIFO it opened
     assert victim.read_bytes() == b"precious bytes that must never change"
     assert planted.is_symlink() or planted.exists()
     assert not dead.exists()

@@ -22,7 +22,7 @@ from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import IntegrityError
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
-from h5forge.publish.storage import MANIFEST_SUFFIX
+from h5forge.publish.manifest import MANIFEST_SUFFIX
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.scale.merge import merge_shards
 from h5forge.scale.shards import pack_shard, plan_shards

@@ -23,7 +23,9 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from h5forge.errors import ChecksumError
-from h5forge.publish.storage import manifest_url, publish, read_manifest, sha256_file
+from h5forge.hashing import sha256_file
+from h5forge.publish.manifest import manifest_url, read_manifest
+from h5forge.publish.storage import publish
 
 Event = tuple[str, str]  # ("write" | "delete" | "read", basename)
 

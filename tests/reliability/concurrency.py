@@ -48,9 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from h5forge.demo import write_image_folder
+from h5forge.hashing import sha256_file
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
-from h5forge.publish.storage import publish, read_manifest, sha256_file
+from h5forge.publish.manifest import read_manifest
+from h5forge.publish.storage import publish
 
 # Imported here, before the children fork, so they start at once (torch takes seconds).
 from h5forge.read.dataset import H5ImageDataset

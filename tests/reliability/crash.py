@@ -39,7 +39,8 @@ from pathlib import Path
 
 from h5forge.demo import make_demo_archive
 from h5forge.errors import IntegrityError, UnsealedFileError
-from h5forge.publish.storage import read_manifest, sha256_file
+from h5forge.hashing import sha256_file
+from h5forge.publish.manifest import read_manifest
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.verify.checks import verify
 from tests.reliability._procs import REPO, Watched, base_env, run_cli

@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from h5forge.demo import make_demo_archive
-from h5forge.publish.storage import read_manifest, sha256_file
+from h5forge.hashing import sha256_file
+from h5forge.publish.manifest import read_manifest
 from h5forge.verify.checks import verify
 from tests.fixtures.processes import descendants, survivors
 from tests.reliability._procs import REPO, base_env, run_cli

@@ -44,7 +44,8 @@ from typing import Any
 from h5forge.demo import write_image_folder
 from h5forge.errors import ChecksumError, UnsafeArchiveError
 from h5forge.fetch.sources import fetch
-from h5forge.publish.storage import publish, read_manifest
+from h5forge.publish.manifest import read_manifest
+from h5forge.publish.storage import publish
 from tests.fixtures.servers import LoopbackHTTP
 from tests.reliability._result import CampaignResult
 from tests.reliability._servers import RestartableS3, loopback_http

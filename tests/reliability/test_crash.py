@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from h5forge.demo import make_demo_archive
-from h5forge.publish.storage import sha256_file
+from h5forge.hashing import sha256_file
 from tests.reliability import crash
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]

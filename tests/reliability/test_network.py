@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from h5forge.fetch.sources import fetch
-from h5forge.publish.storage import publish, read_manifest
+from h5forge.publish.manifest import read_manifest
+from h5forge.publish.storage import publish
 from tests.fixtures.servers import LoopbackHTTP
 from tests.reliability import network
 from tests.reliability._result import CampaignResult

@@ -1,0 +1,153 @@
+"""The manifest sidecar of a published asset: its URL, how it is written, read and checked.
+
+``NAME.h5.manifest.json`` records the file's sha256, size, counts, format version, creation
+time and redacted source. It is written last, after the file was verified at the destination,
+so it is the asset's commit marker: a consumer that finds one can trust the file next to it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+
+from h5forge.errors import IntegrityError
+from h5forge.redact import REDACTED, is_sensitive_key, redact_storage_options, redact_url
+
+__all__ = [
+    "COMPUTED_FIELDS",
+    "FORMAT_NAME",
+    "MANIFEST_SUFFIX",
+    "check_manifest",
+    "load_manifest",
+    "manifest_bytes",
+    "manifest_url",
+    "read_manifest",
+]
+
+MANIFEST_SUFFIX = ".manifest.json"
+FORMAT_NAME = "h5forge"
+# Used when ``extra`` carries no "format_version"; the writer passes the file's real version.
+_DEFAULT_FORMAT_VERSION = 1
+# Fields publish computes itself; a caller's ``extra`` may not set them.
+COMPUTED_FIELDS = frozenset({"format", "sha256", "bytes", "created_at"})
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def manifest_url(url: str) -> str:
+    """The manifest sidecar of ``url``: ``url + ".manifest.json"`` (before any query string)."""
+    if "://" in url and "?" in url:
+        base, _, query = url.partition("?")
+        return f"{base}{MANIFEST_SUFFIX}?{query}"
+    return url + MANIFEST_SUFFIX
+
+
+def read_manifest(url: str, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Read and check the manifest of the asset at ``url`` (or of the manifest URL itself).
+
+    Raises:
+        FileNotFoundError: no manifest, i.e. the asset was never (completely) published.
+        ValueError: the manifest is not valid JSON or lacks format, sha256 or bytes.
+    """
+    target = url if url.endswith(MANIFEST_SUFFIX) else manifest_url(url)
+    fs, path = fsspec.core.url_to_fs(target, **dict(storage_options or {}))
+    manifest = load_manifest(fs, path, redact_url(target))
+    if manifest is None:
+        raise FileNotFoundError(
+            f"no manifest at {redact_url(target)!r}: the asset is not published (the manifest "
+            "is written last, after the file is verified); publish it again"
+        )
+    return manifest
+
+
+def check_manifest(
+    url: str,
+    manifest: Mapping[str, Any],
+    *,
+    sha256: str,
+    bytes: int,
+    num_samples: int,
+    num_classes: int,
+    format_version: int,
+    counts: Mapping[str, Mapping[str, int]] | None = None,
+) -> None:
+    """Compare what the file at ``url`` is with what its manifest promises.
+
+    The verify command, the re-verify flow and anyone holding a manifest call this one
+    function. ``sha256`` and ``bytes`` must be in the manifest; ``num_samples``,
+    ``num_classes``, ``format_version`` and ``counts`` (split -> class -> n; compared when
+    given) must agree when the manifest records them.
+
+    Raises:
+        IntegrityError: one line per disagreement, naming the field, the manifest's value and
+            the file's.
+    """
+    found: dict[str, Any] = {
+        "bytes": bytes,
+        "sha256": sha256,
+        "num_samples": num_samples,
+        "num_classes": num_classes,
+        "format_version": format_version,
+    }
+    if counts is not None:
+        found["counts"] = {split: dict(per) for split, per in counts.items()}
+    failures = [f"manifest lacks {k!r}" for k in ("bytes", "sha256") if k not in manifest]
+    for key, actual in found.items():
+        if key in manifest and manifest[key] != actual:
+            failures.append(f"{key}: manifest says {manifest[key]!r}, the file has {actual!r}")
+    if failures:
+        raise IntegrityError(
+            f"{redact_url(url)} does not match its manifest (sha256, size, counts, format version)",
+            failures,
+        )
+
+
+def load_manifest(fs: Any, path: str, shown: str) -> dict[str, Any] | None:
+    """The checked manifest at ``path`` on ``fs`` (``shown`` in messages), None when absent.
+
+    Raises:
+        ValueError: it is not valid JSON, or not an h5forge manifest.
+    """
+    fs.invalidate_cache(path)
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"manifest {shown!r} is not valid JSON: {exc}") from exc
+    if not (
+        isinstance(data, dict)
+        and data.get("format") == FORMAT_NAME
+        and isinstance(data.get("sha256"), str)
+        and _SHA256.fullmatch(data["sha256"])
+        and isinstance(data.get("bytes"), int)
+    ):
+        raise ValueError(
+            f"manifest {shown!r} is not an h5forge manifest: need format={FORMAT_NAME!r}, "
+            "a 64-hex sha256 and an integer bytes"
+        )
+    return data
+
+
+def manifest_bytes(sha: str, size: int, fields: dict[str, Any]) -> bytes:
+    """The manifest JSON; every recorded string goes through redaction first."""
+    counts = fields.pop("counts", {}) if "counts" in fields else {}
+    scrubbed = redact_storage_options({k: v for k, v in fields.items() if k != "source"})
+    manifest: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": fields.get("format_version", _DEFAULT_FORMAT_VERSION),
+        "sha256": sha,
+        "bytes": size,
+        "counts": counts,  # class names may look like secret keys ("key"): kept verbatim
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": redact_url(str(fields.get("source", ""))),
+    }
+    for key, value in scrubbed.items():
+        manifest.setdefault(key, REDACTED if is_sensitive_key(key) else value)
+    return json.dumps(manifest, indent=2, sort_keys=True).encode()
