@@ -23,6 +23,7 @@ from flows.cli import app
 from flows.config import BuildConfig
 from h5forge.cli import pack_default
 from h5forge.options import CODEC_LEVELS, PACK_OPTIONS, OptionError, format_size, option
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.images import ImageConfig
 
@@ -205,7 +206,11 @@ def test_codec_levels_are_refused_at_config_time_not_after_fetch() -> None:
     with pytest.raises(ValidationError, match=r"compression_level=0 is out of range for zstd"):
         BuildConfig(source="/d", destination="/o.h5", compression="zstd", compression_level=0)
     with pytest.raises(OptionError, match=r"compression_level=0 is out of range for zstd"):
-        pack("/does/not/matter", "/tmp/never.h5", compression="zstd", compression_level=0)
+        pack(
+            "/does/not/matter",
+            "/tmp/never.h5",
+            config=PackConfig(compression="zstd", compression_level=0),
+        )
 
 
 def test_the_form_keeps_bounds_in_its_schema() -> None:

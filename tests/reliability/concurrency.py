@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from h5forge.demo import write_image_folder
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.images import ImageConfig
 from h5forge.publish.storage import publish, read_manifest, sha256_file
@@ -87,7 +88,9 @@ def make_assets(work: Path) -> dict[str, Path]:
                 size=(48, 48),
                 formats=("png",),
             )
-            pack(src, path, image=ImageConfig(resize="resize", size=(96, 96)), workers=1)
+            pack(
+                src, path, config=PackConfig(ImageConfig(resize="resize", size=(96, 96))), workers=1
+            )
             shutil.rmtree(src)
         out[name] = path
     return out
