@@ -158,10 +158,10 @@ def test_each_value_accepted_by_one_surface_is_accepted_by_all(
             f"error: source {tmp_path / 'no-such-source'}",
         ), (command, line)
     config = BuildConfig(source="/data", destination="/out/x.h5", **_fields(case))
-    image = config.image_config()
+    image = config.pack_config().image
     for name, value in case.items():
         if name in {f.name for f in fields(ImageConfig)}:
-            assert getattr(image, name) == value, name  # image_config() keeps every option
+            assert getattr(image, name) == value, name  # pack_config() keeps every option
 
 
 @pytest.mark.parametrize("case", _cases(valid=False), ids=_id)
