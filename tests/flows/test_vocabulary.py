@@ -28,11 +28,15 @@ from h5forge.pack.writer import pack
 from h5forge.preprocess.images import ImageConfig
 
 _COMMANDS = typer.main.get_command(app).commands  # type: ignore[attr-defined]
-_LIBRARY = {f.name: f.default for f in fields(ImageConfig)} | {
-    name: p.default
-    for name, p in inspect.signature(pack).parameters.items()
-    if p.kind is p.KEYWORD_ONLY
-}
+_LIBRARY = (
+    {f.name: f.default for f in fields(ImageConfig)}
+    | {f.name: f.default for f in fields(PackConfig) if f.name != "image"}
+    | {
+        name: p.default
+        for name, p in inspect.signature(pack).parameters.items()
+        if p.kind is p.KEYWORD_ONLY
+    }
+)
 
 
 @pytest.mark.parametrize("opt", PACK_OPTIONS, ids=lambda o: o.name)
