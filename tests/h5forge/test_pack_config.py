@@ -153,3 +153,24 @@ def test_filters_apply_to_h5py(tmp_path: Any) -> None:
             "x", shape=(2, 4), chunks=(1, 4), dtype="u1", **config.filter_kwargs()
         )
         assert (ds.compression, ds.compression_opts, ds.fletcher32) == ("gzip", 2, True)
+
+
+def test_the_file_records_the_config_it_was_packed_with(split_tree: Any, tmp_path: Any) -> None:
+    from h5forge.asset import format as fmt
+    from h5forge.pack.writer import pack
+
+    config = PackConfig(DECODED, compression="gzip", compression_level=1, fletcher32=True)
+    packed = pack(split_tree, tmp_path / "c.h5", config=config, workers=1)
+    with h5py.File(packed.path) as h5:
+        assert h5.attrs[fmt.A_CONFIG_JSON] == config.to_json()
+        assert h5.attrs[fmt.A_CONFIG_SHA256] == config.sha256()
+        assert h5.attrs[fmt.A_COMPRESSION] == "gzip-1+fletcher32"
+        assert PackConfig.from_json(h5.attrs[fmt.A_CONFIG_JSON]) == config
+
+
+def test_pack_refuses_a_config_that_is_not_a_pack_config(split_tree: Any, tmp_path: Any) -> None:
+    from h5forge.pack.writer import pack
+
+    with pytest.raises(TypeError, match="must be a PackConfig"):
+        pack(split_tree, tmp_path / "x.h5", config=DECODED)  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir())
