@@ -1,11 +1,12 @@
-"""Copy the stored sample bytes of a shard into the merged file, checked one way or the other.
+"""Check the sample bytes a merge copies: :class:`CheckedCopy`, each sample's sha256 in hand.
 
-Two ways to know the copy is right, chosen per shard by the merge:
+Two ways to know a copy (:mod:`h5forge.scale.stored_copy`) is right, chosen per shard by the
+merge:
 
-- **By the shard file's sha256** (``check=None`` below): the shard has a manifest and the merge
+- **By the shard file's sha256** (``check=None`` there): the shard has a manifest and the merge
   hashes the whole file against it (:mod:`h5forge.scale.file_check`), so the bytes need not pass
   through Python at all. Unfiltered chunks and blobs move with ``os.copy_file_range`` (in the
-  kernel, no user-space copy) in runs that lie back to back in both files (:class:`RangeCopy`,
+  kernel, no user-space copy) in runs that lie back to back in both files (``RangeCopy``,
   which falls back to ``pread``/``pwrite`` where the kernel or filesystem cannot). Filtered
   chunks are read from the shard with ``pread`` (their offsets and filter masks from one pass
   over the chunk index) and written with ``write_direct_chunk``, mask carried, never inflated.
