@@ -22,6 +22,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import PrefectFuture, as_completed
 
 from flows.config import BuildConfig
+from h5forge.discover.catalog import Catalog
 from h5forge.pack.writer import PackResult
 from h5forge.redact import redact_url
 from h5forge.scale.plan import ShardSpec, shard_catalog, shard_url
@@ -70,7 +71,7 @@ def default_staging(cache: Path, config: BuildConfig) -> str:
 def pack_on_dask(
     config: BuildConfig,
     *,
-    root: str,
+    root: str | Catalog,
     out: str,
     dataset: str,
     cache: Path,
@@ -81,7 +82,9 @@ def pack_on_dask(
 ) -> DaskPacked:
     """Plan → pack the shards not done yet on the cluster → merge them into ``out``.
 
-    Records the ``pack`` (plan and shard tasks) and ``merge`` stage times in ``seconds``.
+    ``root`` is the catalog the discover task returned, or the fetched folder (catalogued
+    again, with ``config.manifest``). Records the ``pack`` (plan and shard tasks) and
+    ``merge`` stage times in ``seconds``.
     The Secret block's ``storage_options`` go to the workers only when staging is remote: a
     local or shared-disk staging needs none, and every copy sent is one more place a secret
     travels (pickled into each task, held by the scheduler).

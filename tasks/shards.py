@@ -85,7 +85,7 @@ class ShardStats(BaseModel):
     **with_retries(2),
 )
 def plan_shard_build(
-    root: str,
+    src: str | Catalog,
     *,
     staging: str,
     samples_per_shard: int,
@@ -94,13 +94,14 @@ def plan_shard_build(
     manifest: str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> ShardPlan:
-    """Catalog ``root``, cut it into shards, and find those already done in ``staging``.
+    """Cut ``src`` into shards, and find those already done in ``staging``.
 
-    A shard counts as done when its manifest matches the plan and ``config`` and its file
-    has the manifest's size and sha256 (each finished shard is read once to check).
-    ``manifest`` lists the images (CSV/JSONL), as for a local pack.
+    ``src`` is the catalog the discover task returned (or a folder, catalogued here with
+    ``manifest``, a CSV/JSONL list of the images, as for a local pack). A shard counts as done
+    when its manifest matches the plan and ``config`` and its file has the manifest's size and
+    sha256 (each finished shard is read once to check).
     """
-    catalog = discover(root, manifest=manifest)
+    catalog = src if isinstance(src, Catalog) else discover(src, manifest=manifest)
     specs = plan_shards(
         catalog, samples_per_shard=samples_per_shard, bytes_per_shard=bytes_per_shard
     )
