@@ -48,14 +48,16 @@ import json, sys, time
 from dataclasses import replace
 from h5forge.discover.catalog import discover
 from h5forge.preprocess.config import ImageConfig
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 root, n, out, workers = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 catalog = discover(root)
 warm = replace(catalog, samples=catalog.samples[1::len(catalog.samples) // 16][:16])  # warm-up
-pack(warm, out + ".warm", image=ImageConfig(size=(64, 64)), workers=workers, overwrite=True)
+config = PackConfig(ImageConfig(size=(64, 64)))
+pack(warm, out + ".warm", config=config, workers=workers, overwrite=True)
 catalog = replace(catalog, samples=catalog.samples[::len(catalog.samples) // n][:n])
 t0 = time.perf_counter()
-result = pack(catalog, out, image=ImageConfig(size=(64, 64)), workers=workers, overwrite=True)
+result = pack(catalog, out, config=config, workers=workers, overwrite=True)
 print(json.dumps({"seconds": time.perf_counter() - t0, "n": result.num_samples}))
 """
 
@@ -143,6 +145,7 @@ def _tiny_file(tmp: Path, n: int) -> Path:
     from PIL import Image
 
     from h5forge.discover.catalog import Catalog, Sample
+    from h5forge.pack.config import PackConfig
     from h5forge.pack.writer import pack
     from h5forge.preprocess.config import ImageConfig
 
@@ -155,7 +158,7 @@ def _tiny_file(tmp: Path, n: int) -> Path:
         str(tmp), tuple(sorted(samples, key=lambda s: (s.label, s.relpath))), classes, (), {}
     )
     out = tmp / f"tiny-{n}.h5"
-    pack(catalog, out, image=ImageConfig(size=(8, 8)), workers=2, overwrite=True)
+    pack(catalog, out, config=PackConfig(ImageConfig(size=(8, 8))), workers=2, overwrite=True)
     return out
 
 

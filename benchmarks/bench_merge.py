@@ -38,19 +38,21 @@ from typing import Any
 from benchmarks._common import best, image_root, interleave, parser, start_report, table, verdict
 from h5forge.cpus import usable_cpus
 from h5forge.discover.catalog import Catalog, discover
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.scale.merge import merge_shards
-from h5forge.scale.shards import ShardSpec, pack_shard, plan_shards, shard_catalog, shard_url
+from h5forge.scale.plan import ShardSpec, plan_shards, shard_catalog, shard_url
+from h5forge.scale.shards import pack_shard
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "decoded 224 (raw chunks)": {"image": ImageConfig()},
+    "decoded 224 (raw chunks)": {"config": PackConfig()},
     "decoded 224 + gzip-1 (compressed chunks)": {
-        "image": ImageConfig(),
-        "compression": "gzip",
-        "compression_level": 1,
+        "config": PackConfig(compression="gzip", compression_level=1),
     },
-    "encoded original (blob)": {"image": ImageConfig(layout="encoded", resize="none", size=None)},
+    "encoded original (blob)": {
+        "config": PackConfig(ImageConfig(layout="encoded", resize="none", size=None))
+    },
 }
 
 
@@ -259,7 +261,7 @@ def _build_vs_local(
             pack(
                 catalog,
                 work / "local.h5",
-                image=image,
+                config=PackConfig(image),
                 workers=2,
                 overwrite=True,
                 max_bad_fraction=1.0,
@@ -274,7 +276,7 @@ def _build_vs_local(
                 [shard_catalog(catalog, s) for s in specs],
                 specs,
                 staging_url=str(staging),
-                image=image,
+                config=PackConfig(image),
                 pure=False,
             )
             client.gather(futures)

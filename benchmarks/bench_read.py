@@ -134,6 +134,7 @@ def main() -> None:
     )
     args = p.parse_args()
     from h5forge import H5ImageDataset
+    from h5forge.pack.config import PackConfig
     from h5forge.pack.writer import pack
     from h5forge.preprocess.config import ImageConfig
 
@@ -143,15 +144,23 @@ def main() -> None:
     try:
         decoded = pack(root, tmp / "decoded.h5")
         encoded = pack(
-            root, tmp / "encoded.h5", image=ImageConfig(layout="encoded", resize="none", size=None)
+            root,
+            tmp / "encoded.h5",
+            config=PackConfig(ImageConfig(layout="encoded", resize="none", size=None)),
         )
         labels = _to_npy(tmp / "decoded.h5", tmp / "pixels.npy")
         # Further layouts, for the guidance in benchmarks/README.md (no targets).
         extra = {
-            "h5forge decoded + gzip-4": pack(root, tmp / "gzip.h5", compression="gzip"),
-            "h5forge decoded + lzf": pack(root, tmp / "lzf.h5", compression="lzf"),
+            "h5forge decoded + gzip-4": pack(
+                root, tmp / "gzip.h5", config=PackConfig(compression="gzip")
+            ),
+            "h5forge decoded + lzf": pack(
+                root, tmp / "lzf.h5", config=PackConfig(compression="lzf")
+            ),
             "h5forge encoded jpeg q90 224": pack(
-                root, tmp / "jpeg224.h5", image=ImageConfig(layout="encoded", encoding="jpeg")
+                root,
+                tmp / "jpeg224.h5",
+                config=PackConfig(ImageConfig(layout="encoded", encoding="jpeg")),
             ),
         }
         from h5forge.discover.catalog import discover

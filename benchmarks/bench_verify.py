@@ -39,6 +39,7 @@ def main() -> None:
         help="decoded images are side x side x 3 (500: 2,000 images make ~1.5 GB)",
     )
     args = p.parse_args()
+    from h5forge.pack.config import PackConfig
     from h5forge.pack.writer import pack
     from h5forge.preprocess.config import ImageConfig
     from h5forge.verify.checks import verify
@@ -48,7 +49,7 @@ def main() -> None:
     out = DATA / f"verify-{root.name}-{args.side}.h5"
     if not out.exists():
         print(f"packing {out} ...", flush=True)
-        pack(root, out, image=ImageConfig(size=(args.side, args.side)))
+        pack(root, out, config=PackConfig(ImageConfig(size=(args.side, args.side))))
     size = out.stat().st_size
     _hashlib(out)  # warm the page cache for both
     times = interleave(

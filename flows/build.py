@@ -6,7 +6,7 @@ smoke-load through DataLoader workers. A failure anywhere before it fails the ru
 published.
 
 With ``executor="dask"`` the pack stage cuts the dataset into shards, packs the ones not done
-yet as tasks on a Dask cluster (:mod:`flows._dask_stage`) and merges them into the work dir;
+yet as tasks on a Dask cluster (:mod:`flows.dask_stage`) and merges them into the work dir;
 verify, smoke-load and publish then run unchanged. The shards are deleted once the asset is
 published, and kept after a failure so that a re-run packs only the missing ones.
 """
@@ -21,14 +21,16 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
 
-from flows.config import BuildConfig, check_url
+from flows.config import BuildConfig
 from flows.credentials import default_cache_dir, load_storage_options
+from flows.urls import check_url
+from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
 from h5forge.workdir import work_dir
 from tasks._common import dataset_name
 from tasks.discover import discover_samples
 from tasks.fetch import fetch_task, source_dir
-from tasks.pack import PackSummary, pack_images
+from tasks.pack import pack_images
 from tasks.publish import make_preview, publish_task
 from tasks.report import render_report, write_report
 from tasks.shards import ShardStats, executor_section
@@ -120,7 +122,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
             discover_samples(fetched.root, manifest=config.manifest)
         sharded = None
         if config.executor == "dask":
-            from flows._dask_stage import pack_on_dask
+            from flows.dask_stage import pack_on_dask
 
             sharded = pack_on_dask(
                 config,
@@ -133,17 +135,14 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                 source_sha256=fetched.sha256,
                 seconds=seconds,
             )
-            packed: PackSummary = sharded.packed
+            packed: PackResult = sharded.packed
         else:
             with _stage(seconds, "pack"):
                 packed = pack_images(
                     fetched.root,
                     out=str(work / dataset),
                     dataset=dataset,
-                    image=config.image_config(),
-                    compression=config.compression,
-                    compression_level=config.compression_level,
-                    fletcher32=config.fletcher32,
+                    config=config.pack_config(),
                     manifest=config.manifest,
                     workers=config.workers,
                     max_bad_fraction=config.max_bad_fraction,

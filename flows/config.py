@@ -9,93 +9,30 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-import fsspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from flows.pack_fields import pack_default, pack_field
+from flows.urls import check_dask_address, check_url
 from h5forge.options import (
     PACK_OPTIONS,
-    SIZE_MAX,
-    SIZE_MIN,
     Compression,
     Encoding,
     Layout,
     Mode,
     ResizePolicy,
-    check_compression,
     check_size,
     option,
 )
+from h5forge.pack.config import PackConfig
 from h5forge.preprocess.config import ImageConfig
-from h5forge.redact import redact_url
 
-__all__ = ["BuildConfig", "check_url"]
+__all__ = ["BuildConfig"]
 
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _BLOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-# A Dask scheduler address: tcp:// or tls://, a host name, IPv4 or [IPv6] address, and a port.
-_DASK_ADDRESS = re.compile(
-    r"^(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?):(\d{1,5})$"
-)
-# fsspec can read these but not write them.
-_READ_ONLY = frozenset({"http", "https", "github", "zip", "tar", "libarchive", "reference"})
 _CHOICES = tuple(o.name for o in PACK_OPTIONS if o.kind == "choice")
-# Checked after pydantic's type check; size is checked with width, in _image_settings.
+# Checked after pydantic's type check; size is checked with width, in _pack_settings.
 _CHECKED = tuple(o.name for o in PACK_OPTIONS if o.kind in ("int", "float", "bool", "path"))
-
-
-def _default(name: str) -> Any:
-    return option(name).default
-
-
-def _form(name: str, *, description: str | None = None) -> Any:
-    """The pydantic ``Field`` of a pack option: its description, and its bounds in the JSON
-    schema (the UI form and the server enforce them; the validators give the message)."""
-    o = option(name)
-    low, high = (SIZE_MIN, SIZE_MAX) if o.kind == "size" else (o.low, o.high)
-    bounds = {k: v for k, v in (("minimum", low), ("maximum", high)) if v is not None}
-
-    def schema(prop: dict[str, Any]) -> None:
-        # Where pydantic's ge/le would put them: on the number, also inside ``int | None``.
-        for branch in prop.get("anyOf", [prop]):
-            if branch.get("type") in ("integer", "number"):
-                branch.update(bounds)
-
-    return Field(
-        description=description or o.description, json_schema_extra=schema if bounds else None
-    )
-
-
-def check_url(url: str, *, what: str, writable: bool = False) -> str:
-    """Check that ``url`` is a local path or a URL of a protocol fsspec knows, without secrets.
-
-    Raises:
-        ValueError: empty, unknown protocol, read-only protocol for a destination, or embedded
-            credentials (they belong in a Secret block, not in a parameter Prefect records).
-    """
-    url = url.strip()
-    if not url:
-        raise ValueError(f"{what} is empty; give a local path or a URL such as s3://bucket/key")
-    if redact_url(url) != url:
-        raise ValueError(
-            f"{what} {redact_url(url)!r} embeds credentials (user:password@ or a signed token); "
-            "store them in a Prefect Secret block and name it in credentials_block"
-        )
-    if "://" not in url:
-        return url
-    known = set(fsspec.available_protocols())
-    for part in url.split("::"):
-        protocol = part.split("://", 1)[0].lower() if "://" in part else part.lower()
-        if protocol not in known:
-            raise ValueError(
-                f"{what} {url!r} uses protocol {protocol!r}, which fsspec does not know; use a "
-                f"local path or one of {', '.join(sorted(p for p in known if len(p) <= 6))} ..."
-            )
-        if writable and protocol in _READ_ONLY:
-            raise ValueError(
-                f"{what} {url!r}: protocol {protocol!r} is read-only in fsspec; publish to a "
-                "local path or a writable store (s3://, gs://, az://, memory://, ...)"
-            )
-    return url
 
 
 class BuildConfig(BaseModel):
@@ -136,15 +73,15 @@ class BuildConfig(BaseModel):
     ] = None
     # The pack options: types, defaults, bounds and texts come from h5forge.options, shared
     # with `h5forge pack` and `h5forge build`; the validators below check them with its rules.
-    manifest: Annotated[str | None, _form("manifest")] = _default("manifest")
-    layout: Annotated[Layout, _form("layout")] = _default("layout")
-    encoding: Annotated[Encoding, _form("encoding")] = _default("encoding")
-    quality: Annotated[int, _form("quality")] = _default("quality")
-    resize: Annotated[ResizePolicy, _form("resize")] = _default("resize")
-    size: Annotated[int, _form("size")] = _default("size")[0]
+    manifest: Annotated[str | None, pack_field("manifest")] = pack_default("manifest")
+    layout: Annotated[Layout, pack_field("layout")] = pack_default("layout")
+    encoding: Annotated[Encoding, pack_field("encoding")] = pack_default("encoding")
+    quality: Annotated[int, pack_field("quality")] = pack_default("quality")
+    resize: Annotated[ResizePolicy, pack_field("resize")] = pack_default("resize")
+    size: Annotated[int, pack_field("size")] = pack_default("size")[0]
     width: Annotated[
         int | None,
-        _form(
+        pack_field(
             "size",
             description=(
                 "Output width in pixels when it differs from the height (size); empty for square "
@@ -152,15 +89,17 @@ class BuildConfig(BaseModel):
             ),
         ),
     ] = None
-    shorter_side: Annotated[int | None, _form("shorter_side")] = _default("shorter_side")
-    mode: Annotated[Mode, _form("mode")] = _default("mode")
-    max_image_pixels: Annotated[int, _form("max_image_pixels")] = _default("max_image_pixels")
-    compression: Annotated[Compression, _form("compression")] = _default("compression")
-    compression_level: Annotated[int | None, _form("compression_level")] = _default(
+    shorter_side: Annotated[int | None, pack_field("shorter_side")] = pack_default("shorter_side")
+    mode: Annotated[Mode, pack_field("mode")] = pack_default("mode")
+    max_image_pixels: Annotated[int, pack_field("max_image_pixels")] = pack_default(
+        "max_image_pixels"
+    )
+    compression: Annotated[Compression, pack_field("compression")] = pack_default("compression")
+    compression_level: Annotated[int | None, pack_field("compression_level")] = pack_default(
         "compression_level"
     )
-    fletcher32: Annotated[bool, _form("fletcher32")] = _default("fletcher32")
-    workers: Annotated[int | None, _form("workers")] = _default("workers")
+    fletcher32: Annotated[bool, pack_field("fletcher32")] = pack_default("fletcher32")
+    workers: Annotated[int | None, pack_field("workers")] = pack_default("workers")
     smoke_workers: Annotated[
         int,
         Field(
@@ -177,8 +116,10 @@ class BuildConfig(BaseModel):
             description="Batches read per start method (fork, spawn) by the smoke-load.",
         ),
     ] = 4
-    max_bad_fraction: Annotated[float, _form("max_bad_fraction")] = _default("max_bad_fraction")
-    overwrite: Annotated[bool, _form("overwrite")] = _default("overwrite")
+    max_bad_fraction: Annotated[float, pack_field("max_bad_fraction")] = pack_default(
+        "max_bad_fraction"
+    )
+    overwrite: Annotated[bool, pack_field("overwrite")] = pack_default("overwrite")
     executor: Annotated[
         Literal["local", "dask"],
         Field(
@@ -276,17 +217,7 @@ class BuildConfig(BaseModel):
     @field_validator("dask_address")
     @classmethod
     def _dask_address(cls, value: str | None) -> str | None:
-        if value is None or not value.strip():
-            return None
-        value = value.strip()
-        match = _DASK_ADDRESS.match(value)
-        if not match or not 1 <= int(match.group(3)) <= 65535:
-            raise ValueError(
-                f"dask_address {value!r} is not a Dask scheduler address: expected "
-                "tcp://HOST:PORT or tls://HOST:PORT with a port 1..65535, e.g. "
-                "tcp://scheduler:8786 (what `dask scheduler` prints)"
-            )
-        return value
+        return check_dask_address(value)
 
     @field_validator("staging")
     @classmethod
@@ -317,15 +248,10 @@ class BuildConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _image_settings(self) -> BuildConfig:
+    def _pack_settings(self) -> BuildConfig:
         # Checked also when resize='none' ignores it: a value is valid or not, whatever else
         # is set (as on the command line).
         check_size((self.size, self.width or self.size), self.resize)
-        check_compression(
-            self.compression,
-            self.compression_level,
-            fixed_size_decoded=self.layout == "decoded" and self.resize != "none",
-        )
         if self.executor == "dask":
             local_only = [name for name in ("manifest", "fletcher32") if getattr(self, name)]
             if local_only:
@@ -333,12 +259,16 @@ class BuildConfig(BaseModel):
                     f"{', '.join(local_only)} apply to executor='local' only for "
                     "now; drop them or use executor='local'"
                 )
-        self.image_config().validate()
+        self.pack_config()  # image policy, codec and checksums, with the library's rules
         return self
 
-    def image_config(self) -> ImageConfig:
-        """The library's preprocessing configuration for this build (every image option)."""
-        return ImageConfig(
+    def pack_config(self) -> PackConfig:
+        """The library's pack configuration for this build (every image and codec option).
+
+        Raises:
+            OptionError: a value or combination the pack options refuse.
+        """
+        image = ImageConfig(
             layout=self.layout,
             encoding=self.encoding,
             quality=self.quality,
@@ -347,4 +277,10 @@ class BuildConfig(BaseModel):
             size=None if self.resize == "none" else (self.size, self.width or self.size),
             shorter_side=self.shorter_side,
             max_image_pixels=self.max_image_pixels,
+        )
+        return PackConfig(
+            image=image,
+            compression=self.compression,
+            compression_level=self.compression_level,
+            fletcher32=self.fletcher32,
         )

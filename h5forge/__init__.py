@@ -31,6 +31,7 @@ _LAZY = {
     "Catalog": "h5forge.discover.catalog",
     "discover": "h5forge.discover.catalog",
     "ImageConfig": "h5forge.preprocess.config",
+    "PackConfig": "h5forge.pack.config",
     "pack": "h5forge.pack.writer",
     "PackResult": "h5forge.pack.writer",
     "verify": "h5forge.verify.checks",

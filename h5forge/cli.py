@@ -42,14 +42,17 @@ def pack(
     pack_options: dict[str, Any],
 ) -> None:
     """Pack an image folder into a sealed HDF5 file (no Prefect)."""
+    from h5forge.pack.config import PackConfig
     from h5forge.pack.writer import pack as do_pack
     from h5forge.preflight import check_destination, check_source
     from h5forge.preprocess.config import ImageConfig
 
     v = check_pack_options(pack_options)
-    # The image policy goes to ImageConfig, the rest (codec, checksums, workers...) to pack().
+    # The image policy, codec and checksums go to PackConfig, the rest (workers...) to pack().
     image_fields = {f.name for f in dataclasses.fields(ImageConfig)} & v.keys()
+    codec_fields = {f.name for f in dataclasses.fields(PackConfig)} & v.keys()
     image = run_guarded(ImageConfig, **{k: v[k] for k in image_fields})
+    config = run_guarded(PackConfig, image=image, **{k: v[k] for k in codec_fields})
     try:  # before any work: the source is there, the output can be written and is not in it
         check_source(str(src))
         check_destination(str(out), source=str(src), overwrite=v["overwrite"])
@@ -60,9 +63,9 @@ def pack(
         src,
         out,
         what=str(out),
-        image=image,
+        config=config,
         progress=True,
-        **{k: val for k, val in v.items() if k not in image_fields},
+        **{k: val for k, val in v.items() if k not in image_fields | codec_fields},
     )
     typer.echo(
         f"wrote {printable(result.path)}: {result.num_samples} samples, "

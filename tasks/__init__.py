@@ -20,7 +20,6 @@ _LAZY = {
     "fetch_source": "tasks.fetch",
     "fetch_task": "tasks.fetch",
     "source_dir": "tasks.fetch",
-    "PackSummary": "tasks.pack",
     "pack_images": "tasks.pack",
     "PublishSummary": "tasks.publish",
     "asset_key": "tasks.publish",

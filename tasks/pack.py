@@ -18,34 +18,18 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
-from pydantic import BaseModel, ConfigDict
 
+from h5forge.discover.catalog import Catalog
 from h5forge.errors import TooManyBadImagesError
-from h5forge.pack.writer import pack
-from h5forge.preprocess.config import ImageConfig
+from h5forge.pack.config import PackConfig
+from h5forge.pack.writer import PackResult, pack
 from tasks._common import run_name
 
-__all__ = ["PackSummary", "artifact_key", "pack_images", "quarantine_table"]
+__all__ = ["artifact_key", "pack_images", "quarantine_table"]
 
 # Progress updates are API calls; one per second at most keeps a fast pack from being slowed
 # down by its own progress bar.
 _PROGRESS_INTERVAL_S = 1.0
-
-
-class PackSummary(BaseModel):
-    """What was packed (the file stays on local disk; only this travels between tasks)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: str
-    num_samples: int
-    num_quarantined: int
-    num_classes: int
-    classes: tuple[str, ...]
-    quarantined: tuple[tuple[str, str], ...]
-    counts: dict[str, dict[str, int]]
-    bytes: int
-    seconds: float
 
 
 def artifact_key(kind: str, dataset: str) -> str:
@@ -81,22 +65,19 @@ class _Progress:
 
 @task(name="pack", task_run_name=run_name("pack"))
 def pack_images(
-    root: str,
+    src: str | Catalog,
     *,
     out: str,
     dataset: str,
-    image: ImageConfig,
-    compression: str | None = None,
-    compression_level: int | None = None,
-    fletcher32: bool = False,
+    config: PackConfig,
     manifest: str | None = None,
     workers: int | None = None,
     max_bad_fraction: float = 0.01,
     source_url: str = "",
     source_sha256: str = "",
-) -> PackSummary:
-    """Preprocess and pack ``root`` into the local file ``out`` (see
-    :func:`h5forge.pack.writer.pack`).
+) -> PackResult:
+    """Preprocess and pack ``src`` (a folder, or the catalog the discover task returned) into
+    the local file ``out`` (see :func:`h5forge.pack.writer.pack`).
 
     ``dataset`` names the artifacts (the destination's file name, so runs of one dataset share
     artifact keys and the UI shows their history).
@@ -111,12 +92,9 @@ def pack_images(
     table_key = artifact_key("quarantine", dataset)
     try:
         result = pack(
-            root,
+            src,
             out,
-            image=image,
-            compression=None if compression in (None, "none") else compression,
-            compression_level=compression_level,
-            fletcher32=fletcher32,
+            config=config,
             manifest=manifest,
             workers=workers,
             max_bad_fraction=max_bad_fraction,
@@ -138,14 +116,4 @@ def pack_images(
         result.bytes / 1e6,
         result.seconds,
     )
-    return PackSummary(
-        path=result.path,
-        num_samples=result.num_samples,
-        num_quarantined=result.num_quarantined,
-        num_classes=result.num_classes,
-        classes=tuple(result.classes),
-        quarantined=tuple(result.quarantined),
-        counts=result.counts,
-        bytes=result.bytes,
-        seconds=result.seconds,
-    )
+    return result

@@ -7,8 +7,9 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
+from h5forge.pack.writer import PackResult
 from tasks._common import run_name
-from tasks.pack import PackSummary, artifact_key
+from tasks.pack import artifact_key
 from tasks.publish import PublishSummary
 from tasks.smoke_load import SmokeSummary
 
@@ -45,7 +46,7 @@ def _counts_table(counts: dict[str, dict[str, int]], classes: tuple[str, ...]) -
     return lines
 
 
-def _rate(stage: str, secs: float, pack: PackSummary, smoke: SmokeSummary, mb: float) -> str:
+def _rate(stage: str, secs: float, pack: PackResult, smoke: SmokeSummary, mb: float) -> str:
     if secs <= 0:
         return "–"
     if stage in ("discover", "pack", "verify"):
@@ -61,7 +62,7 @@ def render_report(
     *,
     dataset: str,
     source: str,
-    pack: PackSummary,
+    pack: PackResult,
     smoke: SmokeSummary,
     published: PublishSummary,
     format_version: int,

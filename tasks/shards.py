@@ -21,24 +21,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from h5forge.asset.open import url_to_fs
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import TooManyBadImagesError
-from h5forge.preprocess.config import ImageConfig
+from h5forge.pack.config import PackConfig
+from h5forge.pack.writer import PackResult
 from h5forge.publish.manifest import MANIFEST_SUFFIX
 from h5forge.redact import redact_url
 from h5forge.scale.merge import merge_shards
-from h5forge.scale.shards import (
-    ShardResult,
-    ShardSpec,
-    find_done_shards,
-    pack_shard,
-    plan_shards,
-    shard_url,
-)
+from h5forge.scale.plan import ShardSpec, plan_shards, shard_url
+from h5forge.scale.shards import ShardResult, find_done_shards, pack_shard
 from tasks._common import (
     retry_upload,
     run_name,
     with_retries,
 )
-from tasks.pack import PackSummary, artifact_key, quarantine_table
+from tasks.pack import artifact_key, quarantine_table
 
 __all__ = [
     "ShardPlan",
@@ -83,10 +78,6 @@ class ShardStats(BaseModel):
     bytes_per_shard: int | None = None
 
 
-def _compression(name: str | None) -> str | None:
-    return None if name in (None, "none") else name
-
-
 @task(
     name="plan-shards",
     task_run_name=run_name("plan-shards"),
@@ -94,31 +85,30 @@ def _compression(name: str | None) -> str | None:
     **with_retries(2),
 )
 def plan_shard_build(
-    root: str,
+    src: str | Catalog,
     *,
     staging: str,
     samples_per_shard: int,
     bytes_per_shard: int | None,
-    image: ImageConfig,
-    compression: str | None = None,
-    compression_level: int | None = None,
+    config: PackConfig,
+    manifest: str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> ShardPlan:
-    """Catalog ``root``, cut it into shards, and find those already done in ``staging``.
+    """Cut ``src`` into shards, and find those already done in ``staging``.
 
-    A shard counts as done when its manifest matches the plan and the options and its file
-    has the manifest's size and sha256 (each finished shard is read once to check).
+    ``src`` is the catalog the discover task returned (or a folder, catalogued here with
+    ``manifest``, a CSV/JSONL list of the images, as for a local pack). A shard counts as done
+    when its manifest matches the plan and ``config`` and its file has the manifest's size and
+    sha256 (each finished shard is read once to check).
     """
-    catalog = discover(root)
+    catalog = src if isinstance(src, Catalog) else discover(src, manifest=manifest)
     specs = plan_shards(
         catalog, samples_per_shard=samples_per_shard, bytes_per_shard=bytes_per_shard
     )
     done = find_done_shards(
         staging,
         specs,
-        image=image,
-        compression=_compression(compression),
-        compression_level=compression_level,
+        config=config,
         storage_options=storage_options,
     )
     get_run_logger().info(
@@ -151,9 +141,7 @@ def pack_shard_task(
     staging_url: str,
     *,
     dataset: str,
-    image: ImageConfig,
-    compression: str | None = None,
-    compression_level: int | None = None,
+    config: PackConfig,
     storage_options: dict[str, Any] | None = None,
 ) -> ShardResult:
     """Pack one shard on a worker and publish it, manifest last (see
@@ -163,9 +151,7 @@ def pack_shard_task(
         catalog,
         spec,
         staging_url,
-        image=image,
-        compression=_compression(compression),
-        compression_level=compression_level,
+        config=config,
         processes=1,
         storage_options=storage_options,
     )
@@ -191,7 +177,7 @@ def merge_task(
     source_sha256: str = "",
     storage_options: dict[str, Any] | None = None,
     tmp_dir: str | None = None,
-) -> PackSummary:
+) -> PackResult:
     """Merge the shards into the local file ``out`` (see :func:`h5forge.scale.merge.merge_shards`).
 
     The quarantine table artifact lists every input no shard could pack, as a local pack's
@@ -221,17 +207,7 @@ def merge_task(
         result.bytes / 1e6,
         result.seconds,
     )
-    return PackSummary(
-        path=result.path,
-        num_samples=result.num_samples,
-        num_quarantined=result.num_quarantined,
-        num_classes=result.num_classes,
-        classes=tuple(result.classes),
-        quarantined=tuple(result.quarantined),
-        counts=result.counts,
-        bytes=result.bytes,
-        seconds=result.seconds,
-    )
+    return result
 
 
 @task(

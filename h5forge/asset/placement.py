@@ -25,7 +25,7 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 
-__all__ = ["Head", "utf8"]
+__all__ = ["Head", "early_allocation", "utf8"]
 
 _QUARANTINE_CHUNK = 64
 _STR = h5py.string_dtype("utf-8")
@@ -40,7 +40,9 @@ def utf8(s: str) -> str:
         return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _early(vlen: bool) -> h5py.h5p.PropDCID:
+def early_allocation(vlen: bool) -> h5py.h5p.PropDCID:
+    """A dataset creation list that allocates the storage at creation (in creation order,
+    so at the head), never filled (``vlen``: variable-length types, which HDF5 must fill)."""
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     if not vlen:  # HDF5 refuses FILL_TIME_NEVER for variable-length types
@@ -103,7 +105,7 @@ class Head:
                 name, shape=(0,), maxshape=(None,), dtype=_STR, chunks=(_QUARANTINE_CHUNK,)
             )
         if blob:  # contiguous, allocated now: its bytes start right after the head
-            images = {**images, "dcpl": _early(False)}
+            images = {**images, "dcpl": early_allocation(False)}
         self.images: h5py.Dataset = h5.create_dataset(fmt.IMAGES, **images)
 
     def _index(self, name: str, dtype: Any, row: tuple[int, ...] = (), extra: int = 0) -> None:
@@ -114,7 +116,7 @@ class Head:
             maxshape=(max(1, rows), *row),
             chunks=(max(1, rows), *row),
             dtype=dtype,
-            dcpl=_early(dtype is _STR),
+            dcpl=early_allocation(dtype is _STR),
         )
 
     def finish(

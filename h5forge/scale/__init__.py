@@ -1,6 +1,6 @@
-"""Packing at scale: shards packed in parallel (``shards``), surveyed (``survey``) and merged
-into one asset (``merge``) with checked copies (``checked_copy``, ``kernel_copy``,
-``file_check``).
+"""Packing at scale: shards planned (``plan``), packed in parallel (``shards``), surveyed
+(``survey``) and merged into one asset (``merge``, ``assemble``) with checked copies
+(``stored_copy``, ``checked_copy``, ``kernel_copy``, ``file_check``, ``download``).
 
 Nothing is imported here, so that naming a module of this package stays cheap.
 """

@@ -262,7 +262,7 @@ def test_build_config_rejects_bad_values_with_a_clear_message(
 def test_build_config_accepts_local_paths_and_fsspec_urls(source: str) -> None:
     config = BuildConfig(source=source, destination="s3://bucket/out.h5", sha256="A" * 64)
     assert config.sha256 == "a" * 64
-    assert config.image_config().size == (224, 224)
+    assert config.pack_config().image.size == (224, 224)
 
 
 def test_build_config_passes_every_image_option_to_the_library() -> None:
@@ -277,7 +277,7 @@ def test_build_config_passes_every_image_option_to_the_library() -> None:
         mode="L",
         max_image_pixels=10**6,
     )
-    image = config.image_config()
+    image = config.pack_config().image
     assert (image.quality, image.shorter_side, image.size) == (55, 120, (64, 96))
     assert (image.encoding, image.mode, image.max_image_pixels) == ("webp", "L", 10**6)
 

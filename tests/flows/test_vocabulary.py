@@ -23,15 +23,20 @@ from flows.cli import app
 from flows.config import BuildConfig
 from h5forge.cli_options import pack_default
 from h5forge.options import CODEC_LEVELS, PACK_OPTIONS, OptionError, format_size, option
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
 
 _COMMANDS = typer.main.get_command(app).commands  # type: ignore[attr-defined]
-_LIBRARY = {f.name: f.default for f in fields(ImageConfig)} | {
-    name: p.default
-    for name, p in inspect.signature(pack).parameters.items()
-    if p.kind is p.KEYWORD_ONLY
-}
+_LIBRARY = (
+    {f.name: f.default for f in fields(ImageConfig)}
+    | {f.name: f.default for f in fields(PackConfig) if f.name != "image"}
+    | {
+        name: p.default
+        for name, p in inspect.signature(pack).parameters.items()
+        if p.kind is p.KEYWORD_ONLY
+    }
+)
 
 
 @pytest.mark.parametrize("opt", PACK_OPTIONS, ids=lambda o: o.name)
@@ -157,10 +162,10 @@ def test_each_value_accepted_by_one_surface_is_accepted_by_all(
             f"error: source {tmp_path / 'no-such-source'}",
         ), (command, line)
     config = BuildConfig(source="/data", destination="/out/x.h5", **_fields(case))
-    image = config.image_config()
+    image = config.pack_config().image
     for name, value in case.items():
         if name in {f.name for f in fields(ImageConfig)}:
-            assert getattr(image, name) == value, name  # image_config() keeps every option
+            assert getattr(image, name) == value, name  # pack_config() keeps every option
 
 
 @pytest.mark.parametrize("case", _cases(valid=False), ids=_id)
@@ -205,7 +210,11 @@ def test_codec_levels_are_refused_at_config_time_not_after_fetch() -> None:
     with pytest.raises(ValidationError, match=r"compression_level=0 is out of range for zstd"):
         BuildConfig(source="/d", destination="/o.h5", compression="zstd", compression_level=0)
     with pytest.raises(OptionError, match=r"compression_level=0 is out of range for zstd"):
-        pack("/does/not/matter", "/tmp/never.h5", compression="zstd", compression_level=0)
+        pack(
+            "/does/not/matter",
+            "/tmp/never.h5",
+            config=PackConfig(compression="zstd", compression_level=0),
+        )
 
 
 def test_the_form_keeps_bounds_in_its_schema() -> None:

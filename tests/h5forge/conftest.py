@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from h5forge.demo import write_image_folder
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from tests.fixtures.hostile_h5 import build_bases
@@ -31,7 +32,9 @@ def split_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def packed_decoded(split_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> PackResult:
     out = tmp_path_factory.mktemp("packed") / "decoded.h5"
-    return pack(split_tree, out, image=ImageConfig(resize="resize", size=(32, 48)), workers=2)
+    return pack(
+        split_tree, out, config=PackConfig(ImageConfig(resize="resize", size=(32, 48))), workers=2
+    )
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +43,9 @@ def packed_encoded(split_tree: Path, tmp_path_factory: pytest.TempPathFactory) -
     return pack(
         split_tree,
         out,
-        image=ImageConfig(layout="encoded", encoding="original", resize="none", size=None),
+        config=PackConfig(
+            ImageConfig(layout="encoded", encoding="original", resize="none", size=None)
+        ),
         workers=2,
     )
 

@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from h5forge.demo import write_image_folder
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.publish.manifest import manifest_url
 from h5forge.publish.storage import publish
@@ -165,7 +166,7 @@ def test_verify_refuses_a_resealed_file_its_manifest_contradicts(
     # A different, consistently sealed file put where the published one was: it verifies on
     # its own, but its manifest records another sha256, size and counts.
     other = tmp_path / "other.h5"
-    pack(small_tree, other, workers=1, image=None, max_bad_fraction=0.5, compression="gzip")
+    pack(small_tree, other, workers=1, max_bad_fraction=0.5, config=PackConfig(compression="gzip"))
     shutil.copyfile(other, published)
     assert _cli("verify", str(published), "--no-manifest").returncode == 0
     r = _cli("verify", str(published))

@@ -25,6 +25,7 @@ from h5forge.errors import BusyError, UnsafePathError
 from h5forge.fetch.staging import commit, exclusive, new_staging
 from h5forge.locks import folder_lock
 from h5forge.output_lock import output_lock
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.copy import remove_stale_temps
@@ -136,7 +137,7 @@ def test_pack_refuses_a_link_planted_at_its_temp_names(
     planted = Path(str(out) + suffix)
     _plant(kind, planted, victim)
     with pytest.raises(UnsafePathError, match=rf"cannot create {planted}: a "):
-        pack(tiny, out, image=image, workers=1)
+        pack(tiny, out, config=PackConfig(image), workers=1)
     assert victim.read_bytes() == b"precious bytes that must never change"
     assert planted.is_symlink() if kind == "symlink" else planted.stat().st_nlink == 2
     assert not out.exists()
@@ -162,7 +163,7 @@ def test_pack_refuses_an_h5_swapped_in_after_it_created_the_partial(
             partial.symlink_to(other)
 
     with pytest.raises(UnsafePathError, match="no longer the file this run created"):
-        pack(tiny, out, image=SMALL, workers=1, on_progress=swap)
+        pack(tiny, out, config=PackConfig(SMALL), workers=1, on_progress=swap)
     assert other.read_bytes() == before
     assert not out.exists()
     assert partial.is_symlink()  # not ours: left alone
@@ -181,7 +182,7 @@ def test_pack_refuses_a_lock_file_it_did_not_make(
     else:
         _plant(kind, lock, victim)
     with pytest.raises(UnsafePathError, match=f"{lock} is "):
-        pack(tiny, out, image=SMALL, workers=1)
+        pack(tiny, out, config=PackConfig(SMALL), workers=1)
     assert victim.read_bytes() == b"precious bytes that must never change"
     assert not out.exists()
     if kind == "foreign file":
@@ -218,7 +219,7 @@ def test_a_live_run_holds_the_output_and_the_other_is_told_who(tiny: Path, tmp_p
             match=rf"{out} is being written by another h5forge run "
             rf"\(pid {holder.pid} on .*kill {holder.pid}",
         ):
-            pack(tiny, out, image=SMALL, workers=1)
+            pack(tiny, out, config=PackConfig(SMALL), workers=1)
         # the live run's partial is untouched
         assert files.same_file(Path(str(out) + ".partial").stat(), partial_before)
     finally:
@@ -234,7 +235,7 @@ def test_a_dead_runs_lock_is_taken_over_and_its_partial_removed(tiny: Path, tmp_
     record = json.loads(Path(str(out) + ".lock").read_text())
     assert record["pid"] == holder.pid
     assert record["files"][0]["name"] == "out.h5.partial"
-    res = pack(tiny, out, image=SMALL, workers=1)
+    res = pack(tiny, out, config=PackConfig(SMALL), workers=1)
     assert res.num_samples == 6
     assert verify(str(out)).num_samples == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.h5"]
@@ -245,7 +246,7 @@ def test_a_leftover_partial_no_run_recorded_is_kept_and_named(tiny: Path, tmp_pa
     partial = Path(str(out) + ".partial")
     partial.write_bytes(b"not made by a recorded run")
     with pytest.raises(UnsafePathError, match="no h5forge run recorded making it"):
-        pack(tiny, out, image=SMALL, workers=1)
+        pack(tiny, out, config=PackConfig(SMALL), workers=1)
     assert partial.read_bytes() == b"not made by a recorded run"
 
 

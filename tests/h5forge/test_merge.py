@@ -14,25 +14,27 @@ import pytest
 from h5forge.demo import write_image_folder
 from h5forge.discover.catalog import discover
 from h5forge.errors import IntegrityError
+from h5forge.pack.config import PackConfig
 from h5forge.preprocess.config import ImageConfig
 from h5forge.scale.merge import merge_shards
-from h5forge.scale.shards import pack_shard, plan_shards
+from h5forge.scale.plan import plan_shards
+from h5forge.scale.shards import pack_shard
 from h5forge.verify.checks import verify, verify_unsealed
 from tests.fixtures.damage import flip_sample_byte
 
 BUILDS: dict[str, dict[str, Any]] = {
-    "raw": {"image": ImageConfig(resize="resize", size=(24, 32))},
+    "raw": {"config": PackConfig(ImageConfig(resize="resize", size=(24, 32)))},
     "gzip": {
-        "image": ImageConfig(resize="resize", size=(24, 32)),
-        "compression": "gzip",
-        "compression_level": 1,
+        "config": PackConfig(
+            ImageConfig(resize="resize", size=(24, 32)), compression="gzip", compression_level=1
+        ),
     },
     "lzf-fletcher32": {
-        "image": ImageConfig(resize="resize", size=(24, 32)),
-        "compression": "lzf",
-        "fletcher32": True,
+        "config": PackConfig(
+            ImageConfig(resize="resize", size=(24, 32)), compression="lzf", fletcher32=True
+        ),
     },
-    "blob": {"image": ImageConfig(layout="encoded", resize="none", size=None)},
+    "blob": {"config": PackConfig(ImageConfig(layout="encoded", resize="none", size=None))},
 }
 
 

@@ -20,20 +20,22 @@ import pytest
 from h5forge.demo import write_image_folder
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import IntegrityError
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.manifest import MANIFEST_SUFFIX
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.scale.merge import merge_shards
-from h5forge.scale.shards import pack_shard, plan_shards
+from h5forge.scale.plan import plan_shards
+from h5forge.scale.shards import pack_shard
 from h5forge.verify.checks import verify
 from tests.fixtures.damage import flip_sample_byte
 
 DECODED = ImageConfig(resize="resize", size=(24, 32))
 BUILDS: dict[str, dict[str, Any]] = {
-    "raw": {"image": DECODED},
-    "gzip": {"image": DECODED, "compression": "gzip", "compression_level": 1},
-    "blob": {"image": ImageConfig(layout="encoded", resize="none", size=None)},
+    "raw": {"config": PackConfig(DECODED)},
+    "gzip": {"config": PackConfig(DECODED, compression="gzip", compression_level=1)},
+    "blob": {"config": PackConfig(ImageConfig(layout="encoded", resize="none", size=None))},
 }
 needs_kernel_copy = pytest.mark.skipif(
     not hasattr(os, "copy_file_range"), reason="os.copy_file_range is Linux-only"

@@ -195,8 +195,10 @@ def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Pa
 _PACK = """
 import sys
 from h5forge.preprocess.config import ImageConfig
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
-pack(sys.argv[1], sys.argv[2], image=ImageConfig(resize="resize", size=(64, 64)), workers=2)
+config = PackConfig(ImageConfig(resize="resize", size=(64, 64)))
+pack(sys.argv[1], sys.argv[2], config=config, workers=2)
 """
 
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from h5forge.demo import write_image_folder
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
@@ -43,7 +44,7 @@ def packed_120(tmp_path_factory: pytest.TempPathFactory) -> PackResult:
     return pack(
         root,
         tmp_path_factory.mktemp("remote") / "decoded.h5",
-        image=ImageConfig(resize="resize", size=(24, 32)),
+        config=PackConfig(ImageConfig(resize="resize", size=(24, 32))),
         workers=2,
     )
 

@@ -21,27 +21,21 @@ from distributed import Client, LocalCluster
 from h5forge.demo import write_bad_files, write_image_folder
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import EmptyDatasetError, TooManyBadImagesError, UnsealedFileError
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.scale.merge import merge_shards
-from h5forge.scale.shards import (
-    ShardResult,
-    ShardSpec,
-    find_done_shards,
-    pack_shard,
-    plan_shards,
-    shard_catalog,
-    shard_url,
-)
+from h5forge.scale.plan import ShardSpec, plan_shards, shard_catalog, shard_url
+from h5forge.scale.shards import ShardResult, find_done_shards, pack_shard
 from h5forge.verify.checks import verify
 
 DECODED = ImageConfig(resize="resize", size=(24, 32))
 ENCODED = ImageConfig(layout="encoded", encoding="original", resize="none", size=None)
 BUILDS: dict[str, dict[str, Any]] = {
-    "decoded": {"image": DECODED},
-    "decoded-gzip": {"image": DECODED, "compression": "gzip", "compression_level": 6},
-    "encoded": {"image": ENCODED},
+    "decoded": {"config": PackConfig(DECODED)},
+    "decoded-gzip": {"config": PackConfig(DECODED, compression="gzip", compression_level=6)},
+    "encoded": {"config": PackConfig(ENCODED)},
 }
 PER_SHARD = 7
 
@@ -290,13 +284,14 @@ def test_other_options_or_catalog_are_not_done(
 ) -> None:
     specs = plan_shards(source.catalog, samples_per_shard=PER_SHARD)[:2]
     for s in specs:
-        pack_shard(source.catalog, s, str(tmp_path), image=DECODED)
-    assert find_done_shards(str(tmp_path), specs, image=DECODED) == {0, 1}
-    assert find_done_shards(str(tmp_path), specs, image=DECODED, compression="lzf") == set()
+        pack_shard(source.catalog, s, str(tmp_path), config=PackConfig(DECODED))
+    assert find_done_shards(str(tmp_path), specs, config=PackConfig(DECODED)) == {0, 1}
+    lzf = PackConfig(DECODED, compression="lzf")
+    assert find_done_shards(str(tmp_path), specs, config=lzf) == set()
     other = plan_shards(discover(image_folder), samples_per_shard=PER_SHARD)[:2]
-    assert find_done_shards(str(tmp_path), other, image=DECODED) == set()
+    assert find_done_shards(str(tmp_path), other, config=PackConfig(DECODED)) == set()
     with pytest.raises(ValueError, match="another catalog"):
-        pack_shard(source.catalog, other[1], str(tmp_path), image=DECODED)
+        pack_shard(source.catalog, other[1], str(tmp_path), config=PackConfig(DECODED))
 
 
 def test_merge_from_a_remote_staging_url(source: Source, tmp_path: Path) -> None:
@@ -423,7 +418,7 @@ def test_a_pool_inside_a_daemonic_dask_worker_is_refused(
         shard_catalog(source.catalog, spec),
         spec,
         str(tmp_path),
-        image=DECODED,
+        config=PackConfig(DECODED),
         processes=2,
         pure=False,
     )

@@ -17,6 +17,7 @@ from PIL import Image, ImageOps
 
 from h5forge.demo import write_image_folder
 from h5forge.errors import EmptyDatasetError, MissingExtraError, TooManyBadImagesError
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.read.dataset import H5ImageDataset
@@ -86,7 +87,10 @@ def test_encoded_original_keeps_source_bytes(split_tree: Path, packed_encoded: P
 
 def test_variable_size_decoded_uses_blob_with_shapes(split_tree: Path, tmp_path: Path) -> None:
     res = pack(
-        split_tree, tmp_path / "var.h5", image=ImageConfig(resize="none", size=None), workers=1
+        split_tree,
+        tmp_path / "var.h5",
+        config=PackConfig(ImageConfig(resize="none", size=None)),
+        workers=1,
     )
     ds = H5ImageDataset(res.path)
     with h5py.File(res.path) as h5:
@@ -124,10 +128,12 @@ def test_compression_reads_back_identical(
     res = pack(
         split_tree,
         tmp_path / "c.h5",
-        image=ImageConfig(resize="resize", size=(32, 48)),
-        compression=compression,
-        compression_level=level,
-        fletcher32=fletcher32,
+        config=PackConfig(
+            ImageConfig(resize="resize", size=(32, 48)),
+            compression=compression,
+            compression_level=level,
+            fletcher32=fletcher32,
+        ),
         workers=1,
     )
     plain = H5ImageDataset(packed_decoded.path)
@@ -143,7 +149,7 @@ def test_missing_plugin_names_the_extra(
 ) -> None:
     monkeypatch.setitem(sys.modules, "hdf5plugin", None)  # import now raises ImportError
     with pytest.raises(MissingExtraError, match=r"h5forge\[plugins\]"):
-        pack(split_tree, tmp_path / "z.h5", compression="zstd")
+        pack(split_tree, tmp_path / "z.h5", config=PackConfig(compression="zstd"))
     assert not list(tmp_path.iterdir())
 
 
@@ -193,8 +199,9 @@ def test_killed_pack_never_leaves_the_final_name(tmp_path: Path) -> None:
     out = tmp_path / "killed.h5"
     code = (
         "from h5forge.pack.writer import pack; from h5forge.preprocess.config import ImageConfig;"
-        f"pack({str(src)!r}, {str(out)!r}, image=ImageConfig(resize='resize', size=(64, 64)),"
-        " workers=1)"
+        "from h5forge.pack.config import PackConfig;"
+        f"pack({str(src)!r}, {str(out)!r},"
+        " config=PackConfig(ImageConfig(resize='resize', size=(64, 64))), workers=1)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     partial = Path(str(out) + ".partial")

@@ -49,6 +49,7 @@ from typing import Any
 
 from h5forge.demo import write_image_folder
 from h5forge.hashing import sha256_file
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.manifest import read_manifest
@@ -89,7 +90,9 @@ def make_assets(work: Path) -> dict[str, Path]:
                 size=(48, 48),
                 formats=("png",),
             )
-            pack(src, path, image=ImageConfig(resize="resize", size=(96, 96)), workers=1)
+            pack(
+                src, path, config=PackConfig(ImageConfig(resize="resize", size=(96, 96))), workers=1
+            )
             shutil.rmtree(src)
         out[name] = path
     return out

@@ -41,6 +41,7 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.demo import write_image_folder
 from h5forge.errors import IntegrityError
+from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.read.dataset import H5ImageDataset
@@ -92,9 +93,11 @@ def make_assets(work: Path, variants: tuple[Variant, ...] = VARIANTS) -> dict[st
             pack(
                 src,
                 path,
-                image=v.image,
-                compression=v.compression,
-                fletcher32=v.fletcher32,
+                config=PackConfig(
+                    v.image,
+                    compression=v.compression,
+                    fletcher32=v.fletcher32,
+                ),
                 workers=1,
                 max_bad_fraction=0.2,
                 source_url="https://example.org/data.tar.gz",

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.pack import PackSummary, artifact_key
+from h5forge.pack.writer import PackResult
+from tasks.pack import artifact_key
 from tasks.publish import PublishSummary
 from tasks.report import render_report, viewable_url
 from tasks.smoke_load import SmokeSummary
 
 
 def _render(quarantined: int) -> str:
-    pack = PackSummary(
+    pack = PackResult(
         path="/w/x.h5",
         num_samples=10,
         num_quarantined=quarantined,

@@ -22,10 +22,13 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import PrefectFuture, as_completed
 
 from flows.config import BuildConfig
+from h5forge.discover.catalog import Catalog
+from h5forge.pack.writer import PackResult
 from h5forge.redact import redact_url
-from h5forge.scale.shards import ShardResult, ShardSpec, shard_catalog, shard_url
+from h5forge.scale.plan import ShardSpec, shard_catalog, shard_url
+from h5forge.scale.shards import ShardResult
 from tasks._common import dataset_name
-from tasks.pack import PackSummary, artifact_key
+from tasks.pack import artifact_key
 from tasks.shards import (
     ShardPlan,
     ShardStats,
@@ -42,7 +45,7 @@ __all__ = ["DaskPacked", "default_staging", "pack_on_dask"]
 class DaskPacked:
     """The merged file (in the work dir) and how the shards went."""
 
-    packed: PackSummary
+    packed: PackResult
     stats: ShardStats
     staging: str
     specs: tuple[ShardSpec, ...]
@@ -68,7 +71,7 @@ def default_staging(cache: Path, config: BuildConfig) -> str:
 def pack_on_dask(
     config: BuildConfig,
     *,
-    root: str,
+    root: str | Catalog,
     out: str,
     dataset: str,
     cache: Path,
@@ -79,7 +82,9 @@ def pack_on_dask(
 ) -> DaskPacked:
     """Plan → pack the shards not done yet on the cluster → merge them into ``out``.
 
-    Records the ``pack`` (plan and shard tasks) and ``merge`` stage times in ``seconds``.
+    ``root`` is the catalog the discover task returned, or the fetched folder (catalogued
+    again, with ``config.manifest``). Records the ``pack`` (plan and shard tasks) and
+    ``merge`` stage times in ``seconds``.
     The Secret block's ``storage_options`` go to the workers only when staging is remote: a
     local or shared-disk staging needs none, and every copy sent is one more place a secret
     travels (pickled into each task, held by the scheduler).
@@ -88,16 +93,15 @@ def pack_on_dask(
     staging = config.staging or default_staging(cache, config)
     remote = get_protocol(staging) not in ("file", "local")
     options = storage_options if remote and storage_options else None
-    image = config.image_config()
+    pack_config = config.pack_config()
     start = time.perf_counter()
     plan = plan_shard_build(
         root,
         staging=staging,
         samples_per_shard=config.shard_size,
         bytes_per_shard=config.shard_bytes,
-        image=image,
-        compression=config.compression,
-        compression_level=config.compression_level,
+        config=pack_config,
+        manifest=config.manifest,
         storage_options=options,
     )
     _run_on_cluster(config, plan, staging=staging, dataset=dataset, options=options)
@@ -145,6 +149,7 @@ def _run_on_cluster(
 
     logger = get_run_logger()
     todo, total = plan.todo, len(plan.specs)
+    pack_config = config.pack_config()  # passed whole: every option reaches the workers
     progress = cast(
         UUID,
         create_progress_artifact(
@@ -177,9 +182,7 @@ def _run_on_cluster(
                     "spec": spec,
                     "staging_url": staging,
                     "dataset": dataset,
-                    "image": config.image_config(),
-                    "compression": config.compression,
-                    "compression_level": config.compression_level,
+                    "config": pack_config,
                     "storage_options": options,
                 },
             )

@@ -1,0 +1,42 @@
+"""The quarantine limits of a pack or merge: too many bad inputs, or a class left empty."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from h5forge.errors import EmptyDatasetError, TooManyBadImagesError
+
+__all__ = ["check_bad_fraction", "check_every_class"]
+
+
+def check_bad_fraction(total: int, bad: Sequence[tuple[str, str]], max_bad_fraction: float) -> None:
+    """Raise ``TooManyBadImagesError`` when more than the allowed fraction was quarantined.
+
+    Args:
+        total: every input, packed plus quarantined.
+        bad: ``(relative path, reason)`` of each quarantined input.
+    """
+    if bad and len(bad) > max_bad_fraction * total:
+        first = "\n  ".join(f"{p}: {r}" for p, r in bad[:10])
+        raise TooManyBadImagesError(
+            f"{len(bad)} of {total} inputs ({len(bad) / total:.1%}) were quarantined, more than "
+            f"max_bad_fraction={max_bad_fraction:g} allows; first reasons:\n  {first}\n"
+            "fix or remove these files, or raise max_bad_fraction",
+            list(bad),
+        )
+
+
+def check_every_class(present: Collection[int], classes: Sequence[str], where: str) -> None:
+    """Raise ``EmptyDatasetError`` when a class has no packed sample.
+
+    Args:
+        present: the labels of the packed samples.
+        classes: every class name, by label.
+        where: names the input in the message (a folder, or "the 8 shards").
+    """
+    for label, name in enumerate(classes):
+        if label not in present:
+            raise EmptyDatasetError(
+                f"class {name!r} has no readable image in {where}: every file of it was "
+                "quarantined; fix the files or remove the class folder"
+            )

@@ -1,0 +1,251 @@
+"""Write the merged file: its head, then each shard's index and stored image bytes, checked.
+
+The output has the writer's physical layout (:class:`h5forge.asset.placement.Head`: the index
+at the head of the file, the image bytes after it). Array storage copies every chunk as stored:
+unfiltered chunks go file to file in runs, into chunks allocated when ``/images`` is created,
+filtered ones one by one (``write_direct_chunk``, the filter mask carried over). Blob storage
+copies each shard's ``/images`` bytes into the output blob and rebases ``/offsets``. How each
+copy is checked: :mod:`h5forge.scale.merge`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, cast
+
+import h5py
+import numpy as np
+
+from h5forge.asset import format as fmt
+from h5forge.asset.chunks import chunk_ranges
+from h5forge.asset.index import load_index
+from h5forge.asset.open import open_h5
+from h5forge.asset.placement import Head, early_allocation
+from h5forge.errors import IntegrityError, UnsafePathError
+from h5forge.files import same_file
+from h5forge.pack.commit import Staged
+from h5forge.pack.config import PackConfig
+from h5forge.scale.checked_copy import CheckedCopy
+from h5forge.scale.download import local_copy
+from h5forge.scale.file_check import FileChecks, FileIdentity
+from h5forge.scale.kernel_copy import RangeCopy, writeback_starter
+from h5forge.scale.stored_copy import copy_blob, copy_filtered, copy_raw
+from h5forge.scale.survey import Shard
+
+__all__ = ["assemble"]
+
+_ROWS = 1 << 20  # index rows handled at a time
+
+
+def _images_kwargs(first: Shard, n: int, blob_bytes: int) -> dict[str, Any]:
+    """``create_dataset`` arguments of the output's ``/images``, as the writer makes them.
+
+    Unfiltered chunks are allocated at creation (``H5D_ALLOC_TIME_EARLY``, in order, right
+    after the head): their offsets are known before the first byte is copied, so the copy moves
+    whole runs of chunks (``copy_file_range``, or ``pread``/``pwrite``) instead of making one
+    HDF5 call per chunk.
+    """
+    if first.attrs[fmt.A_STORAGE] == "blob":
+        return {"shape": (blob_bytes,), "dtype": np.uint8}
+    filters = PackConfig.from_json(first.attrs[fmt.A_CONFIG_JSON]).filter_kwargs()
+    shape = first.image_shape
+    early = {} if filters else {"dcpl": early_allocation(False)}
+    return {
+        "shape": (n, *shape),
+        "maxshape": (None, *shape),
+        "dtype": np.uint8,
+        "chunks": (1, *shape),
+        **filters,
+        **early,
+    }
+
+
+def _filter_ids(images: h5py.Dataset) -> tuple[int, ...]:
+    plist = images.id.get_create_plist()
+    return tuple(plist.get_filter(i)[0] for i in range(plist.get_nfilters()))
+
+
+def _byte_ranges(head: Head, n: int, blob: bool) -> None:
+    images, out = head.images, head.ds[fmt.BYTE_RANGES]
+    if blob:
+        base = np.uint64(images.id.get_offset() or 0)
+        for lo in range(0, n, _ROWS):
+            off = head.ds[fmt.OFFSETS][lo : min(n, lo + _ROWS) + 1]
+            out[lo : lo + len(off) - 1] = np.stack([off[:-1] + base, np.diff(off)], axis=1)
+        return
+    out[...] = chunk_ranges(images, n).astype(np.uint64)
+
+
+@dataclass
+class _Out:
+    """The output being written, and where the next shard's samples go."""
+
+    head: Head
+    fd: int  # the .partial, for copies HDF5 does not see
+    dst: np.ndarray | None  # (offset, size) of every raw chunk, allocated at creation
+    blob_offset: int  # file offset of the output blob
+    check: CheckedCopy  # per-sample checks, for shards without a manifest
+    copy: RangeCopy
+    filters: tuple[int, ...]
+    base: int = 0  # first sample of the next shard
+    pos: int = 0  # blob bytes copied so far
+
+
+def _copy_shard(out: _Out, shard: Shard, local: str, src_fd: int) -> None:
+    """Copy one shard's index and stored image bytes into the output."""
+    ds, base, stop = out.head.ds, out.base, out.base + shard.n
+    # A published shard is checked by its file's sha256: no per-sample hash.
+    check = None if shard.expected is not None else out.check
+    # Through the checked open: a downloaded shard is a new file, not the one surveyed.
+    with open_h5(local) as src:
+        if load_index(src, where=shard.url).header.num_samples != shard.n:
+            raise IntegrityError(
+                f"{shard.url} changed during the merge: it held {shard.n} "
+                "samples when surveyed and holds a different number now; "
+                "run the merge again"
+            )
+        digests = src[fmt.DIGESTS][()]
+        ds[fmt.DIGESTS][base:stop] = digests
+        for name in (fmt.LABELS, fmt.SPLITS):
+            ds[name][base:stop] = src[name][()]
+        ds[fmt.PATHS][base:stop] = src[fmt.PATHS].asstr()[()].astype(object)
+
+        def label(j: int) -> str:
+            return f"sample {base + j} (sample {j} of {shard.url})"
+
+        if shard.attrs[fmt.A_STORAGE] == "blob":
+            offsets = src[fmt.OFFSETS][()]
+            ds[fmt.OFFSETS][base + 1 : stop + 1] = offsets[1:] + np.uint64(out.pos)
+            ds[fmt.SHAPES][base:stop] = src[fmt.SHAPES][()]
+            out.pos += copy_blob(
+                check,
+                src_fd,
+                local,
+                src[fmt.IMAGES],
+                out.fd,
+                out.blob_offset + out.pos,
+                offsets,
+                digests,
+                label,
+                out.copy,
+            )
+        elif out.dst is not None:
+            copy_raw(
+                check, src_fd, src[fmt.IMAGES], out.fd, out.dst[base:stop], digests, label, out.copy
+            )
+        else:
+            copy_filtered(
+                check, src_fd, src[fmt.IMAGES], out.head.images, base, digests, label, out.filters
+            )
+    out.base = stop
+
+
+def assemble(
+    stage: Staged,
+    shards: list[Shard],
+    options: dict[str, Any] | None,
+    tmp_dir: str | os.PathLike[str] | None,
+    bad: list[tuple[str, str]],
+    attrs: dict[str, Any],
+    files: FileChecks,
+) -> None:
+    """Write every shard into ``stage.partial`` (copies checked, see
+    :mod:`h5forge.scale.merge`) and flush it; the caller seals it.
+
+    Raises:
+        IntegrityError: a copied sample does not match its shard's digest, or a shard changed.
+    """
+    first = shards[0]
+    n = sum(s.n for s in shards)
+    blob = first.attrs[fmt.A_STORAGE] == "blob"
+    raw = not blob and not first.filters
+    blob_bytes = sum(s.image_shape[0] for s in shards) if blob else 0
+    with contextlib.ExitStack() as stack:
+        h5 = stack.enter_context(stage.create())  # exclusive: never via a link
+        # The same physical layout as the writer's: index at the head, image bytes after it.
+        head = Head(
+            h5,
+            attrs,
+            storage=cast(fmt.Storage, first.attrs[fmt.A_STORAGE]),
+            capacity=n,
+            classes=first.classes,
+            split_names=first.split_names,
+            images=_images_kwargs(first, n, blob_bytes),
+        )
+        ds, images = head.ds, head.images
+        if _filter_ids(images) != first.filters:
+            raise ValueError(
+                f"config_json of {first.url} gives /images filters "
+                f"{_filter_ids(images)}, the shard has {first.filters}; the shard "
+                "is inconsistent, re-pack it"
+            )
+        partial = stage.partial
+        fd = os.open(partial, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        stack.callback(os.close, fd)
+        if not same_file(os.fstat(fd), stage.lock.identity(partial)):
+            raise UnsafePathError(
+                f"{partial} was replaced while the merge opened it; "
+                "find out who writes into this folder, then merge again"
+            )
+        out = _Out(
+            head=head,
+            fd=fd,
+            dst=chunk_ranges(images, n) if raw else None,
+            blob_offset=(images.id.get_offset() or 0) if blob else 0,
+            check=stack.enter_context(CheckedCopy()),
+            copy=RangeCopy(),
+            filters=first.filters,
+        )
+        # Written pages start going to disk while later shards are copied, so the fsync
+        # before the seal finds little left to do.
+        writeback = writeback_starter()
+        flusher = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="h5forge-sync"))
+        flushing: Future[None] | None = None
+        for i, shard in enumerate(shards):
+            with local_copy(shard.url, options, tmp_dir) as local:
+                src_fd = os.open(local, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                try:
+                    # A local shard must still be the file surveyed (and hashed); a remote
+                    # one is the download, hashed now, before the download is deleted.
+                    opened = shard.identity or FileIdentity.of(src_fd)
+                    if shard.expected is not None and i not in files:
+                        files.start(i, local, shard.expected)
+                    if shard.n:  # else every input of it was quarantined
+                        _copy_shard(out, shard, local, src_fd)
+                    if shard.expected is not None:
+                        files.copied(i, local, src_fd, opened)
+                        if shard.identity is None:
+                            files.settle(i)
+                finally:
+                    os.close(src_fd)
+            if out.check.failures:  # stop at the first damaged shard
+                break
+            files.settle_finished()
+            if flushing is None or flushing.done():
+                flushing = flusher.submit(writeback, fd)
+        files.settle_all()
+        failures = out.check.wait()
+        if failures:
+            raise IntegrityError(
+                f"merging into {partial}: {len(failures)} sample(s) do not match the digests "
+                "their shard recorded, so a shard changed after it was packed; run the build "
+                "again (find_done_shards re-packs shards whose file no longer matches their "
+                "manifest) or re-pack the shards named below",
+                failures[:100],
+            )
+        if blob:
+            ds[fmt.OFFSETS][0] = 0
+        if out.dst is not None:
+            ds[fmt.BYTE_RANGES][...] = out.dst.astype(np.uint64)
+        else:
+            _byte_ranges(head, n, blob)
+        for name, col in ((fmt.QUARANTINE_PATHS, 0), (fmt.QUARANTINE_REASONS, 1)):
+            if bad:
+                ds[name].resize(len(bad), axis=0)
+                ds[name][...] = np.array([q[col] for q in bad], dtype=object)
+        h5.flush()  # the seal fsyncs it while it verifies
+        if flushing is not None:
+            flushing.result()
