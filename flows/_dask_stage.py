@@ -24,7 +24,7 @@ from prefect.futures import PrefectFuture, as_completed
 from flows.config import BuildConfig
 from h5forge.redact import redact_url
 from h5forge.scale.shards import ShardResult, ShardSpec, shard_catalog, shard_url
-from tasks._common import dataset_name
+from tasks.common import dataset_name
 from tasks.pack import PackSummary, artifact_key
 from tasks.shards import (
     ShardPlan,

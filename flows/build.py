@@ -28,7 +28,7 @@ from flows.config import BuildConfig, check_url
 from flows.credentials import default_cache_dir, load_storage_options
 from h5forge.files import is_ours, mark, remove_marked, same_file
 from h5forge.preflight import check_destination
-from tasks._common import dataset_name
+from tasks.common import dataset_name
 from tasks.discover import discover_samples
 from tasks.fetch import fetch_task, source_dir
 from tasks.pack import PackSummary, pack_images

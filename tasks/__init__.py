@@ -5,7 +5,7 @@ functions, which tests call directly. Tasks exchange paths and small pydantic mo
 arrays.
 
 The names below load on first use: DataLoader workers started with ``spawn`` import
-``tasks._fork`` and must not pay for importing Prefect and every stage.
+``tasks.fork`` and must not pay for importing Prefect and every stage.
 """
 
 from __future__ import annotations

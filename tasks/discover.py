@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from h5forge.discover.catalog import discover
 from h5forge.errors import EmptyDatasetError
-from tasks._common import run_name
+from tasks.common import run_name
 
 __all__ = ["CatalogSummary", "discover_samples"]
 

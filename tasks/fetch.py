@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from h5forge.fetch.sources import fetch
 from h5forge.redact import canonical_url
-from tasks._common import run_name, with_retries
+from tasks.common import run_name, with_retries
 
 __all__ = ["FetchedSource", "fetch_source", "fetch_task", "source_dir"]
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from h5forge.errors import TooManyBadImagesError
 from h5forge.pack.writer import pack
 from h5forge.preprocess.images import ImageConfig
-from tasks._common import run_name
+from tasks.common import run_name
 
 __all__ = ["PackSummary", "artifact_key", "pack_images", "quarantine_table"]
 

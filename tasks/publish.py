@@ -27,7 +27,7 @@ from h5forge.messages import describe_os_error
 from h5forge.publish.preview import write_preview
 from h5forge.publish.storage import publish, put_file
 from h5forge.redact import redact_url
-from tasks._common import (
+from tasks.common import (
     dataset_name,
     retry_upload,
     run_name,

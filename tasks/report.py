@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
-from tasks._common import run_name
+from tasks.common import run_name
 from tasks.pack import PackSummary, artifact_key
 from tasks.publish import PublishSummary
 from tasks.smoke_load import SmokeSummary

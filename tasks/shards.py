@@ -33,7 +33,7 @@ from h5forge.scale.shards import (
     plan_shards,
     shard_url,
 )
-from tasks._common import (
+from tasks.common import (
     retry_upload,
     run_name,
     with_retries,

@@ -9,8 +9,8 @@ from prefect import get_run_logger, task
 from pydantic import BaseModel, ConfigDict
 
 from h5forge.smoke import smoke_load
-from tasks._common import run_name
-from tasks._fork import forget_inherited_prefect_services
+from tasks.common import run_name
+from tasks.fork import forget_inherited_prefect_services
 
 __all__ = ["SmokeSummary", "smoke_load_file"]
 

@@ -11,7 +11,7 @@ from h5forge.publish.storage import check_manifest as check_file_manifest
 from h5forge.publish.storage import read_manifest
 from h5forge.redact import redact_url
 from h5forge.verify.checks import verify
-from tasks._common import (
+from tasks.common import (
     run_name,
     with_retries,
 )

@@ -12,7 +12,7 @@ from prefect.states import Failed
 from h5forge.demo import write_image_folder
 from h5forge.errors import ChecksumError, UnsafeArchiveError
 from h5forge.publish.storage import sha256_file
-from tasks._common import retry_if_transient, retry_upload
+from tasks.common import retry_if_transient, retry_upload
 from tasks.fetch import FetchedSource, _fetch_cache_key, fetch_source, fetch_task, source_dir
 from tests.fixtures.prefect import flow_run_task_runs
 
