@@ -16,26 +16,14 @@ from prefect import Task, task
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 from prefect.utilities.hashing import hash_objects
-from pydantic import BaseModel, ConfigDict
 
-from h5forge.fetch.sources import fetch
+from h5forge.fetch.sources import FetchResult, fetch
 from h5forge.redact import canonical_url
 from tasks.common import run_name, with_retries
 
-__all__ = ["FetchedSource", "fetch_source", "fetch_task", "source_dir"]
+__all__ = ["fetch_source", "fetch_task", "source_dir"]
 
 _KEY_VERSION = "h5forge-fetch-v1"
-
-
-class FetchedSource(BaseModel):
-    """Where the fetched dataset lies (small, JSON-serialisable: it is the cached result)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    root: str
-    source_url: str
-    sha256: str
-    cached: bool
 
 
 def _source_key(source: str, sha256: str | None) -> str | None:
@@ -75,24 +63,22 @@ def fetch_source(
     sha256: str | None = None,
     download_cache: str | None = None,
     storage_options: dict[str, Any] | None = None,
-) -> FetchedSource:
-    """Fetch ``source`` into ``dest`` (see :func:`h5forge.fetch.sources.fetch`)."""
-    result = fetch(
+) -> FetchResult:
+    """Fetch ``source`` into ``dest`` (see :func:`h5forge.fetch.sources.fetch`).
+
+    The :class:`~h5forge.fetch.sources.FetchResult` is the cached result: Prefect's JSON
+    serializer writes a dataclass with its qualified name and reads it back as one.
+    """
+    return fetch(
         source,
         dest,
         sha256=sha256,
         storage_options=storage_options,
         cache_dir=download_cache,
     )
-    return FetchedSource(
-        root=str(result.root),
-        source_url=result.source_url,
-        sha256=result.sha256,
-        cached=result.cached,
-    )
 
 
-def fetch_task(cache_dir: str | Path, dest: Path) -> Task[..., FetchedSource]:
+def fetch_task(cache_dir: str | Path, dest: Path) -> Task[..., FetchResult]:
     """``fetch_source`` with its cache records kept under ``cache_dir``.
 
     Runs that fetch the same pinned source at the same time are serialised by
