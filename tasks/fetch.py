@@ -24,6 +24,9 @@ from tasks.common import run_name, with_retries
 __all__ = ["fetch_source", "fetch_task", "source_dir"]
 
 _KEY_VERSION = "h5forge-fetch-v1"
+# The type of the cached result, named in its cache key: a record written while the task
+# returned another type (``tasks.fetch.FetchedSource``) reads back as a dict, so it must miss.
+_RESULT_TYPE = "h5forge.fetch.sources.FetchResult"
 
 
 def _source_key(source: str, sha256: str | None) -> str | None:
@@ -42,7 +45,7 @@ def _fetch_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str
     # Credentials (storage_options) are deliberately not part of the key: re-signed or rotated
     # credentials for the same pinned bytes must hit the same cache entry.
     key = _source_key(parameters["source"], parameters.get("sha256"))
-    return None if key is None else hash_objects(key, str(parameters["dest"]))
+    return None if key is None else hash_objects(key, str(parameters["dest"]), _RESULT_TYPE)
 
 
 _FETCH_CACHE = CachePolicy.from_cache_key_fn(_fetch_cache_key)
