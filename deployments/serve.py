@@ -18,6 +18,9 @@ from the repository root). Environment, read when :func:`main` runs, never at im
 ``H5FORGE_NIGHTLY_DESTINATION``
     Destination ``.h5`` of the nightly build, which is also the asset the nightly re-verify
     checks; default from ``prefect.yaml``.
+``XDG_CACHE_HOME``
+    The build deployments keep fetched sources in ``$XDG_CACHE_HOME/h5forge`` (their
+    ``cache_dir`` parameter); unset, the flow's default ``~/.cache/h5forge``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from prefect import Flow, serve
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
 from prefect.schedules import Cron
 from prefect.settings import get_current_settings
+
+from deployments.settings import cache_dir_from_env
 
 __all__ = [
     "NIGHTLY",
@@ -66,11 +71,14 @@ class ServeOptions:
         nightly_source: Overrides the nightly build's ``config.source``.
         nightly_destination: Overrides the nightly build's ``config.destination`` and the
             nightly re-verify's ``url`` (they name the same asset).
+        cache_dir: The build deployments' ``cache_dir`` parameter (their fetch cache); None
+            leaves the flow's default.
     """
 
     schedules: bool = True
     nightly_source: str | None = None
     nightly_destination: str | None = None
+    cache_dir: str | None = None
 
 
 def options_from_env(environ: Mapping[str, str]) -> ServeOptions:
@@ -80,6 +88,7 @@ def options_from_env(environ: Mapping[str, str]) -> ServeOptions:
         ValueError: ``H5FORGE_SCHEDULES`` is neither on/true/1/yes nor off/false/0/no.
     """
     raw = environ.get("H5FORGE_SCHEDULES", "on").strip().lower()
+    cache = cache_dir_from_env(environ)
     if raw not in _TRUE | _FALSE:
         raise ValueError(
             f"H5FORGE_SCHEDULES={raw!r} is not understood: use 'on' or 'off' "
@@ -89,6 +98,7 @@ def options_from_env(environ: Mapping[str, str]) -> ServeOptions:
         schedules=raw in _TRUE,
         nightly_source=environ.get("H5FORGE_NIGHTLY_SOURCE") or None,
         nightly_destination=environ.get("H5FORGE_NIGHTLY_DESTINATION") or None,
+        cache_dir=None if cache is None else str(cache),
     )
 
 
@@ -136,6 +146,9 @@ def main() -> None:
 def _to_runner_deployment(spec: Mapping[str, Any], options: ServeOptions) -> RunnerDeployment:
     name = spec["name"]
     parameters = _apply_overrides(name, copy.deepcopy(spec.get("parameters") or {}), options)
+    flow = _load_flow(spec["entrypoint"])
+    if options.cache_dir and "cache_dir" in flow.parameters.properties:
+        parameters.setdefault("cache_dir", options.cache_dir)
     schedules = [
         Cron(
             item["cron"],
@@ -144,7 +157,7 @@ def _to_runner_deployment(spec: Mapping[str, Any], options: ServeOptions) -> Run
         )
         for item in spec.get("schedules") or []
     ]
-    deployment = _load_flow(spec["entrypoint"]).to_deployment(
+    deployment = flow.to_deployment(
         name=name,
         description=spec.get("description"),
         tags=list(spec.get("tags") or []),

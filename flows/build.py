@@ -22,22 +22,28 @@ from prefect import flow, get_run_logger
 from pydantic import BaseModel, Field
 
 from flows.config import BuildConfig
-from flows.credentials import default_cache_dir, load_storage_options
+from flows.credentials import load_storage_options
 from flows.urls import check_url
 from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
+from h5forge.publish.preview import preview_url
+from h5forge.redact import redact_url
 from h5forge.workdir import work_dir
-from tasks._common import dataset_name
+from tasks.common import dataset_name
 from tasks.discover import discover_samples
 from tasks.fetch import fetch_task, source_dir
 from tasks.pack import pack_images
-from tasks.publish import make_preview, publish_task
+from tasks.publish import asset_key, make_preview, publish_task
 from tasks.report import render_report, write_report
 from tasks.shards import ShardStats, executor_section
 from tasks.smoke_load import smoke_load_file
 from tasks.verify import verify_file
 
-__all__ = ["BuildConfig", "BuildSummary", "build_dataset", "check_url"]
+__all__ = ["DEFAULT_CACHE_DIR", "BuildConfig", "BuildSummary", "build_dataset", "check_url"]
+
+# The cache folder when the caller names none: XDG's default cache home. The callers in
+# deployments/ (the console script, the served deployments) pass ``$XDG_CACHE_HOME/h5forge``.
+DEFAULT_CACHE_DIR = "~/.cache/h5forge"
 
 
 class BuildSummary(BaseModel):
@@ -89,7 +95,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     Args:
         config: what to build and where to publish it.
         cache_dir: local folder for fetched sources and the fetch cache; default
-            ``$XDG_CACHE_HOME/h5forge`` (``~/.cache/h5forge``).
+            :data:`DEFAULT_CACHE_DIR`.
 
     Returns:
         Where the asset, its manifest and its preview are, with counts, digest and timings.
@@ -104,7 +110,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         overwrite=config.overwrite,
         storage_options=options,
     )
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
     dataset = dataset_name(config.destination)
     seconds: dict[str, float] = {}
     with work_dir() as work:
@@ -119,14 +125,14 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                 storage_options=options,
             )
         with _stage(seconds, "discover"):
-            discover_samples(fetched.root, manifest=config.manifest)
+            catalog = discover_samples(fetched.root, manifest=config.manifest)
         sharded = None
         if config.executor == "dask":
             from flows.dask_stage import pack_on_dask
 
             sharded = pack_on_dask(
                 config,
-                root=fetched.root,
+                root=catalog,  # what discover found: not listed again
                 out=str(work / dataset),
                 dataset=dataset,
                 cache=cache,
@@ -139,11 +145,10 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         else:
             with _stage(seconds, "pack"):
                 packed = pack_images(
-                    fetched.root,
+                    catalog,  # what discover found (config.manifest included): not listed again
                     out=str(work / dataset),
                     dataset=dataset,
                     config=config.pack_config(),
-                    manifest=config.manifest,
                     workers=config.workers,
                     max_bad_fraction=config.max_bad_fraction,
                     source_url=fetched.source_url,
@@ -176,24 +181,26 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         if sharded is not None:  # published: the shards are no longer needed to resume
             sharded.remove_shards()
     shards = sharded.stats if sharded is not None else None
+    preview = redact_url(preview_url(config.destination))
     markdown = render_report(
         dataset=dataset,
         source=fetched.source_url,
         pack=packed,
         smoke=smoke,
         published=published,
+        preview=preview,
         format_version=verified.format_version,
         stage_seconds=seconds,
     ) + executor_section(workers=config.workers, shards=shards, seconds=seconds)
-    write_report(markdown, dataset=dataset, preview=published.preview_url)
+    write_report(markdown, dataset=dataset, preview=preview)
     logger.info(
         "published %s (%d samples, sha256 %s)", published.url, packed.num_samples, published.sha256
     )
     return BuildSummary(
         destination=published.url,
         manifest_url=published.manifest_url,
-        preview_url=published.preview_url,
-        asset_key=published.asset_key,
+        preview_url=preview,
+        asset_key=asset_key(config.destination),
         num_samples=packed.num_samples,
         num_classes=packed.num_classes,
         num_quarantined=packed.num_quarantined,
@@ -202,7 +209,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         bytes=published.bytes,
         format_version=verified.format_version,
         smoke_images_per_second=round(smoke.images_per_second, 1),
-        smoke_per_method=smoke.per_method,
+        smoke_per_method={m.start_method: round(m.images_per_second, 1) for m in smoke.methods},
         seconds=seconds,
         executor=config.executor,
         shards=shards,

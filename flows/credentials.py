@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 from prefect.blocks.system import Secret
 
-__all__ = ["default_cache_dir", "load_storage_options"]
+__all__ = ["load_storage_options"]
 
 
 def load_storage_options(block: str | None) -> dict[str, Any]:
@@ -39,9 +37,3 @@ def load_storage_options(block: str | None) -> dict[str, Any]:
             "fsspec storage_options"
         )
     return value
-
-
-def default_cache_dir() -> Path:
-    """Where fetched sources and the fetch cache live: ``$XDG_CACHE_HOME/h5forge``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "h5forge"

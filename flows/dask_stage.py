@@ -27,7 +27,7 @@ from h5forge.pack.writer import PackResult
 from h5forge.redact import redact_url
 from h5forge.scale.plan import ShardSpec, shard_catalog, shard_url
 from h5forge.scale.shards import ShardResult
-from tasks._common import dataset_name
+from tasks.common import dataset_name
 from tasks.pack import artifact_key
 from tasks.shards import (
     ShardPlan,

@@ -7,6 +7,7 @@ format version. This flow recomputes them from the stored bytes (the whole file 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
@@ -55,4 +56,4 @@ def verify_asset(
         manifest = latest
     check_manifest(url, manifest=manifest, report=report)
     get_run_logger().info("%s matches its manifest (sha256 %s)", redact_url(url), report.sha256)
-    return report.model_dump()
+    return dataclasses.asdict(report)

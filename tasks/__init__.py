@@ -1,11 +1,14 @@
 """Prefect tasks: one thin module per pipeline stage over the :mod:`h5forge` library.
 
 Tasks add retries, caching, run names and artifacts; the work itself is done by plain library
-functions, which tests call directly. Tasks exchange paths and small pydantic models, never
-arrays.
+functions, which tests call directly. Tasks return the library's own result types
+(:class:`~h5forge.fetch.sources.FetchResult`, :class:`~h5forge.discover.catalog.Catalog`,
+:class:`~h5forge.pack.writer.PackResult`, :class:`~h5forge.verify.checks.VerifyReport`,
+:class:`~h5forge.smoke.SmokeReport`, :class:`~h5forge.publish.storage.PublishResult`) and
+exchange paths, never arrays.
 
 The names below load on first use: DataLoader workers started with ``spawn`` import
-``tasks._fork`` and must not pay for importing Prefect and every stage.
+``tasks.fork`` and must not pay for importing Prefect and every stage.
 """
 
 from __future__ import annotations
@@ -14,23 +17,17 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "CatalogSummary": "tasks.discover",
     "discover_samples": "tasks.discover",
-    "FetchedSource": "tasks.fetch",
     "fetch_source": "tasks.fetch",
     "fetch_task": "tasks.fetch",
     "source_dir": "tasks.fetch",
     "pack_images": "tasks.pack",
-    "PublishSummary": "tasks.publish",
     "asset_key": "tasks.publish",
     "make_preview": "tasks.publish",
-    "preview_url": "tasks.publish",
     "publish_task": "tasks.publish",
     "render_report": "tasks.report",
     "write_report": "tasks.report",
-    "SmokeSummary": "tasks.smoke_load",
     "smoke_load_file": "tasks.smoke_load",
-    "VerifySummary": "tasks.verify",
     "check_manifest": "tasks.verify",
     "load_manifest": "tasks.verify",
     "verify_file": "tasks.verify",

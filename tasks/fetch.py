@@ -16,26 +16,17 @@ from prefect import Task, task
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 from prefect.utilities.hashing import hash_objects
-from pydantic import BaseModel, ConfigDict
 
-from h5forge.fetch.sources import fetch
+from h5forge.fetch.sources import FetchResult, fetch
 from h5forge.redact import canonical_url
-from tasks._common import run_name, with_retries
+from tasks.common import run_name, with_retries
 
-__all__ = ["FetchedSource", "fetch_source", "fetch_task", "source_dir"]
+__all__ = ["fetch_source", "fetch_task", "source_dir"]
 
 _KEY_VERSION = "h5forge-fetch-v1"
-
-
-class FetchedSource(BaseModel):
-    """Where the fetched dataset lies (small, JSON-serialisable: it is the cached result)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    root: str
-    source_url: str
-    sha256: str
-    cached: bool
+# The type of the cached result, named in its cache key: a record written while the task
+# returned another type (``tasks.fetch.FetchedSource``) reads back as a dict, so it must miss.
+_RESULT_TYPE = "h5forge.fetch.sources.FetchResult"
 
 
 def _source_key(source: str, sha256: str | None) -> str | None:
@@ -54,7 +45,7 @@ def _fetch_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str
     # Credentials (storage_options) are deliberately not part of the key: re-signed or rotated
     # credentials for the same pinned bytes must hit the same cache entry.
     key = _source_key(parameters["source"], parameters.get("sha256"))
-    return None if key is None else hash_objects(key, str(parameters["dest"]))
+    return None if key is None else hash_objects(key, str(parameters["dest"]), _RESULT_TYPE)
 
 
 _FETCH_CACHE = CachePolicy.from_cache_key_fn(_fetch_cache_key)
@@ -75,24 +66,22 @@ def fetch_source(
     sha256: str | None = None,
     download_cache: str | None = None,
     storage_options: dict[str, Any] | None = None,
-) -> FetchedSource:
-    """Fetch ``source`` into ``dest`` (see :func:`h5forge.fetch.sources.fetch`)."""
-    result = fetch(
+) -> FetchResult:
+    """Fetch ``source`` into ``dest`` (see :func:`h5forge.fetch.sources.fetch`).
+
+    The :class:`~h5forge.fetch.sources.FetchResult` is the cached result: Prefect's JSON
+    serializer writes a dataclass with its qualified name and reads it back as one.
+    """
+    return fetch(
         source,
         dest,
         sha256=sha256,
         storage_options=storage_options,
         cache_dir=download_cache,
     )
-    return FetchedSource(
-        root=str(result.root),
-        source_url=result.source_url,
-        sha256=result.sha256,
-        cached=result.cached,
-    )
 
 
-def fetch_task(cache_dir: str | Path, dest: Path) -> Task[..., FetchedSource]:
+def fetch_task(cache_dir: str | Path, dest: Path) -> Task[..., FetchResult]:
     """``fetch_source`` with its cache records kept under ``cache_dir``.
 
     Runs that fetch the same pinned source at the same time are serialised by

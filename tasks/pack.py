@@ -18,12 +18,13 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.cache_policies import NO_CACHE
 
 from h5forge.discover.catalog import Catalog
 from h5forge.errors import TooManyBadImagesError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
-from tasks._common import run_name
+from tasks.common import run_name
 
 __all__ = ["artifact_key", "pack_images", "quarantine_table"]
 
@@ -63,7 +64,9 @@ class _Progress:
         update_progress_artifact(self._id, 100.0 * done / max(total, 1))
 
 
-@task(name="pack", task_run_name=run_name("pack"))
+# NO_CACHE: a run packs into its own work folder, and hashing a large catalog to key a cache
+# that can never hit would cost time on every run.
+@task(name="pack", task_run_name=run_name("pack"), cache_policy=NO_CACHE)
 def pack_images(
     src: str | Catalog,
     *,

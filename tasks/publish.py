@@ -3,13 +3,13 @@
 The upload is a Prefect asset materialisation keyed by the destination URL, so every build of
 one destination shows up as one asset with its metadata (counts, sha256, bytes, format version).
 The preview PNG is rendered locally before publishing (a file that cannot be previewed is not
-published) and uploaded beside the asset afterwards; when only that upload fails, the error
+published) and uploaded beside the asset afterwards
+(:func:`h5forge.publish.preview.publish_preview`); when only that upload fails, the error
 (:class:`~h5forge.errors.PreviewPublishError`) says the asset itself was published.
 """
 
 from __future__ import annotations
 
-import contextlib
 import posixpath
 from pathlib import Path
 from typing import Any
@@ -19,50 +19,13 @@ from prefect.assets import Asset, AssetProperties, add_asset_metadata, materiali
 from prefect.tasks import MaterializingTask
 from prefect.types.names import MAX_ASSET_KEY_LENGTH, RESTRICTED_ASSET_CHARACTERS
 from prefect.utilities.hashing import hash_objects
-from pydantic import BaseModel, ConfigDict
 
-from h5forge.asset.open import url_to_fs
-from h5forge.errors import PreviewPublishError
-from h5forge.messages import describe_os_error
-from h5forge.publish.preview import write_preview
-from h5forge.publish.storage import publish, put_file
+from h5forge.publish.preview import preview_url, publish_preview, write_preview
+from h5forge.publish.storage import PublishResult, publish
 from h5forge.redact import redact_url
-from tasks._common import (
-    dataset_name,
-    retry_upload,
-    run_name,
-    with_retries,
-)
+from tasks.common import dataset_name, retry_upload, run_name, with_retries
 
-__all__ = [
-    "PREVIEW_SUFFIX",
-    "PublishSummary",
-    "asset_key",
-    "make_preview",
-    "preview_url",
-    "publish_task",
-]
-
-PREVIEW_SUFFIX = ".preview.png"
-
-
-class PublishSummary(BaseModel):
-    """Where the asset went (URLs redacted)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    url: str
-    manifest_url: str
-    preview_url: str
-    asset_key: str
-    sha256: str
-    bytes: int
-    unchanged: bool
-
-
-def preview_url(dest: str) -> str:
-    """The preview PNG's URL: the destination plus ``.preview.png``, beside the manifest."""
-    return dest + PREVIEW_SUFFIX
+__all__ = ["asset_key", "make_preview", "publish_task"]
 
 
 def asset_key(dest: str) -> str:
@@ -101,7 +64,7 @@ def _publish(
     overwrite: bool = False,
     metadata: dict[str, Any] | None = None,
     storage_options: dict[str, Any] | None = None,
-) -> PublishSummary:
+) -> PublishResult:
     """Publish ``local_file`` with its manifest (``metadata`` added to it) and its preview."""
     result = publish(
         local_file,
@@ -110,47 +73,25 @@ def _publish(
         overwrite=overwrite,
         extra={**(metadata or {}), "preview": posixpath.basename(preview_url(dest))},
     )
-    try:
-        # Temp name + rename at a local destination: a link planted at the name is replaced.
-        put_file(preview_png, preview_url(dest), storage_options=storage_options)
-    except OSError as e:
-        # The asset is committed (its manifest is written): say so, and leave no torn PNG.
-        fs, png_path = url_to_fs(preview_url(dest), storage_options)
-        with contextlib.suppress(OSError):
-            fs.rm_file(png_path)
-        raise PreviewPublishError(
-            f"{redact_url(result.url)} and its manifest were published; only the preview "
-            f"{redact_url(preview_url(dest))} could not be written: {describe_os_error(e)}",
-            url=redact_url(result.url),
-            manifest_url=redact_url(result.manifest_url),
-            preview_url=redact_url(preview_url(dest)),
-        ) from e
-    key = asset_key(dest)
+    preview = publish_preview(preview_png, dest, published=result, storage_options=storage_options)
     add_asset_metadata(
-        key,
+        asset_key(dest),
         {
             **(metadata or {}),
             "sha256": result.sha256,
             "bytes": result.bytes,
             "manifest_url": redact_url(result.manifest_url),
-            "preview_url": redact_url(preview_url(dest)),
+            "preview_url": preview,
         },
     )
-    return PublishSummary(
-        url=redact_url(result.url),
-        manifest_url=redact_url(result.manifest_url),
-        preview_url=redact_url(preview_url(dest)),
-        asset_key=key,
-        sha256=result.sha256,
-        bytes=result.bytes,
-        unchanged=result.unchanged,
-    )
+    return result
 
 
-def publish_task(dest: str, *, description: str = "") -> MaterializingTask[..., PublishSummary]:
+def publish_task(dest: str, *, description: str = "") -> MaterializingTask[..., PublishResult]:
     """The publish task for ``dest``: a materialisation of the asset keyed by :func:`asset_key`.
 
-    Call it as ``publish_task(dest)(local_file, dest, preview_png=..., ...)``.
+    Call it as ``publish_task(dest)(local_file, dest, preview_png=..., ...)``; the preview is at
+    :func:`h5forge.publish.preview.preview_url` of ``dest``.
     """
     asset = Asset(
         key=asset_key(dest),

@@ -1,4 +1,9 @@
-"""Report stage: the build's markdown report and the link to its preview, as artifacts."""
+"""Report stage: the build's markdown report and the link to its preview, as artifacts.
+
+The report is rendered from the stages' own results: the pack stage's
+:class:`~h5forge.pack.writer.PackResult`, the smoke-load's :class:`~h5forge.smoke.SmokeReport`
+and the publisher's :class:`~h5forge.publish.storage.PublishResult`.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,10 @@ from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from h5forge.pack.writer import PackResult
-from tasks._common import run_name
+from h5forge.publish.storage import PublishResult
+from h5forge.smoke.load import SmokeReport
+from tasks.common import run_name
 from tasks.pack import artifact_key
-from tasks.publish import PublishSummary
-from tasks.smoke_load import SmokeSummary
 
 __all__ = ["render_report", "viewable_url", "write_report"]
 
@@ -46,7 +51,7 @@ def _counts_table(counts: dict[str, dict[str, int]], classes: tuple[str, ...]) -
     return lines
 
 
-def _rate(stage: str, secs: float, pack: PackResult, smoke: SmokeSummary, mb: float) -> str:
+def _rate(stage: str, secs: float, pack: PackResult, smoke: SmokeReport, mb: float) -> str:
     if secs <= 0:
         return "–"
     if stage in ("discover", "pack", "verify"):
@@ -63,12 +68,16 @@ def render_report(
     dataset: str,
     source: str,
     pack: PackResult,
-    smoke: SmokeSummary,
-    published: PublishSummary,
+    smoke: SmokeReport,
+    published: PublishResult,
+    preview: str,
     format_version: int,
     stage_seconds: dict[str, float],
 ) -> str:
-    """The build report as markdown (pure function: the task only publishes it)."""
+    """The build report as markdown (pure function: the task only publishes it).
+
+    ``preview`` is the published preview's URL (redacted).
+    """
     n = pack.num_samples
     mb = published.bytes / 1e6
     lines = [
@@ -77,8 +86,7 @@ def render_report(
         f"- **asset**: `{published.url}` ({mb:,.1f} MB, format v{format_version})",
         f"- **sha256**: `{published.sha256}`",
         f"- **manifest**: `{published.manifest_url}`",
-        f"- **preview**: [{Path(published.preview_url).name}]"
-        f"({viewable_url(published.preview_url)})",
+        f"- **preview**: [{Path(preview).name}]({viewable_url(preview)})",
         f"- **source**: `{source}`",
         f"- **samples**: {n} in {pack.num_classes} classes; "
         f"**quarantined**: {pack.num_quarantined}",
@@ -105,8 +113,9 @@ def render_report(
         lines.append(f"| {stage} | {secs:,.2f} | {_rate(stage, secs, pack, smoke, mb)} |")
     lines.append(f"| **total** | {sum(stage_seconds.values()):,.2f} | |")
     per_method = "; ".join(
-        f"{m}: {r:,.0f} img/s after {smoke.startup_seconds.get(m, 0.0):.1f} s of worker start-up"
-        for m, r in smoke.per_method.items()
+        f"{m.start_method}: {round(m.images_per_second, 1):,.0f} img/s after "
+        f"{round(m.startup_seconds, 2):.1f} s of worker start-up"
+        for m in smoke.methods
     )
     lines += [
         "",

@@ -28,7 +28,7 @@ from h5forge.redact import redact_url
 from h5forge.scale.merge import merge_shards
 from h5forge.scale.plan import ShardSpec, plan_shards, shard_url
 from h5forge.scale.shards import ShardResult, find_done_shards, pack_shard
-from tasks._common import (
+from tasks.common import (
     retry_upload,
     run_name,
     with_retries,

@@ -6,27 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from prefect import get_run_logger, task
-from pydantic import BaseModel, ConfigDict
 
-from h5forge.smoke.load import smoke_load
-from tasks._common import run_name
-from tasks._fork import forget_inherited_prefect_services
+from h5forge.smoke.load import SmokeReport, smoke_load
+from tasks.common import run_name
+from tasks.fork import forget_inherited_prefect_services
 
-__all__ = ["SmokeSummary", "smoke_load_file"]
-
-
-class SmokeSummary(BaseModel):
-    """Samples checked; read rate and worker start-up time per start method."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: str
-    workers: int
-    samples_checked: int
-    images_per_second: float
-    per_method: dict[str, float]
-    startup_seconds: dict[str, float]
-    seconds: float
+__all__ = ["smoke_load_file"]
 
 
 @task(name="smoke-load", task_run_name=run_name("smoke-load"))
@@ -38,7 +23,7 @@ def smoke_load_file(
     batch_size: int = 32,
     start_methods: Sequence[str] = ("fork", "spawn"),
     storage_options: dict[str, Any] | None = None,
-) -> SmokeSummary:
+) -> SmokeReport:
     """Run :func:`h5forge.smoke.load.smoke_load`; an ``IntegrityError`` fails the run."""
     report = smoke_load(
         path,
@@ -49,19 +34,10 @@ def smoke_load_file(
         storage_options=storage_options,
         worker_init_fn=forget_inherited_prefect_services,
     )
-    per_method = {m.start_method: round(m.images_per_second, 1) for m in report.methods}
     get_run_logger().info(
         "smoke-load read %d samples with %d workers: %s img/s",
         report.samples_checked,
         workers,
-        per_method,
+        {m.start_method: round(m.images_per_second, 1) for m in report.methods},
     )
-    return SmokeSummary(
-        path=path,
-        workers=workers,
-        samples_checked=report.samples_checked,
-        images_per_second=report.images_per_second,
-        per_method=per_method,
-        startup_seconds={m.start_method: round(m.startup_seconds, 2) for m in report.methods},
-        seconds=report.seconds,
-    )
+    return report

@@ -2,43 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from prefect import get_run_logger, task
-from pydantic import BaseModel, ConfigDict
 
-from h5forge.publish.manifest import check_manifest as check_file_manifest
-from h5forge.publish.manifest import read_manifest
+from h5forge.publish import manifest as manifests
 from h5forge.redact import redact_url
-from h5forge.verify.checks import verify
-from tasks._common import (
-    run_name,
-    with_retries,
-)
+from h5forge.verify.checks import VerifyReport, verify
+from tasks.common import run_name, with_retries
 
-__all__ = ["VerifySummary", "check_manifest", "load_manifest", "verify_file"]
-
-
-class VerifySummary(BaseModel):
-    """A passed verification."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: str
-    num_samples: int
-    num_classes: int
-    bytes: int
-    sha256: str
-    checked_samples: int
-    format_version: int
-    seconds: float
+__all__ = ["check_manifest", "load_manifest", "verify_file"]
 
 
 @task(name="verify", task_run_name=run_name("verify"))
 def verify_file(
     path: str, *, sample_fraction: float = 1.0, storage_options: dict[str, Any] | None = None
-) -> VerifySummary:
+) -> VerifyReport:
     """Verify structure, counts, byte ranges, digests and the sha256 of ``path``.
+
+    Returns:
+        The library's report, its path redacted (it becomes a Prefect result).
 
     Raises:
         IntegrityError: one line per failing check; the run fails and nothing is published.
@@ -51,16 +35,7 @@ def verify_file(
         report.checked_samples,
         report.sha256,
     )
-    return VerifySummary(
-        path=redact_url(report.path),
-        num_samples=report.num_samples,
-        num_classes=report.num_classes,
-        bytes=report.bytes,
-        sha256=report.sha256,
-        checked_samples=report.checked_samples,
-        format_version=report.format_version,
-        seconds=report.seconds,
-    )
+    return dataclasses.replace(report, path=redact_url(report.path))
 
 
 @task(
@@ -69,19 +44,18 @@ def verify_file(
     **with_retries(3),
 )
 def load_manifest(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``.manifest.json`` beside ``url`` (see :func:`h5forge.publish.storage.read_manifest`)."""
-    return read_manifest(url, storage_options=storage_options)
+    """The ``.manifest.json`` beside ``url`` (:func:`h5forge.publish.manifest.read_manifest`)."""
+    return manifests.read_manifest(url, storage_options=storage_options)
 
 
 @task(name="check-manifest", task_run_name=run_name("check-manifest"))
-def check_manifest(url: str, *, manifest: dict[str, Any], report: VerifySummary) -> None:
-    """Compare what the file is (``report``) with what its published manifest promises
-    (see :func:`h5forge.publish.storage.check_manifest`).
+def check_manifest(url: str, *, manifest: dict[str, Any], report: VerifyReport) -> None:
+    """:func:`h5forge.publish.manifest.check_manifest` of what verify found (``report``).
 
     Raises:
         IntegrityError: size, sha256, counts or format version differ (all differences listed).
     """
-    check_file_manifest(
+    manifests.check_manifest(
         url,
         manifest,
         sha256=report.sha256,

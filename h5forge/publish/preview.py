@@ -1,7 +1,8 @@
-"""A labelled grid of sample images from an h5forge file, as PNG."""
+"""A labelled grid of sample images from an h5forge file, as PNG, published beside the asset."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -11,9 +12,15 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from h5forge.asset.open import is_local, url_to_fs
+from h5forge.errors import PreviewPublishError
 from h5forge.files import replace_file
+from h5forge.messages import describe_os_error
+from h5forge.publish.storage import PublishResult, put_file
+from h5forge.redact import redact_url
 
-__all__ = ["render_preview", "write_preview"]
+__all__ = ["PREVIEW_SUFFIX", "preview_url", "publish_preview", "render_preview", "write_preview"]
+
+PREVIEW_SUFFIX = ".preview.png"
 
 _LABEL_H = 14
 
@@ -72,3 +79,50 @@ def write_preview(
     else:
         fs.pipe_file(path, buf.getvalue())
     return out
+
+
+def preview_url(dest: str) -> str:
+    """The preview PNG's URL: the destination plus ``.preview.png``, beside the manifest."""
+    return dest + PREVIEW_SUFFIX
+
+
+def publish_preview(
+    png: str | os.PathLike[str],
+    dest: str,
+    *,
+    published: PublishResult,
+    storage_options: dict[str, Any] | None = None,
+) -> str:
+    """Upload the rendered preview ``png`` beside the asset just published at ``dest``.
+
+    At a local destination it is written under a temp name and renamed, so a link planted at
+    the name is replaced. A failed upload leaves no torn PNG behind.
+
+    Args:
+        png: the local PNG (from :func:`write_preview`).
+        dest: the asset's URL, as given to :func:`h5forge.publish.storage.publish`.
+        published: what that publish did (named in the error).
+        storage_options: fsspec options of ``dest``.
+
+    Returns:
+        The preview's URL, redacted.
+
+    Raises:
+        PreviewPublishError: the upload failed; the message says the asset and its manifest
+            were published (the cause is ``__cause__``).
+    """
+    url = preview_url(dest)
+    try:
+        put_file(os.fspath(png), url, storage_options=storage_options)
+    except OSError as e:
+        fs, png_path = url_to_fs(url, storage_options)
+        with contextlib.suppress(OSError):
+            fs.rm_file(png_path)
+        raise PreviewPublishError(
+            f"{redact_url(published.url)} and its manifest were published; only the preview "
+            f"{redact_url(url)} could not be written: {describe_os_error(e)}",
+            url=redact_url(published.url),
+            manifest_url=redact_url(published.manifest_url),
+            preview_url=redact_url(url),
+        ) from e
+    return redact_url(url)

@@ -45,6 +45,10 @@ from tests.deployments._processes import (
             id="overrides",
         ),
         pytest.param({"H5FORGE_NIGHTLY_SOURCE": ""}, ServeOptions(), id="empty-is-unset"),
+        pytest.param(
+            {"XDG_CACHE_HOME": "/c"}, ServeOptions(cache_dir="/c/h5forge"), id="cache-home"
+        ),
+        pytest.param({"XDG_CACHE_HOME": ""}, ServeOptions(), id="empty-cache-home-is-unset"),
     ],
 )
 def test_options_from_env(environ: dict[str, str], expected: ServeOptions) -> None:
@@ -81,6 +85,14 @@ def test_runner_deployments_apply_options() -> None:
     schedules = [s for d in served.values() for s in d.schedules or []]
     assert len(schedules) == 2
     assert not any(s.active for s in schedules)
+
+
+def test_runner_deployments_give_the_builds_the_cache_dir() -> None:
+    served = {d.name: d for d in runner_deployments(ServeOptions(cache_dir="/c/h5forge"))}
+
+    assert served[ON_DEMAND].parameters["cache_dir"] == "/c/h5forge"
+    assert served[NIGHTLY].parameters["cache_dir"] == "/c/h5forge"
+    assert "cache_dir" not in served[NIGHTLY_VERIFY].parameters  # the re-verify fetches nothing
 
 
 def test_load_specs_rejects_a_file_without_deployments(tmp_path: Path) -> None:

@@ -289,7 +289,7 @@ def test_build_config_accepts_dask_addresses(address: str) -> None:
 def test_cli_build_takes_the_executor_options(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from deployments.cli import app
 
     args = ["build", str(tmp_path), str(tmp_path / "out.h5"), "--executor", "dask"]
     missing = CliRunner().invoke(app, args)

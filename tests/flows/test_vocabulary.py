@@ -19,7 +19,7 @@ import typer.main
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from flows.cli import app
+from deployments.cli import app
 from flows.config import BuildConfig
 from h5forge.cli_options import pack_default
 from h5forge.options import CODEC_LEVELS, PACK_OPTIONS, OptionError, format_size, option

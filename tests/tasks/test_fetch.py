@@ -7,13 +7,15 @@ from pathlib import Path
 
 import pytest
 from prefect import flow
+from prefect.serializers import JSONSerializer
 from prefect.states import Failed
 
 from h5forge.demo import write_image_folder
 from h5forge.errors import ChecksumError, UnsafeArchiveError
+from h5forge.fetch.sources import FetchResult
 from h5forge.hashing import sha256_file
-from tasks._common import retry_if_transient, retry_upload
-from tasks.fetch import FetchedSource, _fetch_cache_key, fetch_source, fetch_task, source_dir
+from tasks.common import retry_if_transient, retry_upload
+from tasks.fetch import _fetch_cache_key, fetch_source, fetch_task, source_dir
 from tests.fixtures.prefect import flow_run_task_runs
 
 SHA = "ab" * 32
@@ -53,10 +55,10 @@ def test_source_dir_is_stable_per_pinned_source(tmp_path: Path) -> None:
 
 def test_fetch_task_function_extracts_the_archive(archive: Path, tmp_path: Path) -> None:
     got = fetch_source.fn(str(archive), dest=str(tmp_path / "src"), sha256=sha256_file(archive))
-    assert isinstance(got, FetchedSource)
+    assert isinstance(got, FetchResult)
     assert sorted(p.name for p in Path(got.root).iterdir()) == ["a", "b"]
     assert got.sha256 == sha256_file(archive)
-    assert FetchedSource.model_validate_json(got.model_dump_json()) == got
+    assert JSONSerializer().loads(JSONSerializer().dumps(got)) == got  # the cached result
 
 
 def test_fetch_task_function_rejects_a_wrong_checksum(archive: Path, tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from prefect.assets import Asset
 
-from tasks.publish import asset_key, preview_url
+from h5forge.publish.preview import preview_url
+from tasks.publish import asset_key
 
 
 @pytest.mark.parametrize(

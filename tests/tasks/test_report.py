@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from h5forge.pack.writer import PackResult
+from h5forge.publish.storage import PublishResult
+from h5forge.smoke.load import MethodReport, SmokeReport
 from tasks.pack import artifact_key
-from tasks.publish import PublishSummary
 from tasks.report import render_report, viewable_url
-from tasks.smoke_load import SmokeSummary
 
 
 def _render(quarantined: int) -> str:
@@ -23,20 +23,24 @@ def _render(quarantined: int) -> str:
         bytes=1000,
         seconds=1.0,
     )
-    smoke = SmokeSummary(
-        path="/w/x.h5",
+    smoke = SmokeReport(
+        url="/w/x.h5",
         workers=2,
+        batch_size=32,
+        methods=(
+            MethodReport(
+                "fork", samples=4, seconds=0.5, startup_seconds=0.1, images_per_second=900.0
+            ),
+            MethodReport(
+                "spawn", samples=4, seconds=3.5, startup_seconds=3.2, images_per_second=400.0
+            ),
+        ),
         samples_checked=8,
-        images_per_second=400.0,
-        per_method={"fork": 900.0, "spawn": 400.0},
-        startup_seconds={"fork": 0.1, "spawn": 3.2},
         seconds=4.0,
     )
-    published = PublishSummary(
+    published = PublishResult(
         url="s3://b/x.h5",
         manifest_url="s3://b/x.h5.manifest.json",
-        preview_url="s3://b/x.h5.preview.png",
-        asset_key="s3://b/x.h5",
         sha256="f" * 64,
         bytes=2_000_000,
         unchanged=False,
@@ -47,6 +51,7 @@ def _render(quarantined: int) -> str:
         pack=pack,
         smoke=smoke,
         published=published,
+        preview="s3://b/x.h5.preview.png",
         format_version=1,
         stage_seconds={"fetch": 1.0, "pack": 2.0, "smoke-load": 4.0, "publish": 0.5},
     )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import multiprocessing
+import sys
+import threading
 
 import pytest
 from prefect import flow, task
 
-from tasks._fork import forget_inherited_prefect_services
+from tasks.fork import forget_inherited_prefect_services
 
 
 def _child() -> None:
@@ -34,5 +36,23 @@ def test_a_process_forked_inside_a_task_exits_cleanly_with_the_hook(prefect_harn
     assert _flow() == 0
 
 
-def test_the_hook_is_a_no_op_without_prefect_services() -> None:
+def _plain_hook() -> None:
+    """An at-exit hook that belongs to no Prefect service."""
+
+
+@pytest.mark.parametrize("prefect_loaded", [True, False])
+def test_the_hook_is_a_no_op_without_prefect_services(
+    monkeypatch: pytest.MonkeyPatch, prefect_loaded: bool
+) -> None:
+    # No-op: threading's at-exit hook list is the same list, holding the same hooks, whether
+    # Prefect is loaded (with no service hook registered) or not loaded at all (under spawn).
+    services = "prefect._internal.concurrency.services"
+    if prefect_loaded:
+        __import__(services)
+    else:
+        monkeypatch.delitem(sys.modules, services, raising=False)
+    hooks = [_plain_hook]
+    monkeypatch.setattr(threading, "_threading_atexits", hooks)
     forget_inherited_prefect_services(0)
+    assert threading._threading_atexits is hooks  # type: ignore[attr-defined]
+    assert hooks == [_plain_hook]

@@ -1,8 +1,13 @@
 """The ``h5forge`` console script: the library's commands plus ``build`` and ``demo`` (Prefect).
 
-``build`` and ``demo`` run the ``build-h5-dataset`` flow in this process. With no
-``PREFECT_API_URL`` set, Prefect starts a temporary local server for the run and stops it at the
-end, so both work offline on a fresh machine.
+Its app is its own: the library's commands (``pack``, ``verify``, ``inspect`` of
+:data:`h5forge.cli.app`, which stays Prefect-free) are added to it unchanged, and ``build`` and
+``demo`` are registered on it here, explicitly. Run it as ``h5forge`` or
+``python -m deployments.cli``.
+
+``build`` and ``demo`` run the ``build-h5-dataset`` flow in this process
+(:mod:`deployments.local_run`). With no ``PREFECT_API_URL`` set, a temporary local server is
+started for the run and stopped at the end, so both work offline on a fresh machine.
 
 Exit codes (the table of :mod:`h5forge.cli`): 0 success; 1 the build or an integrity check
 failed; 2 usage error (bad option, a local source that is not there, a destination that exists
@@ -13,8 +18,6 @@ second, not the ~18 s of starting Prefect.
 
 from __future__ import annotations
 
-import logging
-import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,24 +25,17 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from flows.temporary_server import STARTUP_SETTING, ServerStartError, start_temporary_server
-from h5forge.cli import app
+from deployments.local_run import run_build
+from h5forge.cli import app as library_app
 from h5forge.cli_exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
 from h5forge.cli_options import check_pack_options, with_pack_options
-from h5forge.errors import DestinationExistsError, H5ForgeError, PreviewPublishError
-from h5forge.messages import describe_os_error, os_error_in
+from h5forge.messages import describe_os_error
 from h5forge.options import OptionError
-from h5forge.redact import redact_text
 from h5forge.text import printable
 
-__all__ = ["app", "main"]
+__all__ = ["DEFAULT_DEMO_DEST", "app", "build", "demo", "main"]
 
 DEFAULT_DEMO_DEST = Path("h5forge-demo") / "demo.h5"
-
-# How long build and demo wait for their temporary Prefect server unless STARTUP_SETTING is
-# set: a first start (it creates its SQLite database) took over 20 s, Prefect's default, on a
-# 2-core machine with a load of ~3.
-EPHEMERAL_STARTUP_TIMEOUT_S = 180.0
 
 
 class Executor(str, Enum):
@@ -47,41 +43,6 @@ class Executor(str, Enum):
 
     local = "local"
     dask = "dask"
-
-
-class _NoTraceback(logging.Formatter):
-    """Console formatter that leaves tracebacks out (the API log handler still records them)."""
-
-    def __init__(self, inner: logging.Formatter | None) -> None:
-        super().__init__()
-        self._inner = inner or logging.Formatter()
-
-    def format(self, record: logging.LogRecord) -> str:
-        if record.exc_info or record.exc_text or record.stack_info:
-            # A copy, so the handlers that run after this one still see the traceback.
-            record = logging.makeLogRecord(
-                {**record.__dict__, "exc_info": None, "exc_text": None, "stack_info": None}
-            )
-        return self._inner.format(record)
-
-
-def _quiet_console_tracebacks() -> None:
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    loggers = [
-        logging.getLogger(),
-        *(
-            logging.getLogger(name)
-            for name in list(logging.root.manager.loggerDict)
-            if name.startswith("prefect")
-        ),
-    ]
-    for logger in loggers:
-        for handler in logger.handlers:
-            if isinstance(handler, PrefectConsoleHandler) and not isinstance(
-                handler.formatter, _NoTraceback
-            ):
-                handler.setFormatter(_NoTraceback(handler.formatter))
 
 
 def _config_error(e: ValidationError) -> typer.Exit:
@@ -96,83 +57,6 @@ def _config_error(e: ValidationError) -> typer.Exit:
         where = ".".join(str(p) for p in err["loc"]) or "config"
         lines.append(f"{where}: {cause if isinstance(cause, Exception) else err['msg']}")
     return fail("invalid options: " + "; ".join(lines), EXIT_USAGE)
-
-
-def _startup_bound() -> float:
-    """Seconds to wait for the temporary server: the user's setting, else our default."""
-    raw = os.environ.get(STARTUP_SETTING)
-    if raw is None:
-        return EPHEMERAL_STARTUP_TIMEOUT_S
-    try:
-        return float(raw)
-    except ValueError:
-        raise fail(
-            f"{STARTUP_SETTING}={printable(raw)} is not a number of seconds", EXIT_USAGE
-        ) from None
-
-
-def _run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
-    """Run the flow; map failures to an exit code and one paragraph (no traceback).
-
-    With no ``PREFECT_API_URL`` the run gets its own temporary server (see
-    :mod:`flows.temporary_server`), started before Prefect is imported so that Prefect's
-    settings see its URL.
-    """
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    if os.environ.get("PREFECT_API_URL"):
-        return _run_flow(config, cache_dir, debug)
-    try:
-        start_temporary_server(_startup_bound(), lambda line: typer.echo(line, err=True))
-    except ServerStartError as e:
-        raise fail(str(e), EXIT_FAILURE) from e
-    return _run_flow(config, cache_dir, debug)
-
-
-def _run_flow(config: Any, cache_dir: Path | None, debug: bool) -> Any:
-    from flows.build import build_dataset
-
-    if not debug:
-        _quiet_console_tracebacks()
-    try:
-        return build_dataset(config, cache_dir=str(cache_dir) if cache_dir else None)
-    except DestinationExistsError as e:
-        raise usage_error(e) from e
-    except PreviewPublishError as e:  # the asset is there: say so, not "nothing was published"
-        raise fail(f"build failed after publishing: {redact_text(str(e))}", EXIT_FAILURE) from e
-    except (FileExistsError, FileNotFoundError, ValidationError) as e:
-        raise usage_error(_redacted(e)) from e
-    except OSError as e:
-        raise fail(
-            f"build failed, nothing was published: "
-            f"{redact_text(describe_os_error(e, overwrite_flag='--overwrite'))}",
-            EXIT_FAILURE,
-        ) from e
-    except H5ForgeError as e:
-        cause = os_error_in(e)
-        text = describe_os_error(cause) if cause is not None else str(e)
-        raise fail(f"build failed, nothing was published: {redact_text(text)}", EXIT_FAILURE) from e
-    except ValueError as e:
-        raise fail(redact_text(str(e)), EXIT_USAGE) from e
-    except Exception as e:  # noqa: BLE001 - the CLI's job: one paragraph instead of a traceback
-        if debug:
-            raise
-        cause = os_error_in(e)
-        text = (
-            describe_os_error(cause)
-            if cause is not None
-            else (f"{type(e).__name__}: {redact_text(str(e))}")
-        )
-        raise fail(
-            f"build failed, nothing was published: {text} (run with --debug for the traceback)",
-            EXIT_FAILURE,
-        ) from e
-
-
-def _redacted(e: BaseException) -> BaseException:
-    """``e`` with its message redacted, for a usage line (same type, errno kept)."""
-    text = describe_os_error(e) if isinstance(e, OSError) else str(e)
-    new = type(e)(redact_text(text)) if isinstance(e, OSError) else ValueError(redact_text(text))
-    return new
 
 
 def _print_summary(summary: Any) -> None:
@@ -215,7 +99,6 @@ def _check_paths(config: Any) -> None:
         raise usage_error(e) from e
 
 
-@app.command()
 @with_pack_options
 def build(
     source: Annotated[str, typer.Argument(help="local folder/archive or fsspec URL of images")],
@@ -278,10 +161,9 @@ def build(
     except ValidationError as e:
         raise _config_error(e) from e
     _check_paths(config)
-    _print_summary(_run_build(config, cache_dir, debug))
+    _print_summary(run_build(config, cache_dir, debug))
 
 
-@app.command()
 def demo(
     dest: Annotated[Path, typer.Argument(help="where to publish the demo .h5")] = DEFAULT_DEMO_DEST,
     cache_dir: Annotated[
@@ -313,7 +195,18 @@ def demo(
         destination=str(dest.resolve()),
         overwrite=True,
     )
-    _print_summary(_run_build(config, cache_dir, debug))
+    _print_summary(run_build(config, cache_dir, debug))
+
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help=library_app.info.help,
+)
+app.command()(build)
+app.command()(demo)
+app.add_typer(library_app)  # no name: pack, verify and inspect become commands of this app
 
 
 def main() -> None:

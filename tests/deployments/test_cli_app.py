@@ -1,0 +1,22 @@
+"""The console script's app: the library's commands plus ``build`` and ``demo``, registered on
+an app of its own, so that ``h5forge.cli.app`` stays the Prefect-free library CLI."""
+
+from __future__ import annotations
+
+import typer
+
+from deployments.cli import app
+from h5forge.cli import app as library_app
+
+
+def _names(cli: typer.Typer) -> set[str]:
+    return set(typer.main.get_command(cli).commands)  # type: ignore[attr-defined]
+
+
+def test_the_console_script_has_the_library_commands_and_build_and_demo() -> None:
+    assert _names(app) == _names(library_app) | {"build", "demo"}
+
+
+def test_loading_the_console_script_leaves_the_library_app_alone() -> None:
+    assert app is not library_app
+    assert {"build", "demo"}.isdisjoint(_names(library_app))
