@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE / "data"
 RESULTS = HERE / "RESULTS.md"
 
 

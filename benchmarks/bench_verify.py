@@ -14,7 +14,6 @@ import hashlib
 from pathlib import Path
 
 from benchmarks._common import (
-    DATA,
     best,
     image_root,
     interleave,
@@ -23,6 +22,7 @@ from benchmarks._common import (
     table,
     verdict,
 )
+from benchmarks.photoset import DATA
 
 
 def _hashlib(path: Path) -> str:

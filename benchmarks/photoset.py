@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from benchmarks._common import DATA
-
+#: Generated inputs and files of every benchmark (git-ignored); ``_common`` re-uses it.
+DATA = Path(__file__).resolve().parent / "data"
 CLASSES = 10
 _SHAPES = ((375, 500), (333, 500), (375, 500), (500, 375))  # (H, W)
 

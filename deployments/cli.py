@@ -1,7 +1,7 @@
 """The ``h5forge`` console script: the library's commands plus ``build`` and ``demo`` (Prefect).
 
 Its app is its own: the library's commands (``pack``, ``verify``, ``inspect`` of
-:data:`h5forge.cli.app`, which stays Prefect-free) are added to it unchanged, and ``build`` and
+:data:`h5forge.cli.app.app`, which stays Prefect-free) are added to it unchanged, and ``build`` and
 ``demo`` are registered on it here, explicitly. Run it as ``h5forge`` or
 ``python -m deployments.cli``.
 
@@ -9,7 +9,7 @@ Its app is its own: the library's commands (``pack``, ``verify``, ``inspect`` of
 (:mod:`deployments.local_run`). With no ``PREFECT_API_URL`` set, a temporary local server is
 started for the run and stopped at the end, so both work offline on a fresh machine.
 
-Exit codes (the table of :mod:`h5forge.cli`): 0 success; 1 the build or an integrity check
+Exit codes (the table of :mod:`h5forge.cli.exits`): 0 success; 1 the build or an integrity check
 failed; 2 usage error (bad option, a local source that is not there, a destination that exists
 without ``--overwrite``, is read-only, full or inside the source, unknown credentials block).
 Every argument is checked before Prefect is imported, so a usage error costs well under a
@@ -26,9 +26,9 @@ import typer
 from pydantic import ValidationError
 
 from deployments.local_run import run_build
-from h5forge.cli import app as library_app
-from h5forge.cli_exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
-from h5forge.cli_options import check_pack_options, with_pack_options
+from h5forge.cli.app import app as library_app
+from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
+from h5forge.cli.options import check_pack_options, with_pack_options
 from h5forge.messages import describe_os_error
 from h5forge.options import OptionError
 from h5forge.text import printable

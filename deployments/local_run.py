@@ -3,7 +3,7 @@
 With no ``PREFECT_API_URL`` the run gets its own temporary server
 (:mod:`deployments.temporary_server`), started before Prefect is imported so that Prefect's
 settings see its URL. A failure becomes an exit code and one paragraph, without a traceback
-(``--debug`` shows it); the exit codes are the table of :mod:`h5forge.cli`.
+(``--debug`` shows it); the exit codes are the table of :mod:`h5forge.cli.exits`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from deployments.temporary_server import (
     ServerStartError,
     start_temporary_server,
 )
-from h5forge.cli_exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
+from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
 from h5forge.errors import DestinationExistsError, H5ForgeError, PreviewPublishError
 from h5forge.messages import describe_os_error, os_error_in
 from h5forge.redact import redact_text

@@ -17,15 +17,13 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from h5forge.errors import UnsafeArchiveError
 from h5forge.progress import Progress
 
-if TYPE_CHECKING:
-    from h5forge.fetch.http import Limits
-
 __all__ = [
+    "Limits",
     "Retry",
     "State",
     "accept",
@@ -35,6 +33,20 @@ __all__ = [
     "trailing",
     "why",
 ]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one download (``fetch`` documents each; all validated there)."""
+
+    retries: int  # failed attempts in a row without progress
+    timeout: float  # seconds of silence per read; also the bound on a response head
+    backoff: float  # first retry delay; doubles per failure, with jitter
+    max_bytes: int  # most bytes accepted, over the whole download
+    max_attempts: int  # most attempts in all, progress or not
+    total_timeout: float  # seconds for the whole download, retries and waits included
+    min_rate: float  # bytes/s averaged over each ``timeout`` seconds of body; 0 disables
+
 
 log = logging.getLogger("h5forge.fetch.sources")
 

@@ -29,33 +29,19 @@ import random
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-from h5forge.fetch.body import Retry, State, accept, restart, stream, trailing, why
+from h5forge.fetch.body import Limits, Retry, State, accept, restart, stream, trailing, why
 from h5forge.fetch.cache import create_part
 from h5forge.fetch.connect import check_headers, open_response
 from h5forge.progress import Progress, progress_bar
 from h5forge.redact import redact_text, redact_url
 
-__all__ = ["Limits", "download"]
+__all__ = ["download"]
 
 log = logging.getLogger("h5forge.fetch.sources")
 
 _MAX_DELAY = 30.0
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds of one download (``fetch`` documents each; all validated there)."""
-
-    retries: int  # failed attempts in a row without progress
-    timeout: float  # seconds of silence per read; also the bound on a response head
-    backoff: float  # first retry delay; doubles per failure, with jitter
-    max_bytes: int  # most bytes accepted, over the whole download
-    max_attempts: int  # most attempts in all, progress or not
-    total_timeout: float  # seconds for the whole download, retries and waits included
-    min_rate: float  # bytes/s averaged over each ``timeout`` seconds of body; 0 disables
 
 
 def _check_status(resp: http.client.HTTPResponse, shown: str) -> None:

@@ -21,11 +21,12 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from h5forge.fetch.body import Limits
 from h5forge.fetch.cache import cached_download, check_digest
 from h5forge.fetch.connect import check_headers
 from h5forge.fetch.dest import already_extracted, check_dest, single_root, write_marker
 from h5forge.fetch.extract import detect_archive, safe_extract
-from h5forge.fetch.http import Limits, download
+from h5forge.fetch.http import download
 from h5forge.fetch.objects import copy_prefix, stream_object
 from h5forge.fetch.staging import commit, discard, exclusive
 from h5forge.hashing import sha256_file

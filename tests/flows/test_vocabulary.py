@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from deployments.cli import app
 from flows.config import BuildConfig
-from h5forge.cli_options import pack_default
+from h5forge.cli.options import pack_default
 from h5forge.options import CODEC_LEVELS, PACK_OPTIONS, OptionError, format_size, option
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack

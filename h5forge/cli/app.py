@@ -1,11 +1,12 @@
 """``h5forge`` command line: pack, verify and inspect, without Prefect.
 
 Exit codes, the same for every command (``build`` and ``demo`` included): 0 success, 1
-integrity or run failure, 2 usage error; the table is in :mod:`h5forge.cli_exits`.
+integrity or run failure, 2 usage error; the table is in :mod:`h5forge.cli.exits`.
 
 The pack options come from :mod:`h5forge.options` (one name, type, default, bounds and help
-each), shared with ``build`` and the build form through :mod:`h5forge.cli_options`. The Prefect
-commands (``build``, ``demo``) are added to this app by ``flows/cli.py``.
+each), shared with ``build`` and the build form through :mod:`h5forge.cli.options`. The Prefect
+commands (``build``, ``demo``) live in the console script, :mod:`deployments.cli`, which adds
+this app's commands to its own.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Annotated, Any
 
 import typer
 
-from h5forge.cli_exits import EXIT_USAGE, fail, run_guarded, usage_error
-from h5forge.cli_options import check_pack_options, with_pack_options
-from h5forge.cli_summary import format_summary
+from h5forge.cli.exits import EXIT_USAGE, fail, run_guarded, usage_error
+from h5forge.cli.options import check_pack_options, with_pack_options
+from h5forge.cli.summary import format_summary
 from h5forge.errors import IntegrityError
 from h5forge.text import printable
 
@@ -206,7 +207,3 @@ def inspect(
 def main() -> None:
     """Console entry point of the library-only CLI."""
     app()
-
-
-if __name__ == "__main__":
-    main()

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from h5forge.cli_exits import usage_error
+from h5forge.cli.exits import usage_error
 from h5forge.options import (
     PACK_OPTIONS,
     OptionError,
