@@ -9,7 +9,6 @@ staging folder (:func:`h5forge.scale.shards.find_done_shards`), not by Prefect's
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,16 +17,15 @@ from prefect import get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field
 
-from h5forge.asset.open import url_to_fs
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import TooManyBadImagesError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult
-from h5forge.publish.manifest import MANIFEST_SUFFIX
 from h5forge.redact import redact_url
 from h5forge.scale.merge import merge_shards
-from h5forge.scale.plan import ShardSpec, plan_shards, shard_url
+from h5forge.scale.plan import ShardSpec, plan_shards
 from h5forge.scale.shards import ShardResult, find_done_shards, pack_shard
+from h5forge.scale.shards import remove_shards as remove_shard_files
 from tasks.common import (
     retry_upload,
     run_name,
@@ -219,20 +217,8 @@ def merge_task(
 def remove_shards(
     staging: str, specs: Sequence[ShardSpec], *, storage_options: dict[str, Any] | None = None
 ) -> int:
-    """Delete the plan's shards from ``staging`` once the merged asset is published.
-
-    Each manifest goes before its file, so no reader pairs a manifest with a missing file.
-    Returns the number of files deleted.
-    """
-    fs, _ = url_to_fs(staging, storage_options)
-    removed = 0
-    for spec in specs:
-        _, path = url_to_fs(shard_url(staging, spec), storage_options)
-        for name in (path + MANIFEST_SUFFIX, path):
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm_file(name)
-                removed += 1
-    return removed
+    """:func:`h5forge.scale.shards.remove_shards`, once the merged asset is published."""
+    return remove_shard_files(staging, specs, storage_options=storage_options)
 
 
 def executor_section(

@@ -55,12 +55,4 @@ def check_manifest(url: str, *, manifest: dict[str, Any], report: VerifyReport) 
     Raises:
         IntegrityError: size, sha256, counts or format version differ (all differences listed).
     """
-    manifests.check_manifest(
-        url,
-        manifest,
-        sha256=report.sha256,
-        bytes=report.bytes,
-        num_samples=report.num_samples,
-        num_classes=report.num_classes,
-        format_version=report.format_version,
-    )
+    manifests.check_verified(url, manifest, report)

@@ -87,7 +87,7 @@ def _verify_with_manifest(
     Returns the report and the manifest URL checked (None when there is none beside the file).
     A manifest that changed while the file was verified (a republish) is checked again.
     """
-    from h5forge.publish.manifest import check_manifest, read_manifest
+    from h5forge.publish.manifest import check_verified, read_manifest
     from h5forge.publish.manifest import manifest_url as sidecar
     from h5forge.summary import summarize
 
@@ -113,17 +113,7 @@ def _verify_with_manifest(
     if manifest is None:
         return report, None
     counts = run_guarded(summarize, file)["counts"] if "counts" in manifest else None
-    run_guarded(
-        check_manifest,
-        file,
-        manifest,
-        sha256=report.sha256,
-        bytes=report.bytes,
-        num_samples=report.num_samples,
-        num_classes=report.num_classes,
-        format_version=report.format_version,
-        counts=counts,
-    )
+    run_guarded(check_verified, file, manifest, report, counts=counts)
     return report, target
 
 

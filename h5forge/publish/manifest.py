@@ -11,14 +11,18 @@ import datetime as dt
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
 from h5forge.errors import IntegrityError
 from h5forge.redact import REDACTED, is_sensitive_key, redact_storage_options, redact_url
 
+if TYPE_CHECKING:
+    from h5forge.verify.checks import VerifyReport
+
 __all__ = [
+    "check_verified",
     "COMPUTED_FIELDS",
     "FORMAT_NAME",
     "MANIFEST_SUFFIX",
@@ -104,6 +108,30 @@ def check_manifest(
             f"{redact_url(url)} does not match its manifest (sha256, size, counts, format version)",
             failures,
         )
+
+
+def check_verified(
+    url: str,
+    manifest: Mapping[str, Any],
+    report: VerifyReport,
+    *,
+    counts: Mapping[str, Mapping[str, int]] | None = None,
+) -> None:
+    """:func:`check_manifest` of what :func:`h5forge.verify.checks.verify` found in the file.
+
+    Raises:
+        IntegrityError: one line per disagreement (see :func:`check_manifest`).
+    """
+    check_manifest(
+        url,
+        manifest,
+        sha256=report.sha256,
+        bytes=report.bytes,
+        num_samples=report.num_samples,
+        num_classes=report.num_classes,
+        format_version=report.format_version,
+        counts=counts,
+    )
 
 
 def load_manifest(fs: Any, path: str, shown: str) -> dict[str, Any] | None:

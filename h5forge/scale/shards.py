@@ -34,7 +34,7 @@ from h5forge.publish.manifest import MANIFEST_SUFFIX, read_manifest
 from h5forge.publish.storage import publish
 from h5forge.scale.plan import ShardSpec, shard_catalog, shard_url
 
-__all__ = ["SHARD_KIND", "ShardResult", "find_done_shards", "pack_shard"]
+__all__ = ["SHARD_KIND", "ShardResult", "find_done_shards", "pack_shard", "remove_shards"]
 
 #: The ``kind`` field of a shard manifest (a published asset's manifest has none).
 SHARD_KIND = "h5forge-shard"
@@ -195,3 +195,22 @@ def find_done_shards(
             continue
         done.add(spec.index)
     return done
+
+
+def remove_shards(
+    staging: str, specs: Sequence[ShardSpec], *, storage_options: dict[str, Any] | None = None
+) -> int:
+    """Delete the plan's shards from ``staging`` (once the merged asset is published).
+
+    Each manifest goes before its file, so no reader pairs a manifest with a missing file.
+    Returns the number of files deleted.
+    """
+    fs, _ = fsspec.core.url_to_fs(staging, **(storage_options or {}))
+    removed = 0
+    for spec in specs:
+        _, path = fsspec.core.url_to_fs(shard_url(staging, spec), **(storage_options or {}))
+        for name in (path + MANIFEST_SUFFIX, path):
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(name)
+                removed += 1
+    return removed
