@@ -119,33 +119,19 @@ ATTR_DESCRIPTIONS: dict[str, str] = {
     A_SEALED: "bool, written last, after verification; a file without it is not valid",
 }
 
+_INDEX = (
+    LABELS,
+    CLASSES,
+    SPLITS,
+    SPLIT_NAMES,
+    PATHS,
+    DIGESTS,
+    QUARANTINE_PATHS,
+    QUARANTINE_REASONS,
+)
 REQUIRED_DATASETS: dict[Storage, tuple[str, ...]] = {
-    "array": (
-        IMAGES,
-        BYTE_RANGES,
-        LABELS,
-        CLASSES,
-        SPLITS,
-        SPLIT_NAMES,
-        PATHS,
-        DIGESTS,
-        QUARANTINE_PATHS,
-        QUARANTINE_REASONS,
-    ),
-    "blob": (
-        IMAGES,
-        OFFSETS,
-        SHAPES,
-        BYTE_RANGES,
-        LABELS,
-        CLASSES,
-        SPLITS,
-        SPLIT_NAMES,
-        PATHS,
-        DIGESTS,
-        QUARANTINE_PATHS,
-        QUARANTINE_REASONS,
-    ),
+    "array": (IMAGES, BYTE_RANGES, *_INDEX),
+    "blob": (IMAGES, OFFSETS, SHAPES, BYTE_RANGES, *_INDEX),
 }
 
 
