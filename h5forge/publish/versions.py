@@ -1,0 +1,204 @@
+"""Immutable, content-addressed versions of an asset and the ``NAME.latest.json`` pointer.
+
+An asset named by its base URL ``BASE`` (``s3://bucket/flowers``; a destination
+``s3://bucket/flowers.h5`` names the same asset) keeps each version under a key derived from
+the file's sha256, never written over::
+
+    BASE/v/<first 16 hex of sha256>/NAME.h5            the file
+    BASE/v/<first 16 hex of sha256>/NAME.h5.manifest.json
+    BASE.latest.json                                   the pointer, written last
+
+The pointer is the commit marker for "latest": one small JSON object naming the version's full
+sha256, written in one step (temp file, fsync and rename on a local disk; one PUT on an object
+store). A pointer is untrusted input like any file: it is size-bounded, and the version's path
+is recomputed from its name and digest, never taken from the pointer, so a pointer can only
+ever name a version of its own asset.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from h5forge.asset.open import url_to_fs
+from h5forge.publish.copy import put
+from h5forge.redact import redact_url
+
+__all__ = [
+    "POINTER_FORMAT",
+    "POINTER_SUFFIX",
+    "Pointer",
+    "asset_base",
+    "pointer_url",
+    "read_pointer",
+    "resolve_version",
+    "version_key",
+    "version_url",
+    "write_pointer",
+]
+
+POINTER_SUFFIX = ".latest.json"
+POINTER_FORMAT = "h5forge-latest"
+_POINTER_VERSION = 1
+_MAX_POINTER_BYTES = 64 * 1024  # a pointer is a few hundred bytes
+KEY_HEX = 16  # hex digits of the sha256 in a version's key: 64 bits, no collision in practice
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_PREFIX = re.compile(r"^[0-9a-f]{16,64}$")
+_NAME = re.compile(r"^[^/\x00]{1,255}$")
+
+
+def asset_base(url: str) -> str:
+    """The asset's base URL: ``url`` without a trailing ``.h5`` (or a trailing slash)."""
+    base = str(url).rstrip("/")
+    if base.endswith(".h5"):
+        base = base[: -len(".h5")]
+    name = posixpath.basename(base)
+    if not _NAME.match(name) or name in (".", ".."):
+        raise ValueError(
+            f"{redact_url(str(url))!r} names no asset: its last part must be a file name "
+            "(such as s3://bucket/flowers or s3://bucket/flowers.h5)"
+        )
+    return base
+
+
+def version_key(name: str, sha256: str) -> str:
+    """``v/<16 hex>/NAME.h5``: where the version with this sha256 lives under the base."""
+    return f"v/{sha256[:KEY_HEX]}/{name}.h5"
+
+
+def version_url(url: str, sha256: str) -> str:
+    """The URL of the version of the asset at ``url`` whose file has this sha256."""
+    base = asset_base(url)
+    return f"{base}/{version_key(posixpath.basename(base), sha256)}"
+
+
+def pointer_url(url: str) -> str:
+    """``BASE.latest.json``: the pointer of the asset at ``url``."""
+    return asset_base(url) + POINTER_SUFFIX
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """What ``NAME.latest.json`` says: the latest version of one asset.
+
+    Attributes:
+        url: the version's file (recomputed from the asset's base and ``sha256``).
+        sha256: the version file's full sha256 (hex).
+        published_at: when the pointer was written (ISO 8601, UTC).
+        parent: the sha256 of the version it replaced as latest, "" for the first.
+    """
+
+    url: str
+    sha256: str
+    published_at: str
+    parent: str
+
+
+def write_pointer(
+    url: str, sha256: str, *, parent: str = "", storage_options: dict[str, Any] | None = None
+) -> Pointer:
+    """Make the version with this sha256 the asset's latest, in one step; written last.
+
+    The caller has published the version (file read back, manifest written) before calling.
+    """
+    if not _SHA256.match(sha256) or (parent and not _SHA256.match(parent)):
+        raise ValueError(f"sha256 {sha256!r} / parent {parent!r} must be 64 lower-case hex digits")
+    base = asset_base(url)
+    pointer = Pointer(
+        url=version_url(base, sha256),
+        sha256=sha256,
+        published_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        parent=parent,
+    )
+    body = {
+        "format": POINTER_FORMAT,
+        "format_version": _POINTER_VERSION,
+        "name": posixpath.basename(base),
+        "sha256": sha256,
+        "path": version_key(posixpath.basename(base), sha256),
+        "published_at": pointer.published_at,
+        "parent": parent,
+    }
+    fs, path = url_to_fs(pointer_url(base), storage_options)
+    put(fs, path, data=(json.dumps(body, sort_keys=True, indent=1) + "\n").encode())
+    return pointer
+
+
+def read_pointer(url: str, *, storage_options: dict[str, Any] | None = None) -> Pointer | None:
+    """The asset's latest version, from its pointer; None when it has none.
+
+    Raises:
+        ValueError: the pointer is larger than 64 KiB, not JSON, of another format, or names a
+            digest that is not a sha256 (the message names the pointer and the fix).
+    """
+    base = asset_base(url)
+    target = pointer_url(base)
+    fs, path = url_to_fs(target, storage_options)
+    shown = redact_url(target)
+    try:
+        with fs.open(path, "rb") as f:
+            raw = f.read(_MAX_POINTER_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(raw) > _MAX_POINTER_BYTES:
+        raise ValueError(f"{shown} is over {_MAX_POINTER_BYTES} bytes: not an h5forge pointer")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{shown} is not JSON ({e}); publish the asset again") from None
+    if not isinstance(body, dict) or body.get("format") != POINTER_FORMAT:
+        raise ValueError(f"{shown} is not an h5forge pointer (format {POINTER_FORMAT!r})")
+    if body.get("format_version") != _POINTER_VERSION:
+        raise ValueError(
+            f"{shown} has pointer format version {body.get('format_version')!r}; this h5forge "
+            f"reads version {_POINTER_VERSION}: upgrade h5forge"
+        )
+    sha = body.get("sha256")
+    parent = body.get("parent", "")
+    if not isinstance(sha, str) or not _SHA256.match(sha):
+        raise ValueError(f"{shown}: sha256 {sha!r} is not 64 lower-case hex digits")
+    if not isinstance(parent, str) or (parent and not _SHA256.match(parent)):
+        raise ValueError(f"{shown}: parent {parent!r} is not a sha256")
+    published = body.get("published_at", "")
+    return Pointer(
+        url=version_url(base, sha),
+        sha256=sha,
+        published_at=published if isinstance(published, str) else "",
+        parent=parent,
+    )
+
+
+def resolve_version(
+    url: str, version: str, *, storage_options: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """``(file URL, sha256 or prefix)`` of ``version`` (``latest`` or a sha256 prefix).
+
+    ``latest`` reads the pointer once; a prefix of at least 16 hex digits names the version
+    whose key starts with it (its file need not be the latest).
+
+    Raises:
+        FileNotFoundError: the asset has no pointer (``latest``) or no such version.
+        ValueError: ``version`` is neither ``latest`` nor 16-64 lower-case hex digits.
+    """
+    if version == "latest":
+        pointer = read_pointer(url, storage_options=storage_options)
+        if pointer is None:
+            raise FileNotFoundError(
+                f"no {redact_url(pointer_url(url))}: the asset has no published version; "
+                "publish one, or open a file by its URL"
+            )
+        return pointer.url, pointer.sha256
+    if not _PREFIX.match(version):
+        raise ValueError(
+            f"version {version!r} must be 'latest' or the first 16-64 hex digits of a "
+            "version's sha256 (see `h5forge versions URL`)"
+        )
+    found = version_url(url, version)
+    fs, path = url_to_fs(found, storage_options)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"no version {version} of {redact_url(asset_base(url))}")
+    return found, version
