@@ -1,4 +1,4 @@
-"""``h5forge`` command line: pack, verify and inspect, without Prefect.
+"""``h5forge`` command line: pack, verify, inspect and versions, without Prefect.
 
 Exit codes, the same for every command (``build`` and ``demo`` included): 0 success, 1
 integrity or run failure, 2 usage error; the table is in :mod:`h5forge.cli.exits`.
@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from h5forge.cli.exits import EXIT_USAGE, fail, run_guarded, usage_error
+from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, run_guarded, usage_error
 from h5forge.cli.options import check_pack_options, with_pack_options
 from h5forge.cli.summary import format_summary
 from h5forge.errors import IntegrityError
@@ -192,6 +192,38 @@ def inspect(
 
         run_guarded(write_preview, file, preview, what=str(preview), n=n)
         typer.echo(f"preview written to {printable(preview)}")
+
+
+@app.command()
+def versions(
+    url: Annotated[str, typer.Argument(help="the asset: BASE or BASE.h5 (path or fsspec URL)")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the versions as JSON")] = False,
+) -> None:
+    """List the published versions of an asset, oldest first; exit 1 when it has none."""
+    from h5forge.publish.history import scan_versions
+
+    scan = run_guarded(scan_versions, url, what=url)
+    if as_json:
+        rows = [dataclasses.asdict(v) for v in scan.versions]
+        typer.echo(json.dumps({"versions": rows, "skipped": scan.skipped}, indent=2))
+    if not scan.versions:
+        raise fail(
+            f"{printable(url)} has no published versions (nothing under its v/ folder"
+            + (f"; {scan.skipped} entries there are not h5forge versions" if scan.skipped else "")
+            + "); publish one with h5forge.publish.release.publish_version",
+            EXIT_FAILURE,
+        )
+    if as_json:
+        return
+    for v in scan.versions:
+        samples = "" if v.num_samples is None else f"{v.num_samples} samples  "
+        mark = "latest  " if v.latest else ""
+        parent = v.parent[:16] if v.parent else "-"
+        typer.echo(
+            f"{v.version}  {v.created_at}  {v.bytes:,} bytes  {samples}{mark}parent {parent}"
+        )
+    if scan.skipped:
+        typer.echo(f"({scan.skipped} entries under v/ skipped: not versions h5forge wrote)")
 
 
 def main() -> None:

@@ -57,7 +57,9 @@ def asset_base(url: str) -> str:
     if base.endswith(".h5"):
         base = base[: -len(".h5")]
     name = posixpath.basename(base)
-    if not _NAME.match(name) or name in (".", ".."):
+    _, sep, rest = base.partition("://")
+    if (sep and "/" not in rest.strip("/")) or not _NAME.match(name) or name in (".", ".."):
+        # A bare bucket (s3://bucket) names no asset: its pointer would be another bucket.
         raise ValueError(
             f"{redact_url(str(url))!r} names no asset: its last part must be a file name "
             "(such as s3://bucket/flowers or s3://bucket/flowers.h5)"
@@ -66,7 +68,13 @@ def asset_base(url: str) -> str:
 
 
 def version_key(name: str, sha256: str) -> str:
-    """``v/<16 hex>/NAME.h5``: where the version with this sha256 lives under the base."""
+    """``v/<16 hex>/NAME.h5``: where the version with this sha256 lives under the base.
+
+    Raises:
+        ValueError: ``sha256`` is not 16-64 lower-case hex digits (a key never leaves ``v/``).
+    """
+    if not _PREFIX.match(sha256):
+        raise ValueError(f"sha256 {sha256!r} must be 16-64 lower-case hex digits")
     return f"v/{sha256[:KEY_HEX]}/{name}.h5"
 
 

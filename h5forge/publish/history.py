@@ -1,0 +1,234 @@
+"""The versions an asset holds under ``BASE/v/``, read from their manifests, and retention.
+
+A listing of a bucket is untrusted input: an entry counts as a version of the asset only when
+its folder is named by 16 hex digits and holds ``NAME.h5.manifest.json``, an h5forge manifest
+whose sha256 starts with that name (what :func:`h5forge.publish.release.publish_version`
+writes). Anything else is skipped and counted, never trusted and never deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import math
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from h5forge.asset.open import is_local, url_to_fs
+from h5forge.publish.manifest import MANIFEST_SUFFIX, load_manifest
+from h5forge.publish.versions import KEY_HEX, asset_base, read_pointer, version_url
+from h5forge.redact import redact_url
+
+__all__ = [
+    "MAX_VERSIONS",
+    "VersionInfo",
+    "VersionScan",
+    "apply_retention",
+    "check_retention",
+    "list_versions",
+    "scan_versions",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_VERSIONS = 10_000  # entries under BASE/v/ read at most; more is not an asset we keep
+_KEY = re.compile(rf"^[0-9a-f]{{{KEY_HEX}}}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One version of an asset, as its manifest describes it.
+
+    Attributes:
+        sha256: the file's full sha256 (hex).
+        version: its key, the first 16 hex digits of ``sha256``.
+        url: the version's file (redacted).
+        bytes: the file's size.
+        created_at: when its manifest was written (ISO 8601, UTC).
+        parent: the sha256 of the version that was latest when it was published, "" for none.
+        latest: the asset's pointer names this version.
+        num_samples: samples in the file, when the manifest records them.
+    """
+
+    sha256: str
+    version: str
+    url: str
+    bytes: int
+    created_at: str
+    parent: str
+    latest: bool
+    num_samples: int | None = None
+
+
+@dataclass(frozen=True)
+class VersionScan:
+    """What ``BASE/v/`` holds: the versions (oldest first) and how many entries were skipped."""
+
+    versions: list[VersionInfo]
+    skipped: int
+
+
+def scan_versions(url: str, *, storage_options: dict[str, Any] | None = None) -> VersionScan:
+    """Read the manifest of every version under ``BASE/v/``; see :func:`list_versions`."""
+    base = asset_base(url)
+    name = posixpath.basename(base)
+    fs, vpath = url_to_fs(base + "/v", storage_options)
+    fs.invalidate_cache(vpath)
+    try:
+        entries = fs.ls(vpath, detail=True)
+    except (FileNotFoundError, NotADirectoryError):
+        entries = []
+    if len(entries) > MAX_VERSIONS:
+        raise ValueError(
+            f"{redact_url(base)}/v holds {len(entries)} entries, over {MAX_VERSIONS}: not an "
+            "h5forge asset's versions (retention keeps a few); list or clean it by hand"
+        )
+    pointer = read_pointer(base, storage_options=storage_options)
+    found: list[tuple[dt.datetime, VersionInfo]] = []
+    skipped = 0
+    for entry in entries:
+        key = posixpath.basename(str(entry.get("name", "")).rstrip("/"))
+        info = None
+        if _KEY.match(key) and entry.get("type") == "directory" and not entry.get("islink"):
+            # The folder's path is recomputed from the key, never taken from the listing.
+            mpath = f"{vpath}/{key}/{name}.h5{MANIFEST_SUFFIX}"
+            info = _read_version(fs, mpath, base, key, pointer.sha256 if pointer else "")
+        if info is None:
+            skipped += 1
+            log.warning("%s/v: skipped %r, not a version h5forge wrote", redact_url(base), key)
+        else:
+            found.append(info)
+    return VersionScan([v for _, v in _ordered(found)], skipped)
+
+
+def _read_version(
+    fs: Any, mpath: str, base: str, key: str, latest: str
+) -> tuple[dt.datetime, VersionInfo] | None:
+    """The version whose manifest is at ``mpath``, or None when it is not one of ours."""
+    try:
+        manifest = load_manifest(fs, mpath, redact_url(mpath))
+    except (ValueError, NotADirectoryError, IsADirectoryError):
+        return None
+    if manifest is None or not manifest["sha256"].startswith(key):
+        return None
+    try:
+        created = dt.datetime.fromisoformat(str(manifest.get("created_at", "")))
+    except ValueError:
+        return None
+    if created.tzinfo is None:
+        return None
+    parent = manifest.get("parent", "")
+    samples = manifest.get("num_samples")
+    sha = manifest["sha256"]
+    return created, VersionInfo(
+        sha256=sha,
+        version=key,
+        url=redact_url(version_url(base, sha)),
+        bytes=manifest["bytes"],
+        created_at=created.isoformat(),
+        parent=parent if isinstance(parent, str) and _SHA256.match(parent) else "",
+        latest=sha == latest,
+        num_samples=samples if isinstance(samples, int) and not isinstance(samples, bool) else None,
+    )
+
+
+def _ordered(found: list[tuple[dt.datetime, VersionInfo]]) -> list[tuple[dt.datetime, VersionInfo]]:
+    """Oldest first; versions written in the same second are ordered by their lineage."""
+    by_sha = {v.sha256: v for _, v in found}
+
+    def depth(v: VersionInfo) -> int:
+        seen = {v.sha256}
+        n = 0
+        while v.parent in by_sha and v.parent not in seen:  # a cycle ends the walk
+            v = by_sha[v.parent]
+            seen.add(v.sha256)
+            n += 1
+        return n
+
+    return sorted(found, key=lambda item: (item[0], depth(item[1]), item[1].sha256))
+
+
+def list_versions(url: str, *, storage_options: dict[str, Any] | None = None) -> list[VersionInfo]:
+    """The versions of the asset at ``url`` (``BASE`` or ``BASE.h5``), oldest first.
+
+    Entries under ``BASE/v/`` that are not versions h5forge wrote (a folder not named by 16
+    hex digits, no manifest, a manifest of another format or whose sha256 does not start with
+    the folder's name) are skipped; :func:`scan_versions` counts them.
+
+    Raises:
+        ValueError: ``BASE/v/`` holds more than 10,000 entries, or the pointer is not one.
+    """
+    return scan_versions(url, storage_options=storage_options).versions
+
+
+def check_retention(keep_versions: int, min_age_s: float) -> None:
+    """Raise ValueError unless ``keep_versions`` >= 1 and ``min_age_s`` is finite and >= 0."""
+    if isinstance(keep_versions, bool) or not isinstance(keep_versions, int) or keep_versions < 1:
+        raise ValueError(
+            f"keep_versions={keep_versions!r} must be an integer >= 1: the latest version is "
+            "always kept"
+        )
+    if (
+        isinstance(min_age_s, bool)
+        or not isinstance(min_age_s, (int, float))
+        or not math.isfinite(min_age_s)
+        or min_age_s < 0
+    ):
+        raise ValueError(f"min_age_s={min_age_s!r} must be a finite number of seconds >= 0")
+
+
+def apply_retention(
+    url: str,
+    *,
+    keep_versions: int = 5,
+    min_age_s: float = 0.0,
+    storage_options: dict[str, Any] | None = None,
+    now: dt.datetime | None = None,
+) -> list[str]:
+    """Remove all but the newest ``keep_versions`` versions of the asset at ``url``.
+
+    Never removes the version the pointer names, one younger than ``min_age_s`` seconds, or
+    anything :func:`list_versions` does not recognise. Each version goes manifest first, then
+    its preview, then its file, so no reader pairs a manifest with a missing file.
+
+    Args:
+        now: the time ages are measured at (timezone-aware; default: now, UTC).
+
+    Returns:
+        The removed versions' file URLs (redacted), oldest first.
+
+    Raises:
+        ValueError: an argument is invalid, or the listing or the pointer is not trusted.
+    """
+    from h5forge.publish.preview import PREVIEW_SUFFIX  # imports Pillow: only when deleting
+
+    check_retention(keep_versions, min_age_s)
+    if now is None:
+        now = dt.datetime.now(dt.timezone.utc)
+    elif now.tzinfo is None:
+        raise ValueError(f"now={now!r} must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    base = asset_base(url)
+    name = posixpath.basename(base)
+    versions = list_versions(base, storage_options=storage_options)
+    fs, vpath = url_to_fs(base + "/v", storage_options)
+    removed = []
+    for v in versions[: max(0, len(versions) - keep_versions)]:
+        age = (now - dt.datetime.fromisoformat(v.created_at)).total_seconds()
+        if v.latest or age < min_age_s:
+            continue
+        folder = f"{vpath}/{v.version}"
+        file = f"{folder}/{name}.h5"
+        for path in (file + MANIFEST_SUFFIX, file + PREVIEW_SUFFIX, file):
+            # A preview is optional; a file already gone is what we wanted.
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(path)
+        fs.invalidate_cache(folder)
+        if is_local(fs) and not fs.ls(folder):
+            fs.rmdir(folder)
+        log.info("retention removed %s (created %s)", v.url, v.created_at)
+        removed.append(v.url)
+    return removed

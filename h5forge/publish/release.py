@@ -1,0 +1,139 @@
+"""Publish a file as a new immutable version of an asset, then move its pointer, then prune.
+
+:func:`publish_version` is :func:`h5forge.publish.storage.publish` to the version's own key
+(``BASE/v/<16 hex of sha256>/NAME.h5``, never over an existing object), then
+:func:`h5forge.publish.versions.write_pointer` (last: the commit marker for "latest"), then
+:func:`h5forge.publish.history.apply_retention`. A reader that resolved the pointer before the
+publish keeps reading its version; nothing it reads is rewritten.
+
+An asset published by the flat layout (``s3://b/NAME.h5`` and its manifest) is left alone: its
+versions go to ``s3://b/NAME/v/...`` and the pointer to ``s3://b/NAME.latest.json`` beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from h5forge.hashing import sha256_file
+from h5forge.publish.history import apply_retention, check_retention
+from h5forge.publish.manifest import manifest_url
+from h5forge.publish.storage import publish
+from h5forge.publish.versions import KEY_HEX, pointer_url, read_pointer, version_url, write_pointer
+from h5forge.redact import redact_url
+
+__all__ = ["VersionResult", "publish_version"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VersionResult:
+    """What :func:`publish_version` did. URLs are redacted.
+
+    Attributes:
+        url: the version's file, ``BASE/v/<version>/NAME.h5``.
+        manifest_url: its manifest.
+        pointer_url: the asset's pointer, ``BASE.latest.json``.
+        sha256: the file's full sha256 (hex), verified at the destination.
+        version: the version's key, the first 16 hex digits of ``sha256``.
+        bytes: the file's size.
+        parent: the sha256 of the version it replaced as latest ("" for the first).
+        unchanged: this version was already published; no object of it was written.
+        removed: the versions retention removed (their file URLs, oldest first).
+    """
+
+    url: str
+    manifest_url: str
+    pointer_url: str
+    sha256: str
+    version: str
+    bytes: int
+    parent: str
+    unchanged: bool
+    removed: tuple[str, ...]
+
+
+def publish_version(
+    local_file: str | os.PathLike[str],
+    url: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    keep_versions: int = 5,
+    min_age_s: float = 0.0,
+) -> VersionResult:
+    """Publish ``local_file`` as the latest version of the asset at ``url``.
+
+    The version's key is derived from the file's sha256. When a version with this sha256 is
+    already published (its manifest says so), nothing of it is written and the pointer is
+    only moved to it if it names another version. Otherwise the file is published under its
+    key with its manifest (recording ``parent``, the previous latest's sha256), and the
+    pointer is written last. Retention then runs (also when unchanged).
+
+    Args:
+        local_file: the finished, sealed file.
+        url: the asset, ``BASE`` or ``BASE.h5`` (local path or fsspec URL).
+        storage_options: passed to fsspec; never recorded.
+        extra: more manifest fields, as for :func:`h5forge.publish.storage.publish`;
+            ``parent`` is set here and may not be given.
+        keep_versions: versions retention keeps (>= 1; the latest is always kept).
+        min_age_s: versions younger than this are never removed (a reader may still be on one).
+
+    Raises:
+        FileExistsError: the version's key holds different content (the object is left alone).
+        ValueError: an argument is invalid, the pointer is not an h5forge pointer, or the file
+            changed while it was published.
+        FileNotFoundError: ``local_file`` does not exist.
+    """
+    local = os.fspath(local_file)
+    check_retention(keep_versions, min_age_s)
+    if not os.path.isfile(local):
+        raise FileNotFoundError(f"local_file {local!r} does not exist or is not a file")
+    fields = dict(extra or {})
+    if "parent" in fields:
+        raise ValueError(
+            "extra sets 'parent', which publish_version records itself (the previous latest "
+            "version's sha256); remove it"
+        )
+    pointer = read_pointer(url, storage_options=storage_options)  # also checks the URL
+    sha = sha256_file(local)
+    if pointer is None:
+        parent = ""
+    elif pointer.sha256 == sha:  # latest already names these bytes (its file may be gone)
+        parent = pointer.parent
+    else:
+        parent = pointer.sha256
+    target = version_url(url, sha)
+    published = publish(
+        local,
+        target,
+        storage_options=storage_options,
+        overwrite=False,  # a version's key is never written over
+        extra={**fields, "parent": parent},
+    )
+    if published.sha256 != sha:
+        raise ValueError(
+            f"{local!r} changed while it was published (sha256 {sha} before, "
+            f"{published.sha256} at {published.url}); publish a finished file"
+        )
+    if pointer is None or pointer.sha256 != sha:
+        write_pointer(url, sha, parent=parent, storage_options=storage_options)
+        log.info("%s now names version %s", redact_url(pointer_url(url)), sha[:KEY_HEX])
+    removed = apply_retention(
+        url, keep_versions=keep_versions, min_age_s=min_age_s, storage_options=storage_options
+    )
+    return VersionResult(
+        url=published.url,
+        manifest_url=redact_url(manifest_url(target)),
+        pointer_url=redact_url(pointer_url(url)),
+        sha256=sha,
+        version=sha[:KEY_HEX],
+        bytes=published.bytes,
+        parent=parent,
+        unchanged=published.unchanged,
+        removed=tuple(removed),
+    )
