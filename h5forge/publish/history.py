@@ -115,16 +115,15 @@ def _read_version(
         return None
     if manifest is None or not manifest["sha256"].startswith(key):
         return None
-    try:
-        created = dt.datetime.fromisoformat(str(manifest.get("created_at", "")))
-    except ValueError:
+    created = _when(manifest.get("created_at"))
+    if created is None:
         return None
-    if created.tzinfo is None:
-        return None
+    # When publish_version published it (microseconds), else the manifest's time (seconds).
+    order = _when(manifest.get("published_at")) or created
     parent = manifest.get("parent", "")
     samples = manifest.get("num_samples")
     sha = manifest["sha256"]
-    return created, VersionInfo(
+    return order, VersionInfo(
         sha256=sha,
         version=key,
         url=redact_url(version_url(base, sha)),
@@ -134,6 +133,15 @@ def _read_version(
         latest=sha == latest,
         num_samples=samples if isinstance(samples, int) and not isinstance(samples, bool) else None,
     )
+
+
+def _when(value: Any) -> dt.datetime | None:
+    """An ISO 8601 time with its timezone, or None."""
+    try:
+        when = dt.datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return when if when is not None and when.tzinfo is not None else None
 
 
 def _ordered(found: list[tuple[dt.datetime, VersionInfo]]) -> list[tuple[dt.datetime, VersionInfo]]:

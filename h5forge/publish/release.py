@@ -12,6 +12,7 @@ versions go to ``s3://b/NAME/v/...`` and the pointer to ``s3://b/NAME.latest.jso
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 from collections.abc import Mapping
@@ -79,7 +80,7 @@ def publish_version(
         url: the asset, ``BASE`` or ``BASE.h5`` (local path or fsspec URL).
         storage_options: passed to fsspec; never recorded.
         extra: more manifest fields, as for :func:`h5forge.publish.storage.publish`;
-            ``parent`` is set here and may not be given.
+            ``parent`` and ``published_at`` are set here and may not be given.
         keep_versions: versions retention keeps (>= 1; the latest is always kept).
         min_age_s: versions younger than this are never removed (a reader may still be on one).
 
@@ -94,10 +95,11 @@ def publish_version(
     if not os.path.isfile(local):
         raise FileNotFoundError(f"local_file {local!r} does not exist or is not a file")
     fields = dict(extra or {})
-    if "parent" in fields:
+    reserved = sorted({"parent", "published_at"} & fields.keys())
+    if reserved:
         raise ValueError(
-            "extra sets 'parent', which publish_version records itself (the previous latest "
-            "version's sha256); remove it"
+            f"extra sets {reserved}, which publish_version records itself (the previous latest "
+            "version's sha256, the time of the publish); remove them"
         )
     pointer = read_pointer(url, storage_options=storage_options)  # also checks the URL
     sha = sha256_file(local)
@@ -113,7 +115,8 @@ def publish_version(
         target,
         storage_options=storage_options,
         overwrite=False,  # a version's key is never written over
-        extra={**fields, "parent": parent},
+        # The manifest's created_at has whole seconds; this orders versions published within one.
+        extra={**fields, "parent": parent, "published_at": _now_us()},
     )
     if published.sha256 != sha:
         raise ValueError(
@@ -137,3 +140,7 @@ def publish_version(
         unchanged=published.unchanged,
         removed=tuple(removed),
     )
+
+
+def _now_us() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
