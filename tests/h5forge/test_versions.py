@@ -430,3 +430,21 @@ def test_cli_exits_1_when_the_asset_has_no_versions(tmp_path: Path) -> None:
     r = _cli("versions", "s3://bucket")
     assert r.returncode == 2
     assert "names no asset" in r.stderr
+
+
+def test_retention_removes_manifest_then_preview_then_file(store: Store, tmp_path: Path) -> None:
+    url = f"{store.base}/set"
+    old, _ = (publish_version(_blob(tmp_path, t), url, storage_options=store.options) for t in "ab")
+    fs, old_path = fsspec.core.url_to_fs(old.url, **store.options)
+    fs.pipe_file(old_path + ".preview.png", b"\x89PNG")
+    if store.requests is not None:
+        store.requests.clear()
+
+    assert apply_retention(url, keep_versions=1, storage_options=store.options) == [old.url]
+
+    assert not any(f"/v/{old.version}/" in k for k in store.files())
+    if store.requests is not None:
+        deleted = [p.rsplit("/", 1)[1] for m, p, _ in store.requests() if m == "DELETE"]
+        assert deleted == ["set.h5.manifest.json", "set.h5.preview.png", "set.h5"]
+    else:
+        assert not Path(old_path).parent.exists()  # the emptied folder goes too
