@@ -148,8 +148,9 @@ def read_pointer(url: str, *, storage_options: dict[str, Any] | None = None) -> 
     fs, path = url_to_fs(target, storage_options)
     shown = redact_url(target)
     try:
-        with fs.open(path, "rb") as f:
-            raw = f.read(_MAX_POINTER_BYTES + 1)
+        # One ranged GET: no size lookup first (fs.open would add a HEAD, and could trust a
+        # cached listing's stale size), and never more than the bound is read.
+        raw = fs.cat_file(path, start=0, end=_MAX_POINTER_BYTES + 1)
     except FileNotFoundError:
         return None
     if len(raw) > _MAX_POINTER_BYTES:

@@ -9,6 +9,7 @@ a whole batch sorted by offset, coalescing neighbours.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
@@ -21,30 +22,23 @@ from h5forge.asset import format as fmt
 from h5forge.asset.index import AssetIndex
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
+from h5forge.read.loader import batch_loader
 from h5forge.read.samples import read_batch, read_images
 from h5forge.read.state import ProcessState, open_state
+from h5forge.read.version import hint_versions, pin_version
 
 __all__ = ["H5ImageDataset"]
-
-
-class _Batches(Dataset[tuple[Any, Any]]):
-    """Indexed by a list of indices (a ``BatchSampler``'s batch): one ``read_batch`` each."""
-
-    def __init__(self, dataset: H5ImageDataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, indices: Sequence[int]) -> Any:
-        return self.dataset._read_batch(indices, use_slots=True)
 
 
 class H5ImageDataset(Dataset[tuple[Any, Any]]):
     """Images and labels from an h5forge file.
 
     Args:
-        url: local path or fsspec URL (``s3://bucket/x.h5``, ``memory://...``) of a sealed file.
+        url: local path or fsspec URL (``s3://bucket/x.h5``, ``memory://...``) of a sealed file;
+            with ``version``, the asset's base (``s3://bucket/x``; ``.../x.h5`` names it too).
+        version: ``"latest"`` or a sha256 prefix (16-64 hex) of a published version: resolved
+            once, here (:mod:`h5forge.read.version`); ``url`` becomes that version's file, never
+            written over, so workers and later epochs read it even after a new publish.
         split: only samples of this split (e.g. ``"train"``); ``None`` for all.
         transform: applied to the ``uint8`` C x H x W tensor.
         target_transform: applied to the integer label.
@@ -65,13 +59,18 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         UnsealedFileError: the file is a ``.partial``, unsealed, or of an unknown version.
         IntegrityError: the file is damaged or refers outside itself (the message says how).
         MissingExtraError: the file is compressed with a codec that needs ``hdf5plugin``.
-        ValueError: ``split`` is not in the file, or ``max_pixels`` is not an int >= 1.
+        FileNotFoundError: no such file, pointer (``latest``) or version.
+        ValueError: ``split`` is not in the file, or ``max_pixels`` or ``version`` is invalid.
+
+    Attributes:
+        url: the file read; version: its full sha256 ("" when opened by ``url`` alone).
     """
 
     def __init__(
         self,
         url: str | os.PathLike[str],
         *,
+        version: str | None = None,
         split: str | None = None,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
@@ -85,22 +84,24 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
                 f"{DEFAULT_MAX_PIXELS}"
             )
         self.max_pixels = max_pixels
-        self.url = os.fspath(url)
         self.split = split
         self.transform = transform
         self.target_transform = target_transform
         self.storage_options = dict(storage_options or {})
+        self.url, self.version = pin_version(os.fspath(url), version, self.storage_options)
         self.verify_reads = verify_reads
         fmt.refuse_partial(self.url)
         self._state: ProcessState | None = None
         self._orphans: list[ProcessState] = []
         self._indices: np.ndarray | None = None
-        self._open()
+        with hint_versions(self.url, version, self.storage_options):
+            self._open()
 
     # --- pickling: URL and options only ------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         keep = (
             "url",
+            "version",
             "split",
             "transform",
             "target_transform",
@@ -270,30 +271,13 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             generator: the random generator of the shuffle.
             **dataloader_kwargs: passed to ``torch.utils.data.DataLoader``.
         """
-        from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
-
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be an int >= 1")
-        for key in ("batch_size", "batch_sampler", "collate_fn", "shuffle"):
-            if key in dataloader_kwargs:
-                raise ValueError(
-                    f"loader() sets {key} itself; pass batch_size/shuffle/sampler "
-                    "to loader(), or build a DataLoader over the dataset directly"
-                )
-        if sampler is not None and shuffle:
-            raise ValueError(
-                "give either shuffle=True or a sampler, not both (a sampler "
-                "decides the order itself)"
-            )
-        order: Any = (
-            sampler
-            if sampler is not None
-            else (RandomSampler(self, generator=generator) if shuffle else SequentialSampler(self))
-        )
-        return DataLoader(
-            _Batches(self),
-            batch_size=None,
-            collate_fn=_batches.send_batch,
-            sampler=BatchSampler(order, batch_size, drop_last),
+        return batch_loader(
+            self,
+            functools.partial(self._read_batch, use_slots=True),
+            batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            drop_last=drop_last,
+            generator=generator,
             **dataloader_kwargs,
         )

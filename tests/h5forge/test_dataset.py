@@ -90,6 +90,7 @@ def test_pickles_as_url_and_options_only(packed_decoded: PackResult) -> None:
     state = ds.__getstate__()
     assert set(state) == {
         "url",
+        "version",
         "split",
         "transform",
         "target_transform",
