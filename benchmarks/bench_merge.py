@@ -249,7 +249,7 @@ def _build_vs_local(
     n = len(catalog.samples)
     t0 = time.perf_counter()
     cluster = LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
     )
     client = Client(cluster)
     client.wait_for_workers(2)

@@ -48,8 +48,10 @@ def cluster(prefect_harness: str) -> Iterator[Cluster]:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # for client.run(...) below
     with (
+        # ":0": a free port (None means distributed's default 8787, which another cluster
+        # on the machine may hold: a warning, an error under -W error).
         LocalCluster(
-            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0"
         ) as local,
         Client(local, set_as_default=False) as client,
     ):  # the flow connects by address

@@ -75,8 +75,10 @@ def client() -> Iterator[Client]:
     """A real two-process Dask cluster; test-module functions travel to it by value."""
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     with (
+        # ":0": a free port (None means distributed's default 8787, which another cluster
+        # on the machine may hold: a warning, an error under -W error).
         LocalCluster(
-            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None
+            n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0"
         ) as cluster,
         Client(cluster) as c,
     ):
