@@ -5,6 +5,22 @@ Serves the three deployments declared in ``deployments/prefect.yaml`` -- the on-
 work pool and no worker needed. The YAML file stays the single description of the deployments;
 this module only adapts it to ``prefect.serve`` and applies the overrides below.
 
+Scheduling, as declared in ``prefect.yaml`` and kept here:
+
+- ``concurrency_limit`` (``limit``, ``collision_strategy``) becomes the deployment's own
+  concurrency limit. The nightly has ``limit: 1, ENQUEUE``: it always writes one destination,
+  so a second run (the schedule, a trigger and a person at once) waits for the first instead of
+  writing the same asset. Prefect 3.9 offers this per deployment, enforced by the server when a
+  run goes to Pending; a global limit keyed by destination would have to be taken inside the
+  flow, for every destination the on-demand form may be given (left to the flow's own
+  ``OUT.lock``).
+- ``triggers`` become deployment triggers. The nightly's ``h5forge.source.changed`` trigger is
+  re-pointed at the effective source (``H5FORGE_NIGHTLY_SOURCE`` below), so an override never
+  leaves it waiting for events of another source.
+- At start-up, after registering the deployments, :func:`main` creates or updates the
+  automation that pauses the nightly when its asset fails verification
+  (:func:`deployments.automations.pause_on_verify_failure`, via :func:`ensure_automations`).
+
 Relative paths in the parameters resolve against the directory the command runs in (run it
 from the repository root). Environment, read when :func:`main` runs, never at import:
 
@@ -32,13 +48,24 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import yaml
 from prefect import Flow, serve
+from prefect.automations import Automation
+from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
+from prefect.events import DeploymentTriggerTypes
 from prefect.schedules import Cron
 from prefect.settings import get_current_settings
+from pydantic import TypeAdapter
 
+from deployments.automations import (
+    SOURCE_CHANGED,
+    ensure_automation,
+    pause_on_verify_failure,
+    source_resource_id,
+)
 from deployments.settings import cache_dir_from_env
 
 __all__ = [
@@ -47,6 +74,7 @@ __all__ = [
     "ON_DEMAND",
     "PREFECT_YAML",
     "ServeOptions",
+    "ensure_automations",
     "load_specs",
     "main",
     "options_from_env",
@@ -58,6 +86,7 @@ ON_DEMAND = "on-demand"
 NIGHTLY = "nightly"
 NIGHTLY_VERIFY = "nightly-verify"
 
+_TRIGGERS: TypeAdapter[DeploymentTriggerTypes] = TypeAdapter(DeploymentTriggerTypes)
 _TRUE = frozenset({"1", "on", "true", "yes"})
 _FALSE = frozenset({"0", "off", "false", "no"})
 
@@ -140,7 +169,41 @@ def main() -> None:
             "PREFECT_API_URL=...`), then run `python -m deployments.serve` again"
         )
     options = options_from_env(os.environ)
-    serve(*runner_deployments(options))
+    deployments = runner_deployments(options)
+    ids = {d.name: _register(d) for d in deployments}  # serve() registers them again: upserts
+    ensure_automations(deployments, ids)
+    serve(*deployments)
+
+
+def _register(deployment: RunnerDeployment) -> UUID:
+    deployment_id = deployment.apply()  # from sync code: the id itself, not a coroutine
+    assert isinstance(deployment_id, UUID)
+    return deployment_id
+
+
+def ensure_automations(
+    deployments: Sequence[RunnerDeployment], ids: Mapping[str, UUID]
+) -> list[Automation]:
+    """Create or update the automation pausing the nightly build when its asset fails verify.
+
+    Args:
+        deployments: the deployments of :func:`runner_deployments` (the nightly's destination
+            is read from its parameters).
+        ids: the id each was registered under, by deployment name.
+
+    Returns:
+        The automations, with their ids.
+    """
+    made = []
+    for deployment in deployments:
+        if deployment.name == NIGHTLY:
+            automation = pause_on_verify_failure(
+                deployment_id=ids[deployment.name],
+                deployment_name=deployment.name,
+                asset=deployment.parameters["config"]["destination"],
+            )
+            made.append(ensure_automation(automation))
+    return made
 
 
 def _to_runner_deployment(spec: Mapping[str, Any], options: ServeOptions) -> RunnerDeployment:
@@ -157,8 +220,13 @@ def _to_runner_deployment(spec: Mapping[str, Any], options: ServeOptions) -> Run
         )
         for item in spec.get("schedules") or []
     ]
+    limit = spec.get("concurrency_limit")
     deployment = flow.to_deployment(
         name=name,
+        concurrency_limit=(
+            ConcurrencyLimitConfig.model_validate(limit) if isinstance(limit, dict) else limit
+        ),
+        triggers=_triggers(spec, parameters),
         description=spec.get("description"),
         tags=list(spec.get("tags") or []),
         parameters=parameters,
@@ -169,6 +237,22 @@ def _to_runner_deployment(spec: Mapping[str, Any], options: ServeOptions) -> Run
     # `to_deployment` is async-dispatched: called from sync code it returns the object itself.
     assert isinstance(deployment, RunnerDeployment)
     return deployment
+
+
+def _triggers(spec: Mapping[str, Any], parameters: Mapping[str, Any]) -> list[Any]:
+    """The spec's ``triggers``, with each :data:`SOURCE_CHANGED` trigger pointed at the
+    deployment's effective ``config.source``."""
+    source = (parameters.get("config") or {}).get("source")
+    triggers = []
+    for i, item in enumerate(spec.get("triggers") or [], start=1):
+        item = {"name": f"{spec['name']}__automation_{i}", **copy.deepcopy(item)}
+        if source and SOURCE_CHANGED in (item.get("expect") or []):
+            item["match"] = {
+                **(item.get("match") or {}),
+                "prefect.resource.id": source_resource_id(source),
+            }
+        triggers.append(_TRIGGERS.validate_python(item))
+    return triggers
 
 
 def _apply_overrides(

@@ -1,4 +1,12 @@
-"""Verify stage: full check of the packed file before publishing, sampled re-check after."""
+"""Verify stage: full check of the packed file before publishing, sampled re-check after.
+
+A failed check emits the Prefect event :data:`VERIFY_FAILED` (``h5forge.verify.failed``) before
+the task fails with the :class:`~h5forge.errors.IntegrityError`: its resource is the asset's
+key (:func:`tasks.publish.asset_key`: credential-free, a local path as its absolute
+``file://`` URI, the key Prefect's asset events use), its payload the failures (at most
+:data:`MAX_EVENT_FAILURES` lines of at most :data:`MAX_EVENT_LINE` characters, each redacted).
+An automation (:mod:`deployments.automations`) pauses the nightly build on it.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +14,77 @@ import dataclasses
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.events import emit_event
 
+from h5forge.errors import IntegrityError
 from h5forge.publish import manifest as manifests
-from h5forge.redact import redact_url
+from h5forge.redact import redact_text, redact_url
 from h5forge.verify.checks import VerifyReport, verify
 from tasks.common import run_name, with_retries
+from tasks.publish import asset_key
 
-__all__ = ["check_manifest", "load_manifest", "verify_file"]
+__all__ = [
+    "MAX_EVENT_FAILURES",
+    "MAX_EVENT_LINE",
+    "VERIFY_FAILED",
+    "check_manifest",
+    "emit_verify_failed",
+    "load_manifest",
+    "verify_file",
+]
+
+VERIFY_FAILED = "h5forge.verify.failed"
+# Bounds on an event's payload: a file with a million bad samples must not make a huge event.
+MAX_EVENT_FAILURES = 50
+MAX_EVENT_LINE = 500
+
+
+def emit_verify_failed(asset: str, error: IntegrityError, *, check: str) -> None:
+    """Emit :data:`VERIFY_FAILED` for ``asset`` (any path or URL; its key is the resource)."""
+    lines = error.failures or [str(error)]
+    emit_event(
+        event=VERIFY_FAILED,
+        resource={
+            "prefect.resource.id": asset_key(asset),
+            "prefect.resource.name": redact_url(asset),
+        },
+        payload={
+            "check": check,
+            "failures": [redact_text(line)[:MAX_EVENT_LINE] for line in lines[:MAX_EVENT_FAILURES]],
+            "num_failures": len(lines),
+        },
+    )
 
 
 @task(name="verify", task_run_name=run_name("verify"))
 def verify_file(
-    path: str, *, sample_fraction: float = 1.0, storage_options: dict[str, Any] | None = None
+    path: str,
+    *,
+    sample_fraction: float = 1.0,
+    storage_options: dict[str, Any] | None = None,
+    asset: str | None = None,
 ) -> VerifyReport:
     """Verify structure, counts, byte ranges, digests and the sha256 of ``path``.
+
+    Args:
+        path: the file to verify.
+        sample_fraction: fraction of per-sample digests re-checked.
+        storage_options: fsspec options for a remote ``path``.
+        asset: the asset ``path`` is (to be) published as, the resource of the failure event;
+            default ``path`` itself.
 
     Returns:
         The library's report, its path redacted (it becomes a Prefect result).
 
     Raises:
         IntegrityError: one line per failing check; the run fails and nothing is published.
+            :data:`VERIFY_FAILED` is emitted first.
     """
-    report = verify(path, sample_fraction=sample_fraction, storage_options=storage_options)
+    try:
+        report = verify(path, sample_fraction=sample_fraction, storage_options=storage_options)
+    except IntegrityError as e:
+        emit_verify_failed(asset or path, e, check="verify")
+        raise
     get_run_logger().info(
         "verified %s: %d samples (%d digests checked), sha256 %s",
         redact_url(path),
@@ -54,5 +111,10 @@ def check_manifest(url: str, *, manifest: dict[str, Any], report: VerifyReport) 
 
     Raises:
         IntegrityError: size, sha256, counts or format version differ (all differences listed).
+            :data:`VERIFY_FAILED` is emitted first.
     """
-    manifests.check_verified(url, manifest, report)
+    try:
+        manifests.check_verified(url, manifest, report)
+    except IntegrityError as e:
+        emit_verify_failed(url, e, check="manifest")
+        raise
