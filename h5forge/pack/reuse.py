@@ -20,10 +20,12 @@ previous file that fails its checks is not used at all (:attr:`SampleSource.refu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 from collections.abc import Generator, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +46,7 @@ __all__ = ["Reuse", "SampleSource", "unchanged_paths"]
 log = logging.getLogger(__name__)
 
 _BATCH_BYTES = 32 << 20  # reused stored bytes read (and held) at once
+_HASH_THREADS = 2  # hashlib releases the GIL: the next samples hash while one is written
 _REFUSED = (H5ForgeError, FileNotFoundError, *H5_DAMAGE)
 
 
@@ -173,14 +176,13 @@ class SampleSource:
 
     def __iter__(self) -> Generator[Processed | Quarantined, None, None]:
         samples, image = self.catalog.samples, self.config.image
-        stack: list[Any] = []  # what to close, the reader of the previous file first
-        try:
+        with contextlib.ExitStack() as stack:  # the previous file, the pool
             reused = self._open_reused(stack)
             fresh_idx = [i for i in range(len(samples)) if i not in self._rows]
             fresh = iter_processed(
                 [samples[i].path for i in fresh_idx], image, workers=self.workers, borrow=True
             )
-            stack.append(fresh)
+            stack.callback(fresh.close)
             for i in range(len(samples)):
                 if i in self._rows:
                     r = next(reused)
@@ -192,11 +194,8 @@ class SampleSource:
                         yield r
                 else:
                     yield replace(next(fresh), index=i)
-        finally:
-            for handle in reversed(stack):
-                handle.close()
 
-    def _open_reused(self, stack: list[Any]) -> Iterator[Processed | None]:
+    def _open_reused(self, stack: contextlib.ExitStack) -> Iterator[Processed | None]:
         """The reused samples in catalog order (None: a digest mismatch); opens the previous
         file again and checks it is the one planned with, else reuses nothing."""
         prev = self._previous
@@ -204,11 +203,11 @@ class SampleSource:
             return iter(())
         if prev.filtered:
             opened = open_h5(prev.path)
-            stack.append(opened)
+            stack.callback(opened.close)
             fd = opened.h5.id.get_vfd_handle()
         else:
             reader = RangeReader(prev.path)
-            stack.append(reader)
+            stack.callback(reader.close)
             fd = reader.fd
         assert fd is not None
         if _identity(os.fstat(fd)) != prev.identity:
@@ -217,11 +216,16 @@ class SampleSource:
         order = sorted(self._rows)
         if prev.filtered:
             return self._decoded(opened.h5[fmt.IMAGES], order)
-        return self._stored(reader, order)
+        hashing = stack.enter_context(ThreadPoolExecutor(_HASH_THREADS, "h5forge-reuse-hash"))
+        return self._stored(reader, order, hashing)
 
-    def _check(self, i: int, row: int, data: bytes) -> Processed | None:
+    def _check(
+        self, i: int, row: int, data: bytes, digest: bytes | None = None
+    ) -> Processed | None:
+        """``data`` as sample ``i``, or None where its sha256 (``digest``, computed here when
+        None) is not row ``row``'s of the previous ``/digests``."""
         assert self._previous is not None
-        digest = hashlib.sha256(data).digest()
+        digest = hashlib.sha256(data).digest() if digest is None else digest
         if digest != self._previous.digests[row].tobytes():
             log.warning(
                 "%s: sample %s (row %d) does not match its /digests; preprocessing it",
@@ -246,10 +250,14 @@ class SampleSource:
                 continue
             yield self._check(i, row, data)
 
-    def _stored(self, reader: RangeReader, order: list[int]) -> Iterator[Processed | None]:
+    def _stored(
+        self, reader: RangeReader, order: list[int], hashing: ThreadPoolExecutor
+    ) -> Iterator[Processed | None]:
+        """Batches of stored bytes read in one pass of ``preadv``, hashed on ``hashing``; one
+        buffer serves every batch (the sink stores each sample before the next is asked for)."""
         assert self._previous is not None
         ranges = self._previous.byte_ranges
-        start = 0
+        start, buf = 0, bytearray()
         while start < len(order):
             stop, total = start, 0
             while stop < len(order) and (stop == start or total < _BATCH_BYTES):
@@ -257,12 +265,18 @@ class SampleSource:
                 stop += 1
             rows = [self._rows[i] for i in order[start:stop]]
             batch = [(int(ranges[r, 0]), int(ranges[r, 1])) for r in rows]
-            buf = bytearray(total)
+            if len(buf) < total:
+                buf = bytearray(total)
             views, pos = [], 0
             for _, size in batch:
                 views.append(memoryview(buf)[pos : pos + size])
                 pos += size
             reader.read_into(batch, views)
-            for i, view in zip(order[start:stop], views, strict=True):
-                yield self._check(i, self._rows[i], bytes(view))
+            digests = [hashing.submit(_sha256, v) for v in views]
+            for i, view, digest in zip(order[start:stop], views, digests, strict=True):
+                yield self._check(i, self._rows[i], view, digest.result())  # type: ignore[arg-type]
             start = stop
+
+
+def _sha256(data: memoryview) -> bytes:
+    return hashlib.sha256(data).digest()

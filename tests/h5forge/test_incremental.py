@@ -252,3 +252,17 @@ def test_reuse_checks_its_arguments(tmp_path: Path) -> None:
         Reuse("x.h5", "a.jpg")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         Reuse(3, set())  # type: ignore[arg-type]
+
+
+def test_reused_bytes_span_several_read_batches(tmp_path: Path) -> None:
+    """3 MB samples: the previous file is read in several batches through one buffer."""
+    config = PackConfig(ImageConfig(resize="resize", size=(1024, 1024)))
+    old = _source(tmp_path / "old")
+    previous = pack(old, tmp_path / "prev.h5", config=config, workers=1, max_bad_fraction=0.2)
+    new = tmp_path / "new"
+    shutil.copytree(old, new, copy_function=shutil.copy2)
+    before = _tokens(new)
+    _replace(new, tmp_path)
+    flip_sample_byte(previous.path, 20)  # in a later batch than the first
+    _, inc = _both(new, previous.path, config, unchanged_paths(before, _tokens(new)), tmp_path)
+    assert (inc.reused, inc.reuse_mismatched) == (22, 1)
