@@ -61,6 +61,7 @@ class Reuse:
 
     Raises:
         TypeError: ``path`` is not a path, or ``unchanged`` is not a collection of strings.
+        ValueError: ``path`` is a URL.
     """
 
     path: str
@@ -68,6 +69,8 @@ class Reuse:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", os.fspath(self.path))
+        if "://" in self.path:
+            raise ValueError(f"path={self.path!r} must be a local file: download it first")
         if isinstance(self.unchanged, (str, bytes)) or not all(
             isinstance(p, str) for p in self.unchanged
         ):

@@ -252,6 +252,8 @@ def test_reuse_checks_its_arguments(tmp_path: Path) -> None:
         Reuse("x.h5", "a.jpg")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         Reuse(3, set())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must be a local file"):
+        Reuse("s3://bucket/v/prev.h5", {"a.jpg"})
 
 
 def test_reused_bytes_span_several_read_batches(tmp_path: Path) -> None:
