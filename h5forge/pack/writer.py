@@ -31,8 +31,8 @@ from h5forge.pack.bar import PackProgress
 from h5forge.pack.checks import check_bad_fraction, check_every_class
 from h5forge.pack.commit import Staged, check_output, staged
 from h5forge.pack.config import PackConfig
+from h5forge.pack.reuse import Reuse, SampleSource
 from h5forge.pack.sink import Sink
-from h5forge.preprocess.pool import iter_processed
 
 __all__ = ["PackResult", "pack", "pack_slice"]
 
@@ -48,6 +48,7 @@ class PackResult:
         counts: ``split -> class name -> number of samples`` ('' is the split of unsplit data).
         quarantined: ``(relative path, reason)`` of every input that was not packed.
         seconds: wall time of the whole pack, verification included.
+        reused, reuse_mismatched: samples taken from ``reuse``; those failing their digest.
     """
 
     path: str
@@ -59,6 +60,8 @@ class PackResult:
     bytes: int
     seconds: float
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    reused: int = 0
+    reuse_mismatched: int = 0
 
 
 def pack(
@@ -74,6 +77,7 @@ def pack(
     progress: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
+    reuse: Reuse | None = None,
 ) -> PackResult:
     """Pack an image folder, manifest or :class:`Catalog` into a sealed h5forge file.
 
@@ -90,6 +94,7 @@ def pack(
         progress: show a progress bar on the terminal.
         on_progress: called with ``(done, total)`` after each input.
         overwrite: replace an existing ``out``.
+        reuse: a previous version to take unchanged samples from (:mod:`h5forge.pack.reuse`).
 
     Raises:
         OptionError: ``workers`` or ``max_bad_fraction`` out of bounds.
@@ -106,11 +111,10 @@ def pack(
     out_path, filters = _check(config, out, workers, max_bad_fraction, overwrite)
     catalog = src if isinstance(src, Catalog) else discover(src, manifest=manifest)
     return _pack(
-        catalog,
+        SampleSource(catalog, config, workers=workers, reuse=reuse),
         out_path,
         config,
         filters,
-        workers=workers,
         max_bad_fraction=max_bad_fraction,
         source_url=source_url,
         source_sha256=source_sha256,
@@ -132,11 +136,10 @@ def pack_slice(
     t0 = time.perf_counter()
     out_path, filters = _check(config, out, workers, 1.0, True)
     return _pack(
-        catalog,
+        SampleSource(catalog, config, workers=workers, reuse=None),
         out_path,
         config,
         filters,
-        workers=workers,
         max_bad_fraction=1.0,
         source_url="",
         source_sha256="",
@@ -164,12 +167,11 @@ def _check(
 
 
 def _pack(
-    catalog: Catalog,
+    source: SampleSource,
     out_path: Path,
     config: PackConfig,
     filters: dict[str, Any],
     *,
-    workers: int | None,
     max_bad_fraction: float,
     source_url: str,
     source_sha256: str,
@@ -178,7 +180,8 @@ def _pack(
     every_class: bool,
     t0: float,
 ) -> PackResult:
-    """Write ``catalog`` into ``out_path`` and commit it; ``bar`` is closed either way."""
+    """Write ``source`` into ``out_path`` and commit it; ``bar`` is closed either way."""
+    catalog = source.catalog
     attrs = root_attrs(
         layout=config.image.layout,
         storage="array" if config.fixed_size else "blob",
@@ -195,12 +198,11 @@ def _pack(
     try:
         with staged(out_path, overwrite=overwrite, how=_HOW) as stage:
             samples, bad = _write(
-                catalog,
+                source,
                 stage,
                 config,
                 filters,
                 attrs,
-                workers=workers,
                 bar=bar,
                 max_bad_fraction=max_bad_fraction,
                 every_class=every_class,
@@ -221,23 +223,25 @@ def _pack(
         bytes=out_path.stat().st_size,
         seconds=time.perf_counter() - t0,
         counts=counts,
+        reused=source.reused,
+        reuse_mismatched=source.mismatched,
     )
 
 
 def _write(
-    catalog: Catalog,
+    source: SampleSource,
     stage: Staged,
     config: PackConfig,
     filters: dict[str, Any],
     attrs: dict[str, Any],
     *,
-    workers: int | None,
     bar: PackProgress,
     max_bad_fraction: float,
     every_class: bool,
 ) -> tuple[list[Sample], list[tuple[str, str]]]:
     """Preprocess every input into ``stage.partial`` and flush it; return the packed samples
     and the quarantined ``(path, reason)``."""
+    catalog = source.catalog
     split_names = list(catalog.splits) or [""]
     lock = stage.lock
     with contextlib.ExitStack() as stack:
@@ -263,9 +267,7 @@ def _write(
             h5, index = head(len(catalog.samples))
         else:  # the file is written once the sizes are known; mark the pack as under way
             os.close(lock.create(stage.partial, 0o644))
-        results = iter_processed(
-            [s.path for s in catalog.samples], config.image, workers=workers, borrow=True
-        )  # sink.add() writes each before the next
+        results = iter(source)  # sink.add() writes each before the next
         try:
             kept, bad = sink.drain(results, catalog, bar)
         finally:

@@ -1,0 +1,137 @@
+"""Incremental pack against a full rebuild, after 1% and 10% of the files changed, and a no-op.
+
+One previous version is packed from the photo set (untimed). Two new sources are made from it
+(hard links, so the unchanged files keep their size and mtime): in each, half of the changed
+files are added (new names) and half replaced (same name, another image's bytes, a new mtime).
+Timed in the same run, interleaved, best of ``--repeat``, pack only (no Prefect, no upload):
+
+- full: ``pack()`` of the 1% source from scratch (what a rebuild costs);
+- incremental 1% / 10%: a stat walk of the new source (``size:mtime_ns`` per file),
+  :func:`h5forge.pack.reuse.unchanged_paths` against the previous walk, and
+  ``pack(reuse=Reuse(previous file, unchanged))``;
+- no-op: the stat walk and the compare alone (there is no ``h5forge.fetch.fingerprint`` in
+  this tree, so the fingerprint is this stat walk of the folder), which finds nothing changed.
+
+Targets (issue 13): incremental 1% <= 0.05x the full build, 10% <= 0.2x, no-op <= 0.02x.
+Every incremental file is checked against the full rebuild's sample count and digests.
+
+    python -m benchmarks.bench_incremental --count 2000   # the recorded run
+    python -m benchmarks.bench_incremental                # 10,000 generated photos
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from benchmarks._common import best, image_root, interleave, parser, start_report, table, verdict
+from h5forge.pack.config import PackConfig
+from h5forge.pack.reuse import Reuse, unchanged_paths
+from h5forge.pack.writer import PackResult, pack
+
+TARGETS = {"incremental 1%": 0.05, "incremental 10%": 0.2, "no-op": 0.02}
+
+
+def stat_walk(root: Path) -> dict[str, str]:
+    """``relpath -> "size:mtime_ns"`` of every file under ``root``: the change fingerprint."""
+    out: dict[str, str] = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            st = os.stat(os.path.join(folder, name))
+            rel = os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+            out[rel] = f"{st.st_size}:{st.st_mtime_ns}"
+    return out
+
+
+def changed_copy(root: Path, dest: Path, fraction: float, seed: int) -> int:
+    """Hard-link ``root`` into ``dest``, then add and replace ``fraction`` of its files."""
+    shutil.copytree(root, dest, copy_function=os.link)
+    files = sorted(p for p in dest.rglob("*.jpg"))
+    k = max(2, round(len(files) * fraction))
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(files), size=k, replace=False).tolist()
+    for n, i in enumerate(picks):
+        other = files[(i + len(files) // 2) % len(files)].read_bytes()
+        if n % 2:  # replaced: a new file under the same name (never written through the link)
+            files[i].unlink()
+            files[i].write_bytes(other)
+        else:  # added
+            files[i].with_name(f"added-{n}.jpg").write_bytes(other)
+    return k
+
+
+def _same(a: PackResult, b: PackResult) -> None:
+    with h5py.File(a.path, "r") as x, h5py.File(b.path, "r") as y:
+        for name in ("digests", "labels", "paths", "byte_ranges"):
+            if not np.array_equal(x[name][()], y[name][()]):
+                raise SystemExit(f"{a.path} and {b.path} differ in /{name}")
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.set_defaults(count=10_000)
+    p.add_argument("--workers", type=int, default=None, help="pack workers (default: CPUs)")
+    args = p.parse_args()
+    report = start_report("incremental pack: full rebuild vs reuse of the previous version")
+    root, what = image_root(args)
+    tmp = Path(tempfile.mkdtemp(prefix="h5forge-bench-incr-"))
+    config, kw = PackConfig(), {"workers": args.workers, "overwrite": True}
+    try:
+        print("packing the previous version ...", flush=True)
+        previous = pack(root, tmp / "previous.h5", config=config, **kw)  # type: ignore[arg-type]
+        before = stat_walk(root)
+        sources = {
+            pct: (tmp / f"src-{pct}", changed_copy(root, tmp / f"src-{pct}", pct / 100, pct))
+            for pct in (1, 10)
+        }
+        results: dict[str, PackResult] = {}
+
+        def incremental(pct: int) -> None:
+            src = sources[pct][0]
+            unchanged = unchanged_paths(before, stat_walk(src))
+            reuse = Reuse(previous.path, unchanged)
+            results[f"{pct}%"] = pack(src, tmp / f"inc-{pct}.h5", config=config, reuse=reuse, **kw)  # type: ignore[arg-type]
+
+        def full() -> None:
+            results["full"] = pack(sources[1][0], tmp / "full.h5", config=config, **kw)  # type: ignore[arg-type]
+
+        def no_op() -> None:
+            if len(unchanged_paths(before, stat_walk(root))) != len(before):
+                raise SystemExit("the no-op walk found a change")
+
+        for f in root.rglob("*.jpg"):  # page cache warm for every variant
+            f.read_bytes()
+        times = interleave(
+            {
+                "full": full,
+                "incremental 1%": lambda: incremental(1),
+                "incremental 10%": lambda: incremental(10),
+                "no-op": no_op,
+            },
+            args.repeat,
+        )
+        _same(results["1%"], results["full"])
+        f_s = best(times["full"])
+        rows: list[list[object]] = [["full rebuild (1% source)", f"{f_s:.2f}", "1.00x", "", "—"]]
+        for name, key in (("incremental 1%", "1%"), ("incremental 10%", "10%"), ("no-op", "")):
+            s = best(times[name])
+            res = results.get(key)
+            counts = f"{res.reused:,} of {res.num_samples:,}" if res else "—"
+            changed = f"{sources[int(key[:-1])][1]:,} files" if key else "0"
+            ratio = s / f_s
+            rows.append([f"{name} ({changed})", f"{s:.3f}", f"**{ratio:.3f}x**", counts])
+            rows[-1].append(verdict(ratio, TARGETS[name], at_most=True))
+        report.add(f"Source: {what}. Config: {config.to_json()}; workers {args.workers or 'all'}.")
+        report.add(table(["variant", "best s", "/ full", "samples reused", "target"], rows))
+        report.write(not args.no_record)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
