@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from flows.config import BuildConfig
@@ -26,14 +27,24 @@ from flows.credentials import load_storage_options
 from flows.urls import check_url
 from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
-from h5forge.publish.preview import preview_url
+from h5forge.publish.lineage import Basis
+from h5forge.publish.manifest import manifest_url
+from h5forge.publish.preview import PREVIEW_SUFFIX, preview_url
+from h5forge.publish.versions import KEY_HEX
 from h5forge.redact import redact_url
 from h5forge.workdir import work_dir
 from tasks.common import dataset_name
 from tasks.discover import discover_samples
 from tasks.fetch import fetch_task, source_dir
 from tasks.pack import pack_images
-from tasks.publish import asset_key, make_preview, publish_task
+from tasks.publish import (
+    as_published,
+    asset_key,
+    check_source,
+    make_preview,
+    publish_task,
+    publish_version_task,
+)
 from tasks.report import render_report, write_report
 from tasks.shards import ShardStats, executor_section
 from tasks.smoke_load import smoke_load_file
@@ -77,6 +88,14 @@ class BuildSummary(BaseModel):
         description="executor dask: the shard plan, the "
         "shards this run packed and those it found done",
     )
+    unchanged: bool = Field(
+        default=False,
+        description="versioned: the latest version was built from this source and "
+        "configuration; nothing was fetched or published",
+    )
+    version: str = Field(
+        default="", description="versioned: the version's key (16 hex of its sha256)"
+    )
 
 
 @contextmanager
@@ -107,12 +126,27 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     check_destination(
         config.destination,
         source=config.source,
-        overwrite=config.overwrite,
+        overwrite=config.overwrite or config.versioned,  # a version never writes over one
         storage_options=options,
     )
     cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
     dataset = dataset_name(config.destination)
     seconds: dict[str, float] = {}
+    basis: Basis | None = None
+    lineage: dict[str, str] | None = None
+    if config.versioned:
+        with _stage(seconds, "fingerprint"):
+            basis = check_source(
+                config.source,
+                config.destination,
+                config_sha256=config.pack_config().sha256(),
+                sha256=config.sha256,
+                storage_options=options,
+            )
+        if basis.unchanged:
+            logger.info("unchanged: %s is built from this source", redact_url(basis.latest_url))
+            return _unchanged(config, basis, seconds)
+        lineage = basis.lineage(str(flow_run.id or ""), storage_options=options)
     with work_dir() as work:
         with _stage(seconds, "fetch"):
             pinned = source_dir(cache, config.source, config.sha256)
@@ -153,6 +187,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                     max_bad_fraction=config.max_bad_fraction,
                     source_url=fetched.source_url,
                     source_sha256=fetched.sha256,
+                    lineage=lineage,
                 )
         with _stage(seconds, "verify"):
             verified = verify_file(packed.path, sample_fraction=1.0)
@@ -162,26 +197,46 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
             )
         with _stage(seconds, "preview"):
             png = make_preview(packed.path, out=str(work / "preview.png"))
+        metadata = {
+            "num_samples": packed.num_samples,
+            "num_classes": packed.num_classes,
+            "num_quarantined": packed.num_quarantined,
+            "counts": packed.counts,
+            "format_version": verified.format_version,
+            "source": fetched.source_url,
+        }
+        about = f"h5forge asset {dataset}"
         with _stage(seconds, "publish"):
-            published = publish_task(config.destination, description=f"h5forge asset {dataset}")(
-                packed.path,
-                config.destination,
-                preview_png=png,
-                overwrite=config.overwrite,
-                metadata={
-                    "num_samples": packed.num_samples,
-                    "num_classes": packed.num_classes,
-                    "num_quarantined": packed.num_quarantined,
-                    "counts": packed.counts,
-                    "format_version": verified.format_version,
-                    "source": fetched.source_url,
-                },
-                storage_options=options,
-            )
+            if basis is None:
+                published = publish_task(config.destination, description=about)(
+                    packed.path,
+                    config.destination,
+                    preview_png=png,
+                    overwrite=config.overwrite,
+                    metadata=metadata,
+                    storage_options=options,
+                )
+                version = ""
+            else:
+                assert lineage is not None
+                released = publish_version_task(config.destination, description=about)(
+                    packed.path,
+                    config.destination,
+                    preview_png=png,
+                    sources=dict(basis.fingerprint.files) if basis.fingerprint else None,
+                    metadata={**metadata, **basis.manifest_fields(lineage)},
+                    storage_options=options,
+                )
+                version = released.version
+                published = as_published(released)  # the report shows the version
         if sharded is not None:  # published: the shards are no longer needed to resume
             sharded.remove_shards()
     shards = sharded.stats if sharded is not None else None
-    preview = redact_url(preview_url(config.destination))
+    preview = (
+        redact_url(preview_url(config.destination))
+        if basis is None
+        else published.url + PREVIEW_SUFFIX
+    )
     markdown = render_report(
         dataset=dataset,
         source=fetched.source_url,
@@ -213,4 +268,31 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         seconds=seconds,
         executor=config.executor,
         shards=shards,
+        unchanged=False,
+        version=version,
+    )
+
+
+def _unchanged(config: BuildConfig, basis: Basis, seconds: dict[str, float]) -> BuildSummary:
+    """The summary of a run that found its source and configuration already published."""
+    latest = basis.latest
+    return BuildSummary(
+        destination=redact_url(basis.latest_url),
+        manifest_url=redact_url(manifest_url(basis.latest_url)),
+        preview_url=redact_url(preview_url(basis.latest_url)),
+        asset_key=asset_key(config.destination),
+        num_samples=latest.get("num_samples", 0),
+        num_classes=latest.get("num_classes", 0),
+        num_quarantined=latest.get("num_quarantined", 0),
+        counts=latest.get("counts", {}),
+        sha256=basis.latest_sha256,
+        bytes=latest["bytes"],
+        format_version=latest.get("format_version", 0),
+        smoke_images_per_second=0.0,
+        smoke_per_method={},
+        seconds=seconds,
+        executor=config.executor,
+        shards=None,
+        unchanged=True,
+        version=basis.latest_sha256[:KEY_HEX],
     )

@@ -120,6 +120,16 @@ class BuildConfig(BaseModel):
         "max_bad_fraction"
     )
     overwrite: Annotated[bool, pack_field("overwrite")] = pack_default("overwrite")
+    versioned: Annotated[
+        bool,
+        Field(
+            description="Publish each build as a new immutable version, BASE/v/<sha>/NAME.h5 "
+            "(BASE: the destination without .h5), and move the pointer BASE.latest.json to it "
+            "last; readers pin a version. A run whose source and settings are those of the "
+            "latest version publishes nothing and ends as unchanged, before fetching. Off: "
+            "publish one object at the destination.",
+        ),
+    ] = False
     executor: Annotated[
         Literal["local", "dask"],
         Field(

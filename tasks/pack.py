@@ -78,6 +78,7 @@ def pack_images(
     max_bad_fraction: float = 0.01,
     source_url: str = "",
     source_sha256: str = "",
+    lineage: dict[str, str] | None = None,
 ) -> PackResult:
     """Preprocess and pack ``src`` (a folder, or the catalog the discover task returned) into
     the local file ``out`` (see :func:`h5forge.pack.writer.pack`).
@@ -103,6 +104,7 @@ def pack_images(
             max_bad_fraction=max_bad_fraction,
             source_url=source_url,
             source_sha256=source_sha256,
+            lineage=lineage,
             on_progress=on_progress,
             overwrite=True,  # ``out`` is in this run's private work dir
         )

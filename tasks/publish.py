@@ -20,12 +20,25 @@ from prefect.tasks import MaterializingTask
 from prefect.types.names import MAX_ASSET_KEY_LENGTH, RESTRICTED_ASSET_CHARACTERS
 from prefect.utilities.hashing import hash_objects
 
+from h5forge.asset.open import url_to_fs
+from h5forge.hashing import sha256_file
+from h5forge.publish.lineage import Basis, build_basis, write_sources
+from h5forge.publish.manifest import manifest_url
 from h5forge.publish.preview import preview_url, publish_preview, write_preview
-from h5forge.publish.storage import PublishResult, publish
+from h5forge.publish.release import VersionResult, publish_version
+from h5forge.publish.storage import PublishResult, publish, put_file
+from h5forge.publish.versions import version_url
 from h5forge.redact import redact_url
 from tasks.common import dataset_name, retry_upload, run_name, with_retries
 
-__all__ = ["asset_key", "make_preview", "publish_task"]
+__all__ = [
+    "as_published",
+    "asset_key",
+    "check_source",
+    "make_preview",
+    "publish_task",
+    "publish_version_task",
+]
 
 
 def asset_key(dest: str) -> str:
@@ -107,3 +120,87 @@ def publish_task(dest: str, *, description: str = "") -> MaterializingTask[..., 
         task_run_name=run_name("publish"),
         **with_retries(3, retry_upload),
     )(_publish)
+
+
+@task(name="fingerprint", task_run_name=run_name("fingerprint"), **with_retries(3))
+def check_source(
+    source: str,
+    asset: str,
+    *,
+    config_sha256: str,
+    sha256: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Basis:
+    """The source's fingerprint and the asset's latest version (:func:`build_basis`)."""
+    return build_basis(
+        source, asset, config_sha256=config_sha256, sha256=sha256, storage_options=storage_options
+    )
+
+
+def _publish_version(
+    local_file: str,
+    dest: str,
+    *,
+    preview_png: str,
+    sources: dict[str, str] | None = None,
+    metadata: dict[str, Any] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> VersionResult:
+    """Publish ``local_file`` as a new version of the asset ``dest`` (its preview and its
+    per-file map first, in the version's folder, unless that version already exists; then the
+    file, its manifest and the pointer, last)."""
+    target = version_url(dest, sha256_file(local_file))
+    fs, mpath = url_to_fs(manifest_url(target), storage_options)
+    if not fs.exists(mpath):  # a published version's sidecars are never written over
+        put_file(preview_png, preview_url(target), storage_options=storage_options)
+        if sources is not None:
+            write_sources(target, sources, storage_options=storage_options)
+    result = publish_version(
+        local_file,
+        dest,
+        storage_options=storage_options,
+        extra={**(metadata or {}), "preview": posixpath.basename(preview_url(target))},
+    )
+    add_asset_metadata(
+        asset_key(dest),
+        {
+            **(metadata or {}),
+            "sha256": result.sha256,
+            "version": result.version,
+            "bytes": result.bytes,
+            "manifest_url": result.manifest_url,
+            "preview_url": redact_url(preview_url(target)),
+        },
+    )
+    return result
+
+
+def publish_version_task(
+    dest: str, *, description: str = ""
+) -> MaterializingTask[..., VersionResult]:
+    """The versioned publish task for ``dest``: the same asset as :func:`publish_task`'s.
+
+    Call it as ``publish_version_task(dest)(local_file, dest, preview_png=..., sources=...)``.
+    """
+    asset = Asset(
+        key=asset_key(dest),
+        properties=AssetProperties(name=dataset_name(dest), description=description[:2500] or None),
+    )
+    return materialize(
+        asset,
+        by="h5forge",
+        name="publish",
+        task_run_name=run_name("publish"),
+        **with_retries(3, retry_upload),
+    )(_publish_version)
+
+
+def as_published(result: VersionResult) -> PublishResult:
+    """The version's own file as a :class:`PublishResult` (what the build report shows)."""
+    return PublishResult(
+        url=result.url,
+        manifest_url=result.manifest_url,
+        sha256=result.sha256,
+        bytes=result.bytes,
+        unchanged=result.unchanged,
+    )

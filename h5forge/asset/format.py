@@ -29,6 +29,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "PARTIAL_SUFFIX",
+    "OPTIONAL_ATTRS",
     "Header",
     "Storage",
 ]
@@ -77,6 +78,11 @@ A_DIGEST_ALGORITHM = "digest_algorithm"
 A_COMPRESSION = "compression"
 A_METADATA_SHA256 = "metadata_sha256"
 A_SEALED = "sealed"
+# Lineage: optional, written only when the build knows them (a versioned publish).
+A_PARENT_SHA256 = "parent_sha256"
+A_SOURCE_FINGERPRINT = "source_fingerprint"
+A_FLOW_RUN_ID = "flow_run_id"
+A_CHANGES_JSON = "changes_json"
 
 #: Every dataset the writer may create, with its normative description (FORMAT.md mirrors it).
 DATASET_DESCRIPTIONS: dict[str, str] = {
@@ -117,7 +123,16 @@ ATTR_DESCRIPTIONS: dict[str, str] = {
     A_METADATA_SHA256: "string, sha256 hex of every root attribute but itself and sealed, and "
     "every dataset but /images (canonical serialisation, see metadata_sha256())",
     A_SEALED: "bool, written last, after verification; a file without it is not valid",
+    A_PARENT_SHA256: "string, optional: sha256 hex of the version this file replaced as latest",
+    A_SOURCE_FINGERPRINT: "string, optional: sha256 hex of the source's pre-fetch fingerprint",
+    A_FLOW_RUN_ID: "string, optional: the Prefect flow run that built the file",
+    A_CHANGES_JSON: "string, optional: JSON {added, removed, replaced} source files vs the parent",
 }
+
+#: The optional root attributes (lineage): absent from a file built without them.
+OPTIONAL_ATTRS: frozenset[str] = frozenset(
+    (A_PARENT_SHA256, A_SOURCE_FINGERPRINT, A_FLOW_RUN_ID, A_CHANGES_JSON)
+)
 
 _INDEX = (
     LABELS,

@@ -1,4 +1,4 @@
-"""``h5forge`` command line: pack, verify, inspect and versions, without Prefect.
+"""``h5forge`` command line: pack, verify, inspect, versions and diff, without Prefect.
 
 Exit codes, the same for every command (``build`` and ``demo`` included): 0 success, 1
 integrity or run failure, 2 usage error; the table is in :mod:`h5forge.cli.exits`.
@@ -224,6 +224,35 @@ def versions(
         )
     if scan.skipped:
         typer.echo(f"({scan.skipped} entries under v/ skipped: not versions h5forge wrote)")
+
+
+@app.command()
+def diff(
+    refs: Annotated[
+        list[str],
+        typer.Argument(help="A B (two .h5 URLs) or BASE V1 V2 (an asset, two versions or latest)"),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="print the difference as JSON")] = False,
+) -> None:
+    """Say what changed between two files or versions, from their indexes (no sample bytes)."""
+    from h5forge.publish.diff import diff_files, resolve_pair
+
+    if len(refs) not in (2, 3):
+        raise fail(f"diff takes A B or BASE V1 V2, not {len(refs)} arguments", EXIT_USAGE)
+    a, b = run_guarded(resolve_pair, refs, what=refs[0])
+    d = run_guarded(diff_files, a, b, what=a)
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(d), indent=2, ensure_ascii=True))
+        return
+    classes = [f"+{c}" for c in d.classes_added] + [f"-{c}" for c in d.classes_removed]
+    for line in (
+        f"{printable(d.a)} -> {printable(d.b)}",
+        f"samples: {d.samples[0]} -> {d.samples[1]} ({d.added} added, {d.removed} removed, "
+        f"{d.replaced} replaced, {d.same} unchanged)",
+        f"classes: {printable(' '.join(classes)) if classes else 'unchanged'}",
+        f"config: {'changed' if d.config_changed else 'unchanged'}",
+    ):
+        typer.echo(line)
 
 
 def main() -> None:

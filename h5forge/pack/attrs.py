@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
 from h5forge.asset import format as fmt
 
-__all__ = ["root_attrs"]
+__all__ = ["check_lineage", "root_attrs"]
 
 
 def root_attrs(
@@ -24,6 +26,7 @@ def root_attrs(
     num_samples: int,
     num_classes: int,
     num_quarantined: int,
+    lineage: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Every root attribute but ``sealed`` (and ``metadata_sha256``, set when sealing).
 
@@ -33,6 +36,7 @@ def root_attrs(
             gives its shards' own. ``config_sha256`` is the sha256 of ``config_json``
             (:meth:`~PackConfig.sha256`).
         num_samples, num_quarantined: placeholders while packing (fixed up in place at the end).
+        lineage: the optional lineage attributes (see :func:`check_lineage`); none by default.
     """
     from h5forge import __version__
 
@@ -54,4 +58,35 @@ def root_attrs(
         fmt.A_NUM_QUARANTINED: num_quarantined,
         fmt.A_DIGEST_ALGORITHM: fmt.DIGEST_ALGORITHM,
         fmt.A_COMPRESSION: compression,
+        **check_lineage(lineage),
     }
+
+
+def check_lineage(lineage: Mapping[str, str] | None) -> dict[str, str]:
+    """The lineage root attributes, checked: ``parent_sha256`` and ``source_fingerprint`` are
+    sha256 hex (or ``""``), ``flow_run_id`` a string, ``changes_json`` a JSON object of counts.
+
+    Raises:
+        ValueError: a key that is not a lineage attribute, or a value of the wrong form.
+    """
+    found = dict(lineage or {})
+    unknown = sorted(set(found) - fmt.OPTIONAL_ATTRS)
+    if unknown:
+        raise ValueError(f"lineage keys {unknown} unknown: allowed {sorted(fmt.OPTIONAL_ATTRS)}")
+    for key, value in found.items():
+        if not isinstance(value, str) or len(value) > 4096:
+            raise ValueError(f"lineage {key}={value!r:.80} must be a string of at most 4096 chars")
+    for key in (fmt.A_PARENT_SHA256, fmt.A_SOURCE_FINGERPRINT):
+        value = found.get(key, "")
+        if value and (len(value) != 64 or value.strip("0123456789abcdef")):
+            raise ValueError(f"lineage {key}={value!r} must be 64 lower-case hex digits or ''")
+    if fmt.A_CHANGES_JSON in found:
+        changes = json.loads(found[fmt.A_CHANGES_JSON])
+        if not isinstance(changes, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in changes.values()
+        ):
+            raise ValueError(
+                f"lineage changes_json {found[fmt.A_CHANGES_JSON]!r} must be a JSON "
+                'object of counts, such as {"added": 1, "removed": 0}'
+            )
+    return found

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,7 @@ def pack(
     manifest: str | os.PathLike[str] | None = None,
     source_url: str = "",
     source_sha256: str = "",
+    lineage: Mapping[str, str] | None = None,
     progress: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
     overwrite: bool = False,
@@ -90,7 +91,7 @@ def pack(
         workers: preprocessing processes; default: CPU count.
         max_bad_fraction: fail when more than this fraction of inputs is quarantined.
         manifest: CSV/JSONL listing the images (when ``src`` is a folder).
-        source_url, source_sha256: recorded as root attributes (redact the URL first).
+        source_url, source_sha256, lineage: root attributes (redact the URL; lineage: optional).
         progress: show a progress bar on the terminal.
         on_progress: called with ``(done, total)`` after each input.
         overwrite: replace an existing ``out``.
@@ -118,6 +119,7 @@ def pack(
         max_bad_fraction=max_bad_fraction,
         source_url=source_url,
         source_sha256=source_sha256,
+        lineage=lineage,
         bar=PackProgress(len(catalog.samples), progress, on_progress),
         overwrite=overwrite,
         every_class=True,
@@ -141,8 +143,6 @@ def pack_slice(
         config,
         filters,
         max_bad_fraction=1.0,
-        source_url="",
-        source_sha256="",
         bar=PackProgress(len(catalog.samples), False, None),
         overwrite=True,
         every_class=False,
@@ -173,8 +173,9 @@ def _pack(
     filters: dict[str, Any],
     *,
     max_bad_fraction: float,
-    source_url: str,
-    source_sha256: str,
+    source_url: str = "",
+    source_sha256: str = "",
+    lineage: Mapping[str, str] | None = None,
     bar: PackProgress,
     overwrite: bool,
     every_class: bool,
@@ -194,6 +195,7 @@ def _pack(
         num_samples=len(catalog.samples),
         num_classes=len(catalog.classes),
         num_quarantined=0,
+        lineage=lineage,
     )
     try:
         with staged(out_path, overwrite=overwrite, how=_HOW) as stage:

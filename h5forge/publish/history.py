@@ -201,7 +201,8 @@ def apply_retention(
 
     Never removes the version the pointer names, one younger than ``min_age_s`` seconds, or
     anything :func:`list_versions` does not recognise. Each version goes manifest first, then
-    its preview, then its file, so no reader pairs a manifest with a missing file.
+    its preview and its sources map, then its file, so no reader pairs a manifest with a missing
+    file.
 
     Args:
         now: the time ages are measured at (timezone-aware; default: now, UTC).
@@ -212,6 +213,7 @@ def apply_retention(
     Raises:
         ValueError: an argument is invalid, or the listing or the pointer is not trusted.
     """
+    from h5forge.publish.lineage import SOURCES_SUFFIX
     from h5forge.publish.preview import PREVIEW_SUFFIX  # imports Pillow: only when deleting
 
     check_retention(keep_versions, min_age_s)
@@ -230,8 +232,8 @@ def apply_retention(
             continue
         folder = f"{vpath}/{v.version}"
         file = f"{folder}/{name}.h5"
-        for path in (file + MANIFEST_SUFFIX, file + PREVIEW_SUFFIX, file):
-            # A preview is optional; a file already gone is what we wanted.
+        for path in (file + MANIFEST_SUFFIX, file + PREVIEW_SUFFIX, file + SOURCES_SUFFIX, file):
+            # A preview and a sources map are optional; a file already gone is what we wanted.
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(path)
         fs.invalidate_cache(folder)

@@ -445,6 +445,11 @@ def test_retention_removes_manifest_then_preview_then_file(store: Store, tmp_pat
     assert not any(f"/v/{old.version}/" in k for k in store.files())
     if store.requests is not None:
         deleted = [p.rsplit("/", 1)[1] for m, p, _ in store.requests() if m == "DELETE"]
-        assert deleted == ["set.h5.manifest.json", "set.h5.preview.png", "set.h5"]
+        assert deleted == [
+            "set.h5.manifest.json",
+            "set.h5.preview.png",
+            "set.h5.sources.json",
+            "set.h5",
+        ]
     else:
         assert not Path(old_path).parent.exists()  # the emptied folder goes too

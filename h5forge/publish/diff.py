@@ -1,0 +1,105 @@
+"""What changed between two files (two versions of an asset), from their indexes alone.
+
+Each file's index is read through :func:`h5forge.asset.open.open_h5` and checked by
+:func:`h5forge.asset.index.load_index`; the samples are matched by ``/paths`` and compared by
+``/digests``. No sample byte is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from h5forge.asset import format as fmt
+from h5forge.asset.index import load_index
+from h5forge.asset.open import open_h5
+from h5forge.publish.versions import resolve_version
+from h5forge.redact import redact_url
+
+__all__ = ["FileDiff", "diff_files", "resolve_pair"]
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    """How file ``b`` differs from file ``a``. URLs are redacted.
+
+    Attributes:
+        samples: the number of samples of ``a`` and of ``b``.
+        classes_added, classes_removed: class names in ``b`` only, in ``a`` only.
+        config_changed: their ``config_sha256`` differ.
+        added, removed: sample paths in ``b`` only, in ``a`` only.
+        replaced: paths in both whose digest differs.
+        same: paths in both with the same digest.
+    """
+
+    a: str
+    b: str
+    samples: tuple[int, int]
+    classes_added: tuple[str, ...]
+    classes_removed: tuple[str, ...]
+    config_changed: bool
+    added: int
+    removed: int
+    replaced: int
+    same: int
+
+
+def _read(url: str, storage_options: dict[str, Any] | None) -> tuple[dict[str, bytes], Any, str]:
+    """``({path: digest}, classes, config_sha256)`` of the sealed file at ``url``."""
+    with open_h5(url, storage_options) as h5:
+        index = load_index(h5, where=redact_url(url))
+        n = int(index.labels.shape[0])
+        paths = h5[fmt.PATHS].asstr()[:n]
+        digests = np.asarray(h5[fmt.DIGESTS][:n], np.uint8)
+        config = str(h5.attrs[fmt.A_CONFIG_SHA256])
+    return {p: d.tobytes() for p, d in zip(paths, digests, strict=True)}, index.classes, config
+
+
+def diff_files(a: str, b: str, *, storage_options: dict[str, Any] | None = None) -> FileDiff:
+    """Compare the sealed files at ``a`` and ``b`` (local paths or fsspec URLs).
+
+    Raises:
+        FileNotFoundError: nothing at ``a`` or ``b``.
+        IntegrityError, UnsealedFileError: one is damaged or not a sealed h5forge file.
+    """
+    old, old_classes, old_config = _read(a, storage_options)
+    new, new_classes, new_config = _read(b, storage_options)
+    both = old.keys() & new.keys()
+    replaced = sum(1 for p in both if old[p] != new[p])
+    return FileDiff(
+        a=redact_url(a),
+        b=redact_url(b),
+        samples=(len(old), len(new)),
+        classes_added=tuple(c for c in new_classes if c not in set(old_classes)),
+        classes_removed=tuple(c for c in old_classes if c not in set(new_classes)),
+        config_changed=old_config != new_config,
+        added=len(new.keys() - old.keys()),
+        removed=len(old.keys() - new.keys()),
+        replaced=replaced,
+        same=len(both) - replaced,
+    )
+
+
+def resolve_pair(
+    refs: list[str], *, storage_options: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """The two file URLs ``refs`` name: ``[A, B]`` (file URLs) or ``[BASE, V1, V2]`` (each
+    version ``latest`` or a sha256 prefix of 16-64 hex digits, see
+    :func:`h5forge.publish.versions.resolve_version`).
+
+    Raises:
+        ValueError: not two or three references, or a version is not of that form.
+        FileNotFoundError: the asset has no such version.
+    """
+    if len(refs) == 2:
+        return refs[0], refs[1]
+    if len(refs) == 3:
+        base, v1, v2 = refs
+        first = resolve_version(base, v1, storage_options=storage_options)[0]
+        return first, resolve_version(base, v2, storage_options=storage_options)[0]
+    raise ValueError(
+        f"diff takes A B (two file URLs) or BASE V1 V2 (an asset and two versions), not "
+        f"{len(refs)} arguments"
+    )

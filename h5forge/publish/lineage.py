@@ -1,0 +1,210 @@
+"""What a versioned build compares before it fetches, and what it records about its parent.
+
+Before fetching, :func:`build_basis` takes the source's fingerprint
+(:func:`h5forge.fetch.fingerprint.source_fingerprint`) and reads the asset's latest version's
+manifest. When both the fingerprint digest and the pack configuration's sha256 equal what that
+manifest records (``source_fingerprint``, ``config_sha256``), the build has nothing to do.
+Otherwise the new version records them, its ``parent``, the ``changes`` of the source since
+the parent (from the parent's ``NAME.h5.sources.json``, the per-file map) and the flow run.
+
+The pointer, the manifest and the sources map are untrusted input: the version they name is
+recomputed from the asset's base (:func:`h5forge.publish.versions.read_pointer`), and the map
+is size-bounded and type-checked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from h5forge.asset import format as fmt
+from h5forge.asset.open import url_to_fs
+from h5forge.fetch.fingerprint import SourceFingerprint, source_fingerprint
+from h5forge.publish.copy import put
+from h5forge.publish.manifest import load_manifest, manifest_url
+from h5forge.publish.versions import read_pointer
+from h5forge.redact import redact_url
+
+__all__ = [
+    "MAX_SOURCES_BYTES",
+    "SOURCES_SUFFIX",
+    "Basis",
+    "build_basis",
+    "count_changes",
+    "read_sources",
+    "sources_url",
+    "write_sources",
+]
+
+log = logging.getLogger(__name__)
+
+SOURCES_SUFFIX = ".sources.json"
+SOURCES_FORMAT = "h5forge-sources"
+#: Largest per-file map written or read (about 500,000 files of 100-byte names).
+MAX_SOURCES_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What a versioned build is based on.
+
+    Attributes:
+        fingerprint: the source's, None when it has no cheap one (then the build builds).
+        config_sha256: :meth:`h5forge.pack.config.PackConfig.sha256` of this build.
+        latest_url: the latest version's file URL ("" when the asset has no version).
+        latest_sha256: its sha256 ("" when none).
+        latest: its manifest ({} when none).
+    """
+
+    fingerprint: SourceFingerprint | None
+    config_sha256: str
+    latest_url: str
+    latest_sha256: str
+    latest: Mapping[str, Any]
+
+    @property
+    def unchanged(self) -> bool:
+        """The latest version was built from this very source and configuration."""
+        return (
+            self.fingerprint is not None
+            and bool(self.latest_sha256)
+            and self.latest.get("source_fingerprint") == self.fingerprint.digest
+            and self.latest.get("config_sha256") == self.config_sha256
+        )
+
+    def manifest_fields(self, lineage: Mapping[str, str]) -> dict[str, Any]:
+        """The new version's manifest fields: what the next build compares, and ``lineage``
+        (from :meth:`lineage`) with its ``changes`` as an object."""
+        fields: dict[str, Any] = {
+            "source_fingerprint": lineage[fmt.A_SOURCE_FINGERPRINT],
+            "config_sha256": self.config_sha256,
+            "flow_run_id": lineage[fmt.A_FLOW_RUN_ID],
+        }
+        if fmt.A_CHANGES_JSON in lineage:
+            fields["changes"] = json.loads(lineage[fmt.A_CHANGES_JSON])
+        return fields
+
+    def lineage(
+        self, flow_run_id: str = "", *, storage_options: dict[str, Any] | None = None
+    ) -> dict[str, str]:
+        """The new version's lineage, as root attributes (:func:`check_lineage` keys).
+
+        ``changes_json`` is there when both this source's and the parent's per-file maps are
+        known.
+        """
+        found = {
+            fmt.A_PARENT_SHA256: self.latest_sha256,
+            fmt.A_SOURCE_FINGERPRINT: self.fingerprint.digest if self.fingerprint else "",
+            fmt.A_FLOW_RUN_ID: flow_run_id,
+        }
+        if self.fingerprint is not None and self.latest_url:
+            old = read_sources(self.latest_url, storage_options=storage_options)
+            if old is not None:
+                changes = count_changes(old, self.fingerprint.files)
+                found[fmt.A_CHANGES_JSON] = json.dumps(changes, sort_keys=True)
+        return found
+
+
+def build_basis(
+    source: str,
+    asset: str,
+    *,
+    config_sha256: str,
+    sha256: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Basis:
+    """Fingerprint ``source`` and read the latest version of ``asset`` (``BASE`` or ``BASE.h5``).
+
+    Raises:
+        ValueError: the pointer or the latest version's manifest is not h5forge's, or the
+            manifest's sha256 is not the one the pointer names.
+        FileNotFoundError: nothing exists at ``source``.
+    """
+    fingerprint = source_fingerprint(source, sha256=sha256, storage_options=storage_options)
+    pointer = read_pointer(asset, storage_options=storage_options)
+    latest: dict[str, Any] = {}
+    if pointer is not None:
+        target = manifest_url(pointer.url)
+        fs, path = url_to_fs(target, storage_options)
+        latest = load_manifest(fs, path, redact_url(target)) or {}
+        if latest and latest["sha256"] != pointer.sha256:
+            raise ValueError(
+                f"{redact_url(target)} records sha256 {latest['sha256']}, but the pointer "
+                f"names {pointer.sha256}: not the version's own manifest; publish again"
+            )
+    return Basis(
+        fingerprint=fingerprint,
+        config_sha256=config_sha256,
+        latest_url=pointer.url if pointer is not None and latest else "",
+        latest_sha256=pointer.sha256 if pointer is not None and latest else "",
+        latest=latest,
+    )
+
+
+def sources_url(version_file: str) -> str:
+    """``NAME.h5.sources.json`` beside the version's file."""
+    return version_file + SOURCES_SUFFIX
+
+
+def count_changes(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, int]:
+    """``{added, removed, replaced}``: files of ``new`` not in ``old``, the reverse, and
+    files in both whose token differs."""
+    both = old.keys() & new.keys()
+    return {
+        "added": len(new.keys() - old.keys()),
+        "removed": len(old.keys() - new.keys()),
+        "replaced": sum(1 for k in both if old[k] != new[k]),
+    }
+
+
+def write_sources(
+    version_file: str,
+    files: Mapping[str, str],
+    *,
+    storage_options: dict[str, Any] | None = None,
+) -> bool:
+    """Write the per-file map beside ``version_file``; False (nothing written) when it would be
+    over :data:`MAX_SOURCES_BYTES`."""
+    body = {"format": SOURCES_FORMAT, "format_version": 1, "files": dict(files)}
+    data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    if len(data) > MAX_SOURCES_BYTES:
+        log.info("sources map of %d bytes is over %d: not written", len(data), MAX_SOURCES_BYTES)
+        return False
+    fs, path = url_to_fs(sources_url(version_file), storage_options)
+    put(fs, path, data=data)
+    return True
+
+
+def read_sources(
+    version_file: str, *, storage_options: dict[str, Any] | None = None
+) -> dict[str, str] | None:
+    """The per-file map beside ``version_file``; None when it has none.
+
+    Raises:
+        ValueError: it is over :data:`MAX_SOURCES_BYTES`, not JSON, or not a map of strings.
+    """
+    target = sources_url(version_file)
+    shown = redact_url(target)
+    fs, path = url_to_fs(target, storage_options)
+    try:
+        raw = fs.cat_file(path, start=0, end=MAX_SOURCES_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(raw) > MAX_SOURCES_BYTES:
+        raise ValueError(f"{shown} is over {MAX_SOURCES_BYTES} bytes: not an h5forge sources map")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{shown} is not JSON ({e}); publish the asset again") from None
+    files = body.get("files") if isinstance(body, dict) else None
+    if (
+        not isinstance(body, dict)
+        or body.get("format") != SOURCES_FORMAT
+        or not isinstance(files, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
+    ):
+        raise ValueError(f"{shown} is not an h5forge sources map (format {SOURCES_FORMAT!r})")
+    return files

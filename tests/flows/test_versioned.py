@@ -1,0 +1,143 @@
+"""build-h5-dataset with versioned=True: no-op builds, lineage in the manifest and the file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import h5py
+import pytest
+
+from flows.build import BuildConfig, build_dataset
+from h5forge.demo import write_image_folder
+from h5forge.publish.lineage import read_sources
+from h5forge.publish.versions import read_pointer
+
+
+def _source(root: Path) -> Path:
+    write_image_folder(root, classes=("ant", "bee"), per_class=4, seed=3)
+    return root
+
+
+def _build(config: BuildConfig, cache: Path) -> tuple[Any, Any]:
+    state = build_dataset(config, cache_dir=str(cache), return_state=True)
+    assert state.is_completed(), state.message
+    return state, state.result()
+
+
+def _objects(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    fs, path = fsspec.core.url_to_fs(url, **options)
+    fs.invalidate_cache()
+    return {
+        k: (v["size"], v.get("ETag") or v.get("mtime"))
+        for k, v in fs.find(path, detail=True).items()
+    }
+
+
+def _manifest(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    with fsspec.open(url + ".manifest.json", **options) as f:
+        return dict(json.load(f))
+
+
+def test_a_local_source_unchanged_touched_and_reconfigured(
+    prefect_harness: str, tmp_path: Path
+) -> None:
+    src = _source(tmp_path / "src")
+    pub = tmp_path / "pub"
+    config = BuildConfig(
+        source=str(src), destination=str(pub / "set.h5"), versioned=True, smoke_workers=0, size=32
+    )
+    state, first = _build(config, tmp_path / "cache")
+    assert not first.unchanged
+    assert first.destination.endswith(f"/set/v/{first.version}/set.h5")
+    assert first.version == first.sha256[:16]
+    manifest = _manifest(first.destination, {})
+    assert manifest["parent"] == ""
+    assert manifest["config_sha256"] == config.pack_config().sha256()
+    assert manifest["flow_run_id"] == str(state.state_details.flow_run_id)
+    assert "changes" not in manifest  # no parent to compare with
+    files = read_sources(first.destination)
+    assert files is not None
+    assert len(files) == 8
+    with h5py.File(first.destination) as h5:
+        assert h5.attrs["parent_sha256"] == ""
+        assert h5.attrs["source_fingerprint"] == manifest["source_fingerprint"]
+        assert h5.attrs["flow_run_id"] == manifest["flow_run_id"]
+        assert "changes_json" not in h5.attrs
+
+    before = _objects(str(pub), {})
+    pointer = (pub / "set.latest.json").read_bytes()
+    _, again = _build(config, tmp_path / "cache")
+    assert again.unchanged
+    assert (again.version, again.sha256) == (first.version, first.sha256)
+    assert again.num_samples == first.num_samples
+    assert "fetch" not in again.seconds
+    assert _objects(str(pub), {}) == before  # nothing published, nothing rewritten
+    assert (pub / "set.latest.json").read_bytes() == pointer
+
+    touched = next(iter(sorted(src.rglob("*.*"))))
+    st = os.stat(touched)
+    os.utime(touched, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    _, second = _build(config, tmp_path / "cache")
+    assert not second.unchanged
+    assert second.version != first.version
+    manifest = _manifest(second.destination, {})
+    assert manifest["parent"] == first.sha256
+    assert manifest["changes"] == {"added": 0, "removed": 0, "replaced": 1}
+    with h5py.File(second.destination) as h5:
+        assert h5.attrs["parent_sha256"] == first.sha256
+        assert json.loads(h5.attrs["changes_json"]) == manifest["changes"]
+    pointed = read_pointer(str(pub / "set"))
+    assert pointed is not None
+    assert pointed.sha256 == second.sha256
+
+    _, third = _build(config.model_copy(update={"size": 24}), tmp_path / "cache")
+    assert not third.unchanged
+    assert _manifest(third.destination, {})["changes"] == {"added": 0, "removed": 0, "replaced": 0}
+
+
+def test_an_s3_asset_is_not_rebuilt_when_nothing_changed(
+    prefect_harness: str, tmp_path: Path, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    from prefect.blocks.system import Secret
+
+    Secret(value=s3_storage_options).save("h5forge-test-noop", overwrite=True)
+    src = _source(tmp_path / "src")
+    base = f"s3://{s3_bucket}/assets/set"
+    config = BuildConfig(
+        source=str(src),
+        destination=base + ".h5",
+        credentials_block="h5forge-test-noop",
+        versioned=True,
+        smoke_workers=0,
+        size=32,
+    )
+    _, first = _build(config, tmp_path / "cache")
+    assert not first.unchanged
+    before = _objects(f"s3://{s3_bucket}", s3_storage_options)
+    assert f"{s3_bucket}/assets/set/v/{first.version}/set.h5.sources.json" in before
+    _, again = _build(config, tmp_path / "cache")
+    assert again.unchanged
+    assert again.sha256 == first.sha256
+    assert _objects(f"s3://{s3_bucket}", s3_storage_options) == before
+    (src / "ant" / "extra.png").write_bytes(
+        (src / "bee").joinpath(sorted(os.listdir(src / "bee"))[0]).read_bytes()
+    )
+    _, grown = _build(config, tmp_path / "cache")
+    assert not grown.unchanged
+    assert grown.num_samples == first.num_samples + 1
+    assert _manifest(f"{base}/v/{grown.version}/set.h5", s3_storage_options)["changes"] == {
+        "added": 1,
+        "removed": 0,
+        "replaced": 0,
+    }
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+def test_versioned_is_a_documented_form_field(versioned: bool) -> None:
+    schema = BuildConfig.model_json_schema()["properties"]["versioned"]
+    assert "BASE.latest.json" in schema["description"]
+    assert BuildConfig(source="/x", destination="/y.h5", versioned=versioned).versioned is versioned

@@ -1,0 +1,104 @@
+"""source_fingerprint: a local folder, a bucket prefix, one object, a pinned source — no reads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from h5forge.fetch.fingerprint import files_digest, source_fingerprint
+
+
+def _tree(root: Path) -> Path:
+    for rel in ("a/1.jpg", "a/2.jpg", "b/3.png"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(rel.encode() * 10)
+    return root
+
+
+def test_a_folder_fingerprint_changes_with_a_touch_an_addition_and_a_removal(
+    tmp_path: Path,
+) -> None:
+    root = _tree(tmp_path / "src")
+    first = source_fingerprint(str(root))
+    assert first is not None
+    assert first.kind == "folder"
+    assert set(first.files) == {"a/1.jpg", "a/2.jpg", "b/3.png"}
+    assert first.digest == files_digest(first.files)
+    again = source_fingerprint(str(root))
+    assert again is not None
+    assert again.digest == first.digest
+    st = os.stat(root / "a/1.jpg")
+    os.utime(root / "a/1.jpg", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    touched = source_fingerprint(str(root))
+    assert touched is not None
+    assert touched.digest != first.digest
+    (root / "b/4.png").write_bytes(b"new")
+    added = source_fingerprint(str(root))
+    assert added is not None
+    assert "b/4.png" in added.files
+    assert added.digest != touched.digest
+    (root / "a/2.jpg").unlink()
+    removed = source_fingerprint(str(root))
+    assert removed is not None
+    assert "a/2.jpg" not in removed.files
+
+
+def test_a_folder_over_the_file_bound_has_no_fingerprint(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "src")
+    assert source_fingerprint(str(root), max_files=3) is not None
+    assert source_fingerprint(str(root), max_files=2) is None
+
+
+def test_a_link_loop_is_walked_once(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "src")
+    (root / "a" / "loop").symlink_to(root)
+    fp = source_fingerprint(str(root))
+    assert fp is not None
+    assert set(fp.files) == {"a/1.jpg", "a/2.jpg", "b/3.png"}
+
+
+def test_pinned_http_and_missing_sources(tmp_path: Path) -> None:
+    sha = "ab" * 32
+    pinned = source_fingerprint("https://example.org/data.tar.gz", sha256=sha.upper())
+    assert pinned is not None
+    assert pinned.kind == "pinned"
+    assert pinned.files == {"": f"sha256:{sha}"}
+    assert source_fingerprint("https://example.org/data.tar.gz") is None
+    with pytest.raises(ValueError, match="64 hexadecimal"):
+        source_fingerprint(str(tmp_path), sha256="12")
+    with pytest.raises(FileNotFoundError, match="nothing at"):
+        source_fingerprint(str(tmp_path / "absent"))
+    archive = tmp_path / "x.tar"
+    archive.write_bytes(b"x" * 10)
+    one = source_fingerprint(str(archive))
+    assert one is not None
+    assert one.kind == "object"
+    assert one.files[""].startswith("10:")
+
+
+def test_a_prefix_uses_the_listing_etags_and_reads_no_object(
+    s3_bucket: str, s3_storage_options: dict[str, Any], s3_requests: Any
+) -> None:
+    url = f"s3://{s3_bucket}/images"
+    fs, path = fsspec.core.url_to_fs(url, **s3_storage_options)
+    for rel in ("a/1.jpg", "b/2.jpg"):
+        fs.pipe_file(f"{path}/{rel}", rel.encode())
+    s3_requests.clear()
+    first = source_fingerprint(url + "/", storage_options=s3_storage_options)
+    assert first is not None
+    assert first.kind == "prefix"
+    assert set(first.files) == {"a/1.jpg", "b/2.jpg"}
+    assert not [r for r in s3_requests() if r.method == "GET" and "list-type" not in r.path]
+    fs.pipe_file(f"{path}/a/1.jpg", b"other bytes")
+    changed = source_fingerprint(url, storage_options=s3_storage_options)
+    assert changed is not None
+    assert changed.files["a/1.jpg"] != first.files["a/1.jpg"]
+    assert changed.files["b/2.jpg"] == first.files["b/2.jpg"]
+    one = source_fingerprint(f"{url}/b/2.jpg", storage_options=s3_storage_options)
+    assert one is not None
+    assert one.kind == "object"
+    assert one.files[""] == first.files["b/2.jpg"]
