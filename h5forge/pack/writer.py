@@ -1,12 +1,10 @@
 """Pack a catalog of images into one sealed h5forge file (format v1).
 
-The writer is the only process that touches the HDF5 file; preprocessing runs in a process
-pool and streams results back in order (see :mod:`h5forge.preprocess.pool`) into a
-:class:`~h5forge.pack.sink.Sink`. The file is written as ``OUT.partial`` and committed by
-:mod:`h5forge.pack.commit` (verified while fsynced, sealed last, renamed to ``OUT``): an
-interrupted pack never leaves a file named ``OUT``, and one pack at a time writes an output.
-Everything but the image bytes is placed at the head of the file (:mod:`h5forge.asset.placement`),
-so a remote reader opens it with one ranged read.
+The writer is the only process that touches the HDF5 file; samples stream in, in order, from
+the process pool or a previous version (:mod:`h5forge.pack.reuse`), into a
+:class:`~h5forge.pack.sink.Sink`. :mod:`h5forge.pack.commit` commits ``OUT.partial`` (verified,
+sealed last, renamed to ``OUT``): an interrupted pack never leaves a file named ``OUT``. The
+metadata goes at the head of the file (:mod:`h5forge.asset.placement`): one ranged read opens it.
 """
 
 from __future__ import annotations
