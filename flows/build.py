@@ -20,17 +20,15 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from pydantic import BaseModel, Field
 
 from flows.config import BuildConfig
 from flows.credentials import load_storage_options
+from flows.summary import BuildSummary, unchanged_summary
 from flows.urls import check_url
 from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
 from h5forge.publish.lineage import Basis
-from h5forge.publish.manifest import manifest_url
 from h5forge.publish.preview import PREVIEW_SUFFIX, preview_url
-from h5forge.publish.versions import KEY_HEX
 from h5forge.redact import redact_url
 from h5forge.workdir import work_dir
 from tasks.common import dataset_name
@@ -41,12 +39,13 @@ from tasks.publish import (
     as_published,
     asset_key,
     check_source,
+    find_reusable,
     make_preview,
     publish_task,
     publish_version_task,
 )
 from tasks.report import render_report, write_report
-from tasks.shards import ShardStats, executor_section
+from tasks.shards import executor_section
 from tasks.smoke_load import smoke_load_file
 from tasks.verify import verify_file
 
@@ -55,47 +54,6 @@ __all__ = ["DEFAULT_CACHE_DIR", "BuildConfig", "BuildSummary", "build_dataset", 
 # The cache folder when the caller names none: XDG's default cache home. The callers in
 # deployments/ (the console script, the served deployments) pass ``$XDG_CACHE_HOME/h5forge``.
 DEFAULT_CACHE_DIR = "~/.cache/h5forge"
-
-
-class BuildSummary(BaseModel):
-    """What a build published (URLs redacted)."""
-
-    destination: str
-    manifest_url: str
-    preview_url: str
-    asset_key: str
-    num_samples: int
-    num_classes: int
-    num_quarantined: int
-    counts: dict[str, dict[str, int]]
-    sha256: str
-    bytes: int
-    format_version: int
-    smoke_images_per_second: float = Field(
-        description="the slowest start method's smoke-load rate, worker start-up excluded"
-    )
-    smoke_per_method: dict[str, float] = Field(
-        description="smoke-load images/s per multiprocessing start method"
-    )
-    seconds: dict[str, float] = Field(description="wall time of each stage, in run order")
-    executor: str = Field(
-        "local",
-        description="local (process pool) or dask (shards packed "
-        "on a Dask cluster, merged in the flow's process)",
-    )
-    shards: ShardStats | None = Field(
-        None,
-        description="executor dask: the shard plan, the "
-        "shards this run packed and those it found done",
-    )
-    unchanged: bool = Field(
-        default=False,
-        description="versioned: the latest version was built from this source and "
-        "configuration; nothing was fetched or published",
-    )
-    version: str = Field(
-        default="", description="versioned: the version's key (16 hex of its sha256)"
-    )
 
 
 @contextmanager
@@ -145,7 +103,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
             )
         if basis.unchanged:
             logger.info("unchanged: %s is built from this source", redact_url(basis.latest_url))
-            return _unchanged(config, basis, seconds)
+            return unchanged_summary(config, basis, seconds)
         lineage = basis.lineage(str(flow_run.id or ""), storage_options=options)
     with work_dir() as work:
         with _stage(seconds, "fetch"):
@@ -160,6 +118,10 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
             )
         with _stage(seconds, "discover"):
             catalog = discover_samples(fetched.root, manifest=config.manifest)
+        # Incremental: the previous version's samples whose source file is unchanged.
+        reuse = None
+        if basis is not None and config.executor == "local":
+            reuse = find_reusable(basis, into=str(work), storage_options=options)
         sharded = None
         if config.executor == "dask":
             from flows.dask_stage import pack_on_dask
@@ -188,6 +150,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                     source_url=fetched.source_url,
                     source_sha256=fetched.sha256,
                     lineage=lineage,
+                    reuse=reuse,
                 )
         with _stage(seconds, "verify"):
             verified = verify_file(packed.path, sample_fraction=1.0)
@@ -270,29 +233,5 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         shards=shards,
         unchanged=False,
         version=version,
-    )
-
-
-def _unchanged(config: BuildConfig, basis: Basis, seconds: dict[str, float]) -> BuildSummary:
-    """The summary of a run that found its source and configuration already published."""
-    latest = basis.latest
-    return BuildSummary(
-        destination=redact_url(basis.latest_url),
-        manifest_url=redact_url(manifest_url(basis.latest_url)),
-        preview_url=redact_url(preview_url(basis.latest_url)),
-        asset_key=asset_key(config.destination),
-        num_samples=latest.get("num_samples", 0),
-        num_classes=latest.get("num_classes", 0),
-        num_quarantined=latest.get("num_quarantined", 0),
-        counts=latest.get("counts", {}),
-        sha256=basis.latest_sha256,
-        bytes=latest["bytes"],
-        format_version=latest.get("format_version", 0),
-        smoke_images_per_second=0.0,
-        smoke_per_method={},
-        seconds=seconds,
-        executor=config.executor,
-        shards=None,
-        unchanged=True,
-        version=basis.latest_sha256[:KEY_HEX],
+        reused=packed.reused,
     )

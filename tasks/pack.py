@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from h5forge.discover.catalog import Catalog
 from h5forge.errors import TooManyBadImagesError
 from h5forge.pack.config import PackConfig
+from h5forge.pack.reuse import Reuse
 from h5forge.pack.writer import PackResult, pack
 from tasks.common import run_name
 
@@ -79,12 +80,14 @@ def pack_images(
     source_url: str = "",
     source_sha256: str = "",
     lineage: dict[str, str] | None = None,
+    reuse: Reuse | None = None,
 ) -> PackResult:
     """Preprocess and pack ``src`` (a folder, or the catalog the discover task returned) into
     the local file ``out`` (see :func:`h5forge.pack.writer.pack`).
 
     ``dataset`` names the artifacts (the destination's file name, so runs of one dataset share
-    artifact keys and the UI shows their history).
+    artifact keys and the UI shows their history). ``reuse``: the previous version's samples
+    whose source is unchanged are copied from it instead of being decoded again.
     """
     progress_id = cast(
         UUID,
@@ -105,6 +108,7 @@ def pack_images(
             source_url=source_url,
             source_sha256=source_sha256,
             lineage=lineage,
+            reuse=reuse,
             on_progress=on_progress,
             overwrite=True,  # ``out`` is in this run's private work dir
         )
@@ -114,8 +118,9 @@ def pack_images(
     update_progress_artifact(progress_id, 100.0)
     quarantine_table(result.quarantined, key=table_key)
     get_run_logger().info(
-        "packed %d samples (%d quarantined) into %s, %.1f MB in %.1f s",
+        "packed %d samples (%d reused, %d quarantined) into %s, %.1f MB in %.1f s",
         result.num_samples,
+        result.reused,
         result.num_quarantined,
         out,
         result.bytes / 1e6,

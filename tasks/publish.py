@@ -16,13 +16,15 @@ from typing import Any
 
 from prefect import task
 from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
+from prefect.cache_policies import NO_CACHE
 from prefect.tasks import MaterializingTask
 from prefect.types.names import MAX_ASSET_KEY_LENGTH, RESTRICTED_ASSET_CHARACTERS
 from prefect.utilities.hashing import hash_objects
 
 from h5forge.asset.open import url_to_fs
 from h5forge.hashing import sha256_file
-from h5forge.publish.lineage import Basis, build_basis, write_sources
+from h5forge.pack.reuse import Reuse
+from h5forge.publish.lineage import Basis, build_basis, reuse_previous, write_sources
 from h5forge.publish.manifest import manifest_url
 from h5forge.publish.preview import preview_url, publish_preview, write_preview
 from h5forge.publish.release import VersionResult, publish_version
@@ -32,6 +34,7 @@ from h5forge.redact import redact_url
 from tasks.common import dataset_name, retry_upload, run_name, with_retries
 
 __all__ = [
+    "find_reusable",
     "as_published",
     "asset_key",
     "check_source",
@@ -135,6 +138,14 @@ def check_source(
     return build_basis(
         source, asset, config_sha256=config_sha256, sha256=sha256, storage_options=storage_options
     )
+
+
+@task(name="find-reusable", task_run_name=run_name("find-reusable"), cache_policy=NO_CACHE)
+def find_reusable(
+    basis: Basis, *, into: str, storage_options: dict[str, Any] | None = None
+) -> Reuse | None:
+    """The latest version's samples this build may copy (:func:`reuse_previous`)."""
+    return reuse_previous(basis, into, storage_options=storage_options)
 
 
 def _publish_version(

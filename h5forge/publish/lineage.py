@@ -21,14 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from h5forge.asset import format as fmt
-from h5forge.asset.open import url_to_fs
+from h5forge.asset.open import is_local, url_to_fs
 from h5forge.fetch.fingerprint import SourceFingerprint, source_fingerprint
+from h5forge.pack.reuse import Reuse, unchanged_paths
 from h5forge.publish.copy import put
 from h5forge.publish.manifest import load_manifest, manifest_url
 from h5forge.publish.versions import read_pointer
 from h5forge.redact import redact_url
 
 __all__ = [
+    "reuse_previous",
     "MAX_SOURCES_BYTES",
     "SOURCES_SUFFIX",
     "Basis",
@@ -208,3 +210,29 @@ def read_sources(
     ):
         raise ValueError(f"{shown} is not an h5forge sources map (format {SOURCES_FORMAT!r})")
     return files
+
+
+def reuse_previous(
+    basis: Basis, into: str, *, storage_options: dict[str, Any] | None = None
+) -> Reuse | None:
+    """What this build may take from the latest version: its local file and the unchanged paths.
+
+    None (a full build) when the asset has no version yet, the source has no per-file
+    fingerprint, the latest version was packed with another configuration, or it has no
+    sources map. A remote latest version is downloaded to ``into`` (a folder of this run);
+    :func:`h5forge.pack.writer.pack` checks it as untrusted before taking a byte from it.
+    """
+    if not basis.latest_url or basis.fingerprint is None or not basis.fingerprint.files:
+        return None
+    if basis.latest.get("config_sha256") != basis.config_sha256:
+        return None
+    previous = read_sources(basis.latest_url, storage_options=storage_options)
+    unchanged = unchanged_paths(previous or {}, basis.fingerprint.files)
+    if not unchanged:
+        return None
+    fs, path = url_to_fs(basis.latest_url, storage_options)
+    if is_local(fs):
+        return Reuse(path, frozenset(unchanged))
+    local = f"{into.rstrip('/')}/previous.h5"
+    fs.get_file(path, local)
+    return Reuse(local, frozenset(unchanged))

@@ -141,3 +141,39 @@ def test_versioned_is_a_documented_form_field(versioned: bool) -> None:
     schema = BuildConfig.model_json_schema()["properties"]["versioned"]
     assert "BASE.latest.json" in schema["description"]
     assert BuildConfig(source="/x", destination="/y.h5", versioned=versioned).versioned is versioned
+
+
+def test_a_changed_source_is_built_incrementally_and_equals_a_full_build(
+    prefect_harness: str, tmp_path: Path
+) -> None:
+    from h5forge.pack.writer import pack
+
+    src = _source(tmp_path / "src")
+    pub = tmp_path / "pub"
+    config = BuildConfig(
+        source=str(src), destination=str(pub / "set.h5"), versioned=True, smoke_workers=0, size=32
+    )
+    _, first = _build(config, tmp_path / "cache")
+    assert first.reused == 0  # nothing to reuse yet
+    replaced = sorted((src / "bee").iterdir())[0]
+    write_image_folder(tmp_path / "other", classes=("bee",), per_class=1, seed=99)
+    replaced.write_bytes(next((tmp_path / "other" / "bee").iterdir()).read_bytes())
+    write_image_folder(tmp_path / "more", classes=("ant",), per_class=1, seed=42)
+    added = next((tmp_path / "more" / "ant").iterdir())
+    (src / "ant" / f"new-{added.name}").write_bytes(added.read_bytes())
+
+    _, second = _build(config, tmp_path / "cache")
+    assert not second.unchanged
+    assert second.num_samples == 9
+    assert second.reused == 7  # every sample but the replaced and the added one
+    assert _manifest(second.destination, {})["changes"] == {
+        "added": 1,
+        "removed": 0,
+        "replaced": 1,
+    }
+    full = pack(src, tmp_path / "full.h5", config=config.pack_config(), workers=1)
+    with h5py.File(second.destination) as inc, h5py.File(full.path) as ref:
+        for name in ("paths", "labels", "classes", "digests", "shapes"):
+            if name in ref:
+                assert inc[name][()].tolist() == ref[name][()].tolist(), name
+        assert inc["images"][()].tobytes() == ref["images"][()].tobytes()
