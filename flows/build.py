@@ -153,7 +153,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                     reuse=reuse,
                 )
         with _stage(seconds, "verify"):
-            verified = verify_file(packed.path, sample_fraction=1.0)
+            verified = verify_file(packed.path, sample_fraction=1.0, asset=config.destination)
         with _stage(seconds, "smoke-load"):
             smoke = smoke_load_file(
                 packed.path, workers=config.smoke_workers, batches=config.smoke_batches

@@ -16,7 +16,7 @@ from pydantic import Field
 from flows.build import check_url
 from flows.credentials import load_storage_options
 from h5forge.redact import redact_url
-from tasks.verify import check_manifest, load_manifest, verify_file
+from tasks.verify import check_manifest, load_manifest, resolve_asset, verify_file
 
 __all__ = ["verify_asset"]
 
@@ -32,7 +32,8 @@ def verify_asset(
     """Verify the asset at ``url`` against its ``.manifest.json``.
 
     Args:
-        url: local path or fsspec URL of a published ``.h5`` asset.
+        url: local path or fsspec URL of a published ``.h5`` asset; for a versioned asset
+            (``versioned=True`` builds), the version ``NAME.latest.json`` names is verified.
         credentials_block: name of a Prefect Secret block holding fsspec storage_options.
         sample_fraction: fraction of per-sample digests to re-check, in (0, 1]; the file's
             sha256, size, structure and seal are always checked in full.
@@ -45,15 +46,18 @@ def verify_asset(
     """
     check_url(url, what="url")
     options = load_storage_options(credentials_block)
+    asset, url = url, resolve_asset(url, storage_options=options)  # a versioned asset: latest
     manifest = load_manifest(url, storage_options=options)
     for _ in range(_REPUBLISHED_TRIES):
-        report = verify_file(url, sample_fraction=sample_fraction, storage_options=options)
+        report = verify_file(
+            url, sample_fraction=sample_fraction, storage_options=options, asset=asset
+        )
         latest = load_manifest(url, storage_options=options)
         if latest == manifest:
             break
         # Republished while it was verified: the file may be the new one, the manifest in hand
         # the old one. Verify again against the new manifest instead of reporting a mismatch.
         manifest = latest
-    check_manifest(url, manifest=manifest, report=report)
+    check_manifest(url, manifest=manifest, report=report, asset=asset)
     get_run_logger().info("%s matches its manifest (sha256 %s)", redact_url(url), report.sha256)
     return dataclasses.asdict(report)

@@ -16,14 +16,17 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.events import emit_event
 
+from h5forge.asset.open import url_to_fs
 from h5forge.errors import IntegrityError
 from h5forge.publish import manifest as manifests
+from h5forge.publish.versions import read_pointer
 from h5forge.redact import redact_text, redact_url
 from h5forge.verify.checks import VerifyReport, verify
 from tasks.common import run_name, with_retries
 from tasks.publish import asset_key
 
 __all__ = [
+    "resolve_asset",
     "MAX_EVENT_FAILURES",
     "MAX_EVENT_LINE",
     "VERIFY_FAILED",
@@ -106,8 +109,11 @@ def load_manifest(url: str, *, storage_options: dict[str, Any] | None = None) ->
 
 
 @task(name="check-manifest", task_run_name=run_name("check-manifest"))
-def check_manifest(url: str, *, manifest: dict[str, Any], report: VerifyReport) -> None:
-    """:func:`h5forge.publish.manifest.check_manifest` of what verify found (``report``).
+def check_manifest(
+    url: str, *, manifest: dict[str, Any], report: VerifyReport, asset: str | None = None
+) -> None:
+    """:func:`h5forge.publish.manifest.check_manifest` of what verify found (``report``);
+    ``asset`` names the asset in the failure event (default ``url``).
 
     Raises:
         IntegrityError: size, sha256, counts or format version differ (all differences listed).
@@ -116,5 +122,16 @@ def check_manifest(url: str, *, manifest: dict[str, Any], report: VerifyReport) 
     try:
         manifests.check_verified(url, manifest, report)
     except IntegrityError as e:
-        emit_verify_failed(url, e, check="manifest")
+        emit_verify_failed(asset or url, e, check="manifest")
         raise
+
+
+@task(name="resolve-asset", task_run_name=run_name("resolve-asset"), **with_retries(2))
+def resolve_asset(url: str, *, storage_options: dict[str, Any] | None = None) -> str:
+    """The file to verify: ``url`` itself, or, when no file is there and the asset has a
+    ``NAME.latest.json`` pointer (a versioned build), the version that pointer names."""
+    fs, path = url_to_fs(url, storage_options)
+    if fs.isfile(path):
+        return url
+    pointer = read_pointer(url, storage_options=storage_options)
+    return url if pointer is None else pointer.url

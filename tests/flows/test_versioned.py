@@ -177,3 +177,18 @@ def test_a_changed_source_is_built_incrementally_and_equals_a_full_build(
             if name in ref:
                 assert inc[name][()].tolist() == ref[name][()].tolist(), name
         assert inc["images"][()].tobytes() == ref["images"][()].tobytes()
+
+
+def test_the_re_verify_flow_checks_the_version_the_pointer_names(
+    prefect_harness: str, tmp_path: Path
+) -> None:
+    from flows.verify import verify_asset
+
+    src = _source(tmp_path / "src")
+    dest = str(tmp_path / "pub" / "set.h5")
+    config = BuildConfig(source=str(src), destination=dest, versioned=True, smoke_workers=0)
+    _, built = _build(config, tmp_path / "cache")
+    assert not os.path.exists(dest)  # a versioned asset has no file at the destination
+    verified = verify_asset(dest, sample_fraction=1.0)
+    assert verified["path"].endswith(f"/set/v/{built.version}/set.h5")
+    assert verified["sha256"] == built.sha256
