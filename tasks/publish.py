@@ -24,6 +24,7 @@ from prefect.utilities.hashing import hash_objects
 from h5forge.asset.open import url_to_fs
 from h5forge.hashing import sha256_file
 from h5forge.pack.reuse import Reuse
+from h5forge.publish.history import check_retention
 from h5forge.publish.lineage import Basis, build_basis, reuse_previous, write_sources
 from h5forge.publish.manifest import manifest_url
 from h5forge.publish.preview import preview_url, publish_preview, write_preview
@@ -156,11 +157,21 @@ def _publish_version(
     sources: dict[str, str] | None = None,
     metadata: dict[str, Any] | None = None,
     storage_options: dict[str, Any] | None = None,
+    keep_versions: int = 5,
+    min_age_s: float = 0.0,
 ) -> VersionResult:
     """Publish ``local_file`` as a new version of the asset ``dest`` (its preview and its
     per-file map first, in the version's folder, unless that version already exists; then the
-    file, its manifest and the pointer, last)."""
-    target = version_url(dest, sha256_file(local_file))
+    file, its manifest and the pointer, last; then retention, as ``keep_versions`` and
+    ``min_age_s`` say).
+
+    The materialisation records the version and its lineage: ``version``, ``sha256``,
+    ``parent_sha256``, ``source_fingerprint``, ``config_sha256``, ``flow_run_id`` and, when the
+    parent's per-file map was known, ``added``, ``removed`` and ``replaced``.
+    """
+    check_retention(keep_versions, min_age_s)  # before any upload
+    sha = sha256_file(local_file)  # the one local hash: it names the version and checks its copy
+    target = version_url(dest, sha)
     fs, mpath = url_to_fs(manifest_url(target), storage_options)
     if not fs.exists(mpath):  # a published version's sidecars are never written over
         put_file(preview_png, preview_url(target), storage_options=storage_options)
@@ -171,13 +182,20 @@ def _publish_version(
         dest,
         storage_options=storage_options,
         extra={**(metadata or {}), "preview": posixpath.basename(preview_url(target))},
+        keep_versions=keep_versions,
+        min_age_s=min_age_s,
+        sha256=sha,
     )
+    changes = (metadata or {}).get("changes") or {}
     add_asset_metadata(
         asset_key(dest),
         {
             **(metadata or {}),
+            **{k: changes[k] for k in ("added", "removed", "replaced") if k in changes},
+            "parent_sha256": result.parent,
             "sha256": result.sha256,
             "version": result.version,
+            "removed_versions": list(result.removed),
             "bytes": result.bytes,
             "manifest_url": result.manifest_url,
             "preview_url": redact_url(preview_url(target)),

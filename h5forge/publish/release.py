@@ -66,6 +66,7 @@ def publish_version(
     extra: Mapping[str, Any] | None = None,
     keep_versions: int = 5,
     min_age_s: float = 0.0,
+    sha256: str | None = None,
 ) -> VersionResult:
     """Publish ``local_file`` as the latest version of the asset at ``url``.
 
@@ -83,11 +84,15 @@ def publish_version(
             ``parent`` and ``published_at`` are set here and may not be given.
         keep_versions: versions retention keeps (>= 1; the latest is always kept).
         min_age_s: versions younger than this are never removed (a reader may still be on one).
+        sha256: ``local_file``'s sha256 when the caller has just computed it (to name the
+            version's folder before publishing into it); the file is not hashed again, and the
+            copy at the destination is checked against it.
 
     Raises:
         FileExistsError: the version's key holds different content (the object is left alone).
-        ValueError: an argument is invalid, the pointer is not an h5forge pointer, or the file
-            changed while it was published.
+        ValueError: an argument is invalid, or the pointer is not an h5forge pointer.
+        ChecksumError: the copy at the destination is not the bytes hashed (the file changed
+            while it was published, or ``sha256`` is not its digest); the copy is deleted.
         FileNotFoundError: ``local_file`` does not exist.
     """
     local = os.fspath(local_file)
@@ -102,7 +107,8 @@ def publish_version(
             "version's sha256, the time of the publish); remove them"
         )
     pointer = read_pointer(url, storage_options=storage_options)  # also checks the URL
-    sha = sha256_file(local)
+    # One local hash names the version and checks its copy: publish() gets it, not recomputes it.
+    sha = sha256 if sha256 is not None else sha256_file(local)
     if pointer is None:
         parent = ""
     elif pointer.sha256 == sha:  # latest already names these bytes (its file may be gone)
@@ -117,12 +123,8 @@ def publish_version(
         overwrite=False,  # a version's key is never written over
         # The manifest's created_at has whole seconds; this orders versions published within one.
         extra={**fields, "parent": parent, "published_at": _now_us()},
+        sha256=sha,
     )
-    if published.sha256 != sha:
-        raise ValueError(
-            f"{local!r} changed while it was published (sha256 {sha} before, "
-            f"{published.sha256} at {published.url}); publish a finished file"
-        )
     if pointer is None or pointer.sha256 != sha:
         write_pointer(url, sha, parent=parent, storage_options=storage_options)
         log.info("%s now names version %s", redact_url(pointer_url(url)), sha[:KEY_HEX])
