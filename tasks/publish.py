@@ -1,7 +1,9 @@
 """Publish stage: upload the verified file, its manifest and its preview; record the asset.
 
 The upload is a Prefect asset materialisation keyed by the destination URL, so every build of
-one destination shows up as one asset with its metadata (counts, sha256, bytes, format version).
+one destination shows up as one asset with its metadata (counts, sha256, bytes, format version);
+for a versioned build, each materialisation is one version with its lineage (parent, source
+fingerprint, added/removed/replaced, config hash, flow run).
 The preview PNG is rendered locally before publishing (a file that cannot be previewed is not
 published) and uploaded beside the asset afterwards
 (:func:`h5forge.publish.preview.publish_preview`); when only that upload fails, the error
