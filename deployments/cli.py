@@ -26,6 +26,7 @@ import typer
 from pydantic import ValidationError
 
 from deployments.local_run import run_build
+from flows.version_fields import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S
 from h5forge.cli.app import app as library_app
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
 from h5forge.cli.options import check_pack_options, with_pack_options
@@ -72,6 +73,11 @@ def _print_summary(summary: Any) -> None:
             f"  {printable(split) or '(all)'}: "
             + ", ".join(f"{printable(c)} {n}" for c, n in per_class.items())
         )
+    if summary.version:
+        unchanged = (
+            " (unchanged: source and settings are the latest's)" if summary.unchanged else ""
+        )
+        typer.echo(f"version:     {summary.version}{unchanged}")
     typer.echo(f"sha256:      {summary.sha256}")
     typer.echo(f"size:        {summary.bytes:,} bytes")
     typer.echo(f"manifest:    {printable(summary.manifest_url)}")
@@ -94,7 +100,11 @@ def _check_paths(config: Any) -> None:
     try:
         check_source(config.source)
         if local_path(config.destination) is not None:  # remote: the flow checks, with keys
-            check_destination(config.destination, source=config.source, overwrite=config.overwrite)
+            check_destination(
+                config.destination,
+                source=config.source,
+                overwrite=config.overwrite or config.versioned,  # as the flow: never over one
+            )
     except (OSError, ValueError) as e:
         raise usage_error(e) from e
 
@@ -130,6 +140,19 @@ def build(
     cache_dir: Annotated[
         Path | None, typer.Option(help="fetch cache (default ~/.cache/h5forge)")
     ] = None,
+    versioned: Annotated[
+        bool,
+        typer.Option(
+            help="publish a new immutable version BASE/v/<sha>/NAME.h5 and move BASE.latest.json "
+            "to it; nothing when source and settings are unchanged; incremental otherwise"
+        ),
+    ] = False,
+    keep_versions: Annotated[
+        int, typer.Option(help="versioned: versions kept (>= 1)")
+    ] = DEFAULT_KEEP_VERSIONS,
+    min_age_s: Annotated[
+        float, typer.Option(help="versioned: seconds a version is kept at least")
+    ] = DEFAULT_MIN_AGE_S,
     debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
     pack_options: dict[str, Any] | None = None,
 ) -> None:
@@ -156,6 +179,9 @@ def build(
                 "shard_size": shard_size,
                 "shard_bytes": shard_bytes,
                 "staging": staging,
+                "versioned": versioned,
+                "keep_versions": keep_versions,
+                "min_age_s": min_age_s,
             }
         )
     except ValidationError as e:

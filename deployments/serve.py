@@ -12,8 +12,9 @@ Scheduling, as declared in ``prefect.yaml`` and kept here:
   so a second run (the schedule, a trigger and a person at once) waits for the first instead of
   writing the same asset. Prefect 3.9 offers this per deployment, enforced by the server when a
   run goes to Pending; a global limit keyed by destination would have to be taken inside the
-  flow, for every destination the on-demand form may be given (left to the flow's own
-  ``OUT.lock``).
+  flow, for every destination the on-demand form may be given. There, a versioned publish
+  refuses when another build moved ``latest`` while it ran (one step under the asset's lock on
+  a local store; :func:`h5forge.publish.release.publish_version`'s ``based_on``).
 - ``triggers`` become deployment triggers. The nightly's ``h5forge.source.changed`` trigger is
   re-pointed at the effective source (``H5FORGE_NIGHTLY_SOURCE`` below), so an override never
   leaves it waiting for events of another source.

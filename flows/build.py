@@ -189,6 +189,9 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                     sources=dict(basis.fingerprint.files) if basis.fingerprint else None,
                     metadata={**metadata, **basis.manifest_fields(lineage)},
                     storage_options=options,
+                    keep_versions=config.keep_versions,
+                    min_age_s=config.min_age_s,
+                    based_on=basis.latest_sha256,  # refused if another build published since
                 )
                 version = released.version
                 published = as_published(released)  # the report shows the version

@@ -13,6 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from flows.pack_fields import pack_default, pack_field
 from flows.urls import check_dask_address, check_url
+from flows.version_fields import (
+    DEFAULT_KEEP_VERSIONS,
+    DEFAULT_MIN_AGE_S,
+    KeepVersions,
+    MinAgeS,
+    Versioned,
+)
 from h5forge.options import (
     PACK_OPTIONS,
     Compression,
@@ -120,16 +127,9 @@ class BuildConfig(BaseModel):
         "max_bad_fraction"
     )
     overwrite: Annotated[bool, pack_field("overwrite")] = pack_default("overwrite")
-    versioned: Annotated[
-        bool,
-        Field(
-            description="Publish each build as a new immutable version, BASE/v/<sha>/NAME.h5 "
-            "(BASE: the destination without .h5), and move the pointer BASE.latest.json to it "
-            "last; readers pin a version. A run whose source and settings are those of the "
-            "latest version publishes nothing and ends as unchanged, before fetching. Off: "
-            "publish one object at the destination.",
-        ),
-    ] = False
+    versioned: Versioned = False
+    keep_versions: KeepVersions = DEFAULT_KEEP_VERSIONS
+    min_age_s: MinAgeS = DEFAULT_MIN_AGE_S
     executor: Annotated[
         Literal["local", "dask"],
         Field(

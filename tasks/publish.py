@@ -1,7 +1,9 @@
 """Publish stage: upload the verified file, its manifest and its preview; record the asset.
 
 The upload is a Prefect asset materialisation keyed by the destination URL, so every build of
-one destination shows up as one asset with its metadata (counts, sha256, bytes, format version).
+one destination shows up as one asset with its metadata (counts, sha256, bytes, format version);
+for a versioned build, each materialisation is one version with its lineage (parent, source
+fingerprint, added/removed/replaced, config hash, flow run).
 The preview PNG is rendered locally before publishing (a file that cannot be previewed is not
 published) and uploaded beside the asset afterwards
 (:func:`h5forge.publish.preview.publish_preview`); when only that upload fails, the error
@@ -21,11 +23,10 @@ from prefect.tasks import MaterializingTask
 from prefect.types.names import MAX_ASSET_KEY_LENGTH, RESTRICTED_ASSET_CHARACTERS
 from prefect.utilities.hashing import hash_objects
 
-from h5forge.asset.open import url_to_fs
 from h5forge.hashing import sha256_file
 from h5forge.pack.reuse import Reuse
+from h5forge.publish.history import check_retention
 from h5forge.publish.lineage import Basis, build_basis, reuse_previous, write_sources
-from h5forge.publish.manifest import manifest_url
 from h5forge.publish.preview import preview_url, publish_preview, write_preview
 from h5forge.publish.release import VersionResult, publish_version
 from h5forge.publish.storage import PublishResult, publish, put_file
@@ -156,28 +157,50 @@ def _publish_version(
     sources: dict[str, str] | None = None,
     metadata: dict[str, Any] | None = None,
     storage_options: dict[str, Any] | None = None,
+    keep_versions: int = 5,
+    min_age_s: float = 0.0,
+    based_on: str | None = None,
 ) -> VersionResult:
     """Publish ``local_file`` as a new version of the asset ``dest`` (its preview and its
     per-file map first, in the version's folder, unless that version already exists; then the
-    file, its manifest and the pointer, last)."""
-    target = version_url(dest, sha256_file(local_file))
-    fs, mpath = url_to_fs(manifest_url(target), storage_options)
-    if not fs.exists(mpath):  # a published version's sidecars are never written over
-        put_file(preview_png, preview_url(target), storage_options=storage_options)
+    file, its manifest and the pointer, last; then retention, as ``keep_versions`` and
+    ``min_age_s`` say). With ``based_on`` (the latest version's sha256 when the build began,
+    "" for none) it refuses when another build has moved the pointer since.
+
+    The materialisation records the version and its lineage: ``version``, ``sha256``,
+    ``parent_sha256``, ``source_fingerprint``, ``config_sha256``, ``flow_run_id`` and, when the
+    parent's per-file map was known, ``added``, ``removed`` and ``replaced``.
+    """
+    check_retention(keep_versions, min_age_s)  # before any upload
+    sha = sha256_file(local_file)  # the one local hash: it names the version and checks its copy
+    target = version_url(dest, sha)
+
+    def beside(file: str) -> None:  # in the version's folder, before its file
+        put_file(preview_png, preview_url(file), storage_options=storage_options)
         if sources is not None:
-            write_sources(target, sources, storage_options=storage_options)
+            write_sources(file, sources, storage_options=storage_options)
+
     result = publish_version(
         local_file,
         dest,
         storage_options=storage_options,
         extra={**(metadata or {}), "preview": posixpath.basename(preview_url(target))},
+        keep_versions=keep_versions,
+        min_age_s=min_age_s,
+        sha256=sha,
+        based_on=based_on,
+        sidecars=beside,
     )
+    changes = (metadata or {}).get("changes") or {}
     add_asset_metadata(
         asset_key(dest),
         {
             **(metadata or {}),
+            **{k: changes[k] for k in ("added", "removed", "replaced") if k in changes},
+            "parent_sha256": result.parent,
             "sha256": result.sha256,
             "version": result.version,
+            "removed_versions": list(result.removed),
             "bytes": result.bytes,
             "manifest_url": result.manifest_url,
             "preview_url": redact_url(preview_url(target)),

@@ -2,9 +2,11 @@
 
 No file is read. A local folder is a walk of ``(relative path, size, mtime_ns)``; a bucket
 prefix is its listing's ``(key, size, ETag)``; one object or file is its size with its ETag
-(or Last-Modified, or mtime) from one lookup; a source pinned by sha256 is that digest. A
-source that cannot be fingerprinted this way (an HTTP URL without a sha256, an object store
-that reports no ETag, a folder over the file-count bound) has none: the build then builds.
+(or Last-Modified, or mtime) from one lookup; an HTTP(S) URL is the size, ETag and
+Last-Modified of one ranged GET of its first byte (fetch's own client, the body left unread);
+a source pinned by sha256 is that digest. A source that cannot be fingerprinted this way (a
+server that answers with neither ETag nor Last-Modified, or not with 200/206; an object store
+that reports no ETag; a folder over the file-count bound) has none: the build then builds.
 
 Over-building is the safe error: anything that changes a token (a touched file, a rewritten
 object) counts as a change, even when the bytes are the same.
@@ -17,11 +19,13 @@ import json
 import logging
 import os
 import stat
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from h5forge.asset.open import url_to_fs
+from h5forge.fetch.connect import check_headers, open_response
 from h5forge.paths import MAX_DEPTH
 from h5forge.redact import redact_url
 
@@ -32,6 +36,8 @@ log = logging.getLogger(__name__)
 #: Most files (objects) a fingerprint lists: fetch's own bound on a prefix (``max_members``).
 MAX_FILES = 1_000_000
 _SHA256_LEN = 64
+_HTTP_TIMEOUT_S = 30.0  # for the response head, as the downloader's default idle timeout
+_MAX_TOKEN = 256  # longer tokens (a server's headers) are recorded as their sha256
 
 
 @dataclass(frozen=True)
@@ -82,9 +88,9 @@ def source_fingerprint(
         if len(digest) != _SHA256_LEN or any(c not in "0123456789abcdef" for c in digest):
             raise ValueError(f"sha256 {sha256!r} is not 64 hexadecimal digits")
         return _made("pinned", {"": f"sha256:{digest}"})
-    if url.split("://", 1)[0].lower() in ("http", "https"):
-        return None  # fetch's own downloader is the one HTTP client; no HEAD here
     shown = redact_url(url)
+    if url.split("://", 1)[0].lower() in ("http", "https"):
+        return _http(url, shown, storage_options or {})
     if "://" not in url or url.startswith("file://"):
         local = url[len("file://") :] if url.startswith("file://") else url
         return _local(os.path.abspath(os.path.expanduser(local)), shown, max_files)
@@ -95,6 +101,33 @@ def source_fingerprint(
         raise FileNotFoundError(f"nothing at {shown!r}: no such folder, prefix or archive")
     token = _object_token(fs.info(path))
     return None if token is None else _made("object", {"": token})
+
+
+def _http(url: str, shown: str, options: Mapping[str, Any]) -> SourceFingerprint | None:
+    """``size:ETag:Last-Modified`` of the URL, from the head of a GET of its first byte."""
+    headers = check_headers(dict(options.get("headers") or {}))  # as fetch sends them
+    own = {"Range": "bytes=0-0", "Accept-Encoding": "identity"}
+    conn, resp, _ = open_response(url, own, headers, _HTTP_TIMEOUT_S, time.monotonic() + 60.0)
+    try:
+        status = resp.status
+        if status in (404, 410):
+            raise FileNotFoundError(f"nothing at {shown!r}: HTTP {status}; check the URL")
+        etag = resp.getheader("ETag", "") if status in (200, 206) else ""
+        modified = resp.getheader("Last-Modified", "") if status in (200, 206) else ""
+        if status == 206:  # "bytes 0-0/TOTAL": the total is the file's size
+            size = resp.getheader("Content-Range", "").rpartition("/")[2]
+        else:
+            size = resp.getheader("Content-Length", "")
+    finally:  # the body is never read: closing the connection ends the transfer
+        resp.close()
+        conn.close()
+    if not (etag or modified):
+        log.info("%s: HTTP %d with neither ETag nor Last-Modified: no fingerprint", shown, status)
+        return None
+    token = f"{size.strip() if size.strip().isdigit() else '?'}:{etag.strip()}:{modified.strip()}"
+    if len(token) > _MAX_TOKEN:  # a server's header, untrusted: a bounded stand-in
+        token = "sha256:" + hashlib.sha256(token.encode("latin-1", "replace")).hexdigest()
+    return _made("object", {"": token})
 
 
 def _made(kind: str, files: dict[str, str]) -> SourceFingerprint:

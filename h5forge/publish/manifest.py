@@ -26,6 +26,7 @@ __all__ = [
     "COMPUTED_FIELDS",
     "FORMAT_NAME",
     "MANIFEST_SUFFIX",
+    "MAX_MANIFEST_BYTES",
     "check_manifest",
     "load_manifest",
     "manifest_bytes",
@@ -40,6 +41,8 @@ _DEFAULT_FORMAT_VERSION = 1
 # Fields publish computes itself; a caller's ``extra`` may not set them.
 COMPUTED_FIELDS = frozenset({"format", "sha256", "bytes", "created_at"})
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+#: Largest manifest read: one is a few KiB (counts per class included); more is not ours.
+MAX_MANIFEST_BYTES = 16 * 2**20
 
 
 def manifest_url(url: str) -> str:
@@ -138,13 +141,21 @@ def load_manifest(fs: Any, path: str, shown: str) -> dict[str, Any] | None:
     """The checked manifest at ``path`` on ``fs`` (``shown`` in messages), None when absent.
 
     Raises:
-        ValueError: it is not valid JSON, or not an h5forge manifest.
+        ValueError: it is over :data:`MAX_MANIFEST_BYTES`, not valid JSON, or not an h5forge
+            manifest.
     """
     fs.invalidate_cache(path)
     try:
-        raw = fs.cat_file(path)
+        # Bounded: a store (or whoever wrote there) may put anything under a manifest's name.
+        raw = fs.cat_file(path, start=0, end=MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
         return None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ValueError(
+            f"manifest {shown!r} is {fs.size(path)} bytes, over the {MAX_MANIFEST_BYTES}-byte "
+            "bound (an h5forge manifest is a few KiB): not an h5forge manifest; remove it and "
+            "publish the asset again"
+        )
     try:
         data = json.loads(raw)
     except ValueError as exc:

@@ -15,15 +15,26 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from h5forge.asset.open import is_local, url_to_fs
+from h5forge.errors import BusyError
 from h5forge.hashing import sha256_file
+from h5forge.locks import folder_lock
 from h5forge.publish.history import apply_retention, check_retention
 from h5forge.publish.manifest import manifest_url
 from h5forge.publish.storage import publish
-from h5forge.publish.versions import KEY_HEX, pointer_url, read_pointer, version_url, write_pointer
+from h5forge.publish.versions import (
+    KEY_HEX,
+    asset_base,
+    pointer_url,
+    read_pointer,
+    version_url,
+    write_pointer,
+)
 from h5forge.redact import redact_url
 
 __all__ = ["VersionResult", "publish_version"]
@@ -66,6 +77,9 @@ def publish_version(
     extra: Mapping[str, Any] | None = None,
     keep_versions: int = 5,
     min_age_s: float = 0.0,
+    sha256: str | None = None,
+    based_on: str | None = None,
+    sidecars: Callable[[str], None] | None = None,
 ) -> VersionResult:
     """Publish ``local_file`` as the latest version of the asset at ``url``.
 
@@ -83,11 +97,23 @@ def publish_version(
             ``parent`` and ``published_at`` are set here and may not be given.
         keep_versions: versions retention keeps (>= 1; the latest is always kept).
         min_age_s: versions younger than this are never removed (a reader may still be on one).
+        sha256: ``local_file``'s sha256 when the caller has just computed it (to name the
+            version's folder before publishing into it); the file is not hashed again, and the
+            copy at the destination is checked against it.
+        based_on: the sha256 of the latest version when the build began ("" for none). When
+            given, the publish refuses if the pointer has moved to another version since:
+            another build published meanwhile (on a local store the check and the publish are
+            one step under the asset's lock; on an object store a race remains, which the
+            deployment's concurrency limit closes).
+        sidecars: called with the version's file URL, before the file, unless that version is
+            already published: writes what goes beside it (its preview, its sources map).
 
     Raises:
         FileExistsError: the version's key holds different content (the object is left alone).
-        ValueError: an argument is invalid, the pointer is not an h5forge pointer, or the file
-            changed while it was published.
+        ValueError: an argument is invalid, or the pointer is not an h5forge pointer.
+        BusyError: ``based_on`` is given and the pointer names another version.
+        ChecksumError: the copy at the destination is not the bytes hashed (the file changed
+            while it was published, or ``sha256`` is not its digest); the copy is deleted.
         FileNotFoundError: ``local_file`` does not exist.
     """
     local = os.fspath(local_file)
@@ -101,34 +127,43 @@ def publish_version(
             f"extra sets {reserved}, which publish_version records itself (the previous latest "
             "version's sha256, the time of the publish); remove them"
         )
-    pointer = read_pointer(url, storage_options=storage_options)  # also checks the URL
-    sha = sha256_file(local)
-    if pointer is None:
-        parent = ""
-    elif pointer.sha256 == sha:  # latest already names these bytes (its file may be gone)
-        parent = pointer.parent
-    else:
-        parent = pointer.sha256
+    read_pointer(url, storage_options=storage_options)  # checks the URL and the pointer first
+    # One local hash names the version and checks its copy: publish() gets it, not recomputes it.
+    sha = sha256 if sha256 is not None else sha256_file(local)
     target = version_url(url, sha)
-    published = publish(
-        local,
-        target,
-        storage_options=storage_options,
-        overwrite=False,  # a version's key is never written over
-        # The manifest's created_at has whole seconds; this orders versions published within one.
-        extra={**fields, "parent": parent, "published_at": _now_us()},
-    )
-    if published.sha256 != sha:
-        raise ValueError(
-            f"{local!r} changed while it was published (sha256 {sha} before, "
-            f"{published.sha256} at {published.url}); publish a finished file"
+    with _asset_lock(url, storage_options):
+        pointer = read_pointer(url, storage_options=storage_options)
+        if based_on is not None and pointer is not None and sha != pointer.sha256 != based_on:
+            raise BusyError(
+                f"{redact_url(pointer_url(url))} moved to version {pointer.sha256[:KEY_HEX]} "
+                "while this build ran (it was based on "
+                f"{based_on[:KEY_HEX] or 'no version'}): another build published meanwhile, and "
+                "this one's lineage would be wrong; nothing was published, run it again to "
+                "build on the new latest"
+            )
+        if pointer is None:
+            parent = ""
+        elif pointer.sha256 == sha:  # latest already names these bytes (its file may be gone)
+            parent = pointer.parent
+        else:
+            parent = pointer.sha256
+        if sidecars is not None and _unpublished(target, storage_options):
+            sidecars(target)
+        published = publish(
+            local,
+            target,
+            storage_options=storage_options,
+            overwrite=False,  # a version's key is never written over
+            # created_at has whole seconds; this orders versions published within one.
+            extra={**fields, "parent": parent, "published_at": _now_us()},
+            sha256=sha,
         )
-    if pointer is None or pointer.sha256 != sha:
-        write_pointer(url, sha, parent=parent, storage_options=storage_options)
-        log.info("%s now names version %s", redact_url(pointer_url(url)), sha[:KEY_HEX])
-    removed = apply_retention(
-        url, keep_versions=keep_versions, min_age_s=min_age_s, storage_options=storage_options
-    )
+        if pointer is None or pointer.sha256 != sha:
+            write_pointer(url, sha, parent=parent, storage_options=storage_options)
+            log.info("%s now names version %s", redact_url(pointer_url(url)), sha[:KEY_HEX])
+        removed = apply_retention(
+            url, keep_versions=keep_versions, min_age_s=min_age_s, storage_options=storage_options
+        )
     return VersionResult(
         url=published.url,
         manifest_url=redact_url(manifest_url(target)),
@@ -140,6 +175,26 @@ def publish_version(
         unchanged=published.unchanged,
         removed=tuple(removed),
     )
+
+
+@contextmanager
+def _asset_lock(url: str, storage_options: dict[str, Any] | None) -> Iterator[None]:
+    """On a local store, publishers of one asset take turns (a lock on its folder ``BASE``);
+    object stores have no lock: there the deployment's concurrency limit serialises builds."""
+    fs, base = url_to_fs(asset_base(url), storage_options)
+    if not is_local(fs):
+        yield
+        return
+    fs.makedirs(base, exist_ok=True)
+    with folder_lock(base):
+        yield
+
+
+def _unpublished(target: str, storage_options: dict[str, Any] | None) -> bool:
+    """The version at ``target`` has no manifest yet (its sidecars may still be written)."""
+    fs, mpath = url_to_fs(manifest_url(target), storage_options)
+    fs.invalidate_cache(mpath)
+    return not fs.exists(mpath)
 
 
 def _now_us() -> str:

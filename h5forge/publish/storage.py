@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,8 @@ from h5forge.redact import redact_url
 __all__ = ["PublishResult", "publish", "put_file"]
 
 log = logging.getLogger(__name__)
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ def publish(
     storage_options: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     extra: Mapping[str, Any] | None = None,
+    sha256: str | None = None,
 ) -> PublishResult:
     """Copy ``local_file`` to ``dest_url``, verify it there, then write its manifest.
 
@@ -84,6 +88,8 @@ def publish(
         overwrite: replace a destination that holds different content.
         extra: more manifest fields: ``counts``, ``format_version``, ``source`` (a URL,
             redacted before recording) and any JSON-serialisable metadata (strings redacted).
+        sha256: the local file's sha256 when the caller has just computed it (it is not hashed
+            again); the copy at the destination is checked against it either way.
 
     Returns:
         A :class:`PublishResult`; ``unchanged`` when the same asset was already there.
@@ -100,7 +106,8 @@ def publish(
     fs, path = fsspec.core.url_to_fs(dest_url, **dict(storage_options or {}))
     mpath = path + MANIFEST_SUFFIX
     shown, mshown = redact_url(dest_url), redact_url(manifest_url(dest_url))
-    sha, size = sha256_file(local), os.path.getsize(local)
+    sha = _check_sha256(sha256) if sha256 is not None else sha256_file(local)
+    size = os.path.getsize(local)
     target = _Target(fs, path, mpath, shown, mshown, sha, size, fields, overwrite)
     settled = _settled(target)  # fail fast, before copying anything
     if settled is not None:
@@ -216,6 +223,12 @@ def _check_args(local: str, dest_url: str, extra: Mapping[str, Any] | None) -> d
     except (TypeError, ValueError) as exc:
         raise ValueError(f"extra is not JSON-serialisable: {exc}") from exc
     return fields
+
+
+def _check_sha256(value: str) -> str:
+    if not isinstance(value, str) or not _SHA256_HEX.fullmatch(value):
+        raise ValueError(f"sha256={value!r} is not 64 lower-case hexadecimal digits")
+    return value
 
 
 def put_file(

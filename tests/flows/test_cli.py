@@ -160,6 +160,14 @@ def test_a_usage_error_exits_2_without_traceback(tmp_path: Path) -> None:
             "invalid value for --layout: layout='blob' is not one of 'decoded', 'encoded'",
         ),
         (["build", "images"], "Missing argument"),
+        (
+            ["build", "images", "out.h5", "--versioned", "--keep-versions", "0"],
+            "keep_versions=0 must be an integer >= 1",
+        ),
+        (
+            ["build", "images", "out.h5", "--versioned", "--min-age-s", "-1"],
+            "min_age_s=-1.0 must be a finite number of seconds >= 0",
+        ),
         (["demo", "out.hdf5"], "must end in .h5"),
     ],
 )

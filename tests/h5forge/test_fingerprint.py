@@ -67,7 +67,6 @@ def test_pinned_http_and_missing_sources(tmp_path: Path) -> None:
     assert pinned is not None
     assert pinned.kind == "pinned"
     assert pinned.files == {"": f"sha256:{sha}"}
-    assert source_fingerprint("https://example.org/data.tar.gz") is None
     with pytest.raises(ValueError, match="64 hexadecimal"):
         source_fingerprint(str(tmp_path), sha256="12")
     with pytest.raises(FileNotFoundError, match="nothing at"):
@@ -102,3 +101,45 @@ def test_a_prefix_uses_the_listing_etags_and_reads_no_object(
     assert one is not None
     assert one.kind == "object"
     assert one.files[""] == first.files["b/2.jpg"]
+
+
+def test_an_http_source_is_its_size_etag_and_last_modified_from_one_ranged_get(
+    http_server: Any,
+) -> None:
+    data = b"archive bytes " * 1000
+    url = http_server.serve("/set.tar", data, {"Last-Modified": "Tue, 01 Dec 2026 10:00:00 GMT"})
+    first = source_fingerprint(url, storage_options={"headers": {"X-Token": "t"}})
+    assert first is not None
+    assert first.kind == "object"
+    size, etag, modified = first.files[""].split(":", 2)
+    assert (int(size), modified) == (len(data), "Tue, 01 Dec 2026 10:00:00 GMT")
+    assert etag.strip('"')
+    (request,) = http_server.requests_for("/set.tar")
+    assert (request.method, request.range) == ("GET", "bytes=0-0")  # the body is not fetched
+    assert request.headers["X-Token"] == "t"  # the caller's headers, as fetch sends them
+    assert source_fingerprint(url) == first  # stable while the server's answer is
+
+    http_server.serve("/set.tar", data, {"Last-Modified": "Wed, 02 Dec 2026 10:00:00 GMT"})
+    touched = source_fingerprint(url)
+    assert touched is not None
+    assert touched.digest != first.digest
+    http_server.serve("/set.tar", data[::-1], {"Last-Modified": "Tue, 01 Dec 2026 10:00:00 GMT"})
+    replaced = source_fingerprint(url)  # same size and date: the ETag tells them apart
+    assert replaced is not None
+    assert replaced.digest not in (first.digest, touched.digest)
+
+    huge = http_server.serve("/huge.tar", data, {"Last-Modified": "x" * 5000})
+    bounded = source_fingerprint(huge)
+    assert bounded is not None
+    assert bounded.files[""].startswith("sha256:")
+    assert len(bounded.files[""]) == 7 + 64
+
+
+def test_an_http_source_that_is_absent_or_refused(http_server: Any) -> None:
+    with pytest.raises(FileNotFoundError, match="HTTP 404"):
+        source_fingerprint(http_server.url("/absent.tar"))
+    url = http_server.serve("/set.tar", b"x" * 100)
+    http_server.fail("/set.tar", status=503)
+    assert source_fingerprint(url) is None  # no mark to compare: the build builds
+    with pytest.raises(ValueError, match="may not be set"):
+        source_fingerprint(url, storage_options={"headers": {"Range": "bytes=0-"}})

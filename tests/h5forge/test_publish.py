@@ -250,3 +250,17 @@ def test_manifest_errors(tmp_path: Path, asset: Path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         publish(tmp_path / "absent.h5", url)
     assert manifest_url("https://h/x.h5?sig=1") == "https://h/x.h5.manifest.json?sig=1"
+
+
+def test_an_oversized_manifest_is_refused_after_a_bounded_read(backend: Backend) -> None:
+    from h5forge.publish.manifest import MAX_MANIFEST_BYTES
+
+    url = f"{backend.base}/big.h5"
+    fs, path = fsspec.core.url_to_fs(manifest_url(url), **backend.options)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    # Valid JSON at its start, so only the bound can refuse it.
+    body = b'{"format": "h5forge", "pad": "' + b"x" * (MAX_MANIFEST_BYTES + 4096) + b'"}'
+    size = len(body)
+    fs.pipe_file(path, body)
+    with pytest.raises(ValueError, match=rf"big\.h5\.manifest\.json.* is {size} bytes, over"):
+        read_manifest(url, storage_options=backend.options)

@@ -20,6 +20,7 @@ import fsspec
 import pytest
 
 from h5forge.asset.open import open_h5
+from h5forge.errors import BusyError, ChecksumError
 from h5forge.hashing import sha256_file
 from h5forge.pack.writer import PackResult
 from h5forge.publish.history import apply_retention, list_versions, scan_versions
@@ -453,3 +454,43 @@ def test_retention_removes_manifest_then_preview_then_file(store: Store, tmp_pat
         ]
     else:
         assert not Path(old_path).parent.exists()  # the emptied folder goes too
+
+
+def test_a_given_sha256_is_checked_at_the_destination_not_trusted(
+    store: Store, tmp_path: Path
+) -> None:
+    url = f"{store.base}/set"
+    local = _blob(tmp_path, "a")
+    other = sha256_file(_blob(tmp_path, "b"))
+    with pytest.raises(ChecksumError, match=other):
+        publish_version(local, url, storage_options=store.options, sha256=other)
+    assert read_pointer(url, storage_options=store.options) is None
+    assert not any(k.endswith(".manifest.json") for k in store.files())
+    with pytest.raises(ValueError, match="sha256='ABC' is not 64"):
+        publish(local, f"{store.base}/flat.h5", storage_options=store.options, sha256="ABC")
+    right = publish_version(
+        local, url, storage_options=store.options, sha256=sha256_file(local), min_age_s=0
+    )
+    assert right.sha256 == sha256_file(local)
+    assert store.cat(right.url) == local.read_bytes()
+
+
+def test_a_publish_based_on_a_stale_latest_is_refused_before_writing(
+    store: Store, tmp_path: Path
+) -> None:
+    url = f"{store.base}/set"
+    a, b = _blob(tmp_path, "a"), _blob(tmp_path, "b")
+    v1 = publish_version(a, url, storage_options=store.options, based_on="")
+    before = store.files()
+    called: list[str] = []
+    with pytest.raises(BusyError, match=f"moved to version {v1.version} .*based on no version"):
+        publish_version(b, url, storage_options=store.options, based_on="", sidecars=called.append)
+    assert called == []  # refused before anything of b was written
+    assert store.files() == before
+    # The same bytes as latest are no conflict; a build based on latest publishes.
+    assert publish_version(a, url, storage_options=store.options, based_on="").unchanged
+    v2 = publish_version(
+        b, url, storage_options=store.options, based_on=v1.sha256, sidecars=called.append
+    )
+    assert called == [v2.url]
+    assert v2.parent == v1.sha256

@@ -1,0 +1,60 @@
+"""The form fields of a versioned build: ``versioned`` and its retention (``keep_versions``,
+``min_age_s``), checked with :func:`h5forge.publish.history.check_retention`'s rules and
+messages, so the form refuses what ``publish_version`` would refuse, before any work."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+from h5forge.publish.history import check_retention
+
+__all__ = ["DEFAULT_KEEP_VERSIONS", "DEFAULT_MIN_AGE_S", "KeepVersions", "MinAgeS", "Versioned"]
+
+DEFAULT_KEEP_VERSIONS = 5
+#: One day: a training run that resolved ``latest`` up to a day ago still finds its version,
+#: however often the source-changed trigger builds.
+DEFAULT_MIN_AGE_S = 86_400.0
+
+
+def _keep(value: int) -> int:
+    check_retention(value, 0.0)
+    return value
+
+
+def _min_age(value: float) -> float:
+    check_retention(1, value)
+    return float(value)
+
+
+Versioned = Annotated[
+    bool,
+    Field(
+        description="Publish each build as a new immutable version, BASE/v/<sha>/NAME.h5 "
+        "(BASE: the destination without .h5), and move the pointer BASE.latest.json to it "
+        "last; readers pin a version. A run whose source and settings are those of the "
+        "latest version publishes nothing and ends as unchanged, before fetching. Off: "
+        "publish one object at the destination.",
+    ),
+]
+KeepVersions = Annotated[
+    int,
+    Field(
+        json_schema_extra={"minimum": 1},
+        description="versioned: how many versions to keep under BASE/v/ (at least 1). After "
+        "each publish the oldest beyond this many are deleted, except the one BASE.latest.json "
+        "names and any younger than min_age_s.",
+    ),
+    AfterValidator(_keep),
+]
+MinAgeS = Annotated[
+    float,
+    Field(
+        json_schema_extra={"minimum": 0},
+        description="versioned: seconds a version is kept at least, whatever keep_versions "
+        "says, so a reader that resolved it (a training run, a DataLoader mid-epoch) still "
+        "finds it. Default 86400 (one day); 0: keep_versions alone decides.",
+    ),
+    AfterValidator(_min_age),
+]
