@@ -1,4 +1,5 @@
-"""Which assets a multi-asset dataset reads: a list of URLs, or a shard manifest.
+"""Which assets a multi-asset dataset reads (a list of URLs, or a shard manifest), and the one
+class list they share (:func:`union_classes`).
 
 :class:`H5MultiDataset <h5forge.read.multi.H5MultiDataset>` takes either. A list names each
 asset as a URL, a ``(url, version)`` pair or a dict ``{"url": ..., "version": ..., "weight":
@@ -25,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from h5forge.asset.open import url_to_fs
 from h5forge.redact import redact_url
 
@@ -35,6 +38,7 @@ __all__ = [
     "AssetSource",
     "parse_sources",
     "read_asset_manifest",
+    "union_classes",
 ]
 
 MANIFEST_FORMAT = "h5forge-shards"
@@ -158,3 +162,49 @@ def read_asset_manifest(
         found = _entry(item, f"{shown}: assets[{k}]")
         out.append(AssetSource(_relative_to(url, found.url), found.version, found.weight))
     return out
+
+
+def union_classes(
+    assets: Sequence[tuple[str, Sequence[str]]], *, remap: bool
+) -> tuple[list[str], list[np.ndarray | None]]:
+    """One class list for several assets, and each asset's label map (None: unchanged).
+
+    Without ``remap`` the assets must agree: a class name has one index in every asset that has
+    it, and an index one name; the union is the longest list (the others are its prefixes).
+    With ``remap`` the union lists the classes in order of first appearance (asset by asset), so
+    the first asset keeps its labels, and every asset whose labels change gets a map.
+
+    Raises:
+        ValueError: (without ``remap``) two assets disagree on a class index; names both.
+    """
+    name_at: dict[int, tuple[str, str]] = {}  # index -> (name, first asset with it)
+    index_of: dict[str, tuple[int, str]] = {}  # name -> (index, first asset with it)
+    order: list[str] = []
+    for url, classes in assets:
+        for i, name in enumerate(classes):
+            if name not in index_of:
+                index_of[name] = (i, url)
+                order.append(name)
+            if remap:
+                continue
+            j, first = index_of[name]
+            if j != i:
+                _disagree(f"class {name!r} is {j} in {first} but {i} in {url}")
+            other, first = name_at.setdefault(i, (name, url))
+            if other != name:
+                _disagree(f"class index {i} is {other!r} in {first} but {name!r} in {url}")
+    if not remap:
+        return [name_at[i][0] for i in range(len(name_at))], [None] * len(assets)
+    pos = {name: k for k, name in enumerate(order)}
+    maps: list[np.ndarray | None] = []
+    for _, classes in assets:
+        lut = np.array([pos[c] for c in classes], dtype=np.int64)
+        maps.append(None if np.array_equal(lut, np.arange(len(lut))) else lut)
+    return order, maps
+
+
+def _disagree(what: str) -> None:
+    raise ValueError(
+        f"{what}: the assets disagree on their class sets; pack them with the same classes, "
+        "or pass remap=True to build the union (labels renumbered, see .classes)"
+    )

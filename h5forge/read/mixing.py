@@ -1,5 +1,6 @@
-"""Mixing several assets in fixed proportions: a deterministic schedule, as a torch Sampler.
+"""Which samples of several assets are read: a seeded subset, and mixing in fixed proportions.
 
+:func:`select_subset` picks the subset of an :class:`~h5forge.read.multi.H5MultiDataset`.
 :class:`MixingSampler` yields indices of an :class:`~h5forge.read.multi.H5MultiDataset` so that
 each epoch draws every asset its share of the time (the exact rule is in its docstring). It
 depends only on the assets' sizes, the weights, the epoch length, the seed and the epoch, so
@@ -20,7 +21,37 @@ from h5forge.read.order import epoch_order
 if TYPE_CHECKING:
     from h5forge.read.multi import H5MultiDataset
 
-__all__ = ["MixingSampler"]
+__all__ = ["MixingSampler", "select_subset"]
+
+
+def select_subset(subset: Sequence[int] | float, total: int, *, seed: int) -> np.ndarray:
+    """Indices (int64) of a subset of ``range(total)``: ``subset`` itself when it is a list
+    (its order kept, repeats allowed), else that fraction in (0, 1] of the indices, drawn with
+    ``seed`` and sorted.
+
+    Raises:
+        ValueError: a fraction outside (0, 1] or selecting nothing, a list that is not flat
+            integers, or an index outside ``range(total)``.
+    """
+    if isinstance(subset, float):
+        k = round(subset * total)
+        if not 0.0 < subset <= 1.0 or k == 0:
+            raise ValueError(f"subset={subset!r} of {total} samples: give a fraction in (0, 1]")
+        rng = np.random.default_rng(seed)
+        return np.sort(rng.choice(total, size=k, replace=False)).astype(np.int64)
+    if isinstance(subset, (str, bytes)) or not isinstance(subset, Sequence | np.ndarray):
+        raise ValueError(
+            f"subset must be None, a fraction or a list of indices, not {subset!r:.80}"
+        )
+    picks = np.asarray(subset)
+    if picks.ndim != 1 or (picks.size and picks.dtype.kind not in "iu"):
+        raise ValueError(f"subset must be a flat list of integer indices, not {subset!r:.80}")
+    picks = picks.astype(np.int64)
+    outside = (picks < 0) | (picks >= total)
+    if outside.any():
+        bad = int(picks[np.flatnonzero(outside)[0]])
+        raise ValueError(f"subset index {bad} out of range for {total} samples (0..{total - 1})")
+    return picks
 
 
 def _stream(n: int, start: int, count: int, key: list[int]) -> np.ndarray:

@@ -1,13 +1,11 @@
 """``H5MultiDataset``: several h5forge assets read as one map-style Dataset, and their mixing.
 
-Each asset is an :class:`~h5forge.read.dataset.H5ImageDataset` (opened lazily per process,
-pickled as its arguments), so DataLoader workers under fork and spawn read them as they read one.
-Index ``i`` of the whole is found by bisecting the assets' cumulative lengths (after ``split``,
-applied to every asset), then through the ``subset`` when one is given. A batch is read by
-grouping its indices by asset, one ``__getitems__`` per asset, and putting the samples back in
-the batch's order.
-
-:class:`h5forge.read.mixing.MixingSampler` draws the assets in fixed proportions instead.
+Each asset is an :class:`~h5forge.read.dataset.H5ImageDataset` (pinned, checked and pickled
+as its arguments). Index ``i`` is found by bisecting the assets' cumulative lengths (after
+``split``, applied to every asset), through the ``subset`` if any. A batch is grouped by asset
+and put back in its order: fixed-size decoded samples are read straight into one batch buffer
+(a reusable slot in loader workers, :mod:`h5forge.read.batches`), each asset's share with one
+``read_into``; others through each asset's ``__getitems__``. Mixing: :mod:`h5forge.read.mixing`.
 """
 
 from __future__ import annotations
@@ -21,60 +19,25 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from h5forge.errors import IntegrityError
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
-from h5forge.read.asset_list import AssetSource, parse_sources, read_asset_manifest
+from h5forge.read.asset_list import AssetSource, parse_sources, read_asset_manifest, union_classes
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.loader import batch_loader
+from h5forge.read.mixing import select_subset
+from h5forge.read.state import ProcessState, open_state
 from h5forge.redact import redact_url
 
-__all__ = ["H5MultiDataset", "union_classes"]
+__all__ = ["H5MultiDataset"]
 
 
-def union_classes(
-    assets: Sequence[tuple[str, Sequence[str]]], *, remap: bool
-) -> tuple[list[str], list[np.ndarray | None]]:
-    """One class list for several assets, and each asset's label map (None: unchanged).
+class _Handles:
+    """One process's states of the assets it reads directly, and each one's file rows."""
 
-    Without ``remap`` the assets must agree: a class name has one index in every asset that has
-    it, and an index one name; the union is the longest list (the others are its prefixes).
-    With ``remap`` the union lists the classes in order of first appearance (asset by asset), so
-    the first asset keeps its labels, and every asset whose labels change gets a map.
-
-    Raises:
-        ValueError: (without ``remap``) two assets disagree on a class index; names both.
-    """
-    name_at: dict[int, tuple[str, str]] = {}  # index -> (name, first asset with it)
-    index_of: dict[str, tuple[int, str]] = {}  # name -> (index, first asset with it)
-    order: list[str] = []
-    for url, classes in assets:
-        for i, name in enumerate(classes):
-            if name not in index_of:
-                index_of[name] = (i, url)
-                order.append(name)
-            if remap:
-                continue
-            j, first = index_of[name]
-            if j != i:
-                _disagree(f"class {name!r} is {j} in {first} but {i} in {url}")
-            other, first = name_at.setdefault(i, (name, url))
-            if other != name:
-                _disagree(f"class index {i} is {other!r} in {first} but {name!r} in {url}")
-    if not remap:
-        return [name_at[i][0] for i in range(len(name_at))], [None] * len(assets)
-    pos = {name: k for k, name in enumerate(order)}
-    maps: list[np.ndarray | None] = []
-    for _, classes in assets:
-        lut = np.array([pos[c] for c in classes], dtype=np.int64)
-        maps.append(None if np.array_equal(lut, np.arange(len(lut))) else lut)
-    return order, maps
-
-
-def _disagree(what: str) -> None:
-    raise ValueError(
-        f"{what}: the assets disagree on their class sets; pack them with the same classes, "
-        "or pass remap=True to build the union (labels renumbered, see .classes)"
-    )
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.states: dict[int, tuple[ProcessState, np.ndarray, tuple[int, ...] | None]] = {}
 
 
 class H5MultiDataset(Dataset[tuple[Any, Any]]):
@@ -124,7 +87,7 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
         max_pixels: int = DEFAULT_MAX_PIXELS,
     ) -> None:
         if isinstance(subset, float) and not 0.0 < subset <= 1.0:
-            raise ValueError(f"subset={subset!r}: a fraction must be in (0, 1]")
+            raise ValueError(f"subset={subset!r}: give a fraction in (0, 1]")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed={seed!r} must be an int >= 0")
         if isinstance(sources, (str, os.PathLike)):
@@ -134,7 +97,9 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
             found = parse_sources(sources)
             self.name = f"{len(found)} assets ({redact_url(found[0].url)}, ...)"
         self.sources: list[AssetSource] = found
-        self.target_transform = target_transform
+        self.transform, self.target_transform = transform, target_transform
+        self._handles: _Handles | None = None
+        self._orphans: list[_Handles] = []
         self.datasets = [
             H5ImageDataset(
                 s.url,
@@ -151,32 +116,10 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
             [(d.url, d.classes) for d in self.datasets], remap=remap
         )
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        self.cumulative_sizes = np.cumsum([len(d) for d in self.datasets], dtype=np.int64)
-        self._picks = None if subset is None else self._subset(subset, seed)
-
-    def _subset(self, subset: Sequence[int] | float, seed: int) -> np.ndarray:
+        self._sizes = np.array([len(d) for d in self.datasets], dtype=np.int64)
+        self.cumulative_sizes = np.cumsum(self._sizes)
         total = int(self.cumulative_sizes[-1])
-        if isinstance(subset, float):
-            k = round(subset * total)
-            if k == 0:
-                raise ValueError(f"subset={subset!r} of {total} samples selects none")
-            rng = np.random.default_rng(seed)
-            return np.sort(rng.choice(total, size=k, replace=False)).astype(np.int64)
-        if isinstance(subset, (str, bytes)) or not isinstance(subset, Sequence | np.ndarray):
-            raise ValueError(
-                f"subset must be None, a fraction or a list of indices, not {subset!r:.80}"
-            )
-        picks = np.asarray(subset)
-        if picks.ndim != 1 or (picks.size and picks.dtype.kind not in "iu"):
-            raise ValueError(f"subset must be a flat list of integer indices, not {subset!r:.80}")
-        picks = picks.astype(np.int64)
-        outside = (picks < 0) | (picks >= total)
-        if outside.any():
-            bad = int(picks[np.flatnonzero(outside)[0]])
-            raise ValueError(
-                f"subset index {bad} out of range for {total} samples (0..{total - 1})"
-            )
-        return picks
+        self._picks = None if subset is None else select_subset(subset, total, seed=seed)
 
     # --- where an index lives ----------------------------------------------------------------
     def __len__(self) -> int:
@@ -198,13 +141,12 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
             )
         flat = where if self._picks is None else self._picks[where]
         asset = np.searchsorted(self.cumulative_sizes, flat, side="right")
-        starts = self.cumulative_sizes - [len(d) for d in self.datasets]
-        return asset, flat - starts[asset]
+        return asset, flat - (self.cumulative_sizes - self._sizes)[asset]
 
     def indices_of(self, asset: int) -> np.ndarray:
         """This dataset's indices whose samples come from asset number ``asset``."""
         end = int(self.cumulative_sizes[asset])
-        start = end - len(self.datasets[asset])
+        start = end - int(self._sizes[asset])
         if self._picks is None:
             return np.arange(start, end, dtype=np.int64)
         return np.flatnonzero((self._picks >= start) & (self._picks < end)).astype(np.int64)
@@ -218,6 +160,73 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
             parts.append(labels if lut is None else lut[labels])
         labels = np.concatenate(parts)
         return (labels if self._picks is None else labels[self._picks]).tolist()
+
+    # --- pickling and per-process handles -----------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_handles", "_orphans")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._handles, self._orphans = None, []
+
+    def _state(self, a: int) -> tuple[ProcessState, np.ndarray, tuple[int, ...] | None]:
+        """This process's state of asset ``a``, the file rows of its dataset indices, and its
+        image shape when its samples are fixed-size, decoded and unfiltered (else None)."""
+        h = self._handles
+        if h is None or h.pid != os.getpid():
+            if h is not None:  # inherited through fork: never use or close the parent's
+                self._orphans.append(h)
+            h = self._handles = _Handles()
+        if a not in h.states:
+            d = self.datasets[a]
+            st = open_state(d.url, d.storage_options, d.verify_reads, d.max_pixels)
+            idx = st.index
+            rows = np.arange(idx.header.num_samples)
+            if d.split is not None:
+                code = idx.split_names.index(d.split) if d.split in idx.split_names else -1
+                rows = np.flatnonzero(idx.split_codes == code)
+            if len(rows) != self._sizes[a]:
+                st.close()
+                raise IntegrityError(
+                    f"{d.url} has {len(rows)} samples (split {d.split!r}) now, "
+                    f"{self._sizes[a]} when the dataset was opened: it was replaced; open "
+                    "the dataset again, or pin a version"
+                )
+            fixed = idx.header.storage == "array" and not idx.filtered
+            h.states[a] = (st, rows, idx.image_shape if fixed else None)
+        return h.states[a]
+
+    def _read_direct(self, asset: np.ndarray, local: np.ndarray, *, slot: bool) -> Any:
+        """The batch read straight into one :class:`~h5forge.read.batches.Batch`; None when
+        a transform is set or an asset's samples are not fixed-size, decoded and unfiltered."""
+        if self.transform is not None or self.target_transform is not None:
+            return None
+        order = np.argsort(asset, kind="stable")  # positions grouped by asset, in batch order
+        cuts = [0, *(np.flatnonzero(np.diff(asset[order])) + 1).tolist(), len(order)]
+        groups = [order[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
+        states = [(int(asset[at[0]]), at, *self._state(int(asset[at[0]]))) for at in groups]
+        hwc = states[0][4]
+        if hwc is None or any(s[4] != hwc for s in states):
+            return None
+        from torch.utils.data import get_worker_info
+
+        in_worker = get_worker_info() is not None
+        batch = _batches.Batch(len(asset), hwc, slot=slot and in_worker, shared=in_worker)
+        try:
+            view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
+            labels, size = batch.labels.numpy(), int(np.prod(hwc))
+            for a, at, st, file_rows, _ in states:
+                rows = file_rows[local[at]]
+                bufs = [view[p * size : (p + 1) * size] for p in at.tolist()]
+                assert st.reader is not None
+                st.reader.read_into(st.index.byte_ranges[rows].tolist(), bufs)
+                st.check(bufs, rows.tolist())
+                lut = self._maps[a]
+                labels[at] = st.index.labels[rows] if lut is None else lut[st.index.labels[rows]]
+        except BaseException:
+            batch.release()
+            raise
+        return batch.result()
 
     # --- torch Dataset protocol --------------------------------------------------------------
     def __getitem__(self, i: int) -> tuple[Any, Any]:
@@ -241,15 +250,21 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
     def read_batch(self, indices: Sequence[int]) -> tuple[Any, Any]:
         """A whole batch at once, ``(images, labels)``, in the order of ``indices``.
 
-        Each asset's samples are read with one ``__getitems__`` (its coalesced reads) and
-        stacked as torch's ``default_collate`` would (an ``N x C x H x W`` uint8 tensor and
-        int64 labels). See :meth:`loader`, whose workers stack into reusable shared memory.
+        As :meth:`H5ImageDataset.read_batch <h5forge.read.dataset.H5ImageDataset.read_batch>`:
+        fixed-size decoded assets without transforms give one ``B x C x H x W`` uint8 tensor
+        in ``torch.channels_last`` memory, read in place (each asset's samples with one
+        ``read_into``); anything else is read by each asset's ``__getitems__`` and stacked by
+        torch's ``default_collate``. Labels are int64, in :attr:`classes`' numbering.
         """
         return self._read_batch(indices, use_slots=False)
 
     def _read_batch(self, indices: Sequence[int], *, use_slots: bool) -> Any:
         from torch.utils.data import get_worker_info
 
+        asset, local = self.locate(indices)
+        direct = self._read_direct(asset, local, slot=use_slots)
+        if direct is not None:
+            return direct
         slot = use_slots and get_worker_info() is not None
         return _batches.collate(self.__getitems__(indices), slot=slot, url=self.name)
 

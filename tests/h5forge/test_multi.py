@@ -3,8 +3,10 @@ workers, versions, S3) and MixingSampler (proportions, determinism, without repl
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from h5forge.demo import write_image_folder
+from h5forge.errors import IntegrityError
 from h5forge.hashing import sha256_file
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
@@ -88,6 +91,40 @@ def test_read_batch_keeps_the_batch_order_across_assets(assets: list[str]) -> No
     _same(clone.__getitems__(order), want)
 
 
+def test_read_batch_with_a_transform_or_an_encoded_asset(tmp_path: Path, assets: list[str]) -> None:
+    # Not read in place: each asset's __getitems__ (transformed, or decoded), then collated.
+    flipped = H5MultiDataset(assets, transform=functools.partial(torch.flip, dims=[-1]))
+    plain = H5MultiDataset(assets)
+    order = [50, 2, 20, 2]
+    images, labels = flipped.read_batch(order)
+    want_images, want_labels = plain.read_batch(order)
+    assert torch.equal(images, want_images.flip(-1))
+    assert labels.tolist() == want_labels.tolist()
+    src = tmp_path / "src"
+    write_image_folder(src, classes=("a", "b", "c"), per_class=2, seed=5, size=SIZE)
+    encoded = pack(
+        src,
+        tmp_path / "enc.h5",
+        config=PackConfig(ImageConfig(layout="encoded", encoding="png", size=SIZE)),
+        workers=1,
+    ).path
+    mixed = H5MultiDataset([assets[0], encoded])
+    images, labels = mixed.read_batch([20, 0, 19])
+    want = [mixed[i] for i in (20, 0, 19)]
+    assert torch.equal(images, torch.stack([w[0] for w in want]))
+    assert labels.tolist() == [w[1] for w in want]
+    assert torch.equal(want[1][0], plain[0][0])
+
+
+def test_an_asset_replaced_after_opening_is_refused(tmp_path: Path, assets: list[str]) -> None:
+    path = tmp_path / "x.h5"
+    shutil.copyfile(assets[1], path)
+    ds = H5MultiDataset([path, assets[0]])
+    shutil.copyfile(assets[2], path)  # 24 samples where 12 were
+    with pytest.raises(IntegrityError, match=r"x.h5 has 24 samples .* 12 when the dataset was"):
+        ds.read_batch([0, 1])
+
+
 def test_subsets_by_index_list_and_by_seeded_fraction(assets: list[str]) -> None:
     whole = H5MultiDataset(assets)
     picks = [40, 3, 17, 3]
@@ -105,7 +142,7 @@ def test_subsets_by_index_list_and_by_seeded_fraction(assets: list[str]) -> None
     assert members.tolist() == list(range(27))
     with pytest.raises(ValueError, match="subset index 54 out of range for 54 samples"):
         H5MultiDataset(assets, subset=[0, 54])
-    with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"give a fraction in \(0, 1\]"):
         H5MultiDataset(assets, subset=1.5)
 
 
@@ -125,6 +162,9 @@ def test_class_sets_that_disagree_are_refused_or_remapped(
     assert [ds.classes[x] for x in ds.targets] == names
     got = _samples(ds)
     assert [ds.classes[label] for _, label in got] == names
+    images, labels = ds.read_batch(list(range(len(ds)))[::-1])  # read in place, remapped
+    assert labels.tolist() == ds.targets[::-1]
+    assert torch.equal(images, torch.stack([image for image, _ in got[::-1]]))
     assert Counter(names) == Counter({"a": 8, "b": 6, "c": 8, "d": 2})
     # A prefix of the class list agrees: no remap needed, the union is the longer list.
     assert H5MultiDataset([other, assets[0]], remap=True).classes == ["a", "x", "b", "c"]
