@@ -5,7 +5,8 @@ The photo set is packed once, decoded at 224, as 8 shard files (``pack_slice`` o
 reader serves the very same pixels. All read through ``loader()`` (2 workers, batch 64,
 persistent workers, one ``read_batch`` per batch), a timed round being one epoch of
 ``--batches`` random batches; rounds are interleaved, the order reversed every other round,
-the best kept.
+the best kept. CPU per image (this process and its workers, from /proc) is reported beside
+it: on a shared machine it moves much less than the rate.
 
 * **one asset** = ``H5ImageDataset(one).loader(64, sampler=RandomSampler(...))``.
 * **8 assets as one** = ``H5MultiDataset(parts).loader(64, sampler=RandomSampler(...))``: the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from benchmarks._common import image_root, parser, start_report, table, verdict
+from benchmarks._common import image_root, parser, start_report, table, tree_cpu, verdict
 
 PARTS = 8
 
@@ -99,14 +101,20 @@ def main() -> None:
         for feed in feeds.values():  # start the workers, open the files
             _epoch(feed)
         rates: dict[str, list[float]] = {name: [] for name in feeds}
+        cpu: dict[str, list[float]] = {name: [] for name in feeds}
         for r in range(args.repeat):
             names = list(feeds) if r % 2 == 0 else list(feeds)[::-1]
             for name in names:
-                t0 = time.perf_counter()
+                c0, t0 = tree_cpu(), time.perf_counter()
                 n = _epoch(feeds[name])
                 rates[name].append(n / (time.perf_counter() - t0))
-                print(f"  {name}: {rates[name][-1]:,.0f} img/s", flush=True)
+                cpu[name].append((tree_cpu() - c0) / n)
+                print(
+                    f"  {name}: {rates[name][-1]:,.0f} img/s, {cpu[name][-1] * 1e3:.3f} CPU ms/img",
+                    flush=True,
+                )
         best = {name: max(r) for name, r in rates.items()}
+        cost = {name: statistics.median(c) for name, c in cpu.items()}
         report.add(
             f"Input: {what}, decoded at 224 into {len(parts)} shard files of about {per} "
             f"samples, and their byte-copy merge as the one asset. DataLoader: {args.workers} "
@@ -116,13 +124,22 @@ def main() -> None:
         base = best["one asset"]
         report.add(
             table(
-                ["reader", "images/s (best)", "all rounds", "/ one asset"],
+                [
+                    "reader",
+                    "images/s (best)",
+                    "all rounds",
+                    "/ one asset",
+                    "CPU ms / image (median; workers + main)",
+                    "one asset's CPU / this",
+                ],
                 [
                     [
                         name,
                         f"{best[name]:,.0f}",
                         ", ".join(f"{x:,.0f}" for x in rates[name]),
                         f"{best[name] / base:.2f}x",
+                        f"{cost[name] * 1e3:.3f}",
+                        f"{cost['one asset'] / cost[name]:.2f}x",
                     ]
                     for name in feeds
                 ],
@@ -132,7 +149,10 @@ def main() -> None:
         for name in list(feeds)[1:]:
             target = 0.95 if name.endswith("as one") else 0.9
             ratio = best[name] / base
-            lines.append(f"- {name} / one asset = **{ratio:.2f}x**, {verdict(ratio, target)}")
+            lines.append(
+                f"- {name} / one asset = **{ratio:.2f}x**, {verdict(ratio, target)}; by CPU per "
+                f"image {cost['one asset'] / cost[name]:.2f}x"
+            )
         report.add("\n".join(lines))
         del feeds
     finally:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from h5forge.errors import IntegrityError
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
@@ -33,11 +33,14 @@ __all__ = ["H5MultiDataset"]
 
 
 class _Handles:
-    """One process's states of the assets it reads directly, and each one's file rows."""
+    """One process's states of the assets it reads in place (file rows, fixed image shape or
+    None), and the byte ranges and union labels of their samples, by concatenation index."""
 
-    def __init__(self) -> None:
+    def __init__(self, total: int) -> None:
         self.pid = os.getpid()
         self.states: dict[int, tuple[ProcessState, np.ndarray, tuple[int, ...] | None]] = {}
+        self.ranges = np.zeros((total, 2), dtype=np.int64)
+        self.labels = np.zeros(total, dtype=np.int64)
 
 
 class H5MultiDataset(Dataset[tuple[Any, Any]]):
@@ -118,6 +121,7 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self._sizes = np.array([len(d) for d in self.datasets], dtype=np.int64)
         self.cumulative_sizes = np.cumsum(self._sizes)
+        self._starts = self.cumulative_sizes - self._sizes
         total = int(self.cumulative_sizes[-1])
         self._picks = None if subset is None else select_subset(subset, total, seed=seed)
 
@@ -141,7 +145,7 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
             )
         flat = where if self._picks is None else self._picks[where]
         asset = np.searchsorted(self.cumulative_sizes, flat, side="right")
-        return asset, flat - (self.cumulative_sizes - self._sizes)[asset]
+        return asset, flat - self._starts[asset]
 
     def indices_of(self, asset: int) -> np.ndarray:
         """This dataset's indices whose samples come from asset number ``asset``."""
@@ -154,10 +158,8 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
     @property
     def targets(self) -> list[int]:
         """Label of every sample (in the union mapping), like torchvision's ImageFolder."""
-        parts = []
-        for d, lut in zip(self.datasets, self._maps, strict=True):
-            labels = np.asarray(d.targets, dtype=np.int64)
-            parts.append(labels if lut is None else lut[labels])
+        parts = [np.asarray(d.targets, dtype=np.int64) for d in self.datasets]
+        parts = [p if m is None else m[p] for p, m in zip(parts, self._maps, strict=True)]
         labels = np.concatenate(parts)
         return (labels if self._picks is None else labels[self._picks]).tolist()
 
@@ -176,8 +178,8 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
         if h is None or h.pid != os.getpid():
             if h is not None:  # inherited through fork: never use or close the parent's
                 self._orphans.append(h)
-            h = self._handles = _Handles()
-        if a not in h.states:
+            h = self._handles = _Handles(int(self.cumulative_sizes[-1]))
+        if a not in h.states:  # opened on first use, in the process that reads
             d = self.datasets[a]
             st = open_state(d.url, d.storage_options, d.verify_reads, d.max_pixels)
             idx = st.index
@@ -194,6 +196,10 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
                 )
             fixed = idx.header.storage == "array" and not idx.filtered
             h.states[a] = (st, rows, idx.image_shape if fixed else None)
+            at = slice(int(self._starts[a]), int(self.cumulative_sizes[a]))
+            h.ranges[at] = idx.byte_ranges[rows]
+            lut = self._maps[a]
+            h.labels[at] = idx.labels[rows] if lut is None else lut[idx.labels[rows]]
         return h.states[a]
 
     def _read_direct(self, asset: np.ndarray, local: np.ndarray, *, slot: bool) -> Any:
@@ -203,26 +209,27 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
             return None
         order = np.argsort(asset, kind="stable")  # positions grouped by asset, in batch order
         cuts = [0, *(np.flatnonzero(np.diff(asset[order])) + 1).tolist(), len(order)]
-        groups = [order[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
-        states = [(int(asset[at[0]]), at, *self._state(int(asset[at[0]]))) for at in groups]
-        hwc = states[0][4]
-        if hwc is None or any(s[4] != hwc for s in states):
+        groups = [order[lo:hi].tolist() for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
+        states = [self._state(int(asset[g[0]])) for g in groups]
+        hwc = states[0][2]
+        if hwc is None or any(s[2] != hwc for s in states):
             return None
-        from torch.utils.data import get_worker_info
-
         in_worker = get_worker_info() is not None
         batch = _batches.Batch(len(asset), hwc, slot=slot and in_worker, shared=in_worker)
         try:
+            assert self._handles is not None
+            flat = local + self._starts[asset]
             view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
-            labels, size = batch.labels.numpy(), int(np.prod(hwc))
-            for a, at, st, file_rows, _ in states:
-                rows = file_rows[local[at]]
-                bufs = [view[p * size : (p + 1) * size] for p in at.tolist()]
+            size = int(np.prod(hwc))
+            bufs = [view[p * size : (p + 1) * size] for p in range(len(asset))]
+            ranges = self._handles.ranges[flat].tolist()
+            for g, (st, file_rows, _) in zip(groups, states, strict=True):
                 assert st.reader is not None
-                st.reader.read_into(st.index.byte_ranges[rows].tolist(), bufs)
-                st.check(bufs, rows.tolist())
-                lut = self._maps[a]
-                labels[at] = st.index.labels[rows] if lut is None else lut[st.index.labels[rows]]
+                mine = [bufs[p] for p in g]
+                st.reader.read_into([ranges[p] for p in g], mine)
+                if st.digests is not None:
+                    st.check(mine, file_rows[local[g]].tolist())
+            batch.labels.numpy()[:] = self._handles.labels[flat]
         except BaseException:
             batch.release()
             raise
@@ -259,8 +266,6 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
         return self._read_batch(indices, use_slots=False)
 
     def _read_batch(self, indices: Sequence[int], *, use_slots: bool) -> Any:
-        from torch.utils.data import get_worker_info
-
         asset, local = self.locate(indices)
         direct = self._read_direct(asset, local, slot=use_slots)
         if direct is not None:
@@ -280,8 +285,7 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
     ) -> DataLoader[Any]:
         """A DataLoader that reads each batch with one :meth:`read_batch` call, as
         :meth:`H5ImageDataset.loader <h5forge.read.dataset.H5ImageDataset.loader>` does (same
-        arguments). For mixing pass
-        ``sampler=MixingSampler(ds, ...)`` (:mod:`h5forge.read.mixing`)."""
+        arguments). Mixing: ``sampler=MixingSampler(ds, ...)`` (:mod:`h5forge.read.mixing`)."""
         return batch_loader(
             self,
             functools.partial(self._read_batch, use_slots=True),

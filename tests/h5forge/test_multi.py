@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -27,6 +28,7 @@ from h5forge.read.asset_list import MAX_ASSETS, MAX_MANIFEST_BYTES
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.mixing import MixingSampler
 from h5forge.read.multi import H5MultiDataset
+from tests.fixtures.damage import flip_sample_byte
 
 SIZE = (12, 16)
 
@@ -123,6 +125,22 @@ def test_an_asset_replaced_after_opening_is_refused(tmp_path: Path, assets: list
     shutil.copyfile(assets[2], path)  # 24 samples where 12 were
     with pytest.raises(IntegrityError, match=r"x.h5 has 24 samples .* 12 when the dataset was"):
         ds.read_batch([0, 1])
+
+
+def test_verify_reads_names_the_corrupt_sample_of_its_asset(
+    tmp_path: Path, assets: list[str]
+) -> None:
+    path = tmp_path / "copy.h5"
+    shutil.copyfile(assets[1], path)
+    with h5py.File(path) as h5:
+        names = [n.decode() for n in h5["split_names"][()]]
+        val_rows = np.flatnonzero(h5["splits"][()] == names.index("val")).tolist()
+    flip_sample_byte(path, val_rows[2])
+    ds = H5MultiDataset([assets[0], path], split="val", verify_reads=True)
+    first = len(ds.datasets[0])
+    ds.read_batch([first + 1, 0, first + 3])  # clean samples of both assets
+    with pytest.raises(IntegrityError, match=f"copy.h5: sample {val_rows[2]} "):
+        ds.read_batch([0, first + 2])
 
 
 def test_subsets_by_index_list_and_by_seeded_fraction(assets: list[str]) -> None:
