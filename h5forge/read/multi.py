@@ -208,11 +208,12 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
         if self.transform is not None or self.target_transform is not None:
             return None
         order = np.argsort(asset, kind="stable")  # positions grouped by asset, in batch order
-        cuts = [0, *(np.flatnonzero(np.diff(asset[order])) + 1).tolist(), len(order)]
-        groups = [order[lo:hi].tolist() for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
+        cuts = np.flatnonzero(np.diff(asset[order])) + 1
+        groups = [g.tolist() for g in np.split(order, cuts) if len(g)]
         states = [self._state(int(asset[g[0]])) for g in groups]
-        hwc = states[0][2]
-        if hwc is None or any(s[2] != hwc for s in states):
+        shapes = {s[2] for s in states or [self._state(0)]}  # an empty batch: asset 0's shape
+        hwc = shapes.pop()
+        if shapes or hwc is None:
             return None
         in_worker = get_worker_info() is not None
         batch = _batches.Batch(len(asset), hwc, slot=slot and in_worker, shared=in_worker)

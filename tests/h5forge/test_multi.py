@@ -89,6 +89,9 @@ def test_read_batch_keeps_the_batch_order_across_assets(assets: list[str]) -> No
     assert torch.equal(images, torch.stack([w[0] for w in want]))
     assert labels.tolist() == [w[1] for w in want]
     _same(ds.__getitems__(order), want)
+    empty_images, empty_labels = ds.read_batch([])
+    assert empty_images.shape == (0, 3, *SIZE)
+    assert empty_labels.shape == (0,)
     clone = pickle.loads(pickle.dumps(ds))
     _same(clone.__getitems__(order), want)
 
