@@ -208,6 +208,9 @@ def test_a_shard_manifest_names_assets_relative_to_itself(assets: list[str]) -> 
     )
     ds = H5MultiDataset(url, split="train")
     assert [s.weight for s in ds.sources] == [2.0, 1.0]
+    # The manifest's weights are the mixing's default: 9 and 12 train samples weighted 2:1
+    # give floor(min(9 / (2/3), 12 / (1/3))) = 13 draws, 8.67 and 4.33 rounded to 9 + 4.
+    assert MixingSampler(ds).quota.tolist() == [9, 4]
     _same(_samples(ds), _samples(H5MultiDataset([assets[0], assets[2]], split="train")))
 
 
@@ -318,6 +321,25 @@ def test_loader_with_two_workers(assets: list[str], method: str) -> None:
             want_images, want_labels = ds.read_batch(order[4 * k : 4 * k + 4])
             assert torch.equal(images, want_images)
             assert labels.tolist() == want_labels.tolist()
+
+
+@pytest.mark.slow
+def test_shuffled_loader_and_standard_dataloader_cover_every_sample(assets: list[str]) -> None:
+    from torch.utils.data import DataLoader
+
+    ds = H5MultiDataset(assets, split="train")
+    images, labels = ds.read_batch(list(range(len(ds))))
+    pairs = zip(images, labels.tolist(), strict=True)
+    want = Counter((bytes(i.contiguous().numpy()), x) for i, x in pairs)
+    for loader in (
+        ds.loader(5, shuffle=True, num_workers=2, multiprocessing_context="fork"),
+        DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context="fork"),
+    ):
+        got: Counter[tuple[bytes, int]] = Counter()
+        for batch_images, batch_labels in loader:
+            for i, x in zip(batch_images, batch_labels.tolist(), strict=True):
+                got[(bytes(i.contiguous().numpy()), x)] += 1
+        assert got == want
 
 
 def _publish(local: str, base: str, options: dict[str, Any] | None = None, parent: str = "") -> str:
