@@ -126,7 +126,7 @@ def main() -> None:
         report.add(
             f"Input: {what}, decoded at 224 into {len(parts)} shard files, and their "
             "byte-copy merge as the one asset; the mixing's sources are the same set packed "
-            "as 2 and as 4 files. DataLoader: {args.workers} "
+            f"as 2 and as 4 files. DataLoader: {args.workers} "
             f"workers, batch {args.batch_size}, epochs of {args.batches} random batches, "
             "persistent workers; page cache warm."
         )
