@@ -11,10 +11,9 @@ asset as a URL, a ``(url, version)`` pair or a dict ``{"url": ..., "version": ..
 
 ``url`` is required; ``version`` (``"latest"`` or a sha256 prefix, see
 :func:`h5forge.read.version.pin_version`) and ``weight`` (a finite number > 0, default 1; the
-share of the source in :meth:`H5MultiDataset.mixing
-<h5forge.read.multi.H5MultiDataset.mixing>`) are optional, other keys are refused. A relative
-``url`` is relative to the manifest's folder. A manifest is at most :data:`MAX_MANIFEST_BYTES`
-and names at most :data:`MAX_ASSETS` assets.
+asset's share in :class:`h5forge.read.mixing.MixingSampler`) are optional, other keys are
+refused. A relative ``url`` is relative to the manifest's folder. A manifest is at most
+:data:`MAX_MANIFEST_BYTES` and names at most :data:`MAX_ASSETS` assets.
 """
 
 from __future__ import annotations

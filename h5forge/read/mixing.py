@@ -86,7 +86,8 @@ class MixingSampler(Sampler[int]):
        positions ``epoch * q_s ..`` of its stream, so every epoch is computed on its own.
 
     Everything depends only on ``(sizes, weights, length, seed, epoch)``. Each iteration uses
-    :attr:`epoch` and then advances it by one; :meth:`set_epoch` chooses the next one.
+    :attr:`epoch` and then advances it by one; :meth:`set_epoch` chooses the next one. The
+    schedule is not split across DDP ranks: every rank would draw all of it.
 
     Args:
         dataset: the multi-asset dataset.
