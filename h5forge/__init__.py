@@ -40,6 +40,8 @@ _LAZY = {
     "read_manifest": "h5forge.publish.manifest",
     "write_preview": "h5forge.publish.preview",
     "H5ImageDataset": "h5forge.read.dataset",
+    "H5MultiDataset": "h5forge.read.multi",
+    "MixingSampler": "h5forge.read.mixing",
 }
 
 

@@ -1,0 +1,209 @@
+"""Which assets a multi-asset dataset reads (a list of URLs, or a shard manifest), and the one
+class list they share (:func:`union_classes`).
+
+:class:`H5MultiDataset <h5forge.read.multi.H5MultiDataset>` takes either. A list names each
+asset as a URL, a ``(url, version)`` pair or a dict ``{"url": ..., "version": ..., "weight":
+...}``. A **shard manifest** is a small JSON file (read as untrusted input)::
+
+    {"format": "h5forge-shards", "version": 1,
+     "assets": [{"url": "s3://bucket/flowers", "version": "latest", "weight": 2.0},
+                {"url": "part-0001.h5"}]}
+
+``url`` is required; ``version`` (``"latest"`` or a sha256 prefix, see
+:func:`h5forge.read.version.pin_version`) and ``weight`` (a finite number > 0, default 1; the
+asset's share in :class:`h5forge.read.mixing.MixingSampler`) are optional, other keys are
+refused. A relative ``url`` is relative to the manifest's folder. A manifest is at most
+:data:`MAX_MANIFEST_BYTES` and names at most :data:`MAX_ASSETS` assets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from h5forge.asset.open import url_to_fs
+from h5forge.redact import redact_url
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "MAX_ASSETS",
+    "MAX_MANIFEST_BYTES",
+    "AssetSource",
+    "parse_sources",
+    "read_asset_manifest",
+    "union_classes",
+]
+
+MANIFEST_FORMAT = "h5forge-shards"
+MAX_MANIFEST_BYTES = 4 * 2**20  # 10,000 entries of a few hundred bytes fit in 4 MiB
+MAX_ASSETS = 10_000
+_MAX_URL_CHARS = 4096
+_KEYS = frozenset({"url", "version", "weight"})
+
+
+@dataclass(frozen=True)
+class AssetSource:
+    """One asset of a multi-asset dataset: where, which version, and its mixing weight."""
+
+    url: str
+    version: str | None = None
+    weight: float = 1.0
+
+
+def _entry(item: object, where: str) -> AssetSource:
+    if isinstance(item, (str, os.PathLike)):
+        return _checked(os.fspath(item), None, 1.0, where)
+    if isinstance(item, tuple) and len(item) == 2:
+        return _checked(item[0], item[1], 1.0, where)
+    if isinstance(item, Mapping):
+        unknown = sorted(str(k) for k in item if k not in _KEYS)
+        if unknown:
+            raise ValueError(f"{where} has unknown keys {unknown}; allowed: {sorted(_KEYS)}")
+        if "url" not in item:
+            raise ValueError(f"{where} has no 'url'")
+        return _checked(item["url"], item.get("version"), item.get("weight", 1.0), where)
+    raise ValueError(
+        f"{where} is {type(item).__name__} {item!r:.80}; give a URL, a (url, version) pair or "
+        "a dict with 'url' (and optionally 'version', 'weight')"
+    )
+
+
+def _checked(url: object, version: object, weight: object, where: str) -> AssetSource:
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str) or not url or len(url) > _MAX_URL_CHARS:
+        raise ValueError(
+            f"{where}: url {url!r:.80} must be a non-empty string of at most "
+            f"{_MAX_URL_CHARS} characters"
+        )
+    if version is not None and not isinstance(version, str):
+        raise ValueError(f"{where}: version {version!r:.80} must be a string or null")
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, (int, float))
+        or not math.isfinite(weight)
+        or weight <= 0
+    ):
+        raise ValueError(f"{where}: weight {weight!r:.80} must be a finite number > 0")
+    return AssetSource(url, version, float(weight))
+
+
+def parse_sources(sources: Sequence[object]) -> list[AssetSource]:
+    """The assets of a list: URLs, ``(url, version)`` pairs or dicts (see the module).
+
+    Raises:
+        ValueError: the list is empty or longer than :data:`MAX_ASSETS`, or an entry is
+            malformed (the message names its position).
+    """
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence):
+        raise ValueError(
+            f"sources must be a list of assets or the URL of a shard manifest, not "
+            f"{type(sources).__name__}"
+        )
+    if not 1 <= len(sources) <= MAX_ASSETS:
+        raise ValueError(f"{len(sources)} assets given; give 1 to {MAX_ASSETS}")
+    return [_entry(item, f"sources[{k}]") for k, item in enumerate(sources)]
+
+
+def _relative_to(manifest: str, url: str) -> str:
+    if "://" in url or url.startswith("/") or "/" not in manifest:
+        return url
+    return manifest.rsplit("/", 1)[0] + "/" + url  # "memory://m.json" -> "memory://" + url
+
+
+def read_asset_manifest(
+    url: str, *, storage_options: dict[str, Any] | None = None
+) -> list[AssetSource]:
+    """The assets a shard manifest names, checked (see the module for the format).
+
+    Raises:
+        FileNotFoundError: no manifest at ``url``.
+        ValueError: the manifest is over :data:`MAX_MANIFEST_BYTES`, not JSON, of another
+            format or version, names no asset or more than :data:`MAX_ASSETS`, or an entry
+            is malformed; the message names the manifest (and the entry).
+    """
+    shown = redact_url(url)
+    fs, path = url_to_fs(url, storage_options)
+    # One bounded read: never more than the limit is fetched, whatever the file's size.
+    raw = fs.cat_file(path, start=0, end=MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ValueError(
+            f"{shown} is over {MAX_MANIFEST_BYTES} bytes: not a shard manifest "
+            f"(one names at most {MAX_ASSETS} assets)"
+        )
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{shown} is not JSON ({e}); write it as a shard manifest") from None
+    if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f'{shown} is not a shard manifest: it needs "format": "{MANIFEST_FORMAT}"')
+    if body.get("version") != 1:
+        raise ValueError(
+            f"{shown} has manifest version {body.get('version')!r:.40}; this h5forge reads "
+            "version 1: upgrade h5forge"
+        )
+    assets = body.get("assets")
+    if not isinstance(assets, list) or not 1 <= len(assets) <= MAX_ASSETS:
+        count = len(assets) if isinstance(assets, list) else type(assets).__name__
+        raise ValueError(
+            f"{shown}: 'assets' must be a list of 1 to {MAX_ASSETS} assets, not {count}"
+        )
+    out = []
+    for k, item in enumerate(assets):
+        if not isinstance(item, dict):
+            raise ValueError(f"{shown}: assets[{k}] must be an object with 'url'")
+        found = _entry(item, f"{shown}: assets[{k}]")
+        out.append(AssetSource(_relative_to(url, found.url), found.version, found.weight))
+    return out
+
+
+def union_classes(
+    assets: Sequence[tuple[str, Sequence[str]]], *, remap: bool
+) -> tuple[list[str], list[np.ndarray | None]]:
+    """One class list for several assets, and each asset's label map (None: unchanged).
+
+    Without ``remap`` the assets must agree: a class name has one index in every asset that has
+    it, and an index one name; the union is the longest list (the others are its prefixes).
+    With ``remap`` the union lists the classes in order of first appearance (asset by asset), so
+    the first asset keeps its labels, and every asset whose labels change gets a map.
+
+    Raises:
+        ValueError: (without ``remap``) two assets disagree on a class index; names both.
+    """
+    name_at: dict[int, tuple[str, str]] = {}  # index -> (name, first asset with it)
+    index_of: dict[str, tuple[int, str]] = {}  # name -> (index, first asset with it)
+    order: list[str] = []
+    for url, classes in assets:
+        for i, name in enumerate(classes):
+            if name not in index_of:
+                index_of[name] = (i, url)
+                order.append(name)
+            if remap:
+                continue
+            j, first = index_of[name]
+            if j != i:
+                _disagree(f"class {name!r} is {j} in {first} but {i} in {url}")
+            other, first = name_at.setdefault(i, (name, url))
+            if other != name:
+                _disagree(f"class index {i} is {other!r} in {first} but {name!r} in {url}")
+    if not remap:
+        return [name_at[i][0] for i in range(len(name_at))], [None] * len(assets)
+    pos = {name: k for k, name in enumerate(order)}
+    maps: list[np.ndarray | None] = []
+    for _, classes in assets:
+        lut = np.array([pos[c] for c in classes], dtype=np.int64)
+        maps.append(None if np.array_equal(lut, np.arange(len(lut))) else lut)
+    return order, maps
+
+
+def _disagree(what: str) -> None:
+    raise ValueError(
+        f"{what}: the assets disagree on their class sets; pack them with the same classes, "
+        "or pass remap=True to build the union (labels renumbered, see .classes)"
+    )

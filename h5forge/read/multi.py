@@ -1,0 +1,299 @@
+"""``H5MultiDataset``: several h5forge assets read as one map-style Dataset, and their mixing.
+
+Each asset is an :class:`~h5forge.read.dataset.H5ImageDataset` (pinned, checked and pickled
+as its arguments). Index ``i`` is found by bisecting the assets' cumulative lengths (after
+``split``, applied to every asset), through the ``subset`` if any. A batch is grouped by asset
+and put back in its order: fixed-size decoded samples are read straight into one batch buffer
+(a reusable slot in loader workers, :mod:`h5forge.read.batches`), each asset's share with one
+``read_into``; others through each asset's ``__getitems__``. Mixing: :mod:`h5forge.read.mixing`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from h5forge.errors import IntegrityError
+from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
+from h5forge.read import batches as _batches
+from h5forge.read.asset_list import AssetSource, parse_sources, read_asset_manifest, union_classes
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.read.loader import batch_loader
+from h5forge.read.mixing import select_subset
+from h5forge.read.state import ProcessState, open_state
+from h5forge.redact import redact_url
+
+__all__ = ["H5MultiDataset"]
+
+
+class _Handles:
+    """One process's states of the assets it reads in place (file rows, fixed image shape or
+    None), and the byte ranges and union labels of their samples, by concatenation index."""
+
+    def __init__(self, total: int) -> None:
+        self.pid = os.getpid()
+        self.states: dict[int, tuple[ProcessState, np.ndarray, tuple[int, ...] | None]] = {}
+        self.ranges = np.zeros((total, 2), dtype=np.int64)
+        self.labels = np.zeros(total, dtype=np.int64)
+
+
+class H5MultiDataset(Dataset[tuple[Any, Any]]):
+    """Several h5forge assets as one map-style Dataset: images and labels, one global index.
+
+    Args:
+        sources: a list of assets (URLs, ``(url, version)`` pairs, or dicts with ``url`` and
+            optionally ``version`` and ``weight``), or the URL (a string or path) of a shard
+            manifest; see :mod:`h5forge.read.asset_list` for the format and its limits.
+        split: only samples of this split, in every asset (each must have it).
+        subset: ``None`` for all samples; a list of indices (into the concatenation, after
+            ``split``; kept in the given order); or a fraction in (0, 1]: that share of the
+            samples, picked at random with ``seed`` and kept in concatenation order.
+        seed: the seed of a fractional ``subset``.
+        remap: when the assets' class sets differ, build their union (order of first
+            appearance) and renumber the labels of the assets that need it, instead of
+            refusing. ``classes`` and ``class_to_idx`` always state the mapping used.
+        transform: applied to each ``uint8`` C x H x W tensor.
+        target_transform: applied to each label (after any remap).
+        storage_options, verify_reads, max_pixels: as for
+            :class:`~h5forge.read.dataset.H5ImageDataset`, for every asset.
+
+    Raises:
+        ValueError: a malformed list, manifest or subset; a missing split; class sets that
+            disagree (the message names both assets) without ``remap``.
+        FileNotFoundError, IntegrityError: as an asset's H5ImageDataset raises them.
+
+    Attributes:
+        sources: the :class:`~h5forge.read.asset_list.AssetSource` of each asset.
+        datasets: each asset's H5ImageDataset (versions pinned once, here).
+        cumulative_sizes: the running total of the assets' lengths (as ConcatDataset's).
+        classes, class_to_idx: the union mapping that every label refers to.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[object] | str | os.PathLike[str],
+        *,
+        split: str | None = None,
+        subset: Sequence[int] | float | None = None,
+        seed: int = 0,
+        remap: bool = False,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        verify_reads: bool = False,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
+        if isinstance(subset, float) and not 0.0 < subset <= 1.0:
+            raise ValueError(f"subset={subset!r}: give a fraction in (0, 1]")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed={seed!r} must be an int >= 0")
+        if isinstance(sources, (str, os.PathLike)):
+            self.name = redact_url(os.fspath(sources))
+            found = read_asset_manifest(os.fspath(sources), storage_options=storage_options)
+        else:
+            found = parse_sources(sources)
+            self.name = f"{len(found)} assets ({redact_url(found[0].url)}, ...)"
+        self.sources: list[AssetSource] = found
+        self.transform, self.target_transform = transform, target_transform
+        self._handles: _Handles | None = None
+        self._orphans: list[_Handles] = []
+        self.datasets = [
+            H5ImageDataset(
+                s.url,
+                version=s.version,
+                split=split,
+                transform=transform,
+                storage_options=storage_options,
+                verify_reads=verify_reads,
+                max_pixels=max_pixels,
+            )
+            for s in found
+        ]
+        self.classes, self._maps = union_classes(
+            [(d.url, d.classes) for d in self.datasets], remap=remap
+        )
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        self._sizes = np.array([len(d) for d in self.datasets], dtype=np.int64)
+        self.cumulative_sizes = np.cumsum(self._sizes)
+        self._starts = self.cumulative_sizes - self._sizes
+        total = int(self.cumulative_sizes[-1])
+        self._picks = None if subset is None else select_subset(subset, total, seed=seed)
+
+    # --- where an index lives ----------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.cumulative_sizes[-1]) if self._picks is None else len(self._picks)
+
+    def locate(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(asset number, index within that asset's dataset)`` of each of ``indices``.
+
+        Raises:
+            IndexError: an index is out of range (negative ones count from the end).
+        """
+        n = len(self)
+        asked = np.asarray(indices, dtype=np.int64).reshape(-1)
+        where = np.where(asked < 0, asked + n, asked)
+        outside = (where < 0) | (where >= n)
+        if outside.any():
+            raise IndexError(
+                f"index {int(asked[np.flatnonzero(outside)[0]])} out of range for {n} samples"
+            )
+        flat = where if self._picks is None else self._picks[where]
+        asset = np.searchsorted(self.cumulative_sizes, flat, side="right")
+        return asset, flat - self._starts[asset]
+
+    def indices_of(self, asset: int) -> np.ndarray:
+        """This dataset's indices whose samples come from asset number ``asset``."""
+        end = int(self.cumulative_sizes[asset])
+        start = end - int(self._sizes[asset])
+        if self._picks is None:
+            return np.arange(start, end, dtype=np.int64)
+        return np.flatnonzero((self._picks >= start) & (self._picks < end)).astype(np.int64)
+
+    @property
+    def targets(self) -> list[int]:
+        """Label of every sample (in the union mapping), like torchvision's ImageFolder."""
+        parts = [np.asarray(d.targets, dtype=np.int64) for d in self.datasets]
+        parts = [p if m is None else m[p] for p, m in zip(parts, self._maps, strict=True)]
+        labels = np.concatenate(parts)
+        return (labels if self._picks is None else labels[self._picks]).tolist()
+
+    # --- pickling and per-process handles -----------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_handles", "_orphans")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._handles, self._orphans = None, []
+
+    def _state(self, a: int) -> tuple[ProcessState, np.ndarray, tuple[int, ...] | None]:
+        """This process's state of asset ``a``, the file rows of its dataset indices, and its
+        image shape when its samples are fixed-size, decoded and unfiltered (else None)."""
+        h = self._handles
+        if h is None or h.pid != os.getpid():
+            if h is not None:  # inherited through fork: never use or close the parent's
+                self._orphans.append(h)
+            h = self._handles = _Handles(int(self.cumulative_sizes[-1]))
+        if a not in h.states:  # opened on first use, in the process that reads
+            d = self.datasets[a]
+            st = open_state(d.url, d.storage_options, d.verify_reads, d.max_pixels)
+            idx = st.index
+            rows = np.arange(idx.header.num_samples)
+            if d.split is not None:
+                code = idx.split_names.index(d.split) if d.split in idx.split_names else -1
+                rows = np.flatnonzero(idx.split_codes == code)
+            if len(rows) != self._sizes[a]:
+                st.close()
+                raise IntegrityError(
+                    f"{d.url} has {len(rows)} samples (split {d.split!r}) now, "
+                    f"{self._sizes[a]} when the dataset was opened: it was replaced; open "
+                    "the dataset again, or pin a version"
+                )
+            fixed = idx.header.storage == "array" and not idx.filtered
+            h.states[a] = (st, rows, idx.image_shape if fixed else None)
+            at = slice(int(self._starts[a]), int(self.cumulative_sizes[a]))
+            h.ranges[at] = idx.byte_ranges[rows]
+            lut = self._maps[a]
+            h.labels[at] = idx.labels[rows] if lut is None else lut[idx.labels[rows]]
+        return h.states[a]
+
+    def _read_direct(self, asset: np.ndarray, local: np.ndarray, *, slot: bool) -> Any:
+        """The batch read straight into one :class:`~h5forge.read.batches.Batch`; None when
+        a transform is set or an asset's samples are not fixed-size, decoded and unfiltered."""
+        if self.transform is not None or self.target_transform is not None:
+            return None
+        order = np.argsort(asset, kind="stable")  # positions grouped by asset, in batch order
+        cuts = np.flatnonzero(np.diff(asset[order])) + 1
+        groups = [g.tolist() for g in np.split(order, cuts) if len(g)]
+        states = [self._state(int(asset[g[0]])) for g in groups]
+        shapes = {s[2] for s in states or [self._state(0)]}  # an empty batch: asset 0's shape
+        hwc = shapes.pop()
+        if shapes or hwc is None:
+            return None
+        in_worker = get_worker_info() is not None
+        batch = _batches.Batch(len(asset), hwc, slot=slot and in_worker, shared=in_worker)
+        try:
+            assert self._handles is not None
+            flat = local + self._starts[asset]
+            view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
+            size = int(np.prod(hwc))
+            bufs = [view[p * size : (p + 1) * size] for p in range(len(asset))]
+            ranges = self._handles.ranges[flat].tolist()
+            for g, (st, file_rows, _) in zip(groups, states, strict=True):
+                assert st.reader is not None
+                mine = [bufs[p] for p in g]
+                st.reader.read_into([ranges[p] for p in g], mine)
+                if st.digests is not None:
+                    st.check(mine, file_rows[local[g]].tolist())
+            batch.labels.numpy()[:] = self._handles.labels[flat]
+        except BaseException:
+            batch.release()
+            raise
+        return batch.result()
+
+    # --- torch Dataset protocol --------------------------------------------------------------
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+        asset, local = self.locate(indices)
+        out: list[Any] = [None] * len(asset)
+        for a in np.unique(asset).tolist():
+            at = np.flatnonzero(asset == a)
+            lut = self._maps[a]
+            items = self.datasets[a].__getitems__(local[at].tolist())
+            for p, (image, label) in zip(at.tolist(), items, strict=True):
+                if lut is not None:
+                    label = int(lut[label])
+                if self.target_transform is not None:
+                    label = self.target_transform(label)
+                out[p] = (image, label)
+        return out
+
+    def read_batch(self, indices: Sequence[int]) -> tuple[Any, Any]:
+        """A whole batch at once, ``(images, labels)``, in the order of ``indices``.
+
+        As :meth:`H5ImageDataset.read_batch <h5forge.read.dataset.H5ImageDataset.read_batch>`:
+        fixed-size decoded assets without transforms give one ``B x C x H x W`` uint8 tensor
+        in ``torch.channels_last`` memory, read in place (each asset's samples with one
+        ``read_into``); anything else is read by each asset's ``__getitems__`` and stacked by
+        torch's ``default_collate``. Labels are int64, in :attr:`classes`' numbering.
+        """
+        return self._read_batch(indices, use_slots=False)
+
+    def _read_batch(self, indices: Sequence[int], *, use_slots: bool) -> Any:
+        asset, local = self.locate(indices)
+        direct = self._read_direct(asset, local, slot=use_slots)
+        if direct is not None:
+            return direct
+        slot = use_slots and get_worker_info() is not None
+        return _batches.collate(self.__getitems__(indices), slot=slot, url=self.name)
+
+    def loader(
+        self,
+        batch_size: int = 64,
+        *,
+        shuffle: bool = False,
+        sampler: Iterable[int] | None = None,
+        drop_last: bool = False,
+        generator: torch.Generator | None = None,
+        **dataloader_kwargs: Any,
+    ) -> DataLoader[Any]:
+        """A DataLoader that reads each batch with one :meth:`read_batch` call, as
+        :meth:`H5ImageDataset.loader <h5forge.read.dataset.H5ImageDataset.loader>` does (same
+        arguments). Mixing: ``sampler=MixingSampler(ds, ...)`` (:mod:`h5forge.read.mixing`)."""
+        return batch_loader(
+            self,
+            functools.partial(self._read_batch, use_slots=True),
+            batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            drop_last=drop_last,
+            generator=generator,
+            **dataloader_kwargs,
+        )
