@@ -40,6 +40,7 @@ _LAZY = {
     "read_manifest": "h5forge.publish.manifest",
     "write_preview": "h5forge.publish.preview",
     "H5ImageDataset": "h5forge.read.dataset",
+    "Sampler": "h5forge.read.sampler",
 }
 
 
