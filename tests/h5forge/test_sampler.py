@@ -12,18 +12,11 @@ from h5forge.pack.writer import PackResult
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.order import epoch_order
 from h5forge.read.sampler import Sampler
+from tests.fixtures.sampling import interleave
 
 
 def _ranks(n: int, world: int, **kw: object) -> list[list[int]]:
     return [list(Sampler(n, rank=r, world_size=world, **kw)) for r in range(world)]  # type: ignore[arg-type]
-
-
-def _interleave(per_rank: list[list[int]]) -> list[int]:
-    """The global sequence the ranks walked: position p is rank p % W's (p // W)-th index."""
-    out = []
-    for step in range(max(map(len, per_rank))):
-        out += [r[step] for r in per_rank if step < len(r)]
-    return out
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 7])
@@ -31,16 +24,16 @@ def _interleave(per_rank: list[list[int]]) -> list[int]:
 def test_every_world_size_walks_the_one_global_order(n: int, world: int) -> None:
     order = epoch_order(n, seed=5, epoch=0).tolist()
     exact = _ranks(n, world, seed=5, exact=True)
-    assert _interleave(exact) == order  # every sample once, in the global order
+    assert interleave(exact) == order  # every sample once, in the global order
     assert max(map(len, exact)) - min(map(len, exact)) <= (1 if n else 0)
     padded = _ranks(n, world, seed=5)
     assert len({len(r) for r in padded}) == 1  # equal counts
-    pad = len(_interleave(padded)) - n
+    pad = len(interleave(padded)) - n
     assert 0 <= pad < world
-    assert _interleave(padded) == (order + order * world)[: n + pad]  # wraps to the start
+    assert interleave(padded) == (order + order * world)[: n + pad]  # wraps to the start
     dropped = _ranks(n, world, seed=5, drop_last=True)
     assert len({len(r) for r in dropped}) == 1
-    assert _interleave(dropped) == order[: n - n % world]
+    assert interleave(dropped) == order[: n - n % world]
 
 
 def test_epochs_advance_by_themselves_or_by_set_epoch() -> None:
@@ -74,8 +67,8 @@ def test_a_state_resumes_the_global_sequence_on_another_world_size(before: int, 
     for s in new:
         s.load_state_dict(state)
     assert [len(s) for s in new] == [len(range(steps * before + r, n, after)) for r in range(after)]
-    rest = _interleave([list(s) for s in new])
-    assert _interleave(done) + rest == epoch_order(n, seed=11, epoch=2).tolist()
+    rest = interleave([list(s) for s in new])
+    assert interleave(done) + rest == epoch_order(n, seed=11, epoch=2).tolist()
     assert list(new[0]) == list(Sampler(n, rank=0, world_size=after, **kw).indices(3))  # type: ignore[arg-type]
 
 
