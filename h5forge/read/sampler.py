@@ -145,9 +145,11 @@ class Sampler(torch.utils.data.Sampler[int]):
         epoch, start = self._epoch, self._position
         self._current, self._yielded = (epoch, start), 0
         self._epoch, self._position = epoch + 1, 0  # the next iteration, unless set otherwise
-        for i in self.indices(epoch, start).tolist():
-            self._yielded += 1
-            yield i
+        mine = self.indices(epoch, start)
+        for lo in range(0, len(mine), 1 << 16):  # Python ints a chunk at a time, not n at once
+            for i in mine[lo : lo + (1 << 16)].tolist():
+                self._yielded += 1
+                yield i
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order for the next iteration (from its start, unless a loaded state
