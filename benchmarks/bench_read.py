@@ -6,6 +6,9 @@
 * **numpy memmap, batch reads** = the same pixels in an ``(N, 224, 224, 3)`` ``.npy`` file,
   memory-mapped, a batch gathered with one sorted ``np.take`` straight into a shared-memory
   tensor, in the same DataLoader mode: the fastest plain-numpy reader.
+* **h5forge decoded, Sampler** = ``ds.loader(64, shuffle=True)``: the default order,
+  :class:`h5forge.Sampler` (resumable, DDP-aware), against **h5forge decoded, RandomSampler**,
+  the same loader over torch's ``RandomSampler`` (the default before it); both whole epochs.
 * **default collate** rows: both read the standard way, ``DataLoader(ds, batch_size=64)``
   (``__getitems__`` per batch, then ``default_collate`` stacks the samples into NCHW: a
   transposing copy of every pixel, the ceiling of that mode on 2 cores).
@@ -27,7 +30,8 @@ fixed number of random batches, so a loader's workers are idle (nothing prefetch
 background) while another is timed.
 
     python -m benchmarks.bench_read    # targets: decoded >= 0.95 x memmap, >= 25 x folder;
-                                       # encoded >= 1.0 x folder, file <= 1.01 x source bytes
+                                       # encoded >= 1.0 x folder, file <= 1.01 x source bytes;
+                                       # Sampler >= 0.95 x RandomSampler; collate >= 1.0 x
 """
 
 from __future__ import annotations
@@ -96,6 +100,21 @@ def _loader(ds: Any, batches: int, args: Any) -> DataLoader[Any]:
     if isinstance(ds, _Collated):
         ds = ds.dataset
     return DataLoader(ds, batch_size=args.batch_size, sampler=sampler, **common)
+
+
+class _Repeat:
+    """A whole-epoch loader run ``times`` epochs per timed round (as long as the others)."""
+
+    def __init__(self, loader: DataLoader[Any], times: int) -> None:
+        self.loader, self.times = loader, times
+
+    def __iter__(self) -> Any:
+        for _ in range(self.times):
+            yield from self.loader
+
+    @property
+    def _iterator(self) -> Any:
+        return self.loader._iterator
 
 
 class _Collated:
@@ -188,13 +207,23 @@ def main() -> None:
             ),
             **{name: H5ImageDataset(r.path) for name, r in extra.items()},
         }
+        ds = datasets["h5forge decoded"]
+        times = -(-args.batches * args.batch_size // len(ds))
+        common: dict[str, Any] = {"num_workers": args.workers, "persistent_workers": True}
+        whole = {
+            "h5forge decoded, Sampler": ds.loader(args.batch_size, shuffle=True, **common),
+            "h5forge decoded, RandomSampler": ds.loader(
+                args.batch_size, sampler=RandomSampler(ds), **common
+            ),
+        }
         slow = {
             name for name in datasets if not name.startswith(("h5forge decoded", "numpy memmap"))
         }
-        feeds = {
+        feeds: dict[str, Any] = {
             name: _loader(ds, args.slow_batches if name in slow else args.batches, args)
             for name, ds in datasets.items()
         }
+        feeds |= {name: _Repeat(loader, times) for name, loader in whole.items()}
         for feed in feeds.values():  # start the workers, open the files
             _epoch(feed)
         rates: dict[str, list[float]] = {name: [] for name in feeds}
@@ -226,6 +255,8 @@ def main() -> None:
             "numpy memmap, batch reads": decoded.bytes,
             "h5forge decoded, default collate": decoded.bytes,
             "numpy memmap, default collate": decoded.bytes,
+            "h5forge decoded, Sampler": decoded.bytes,
+            "h5forge decoded, RandomSampler": decoded.bytes,
             "h5forge encoded, tensor transform": encoded.bytes,
             "h5forge encoded, Pillow round trip": encoded.bytes,
             **{name: r.bytes for name, r in extra.items()},
@@ -257,6 +288,7 @@ def main() -> None:
             "ratio tends to on an otherwise idle machine where both are CPU-bound."
         )
         d_mm = best["h5forge decoded"] / best["numpy memmap, batch reads"]
+        s_rs = best["h5forge decoded, Sampler"] / best["h5forge decoded, RandomSampler"]
         c_mm = best["h5forge decoded, default collate"] / best["numpy memmap, default collate"]
         c_jpg = best["h5forge decoded, default collate"] / best["JPEG folder"]
         d_jpg = best["h5forge decoded"] / best["JPEG folder"]
@@ -276,7 +308,11 @@ def main() -> None:
                     f"- decoded (`ds.loader()`) / JPEG folder = **{d_jpg:.1f}x**, "
                     f"{verdict(d_jpg, 25)}; " + by_cpu("h5forge decoded", "JPEG folder"),
                     f"- standard `DataLoader(ds, batch_size={args.batch_size})` (default collate): "
-                    f"decoded / memmap = **{c_mm:.2f}x**, decoded / JPEG folder = **{c_jpg:.1f}x**",
+                    f"decoded / memmap = **{c_mm:.2f}x**, {verdict(c_mm, 1.0)}; "
+                    + by_cpu("h5forge decoded, default collate", "numpy memmap, default collate")
+                    + f"; decoded / JPEG folder = **{c_jpg:.1f}x**",
+                    f"- `ds.loader(shuffle=True)` with the Sampler / with RandomSampler = "
+                    f"**{s_rs:.2f}x**, {verdict(s_rs, 0.95)}",
                     f"- encoded / JPEG folder, same tensor transform on both = **{e_same:.2f}x**, "
                     f"{verdict(e_same, 1.0)}; "
                     + by_cpu("h5forge encoded, tensor transform", "JPEG folder, tensor transform"),

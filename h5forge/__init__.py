@@ -42,6 +42,7 @@ _LAZY = {
     "H5ImageDataset": "h5forge.read.dataset",
     "H5MultiDataset": "h5forge.read.multi",
     "MixingSampler": "h5forge.read.mixing",
+    "Sampler": "h5forge.read.sampler",
 }
 
 

@@ -16,13 +16,13 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from h5forge.asset import format as fmt
 from h5forge.asset.index import AssetIndex
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
-from h5forge.read.loader import batch_loader
+from h5forge.read.loader import Loader, batch_loader
 from h5forge.read.samples import read_batch, read_images
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.version import hint_versions, pin_version
@@ -246,16 +246,21 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         sampler: Iterable[int] | None = None,
         drop_last: bool = False,
         generator: torch.Generator | None = None,
+        seed: int | None = None,
         **dataloader_kwargs: Any,
-    ) -> DataLoader[Any]:
+    ) -> Loader:
         """A DataLoader that reads each batch with one :meth:`read_batch` call.
 
         The fast way to feed training: ``for images, labels in ds.loader(64, shuffle=True,
         num_workers=2): ...``. It is torch's own "automatic batching disabled" mode
         (``batch_size=None`` over a ``BatchSampler``), so every DataLoader option works:
         ``num_workers``, ``persistent_workers``, ``pin_memory``, ``prefetch_factor``,
-        ``multiprocessing_context``, ``worker_init_fn``. For distributed training pass
-        ``sampler=DistributedSampler(ds)`` (and call its ``set_epoch`` as usual).
+        ``multiprocessing_context``, ``worker_init_fn``.
+
+        The order is an :class:`h5forge.Sampler` (seeded, a new order each epoch, each rank of
+        a ``torch.distributed`` job its share); the :class:`~h5forge.read.loader.Loader`'s
+        ``state_dict()`` saved mid-epoch, loaded in a new job (any number of ranks), yields the
+        rest of that epoch.
 
         Memory: each worker keeps up to 6 batch-sized buffers (``memfd``, shared with this
         process; 9.6 MB each for 64 x 224 x 224 x 3) and reuses one once every tensor of the
@@ -265,10 +270,12 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
 
         Args:
             batch_size: samples per batch.
-            shuffle: a fresh random order each epoch (``RandomSampler``); not with ``sampler``.
-            sampler: the order of the samples, e.g. a ``DistributedSampler``.
-            drop_last: drop the last batch when it is smaller than ``batch_size``.
-            generator: the random generator of the shuffle.
+            shuffle: a fresh random order each epoch; not with ``sampler``.
+            sampler: the order of the samples, e.g. ``Sampler(ds, exact=True, shuffle=False)``.
+            drop_last: drop the last batch when it is smaller than ``batch_size`` (and, across
+                ranks, the tail that does not divide evenly).
+            generator: draws the seed when ``seed`` is not given.
+            seed: the Sampler's seed (default 0, or drawn from ``generator``).
             **dataloader_kwargs: passed to ``torch.utils.data.DataLoader``.
         """
         return batch_loader(
@@ -279,5 +286,6 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             sampler=sampler,
             drop_last=drop_last,
             generator=generator,
+            seed=seed,
             **dataloader_kwargs,
         )

@@ -1,20 +1,29 @@
 """The DataLoader of :meth:`H5ImageDataset.loader <h5forge.read.dataset.H5ImageDataset.loader>`.
 
 torch's "automatic batching disabled" mode: ``batch_size=None`` over a ``BatchSampler``, so each
-worker is handed a whole batch of indices and reads it with one call.
+worker is handed a whole batch of indices and reads it with one call. The order is an
+:class:`h5forge.read.sampler.Sampler` unless the caller gives a sampler.
+
+:class:`Loader` counts the batches it yielded in the current epoch, so its ``state_dict()`` says
+where the epoch is (Lightning's convention: ``state_dict`` / ``load_state_dict`` on the loader).
+With the default Sampler the state is its global position, so it resumes on any world size; with
+another sampler it is a batch count, and resuming skips that many batches of the sampler's order
+(drawing indices, reading nothing), which is right when the sampler repeats its order for an
+epoch (``DistributedSampler`` after ``set_epoch``, ``SequentialSampler``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from h5forge.read import batches as _batches
+from h5forge.read.sampler import Sampler
 
-__all__ = ["batch_loader"]
+__all__ = ["Loader", "batch_loader"]
 
 
 class _Batches(Dataset[tuple[Any, Any]]):
@@ -31,6 +40,71 @@ class _Batches(Dataset[tuple[Any, Any]]):
         return self.read(indices)
 
 
+class _Skipping(BatchSampler):
+    """A BatchSampler whose next iteration skips ``skip`` batches (a resumed foreign sampler)."""
+
+    skip = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip = self.skip, 0
+        for k, batch in enumerate(super().__iter__()):
+            if k >= skip:
+                yield batch
+
+
+class Loader(DataLoader[Any]):
+    """A DataLoader that knows where its epoch is: ``state_dict()`` / ``load_state_dict()``.
+
+    Save ``loader.state_dict()`` with the checkpoint (in a distributed job, rank 0's); after
+    building the same loader in the new job, ``loader.load_state_dict(state)`` makes the next
+    iteration yield exactly the batches the interrupted one had not yet yielded.
+    """
+
+    sampler: _Skipping  # a batch sampler: automatic batching is off
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._base = 0  # batches of the epoch skipped by this iteration (a resumed one)
+        self._yielded = 0  # batches handed out by this iteration
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._base, self._yielded = self.sampler.skip, 0
+        return self._count(super().__iter__())
+
+    def _count(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        for batch in iterator:
+            self._yielded += 1
+            yield batch
+
+    @property
+    def order(self) -> Any:
+        """The sampler deciding the order of the samples."""
+        return self.sampler.sampler
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the epoch is: ``{"sampler": ..., "batches": ...}`` (plain ints and strings)."""
+        order, batches = self.order, self._base + self._yielded
+        if not isinstance(order, Sampler):
+            return {"sampler": None, "batches": batches}
+        return {"sampler": order.state(self._yielded * self.sampler.batch_size), "batches": batches}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`) on the next iteration.
+
+        Raises:
+            ValueError: the state is malformed or was saved for another order.
+        """
+        if not isinstance(state, dict) or set(state) != {"sampler", "batches"}:
+            raise ValueError(f"not a Loader state: {state!r:.200}; expected Loader.state_dict()")
+        order, batches = self.order, state["batches"]
+        if isinstance(order, Sampler):
+            order.load_state_dict(state["sampler"])
+            return
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise ValueError(f"state batches={batches!r} must be an int >= 0")
+        self.sampler.skip = batches
+
+
 def batch_loader(
     dataset: Sized,
     read: Callable[[list[int]], Any],
@@ -40,11 +114,13 @@ def batch_loader(
     sampler: Iterable[int] | None,
     drop_last: bool,
     generator: torch.Generator | None,
+    seed: int | None = None,
     **dataloader_kwargs: Any,
-) -> DataLoader[Any]:
-    """A DataLoader calling ``read(indices)`` once per batch of ``dataset`` (see ``loader``)."""
-    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
-
+) -> Loader:
+    """A :class:`Loader` calling ``read(indices)`` once per batch of ``dataset`` (see
+    ``H5ImageDataset.loader``). Without ``sampler``, the order is a :class:`Sampler` with
+    ``shuffle``, ``drop_last`` and ``seed`` (default: one drawn from ``generator`` when given,
+    else 0), ranks from ``torch.distributed`` when it is initialised."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be an int >= 1")
     for key in ("batch_size", "batch_sampler", "collate_fn", "shuffle"):
@@ -57,17 +133,17 @@ def batch_loader(
         raise ValueError(
             "give either shuffle=True or a sampler, not both (a sampler decides the order itself)"
         )
-    order: Any = (
-        sampler
-        if sampler is not None
-        else (
-            RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
-        )
-    )
-    return DataLoader(
+    if sampler is not None and seed is not None:
+        raise ValueError("seed= is the default Sampler's; a given sampler has its own seed")
+    order: Any = sampler
+    if order is None:
+        if seed is None:
+            seed = 0 if generator is None else int(torch.randint(2**62, (1,), generator=generator))
+        order = Sampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    return Loader(
         _Batches(dataset, read),
         batch_size=None,
         collate_fn=_batches.send_batch,
-        sampler=BatchSampler(order, batch_size, drop_last),
+        sampler=_Skipping(order, batch_size, drop_last),
         **dataloader_kwargs,
     )

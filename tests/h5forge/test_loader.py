@@ -202,3 +202,33 @@ def test_loader_with_a_transform_collects_into_slots(
         mixed.read_batch(list(range(len(mixed))))
     with pytest.raises(ValueError, match="differ in size"):
         list(mixed.loader(36, num_workers=1, multiprocessing_context="fork"))
+
+
+def test_loader_orders_by_the_sampler_by_default(packed_decoded: PackResult) -> None:
+    from h5forge.read.order import epoch_order
+    from h5forge.read.sampler import Sampler
+
+    ds = H5ImageDataset(packed_decoded.path)
+    loader = ds.loader(5, shuffle=True, seed=4)
+    assert isinstance(loader.order, Sampler)
+    want = epoch_order(len(ds), seed=4, epoch=0).tolist()
+    batches = list(loader)
+    assert len(batches) == -(-len(ds) // 5)
+    for k, (images, _ys) in enumerate(batches):
+        assert torch.equal(images, ds.read_batch(want[5 * k : 5 * k + 5])[0])
+    second = [y for _, ys in loader for y in ys.tolist()]  # epoch 1 by itself
+    assert second == [ds[i][1] for i in epoch_order(len(ds), seed=4, epoch=1).tolist()]
+    in_order = [y for _, ys in ds.loader(7) for y in ys.tolist()]
+    assert in_order == _labels(packed_decoded.path)
+    # A seeded generator draws the seed: the same generator seed gives the same order.
+    a, b = (
+        [
+            y
+            for _, ys in ds.loader(5, shuffle=True, generator=torch.Generator().manual_seed(9))
+            for y in ys.tolist()
+        ]
+        for _ in range(2)
+    )
+    assert a == b
+    with pytest.raises(ValueError, match="seed= is the default Sampler's"):
+        ds.loader(4, sampler=range(len(ds)), seed=1)
