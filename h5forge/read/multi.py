@@ -3,9 +3,8 @@
 Each asset is an :class:`~h5forge.read.dataset.H5ImageDataset` (pinned, checked and pickled
 as its arguments). Index ``i`` is found by bisecting the assets' cumulative lengths (after
 ``split``, applied to every asset), through the ``subset`` if any. A batch is grouped by asset
-and put back in its order: fixed-size decoded samples are read straight into one batch buffer
-(a reusable slot in loader workers, :mod:`h5forge.read.batches`), each asset's share with one
-``read_into``; others through each asset's ``__getitems__``. Mixing: :mod:`h5forge.read.mixing`.
+and put back in its order: fixed-size decoded samples straight into one batch buffer, each
+asset's share with one ``read_into``; others through ``__getitems__``. Mixing: ``read.mixing``.
 """
 
 from __future__ import annotations
@@ -17,14 +16,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
 from h5forge.errors import IntegrityError
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
 from h5forge.read.asset_list import AssetSource, parse_sources, read_asset_manifest, union_classes
 from h5forge.read.dataset import H5ImageDataset
-from h5forge.read.loader import batch_loader
+from h5forge.read.loader import Loader, batch_loader
 from h5forge.read.mixing import select_subset
 from h5forge.read.state import ProcessState, open_state
 from h5forge.redact import redact_url
@@ -282,10 +281,10 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
         sampler: Iterable[int] | None = None,
         drop_last: bool = False,
         generator: torch.Generator | None = None,
+        seed: int | None = None,
         **dataloader_kwargs: Any,
-    ) -> DataLoader[Any]:
-        """A DataLoader that reads each batch with one :meth:`read_batch` call, as
-        :meth:`H5ImageDataset.loader <h5forge.read.dataset.H5ImageDataset.loader>` does (same
+    ) -> Loader:
+        """One :meth:`read_batch` per batch, as :meth:`H5ImageDataset.loader` does (same
         arguments). Mixing: ``sampler=MixingSampler(ds, ...)`` (:mod:`h5forge.read.mixing`)."""
         return batch_loader(
             self,
@@ -295,5 +294,6 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
             sampler=sampler,
             drop_last=drop_last,
             generator=generator,
+            seed=seed,
             **dataloader_kwargs,
         )
