@@ -46,6 +46,9 @@ __all__ = ["Reuse", "SampleSource", "unchanged_paths"]
 log = logging.getLogger(__name__)
 
 _RUN_BYTES = 64 << 20  # reused chunks copied per StoredRun (then checked while the next copies)
+# Fewer samples to preprocess than this, beside reused ones, are preprocessed in this process:
+# starting the worker processes (forkserver, imports) costs about as much as 200 samples.
+_POOL_MIN = 200
 _REFUSED = (H5ForgeError, FileNotFoundError, *H5_DAMAGE)
 
 
@@ -156,13 +159,6 @@ class SampleSource:
             for i, s in enumerate(self.catalog.samples)
             if s.relpath in unchanged and s.relpath in rows
         }
-        if not index.filtered and index.image_shape is not None:  # chunks copied as stored
-            chunk = int(np.prod(index.image_shape))
-            wrong = {i for i, r in self._rows.items() if index.byte_ranges[r, 1] != chunk}
-            for i in sorted(wrong)[:10]:
-                log.warning("%s row %d: its chunk is not %d bytes", where, self._rows[i], chunk)
-            self.mismatched += len(wrong)  # preprocessed, never copied
-            self._rows = {i: r for i, r in self._rows.items() if i not in wrong}
         self._previous = Previous(
             where, identity, index.filtered, index.byte_ranges, digests, shapes
         )
@@ -181,8 +177,10 @@ class SampleSource:
         with contextlib.ExitStack() as stack:  # the previous file, the pool
             reused = self._open_reused(stack)
             fresh_idx = [i for i in range(len(samples)) if i not in self._rows]
+            # A few samples beside reused ones cost less here than starting the pool
+            workers = 1 if self._rows and len(fresh_idx) < _POOL_MIN else self.workers
             fresh = iter_processed(
-                [samples[i].path for i in fresh_idx], image, workers=self.workers, borrow=True
+                [samples[i].path for i in fresh_idx], image, workers=workers, borrow=True
             )
             stack.callback(fresh.close)
             i = 0
