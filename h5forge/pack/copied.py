@@ -1,17 +1,18 @@
-"""Reused chunks moved file to file in the kernel, then checked once, from the new file's bytes.
+"""Reused samples moved file to file in the kernel, then checked once, from the new file's bytes.
 
-An incremental pack of unfiltered array storage (:mod:`h5forge.pack.reuse`) never reads a
-reused sample into Python: :class:`StoredRun` names a stretch of samples whose stored chunks
-are taken from the previous file as they are, and :class:`CopiedCheck` moves each run of them
-that lies back to back in both files with one ``os.copy_file_range`` (in the kernel;
-``pread``/``pwrite`` where it cannot, :class:`~h5forge.scale.kernel_copy.RangeCopy`) into
-chunks ``/images`` allocated at creation. While the next run is copied, helper threads read
-the run just copied back from the NEW file and compare each sample's sha256 with the digest
-the previous version recorded (:func:`~h5forge.verify.digests.hash_local_ranges`, every
-usable CPU; hashlib releases the GIL), then start the run's writeback to disk, so the fsync
-before the seal finds little left to do. Once the file is flushed, the samples that were not
-copied are checked the same way (:meth:`CopiedCheck.check`): every sample of the file is
-hashed exactly once, from the bytes the file holds, and the seal skips its own digest pass.
+An incremental pack of unfiltered storage (:mod:`h5forge.pack.reuse`) never reads a reused
+sample into Python: :class:`StoredRun` names a stretch of samples whose stored bytes are taken
+from the previous file as they are, and :class:`CopiedCheck` moves each run of them that lies
+back to back in both files with one ``os.copy_file_range`` (in the kernel; ``pread``/``pwrite``
+where it cannot, :class:`~h5forge.scale.kernel_copy.RangeCopy`): into the chunks ``/images``
+allocated at creation (array storage), or into the blob's spool. Array chunks are checked
+while the next run is copied: helper threads read the run just copied back from the NEW file
+and compare each sample's sha256 with the digest the previous version recorded
+(:func:`~h5forge.verify.digests.hash_local_ranges`, every usable CPU; hashlib releases the GIL),
+then start its writeback to disk, so the fsync before the seal finds little left to do. Once the
+file is flushed, every sample not yet checked (preprocessed ones, the blob) is checked the same
+way: each sample of the file is hashed exactly once, from the bytes the file holds, and the
+seal skips its own digest pass.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class StoredRun:
         src: ``(k,)`` file offsets of the chunks in the previous file.
         sizes: ``(k,)`` their stored sizes (each the size of one sample's chunk).
         digests: ``(k, 32)`` sha256 of each sample, as the previous version recorded them.
+        shapes: ``(k, 3)`` their shapes, as the previous version recorded them.
     """
 
     first: int
@@ -55,20 +57,21 @@ class StoredRun:
     src: np.ndarray
     sizes: np.ndarray
     digests: np.ndarray
+    shapes: np.ndarray
 
     def __len__(self) -> int:
         return len(self.sizes)
 
 
 class CopiedCheck:
-    """Copies runs of chunks into ``path`` (open as ``fd``) and checks rows of it in the
-    background; :meth:`wait` returns the rows whose bytes do not match their digest.
+    """Copies runs of samples file to file and checks rows of ``path`` (the file being packed)
+    in the background; :meth:`wait` returns the rows whose bytes do not match their digest.
 
     :meth:`close` joins the helper thread.
     """
 
-    def __init__(self, path: str, fd: int) -> None:
-        self.path, self.fd = path, fd
+    def __init__(self, path: str) -> None:
+        self.path = path
         self._copy = RangeCopy()
         self._writeback = writeback_starter()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="h5forge-reuse-check")
@@ -81,17 +84,12 @@ class CopiedCheck:
         """Cancel the checks not started, wait for the others."""
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def copy(self, run: StoredRun, first_row: int, dst: np.ndarray) -> None:
-        """Copy ``run`` to the chunks at ``dst`` (``(k,)`` offsets in this file) of rows
-        ``first_row ...``: one system call per stretch back to back in both files; the rows
-        are then checked in the background."""
-        src = np.asarray(run.src, np.int64)
-        dst = np.asarray(dst, np.int64)
-        sizes = np.asarray(run.sizes, np.int64)
-        for s, d, size in runs(src, dst, sizes):
-            self._copy(run.fd, self.fd, s, d, size)
-        rows = range(first_row, first_row + len(run))
-        self.check(rows, dst, sizes, run.digests, writeback=True)
+    def copy(self, run: StoredRun, dst_fd: int, dst: np.ndarray) -> None:
+        """Copy ``run`` to offsets ``dst`` (``(k,)``) of ``dst_fd``: one system call per
+        stretch back to back in both files."""
+        src, dst = np.asarray(run.src, np.int64), np.asarray(dst, np.int64)
+        for s, d, size in runs(src, dst, np.asarray(run.sizes, np.int64)):
+            self._copy(run.fd, dst_fd, s, d, size)
 
     def check(
         self,
@@ -100,10 +98,11 @@ class CopiedCheck:
         sizes: np.ndarray,
         digests: np.ndarray,
         *,
-        writeback: bool = False,
+        writeback: int | None = None,
     ) -> None:
-        """Hash rows ``rows`` (``sizes`` bytes at ``offsets``) of this file in the background
-        and compare them with ``digests`` (``(k, DIGEST_SIZE)``)."""
+        """Hash rows ``rows`` (``sizes`` bytes at ``offsets`` of :attr:`path`) in the
+        background and compare them with ``digests`` (``(k, DIGEST_SIZE)``); then start the
+        writeback of descriptor ``writeback``, if given."""
         ranges = list(
             zip(rows, np.asarray(offsets).tolist(), np.asarray(sizes).tolist(), strict=True)
         )
@@ -111,10 +110,10 @@ class CopiedCheck:
             self._wants[row] = bytes(want)
         self._pending.append(self._pool.submit(self._run, ranges, writeback))
 
-    def _run(self, ranges: list[tuple[int, int, int]], writeback: bool) -> None:
+    def _run(self, ranges: list[tuple[int, int, int]], writeback: int | None) -> None:
         hash_local_ranges(self.path, ranges, self._on_sample, _ignore)
-        if writeback:
-            self._writeback(self.fd)
+        if writeback is not None:
+            self._writeback(writeback)
 
     def _on_sample(self, row: int, digest: bytes, _: bytes | None) -> None:
         self._seen.add(row)  # set.add and list.append are atomic: the hashing threads race

@@ -10,12 +10,12 @@ other sample is preprocessed as in a full build. Labels, splits and paths always
 new catalog, so the file is the one a full rebuild writes, sample for sample.
 
 The previous file is untrusted; each reused sample's sha256 is compared once with the previous
-``/digests``. Unfiltered chunks go file to file in runs (:class:`~h5forge.pack.copied.StoredRun`,
-checked from the new file; a mismatch makes the writer pack again without it). Blob bytes are
-read by ``/byte_ranges`` (:class:`~h5forge.asset.ranges.RangeReader`) and filtered chunks
-through HDF5, and checked in hand; a mismatch is preprocessed from source (counted in
-:attr:`SampleSource.mismatched`). A previous file that fails its checks is not used at all
-(:attr:`SampleSource.refused` says why).
+``/digests``. Unfiltered bytes (array chunks, blob) go file to file in runs
+(:class:`~h5forge.pack.copied.StoredRun`), checked from the new file; a mismatch makes the
+writer pack again, preprocessing it. Filtered chunks are read through HDF5 and checked in hand
+(:class:`~h5forge.pack.previous.Previous`); a mismatch is preprocessed from source. Both are
+counted in ``PackResult.reuse_mismatched``. A previous file that fails its checks is not used
+at all (:attr:`SampleSource.refused` says why).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Generator, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -32,12 +31,11 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.index import check_index, load_index
 from h5forge.asset.open import H5_DAMAGE, open_h5
-from h5forge.asset.ranges import RangeReader
 from h5forge.discover.catalog import Catalog
 from h5forge.errors import H5ForgeError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import StoredRun
-from h5forge.pack.previous import HASH_THREADS, Previous, file_identity
+from h5forge.pack.previous import Previous, file_identity
 from h5forge.preprocess.images import Processed, Quarantined, process_file
 from h5forge.preprocess.pool import iter_processed
 
@@ -168,9 +166,7 @@ class SampleSource:
         """Whether reused samples come as :class:`StoredRun` (unfiltered array storage): the
         writer then checks every sample from the new file itself."""
         prev = self._previous
-        return bool(
-            prev is not None and self._rows and not prev.filtered and self.config.fixed_size
-        )
+        return bool(prev is not None and self._rows and not prev.filtered)
 
     def __iter__(self) -> Generator[Processed | Quarantined | StoredRun, None, None]:
         samples, image = self.catalog.samples, self.config.image
@@ -211,21 +207,16 @@ class SampleSource:
             stack.callback(opened.close)
             fd = opened.h5.id.get_vfd_handle()
         else:
-            reader = RangeReader(prev.path)
-            stack.callback(reader.close)
-            fd = reader.fd
-        assert fd is not None
+            fd = os.open(prev.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            stack.callback(os.close, fd)
         if file_identity(os.fstat(fd)) != prev.identity:
             self._refuse(f"{prev.path} changed after it was checked")
             return iter(())
         order = sorted(self._rows)
-        names = [s.relpath for s in self.catalog.samples]
         if prev.filtered:
+            names = [s.relpath for s in self.catalog.samples]
             return prev.decoded(opened.h5[fmt.IMAGES], [(i, self._rows[i]) for i in order], names)
-        if self.copies:
-            return self._runs(fd, order)
-        hashing = stack.enter_context(ThreadPoolExecutor(HASH_THREADS, "h5forge-reuse-hash"))
-        return prev.stored(reader, [(i, self._rows[i]) for i in order], hashing, names)
+        return self._runs(fd, order)
 
     def _runs(self, fd: int, order: list[int]) -> Iterator[StoredRun]:
         """Stretches of consecutive catalog samples, up to ``_RUN_BYTES`` each."""
@@ -239,5 +230,5 @@ class SampleSource:
                 stop += 1
             rows = np.array([self._rows[i] for i in order[k:stop]], np.int64)
             src, sizes = ranges[rows, 0].astype(np.int64), ranges[rows, 1].astype(np.int64)
-            yield StoredRun(order[k], fd, src, sizes, digests[rows])
+            yield StoredRun(order[k], fd, src, sizes, digests[rows], self._previous.shapes[rows])
             k = stop

@@ -3,9 +3,9 @@
 Array storage (decoded pixels of one size) writes each sample as one chunk of ``/images`` as
 it arrives; unfiltered chunks are allocated when ``/images`` is created, so the runs of chunks
 an incremental pack reuses are copied into them file to file (:mod:`h5forge.pack.copied`).
-Blob storage (encoded bytes, or ``resize='none'``) spools the bytes, since ``/images`` can only
-be created once the packed count and sizes are known, and copies them behind the head at the
-end.
+Blob storage (encoded bytes, or ``resize='none'``) spools the bytes (reused ones copied file to
+file too), since ``/images`` can only be created once the packed count and sizes are known, and
+copies them behind the head at the end.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class Sink:
         self._direct = not self.filters
         self._copies: CopiedCheck | None = None
         self._dst: np.ndarray | None = None  # file offset of every chunk, allocated at creation
-        self._copied: list[bool] = []
+        self._copied: list[bool] = []  # per row: taken from the previous version
+        self._checked: list[bool] = []  # per row: its check from the new file is under way
         if self.storage == "array":
             assert image.size is not None
             self._shape = (*image.size, 1 if image.mode == "L" else 3)
@@ -83,13 +84,15 @@ class Sink:
         return self._copies is not None
 
     def copy_into(self, path: str) -> None:
-        """Take :class:`StoredRun` samples from now on: their chunks are copied into ``path``
-        (the file ``/images`` is in, unfiltered array storage) and checked from it."""
-        assert self.images is not None, "the head first"
-        assert self._direct, "unfiltered array storage"
-        self._dst = chunk_ranges(self.images, self.images.shape[0])[:, 0]
-        assert (self._dst >= 0).all(), "/images is allocated at creation"
-        self._copies = CopiedCheck(path, self.images.file.id.get_vfd_handle())
+        """Take :class:`StoredRun` samples from now on (unfiltered storage; array: once
+        ``/images`` exists): they are copied file to file, and every sample is checked from
+        ``path``, the file being packed, by :meth:`check_written`."""
+        assert self._direct, "unfiltered storage"
+        if self.storage == "array":
+            assert self.images is not None, "the head first"
+            self._dst = chunk_ranges(self.images, self.images.shape[0])[:, 0]
+            assert (self._dst >= 0).all(), "/images is allocated at creation"
+        self._copies = CopiedCheck(path)
 
     def images_kwargs(self, total: int) -> dict[str, Any]:
         """``create_dataset`` arguments of ``/images`` (blob: after every sample was added)."""
@@ -137,18 +140,30 @@ class Sink:
         return kept, bad
 
     def add_run(self, run: StoredRun) -> None:
-        """Copy the chunks of ``run`` (the next samples in order) into theirs in this file."""
+        """Copy the stored bytes of ``run`` (the next samples in order): into their chunks in
+        this file (checked at once, in the background), or onto the spool."""
         j, k = len(self.digests), len(run)
         assert self._copies is not None, "copy_into() first"
-        assert self._dst is not None
-        chunk = int(np.prod(self._shape))
-        if (np.asarray(run.sizes) != chunk).any():
-            raise AssertionError(f"a reused chunk of rows {j}..{j + k - 1} is not {chunk} bytes")
-        self._copies.copy(run, j, self._dst[j : j + k])
+        sizes = np.asarray(run.sizes, np.int64)
+        if self.storage == "array":
+            assert self.images is not None
+            assert self._dst is not None
+            if (sizes != int(np.prod(self._shape))).any():  # check_index refuses such a file
+                raise AssertionError(f"reused rows {j}..{j + k - 1}: a chunk of another size")
+            dst, fd = self._dst[j : j + k], self.images.file.id.get_vfd_handle()
+            self._copies.copy(run, fd, dst)
+            self._copies.check(range(j, j + k), dst, sizes, run.digests, writeback=fd)
+        else:
+            assert self._spool is not None
+            self._spool.flush()
+            pos = sum(self.lengths)
+            self._copies.copy(run, self._spool.fileno(), pos + np.cumsum(sizes) - sizes)
+            self._spool.seek(pos + int(sizes.sum()))
         self.digests += [bytes(d) for d in run.digests]
-        self.shapes += [self._shape] * k
-        self.lengths += [chunk] * k
+        self.shapes += [tuple(int(x) for x in shape) for shape in run.shapes]  # type: ignore[misc]
+        self.lengths += sizes.tolist()
         self._copied += [True] * k
+        self._checked += [self.storage == "array"] * k
 
     def check_written(self, byte_ranges: np.ndarray, paths: list[str], where: str) -> None:
         """Once the file is flushed: check every row that was not copied from the bytes the
@@ -159,7 +174,7 @@ class Sink:
             IntegrityError: rows written from preprocessed bytes do not match (``where``).
         """
         assert self._copies is not None, "copy_into() first"
-        rest = [j for j, copied in enumerate(self._copied) if not copied]
+        rest = [j for j, checked in enumerate(self._checked) if not checked]
         ranges = byte_ranges[rest].astype(np.int64)
         wants = np.frombuffer(b"".join(self.digests[j] for j in rest), np.uint8)
         self._copies.check(rest, ranges[:, 0], ranges[:, 1], wants.reshape(-1, fmt.DIGEST_SIZE))
@@ -196,6 +211,7 @@ class Sink:
         self.shapes.append(tuple(r.shape))  # type: ignore[arg-type]
         self.lengths.append(len(r.data))
         self._copied.append(False)
+        self._checked.append(False)
 
     def finish(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Lay out the image bytes for good; return ``byte_ranges`` and (blob) ``offsets``."""

@@ -257,14 +257,14 @@ def _write(
                 images=sink.images_kwargs(capacity),
             )
             sink.images = made.images
-            if source.copies:  # asked before iterating: as _pack saw it
-                sink.copy_into(stage.partial)
             return h5, made
 
         if sink.storage == "array":  # chunks are written as samples arrive
             h5, index = head(len(catalog.samples))
         else:  # the file is written once the sizes are known; mark the pack as under way
             os.close(lock.create(stage.partial, 0o644))
+        if source.copies:  # asked before iterating, as _pack did
+            sink.copy_into(stage.partial)
         results = iter(source)  # sink.add() writes each before the next
         try:
             kept, bad = sink.drain(results, catalog, bar)

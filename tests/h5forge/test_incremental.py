@@ -278,14 +278,15 @@ def test_reused_bytes_span_several_read_batches(tmp_path: Path) -> None:
     assert (inc.reused, inc.reuse_mismatched) == (22, 1)
 
 
-def test_reused_chunks_move_in_runs_not_one_by_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("config_name", ["raw", "blob"])
+def test_reused_bytes_move_in_runs_not_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config_name: str
 ) -> None:
-    """Unfiltered chunks go file to file: one ``copy_file_range`` per stretch that lies back to
-    back in both files, not one per sample (nor through Python)."""
+    """Unfiltered bytes go file to file (into chunks, or onto the blob's spool): one
+    ``copy_file_range`` per stretch back to back in both files, not one per sample."""
     if not hasattr(os, "copy_file_range"):
         pytest.skip("no os.copy_file_range on this platform")
-    config = CONFIGS["raw"]
+    config = CONFIGS[config_name]
     old = _source(tmp_path / "old")
     previous = pack(old, tmp_path / "prev.h5", config=config, workers=1, max_bad_fraction=0.2)
     new = tmp_path / "new"
@@ -302,8 +303,10 @@ def test_reused_chunks_move_in_runs_not_one_by_one(
 
     monkeypatch.setattr(os, "copy_file_range", counted)
     _, inc = _both(new, previous.path, config, unchanged, tmp_path)
-    chunk = 24 * 32 * 3
+    with h5py.File(previous.path, "r") as h5:
+        paths = h5[fmt.PATHS].asstr()[()].tolist()
+        sizes = h5[fmt.BYTE_RANGES][:, 1].tolist()
     assert inc.reused == 23
-    # 23 chunks in at most 3 stretches (split by the replaced file and the quarantined one)
+    # 23 samples in at most 3 stretches (split by the replaced file and the quarantined one)
     assert 1 <= len(calls) <= 3
-    assert sum(calls) == 23 * chunk
+    assert sum(calls) == sum(size for p, size in zip(paths, sizes, strict=True) if p in unchanged)
