@@ -222,6 +222,9 @@ class Sink:
             images.resize(n, axis=0)
             ranges = chunk_ranges(images, n)
             assert (ranges >= 0).all(), "every sample was written as one chunk"
+            if self._dst is not None:  # copied chunks were checked where they were copied to
+                copied = np.flatnonzero(self._copied)
+                assert (ranges[copied, 0] == self._dst[copied]).all(), "a copied chunk moved"
             return ranges.astype(np.uint64), None
         assert self._spool is not None
         offsets = np.zeros(n + 1, np.uint64)
