@@ -163,7 +163,7 @@ class SampleSource:
 
     @property
     def copies(self) -> bool:
-        """Whether reused samples come as :class:`StoredRun` (unfiltered array storage): the
+        """Whether reused samples come as :class:`StoredRun` (unfiltered storage): the
         writer then checks every sample from the new file itself."""
         prev = self._previous
         return bool(prev is not None and self._rows and not prev.filtered)

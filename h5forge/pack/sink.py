@@ -5,7 +5,7 @@ it arrives; unfiltered chunks are allocated when ``/images`` is created, so the 
 an incremental pack reuses are copied into them file to file (:mod:`h5forge.pack.copied`).
 Blob storage (encoded bytes, or ``resize='none'``) spools the bytes (reused ones copied file to
 file too), since ``/images`` can only be created once the packed count and sizes are known, and
-copies them behind the head at the end.
+copies them behind the head at the end, in the kernel (``copy_file_range``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from h5forge.pack.bar import PackProgress
 from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import CopiedCheck, CopiedMismatch, StoredRun
 from h5forge.preprocess.images import Processed, Quarantined
+from h5forge.scale.kernel_copy import RangeCopy
 
 __all__ = ["Sink"]
-
-_COPY_BLOCK = 16 << 20
 
 
 class Sink:
@@ -229,12 +228,9 @@ class Sink:
         assert self._spool is not None
         offsets = np.zeros(n + 1, np.uint64)
         np.cumsum(np.asarray(self.lengths, np.uint64), out=offsets[1:])
+        total, base = int(offsets[-1]), images.id.get_offset() or 0
         with self._spool as f:
             f.flush()
-            f.seek(0)
-            pos = 0
-            while block := f.read(_COPY_BLOCK):
-                images[pos : pos + len(block)] = np.frombuffer(block, np.uint8)
-                pos += len(block)
-        base = images.id.get_offset() or 0
+            if total:  # allocated at creation: HDF5 caches no raw data of it, none goes stale
+                RangeCopy()(f.fileno(), images.file.id.get_vfd_handle(), 0, base, total)
         return np.stack([offsets[:-1] + np.uint64(base), np.diff(offsets)], axis=1), offsets
