@@ -29,6 +29,8 @@ from h5forge.verify.digests import hash_local_ranges
 
 __all__ = ["CopiedCheck", "CopiedMismatch", "StoredRun"]
 
+_CHECK_BYTES = 32 << 20  # rows gathered per background check (short runs share one)
+
 
 class CopiedMismatch(IntegrityError):
     """Copied samples whose bytes in the new file do not match the previous ``/digests``; the
@@ -76,6 +78,9 @@ class CopiedCheck:
         self._writeback = writeback_starter()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="h5forge-reuse-check")
         self._pending: list[Future[None]] = []
+        self._batch: list[tuple[int, int, int]] = []  # (row, offset, size) not yet submitted
+        self._batch_bytes = 0
+        self._batch_writeback: int | None = None
         self._wants: dict[int, bytes] = {}
         self._seen: set[int] = set()
         self._failed: list[int] = []
@@ -101,14 +106,24 @@ class CopiedCheck:
         writeback: int | None = None,
     ) -> None:
         """Hash rows ``rows`` (``sizes`` bytes at ``offsets`` of :attr:`path`) in the
-        background and compare them with ``digests`` (``(k, DIGEST_SIZE)``); then start the
-        writeback of descriptor ``writeback``, if given."""
-        ranges = list(
-            zip(rows, np.asarray(offsets).tolist(), np.asarray(sizes).tolist(), strict=True)
-        )
+        background (gathered until ``_CHECK_BYTES``, or :meth:`wait`) and compare them with
+        ``digests`` (``(k, DIGEST_SIZE)``); then start the writeback of descriptor
+        ``writeback``, if given."""
+        sizes = np.asarray(sizes)
+        self._batch += zip(rows, np.asarray(offsets).tolist(), sizes.tolist(), strict=True)
         for row, want in zip(rows, digests, strict=True):
             self._wants[row] = bytes(want)
-        self._pending.append(self._pool.submit(self._run, ranges, writeback))
+        self._batch_bytes += int(sizes.sum())
+        if writeback is not None:
+            self._batch_writeback = writeback
+        if self._batch_bytes >= _CHECK_BYTES:
+            self._submit()
+
+    def _submit(self) -> None:
+        if self._batch:
+            job = self._pool.submit(self._run, self._batch, self._batch_writeback)
+            self._pending.append(job)
+        self._batch, self._batch_bytes, self._batch_writeback = [], 0, None
 
     def _run(self, ranges: list[tuple[int, int, int]], writeback: int | None) -> None:
         hash_local_ranges(self.path, ranges, self._on_sample, _ignore)
@@ -123,6 +138,7 @@ class CopiedCheck:
     def wait(self) -> list[int]:
         """Wait for every check; the rows that do not match (or were never read: the file
         ends before them), sorted."""
+        self._submit()
         for pending in self._pending:
             pending.result()
         self._pending.clear()
