@@ -1,12 +1,44 @@
-"""The quarantine limits of a pack or merge: too many bad inputs, or a class left empty."""
+"""What a pack checks: its arguments before any work, and the quarantine limits of a pack or
+merge (too many bad inputs, or a class left empty)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
 
 from h5forge.errors import EmptyDatasetError, TooManyBadImagesError
+from h5forge.options import option
+from h5forge.pack.commit import check_output
+from h5forge.pack.config import PackConfig
 
-__all__ = ["check_bad_fraction", "check_every_class"]
+__all__ = ["check_bad_fraction", "check_every_class", "check_pack"]
+
+
+def check_pack(
+    config: PackConfig,
+    out: str | os.PathLike[str],
+    workers: int | None,
+    max_bad_fraction: float,
+    overwrite: bool,
+    how: str,
+) -> tuple[Path, dict[str, Any]]:
+    """Every argument of a pack checked before any work: the output path (``how``: how the
+    caller asks for an overwrite), and the ``/images`` filters.
+
+    Raises:
+        TypeError: ``config`` is not a :class:`PackConfig`.
+        OptionError: ``workers`` or ``max_bad_fraction`` out of bounds.
+        MissingExtraError: the codec needs ``hdf5plugin``, which is not installed.
+        FileExistsError: ``out`` exists and ``overwrite`` is false.
+    """
+    if not isinstance(config, PackConfig):
+        raise TypeError(f"config={config!r} must be a PackConfig (h5forge.pack.config)")
+    filters = config.filter_kwargs()  # a missing codec plugin fails here, before any work
+    option("workers").check(workers)
+    option("max_bad_fraction").check(max_bad_fraction)
+    return check_output(out, overwrite, how), filters
 
 
 def check_bad_fraction(total: int, bad: Sequence[tuple[str, str]], max_bad_fraction: float) -> None:

@@ -1,43 +1,41 @@
 """Incremental pack: take the stored bytes of unchanged samples from the previous version.
 
 :class:`Reuse` names the previous version's local file and the relative paths whose source
-file did not change (the caller decides how, e.g. :func:`unchanged_paths` over size+mtime or
-ETag tokens). :class:`SampleSource` then yields, in catalog order, what the writer stores: a
-sample is taken from the previous file only when its path is unchanged, the previous file's
-``config_sha256`` is this pack's, and that file passes the reader's open checks
-(:func:`~h5forge.asset.open.open_h5`, :func:`~h5forge.asset.index.load_index`,
-:func:`~h5forge.asset.index.check_index`); every other sample is preprocessed as in a full
-build. Labels, splits and paths always come from the new catalog, so the file is the one a full
-rebuild writes, sample for sample.
+file did not change (e.g. :func:`unchanged_paths` over size+mtime or ETag tokens).
+:class:`SampleSource` yields, in catalog order, what the writer stores: a sample is taken from
+the previous file only when its path is unchanged, the previous file's ``config_sha256`` is
+this pack's, and that file passes the reader's open checks (:func:`~h5forge.asset.open.open_h5`,
+:func:`~h5forge.asset.index.load_index`, :func:`~h5forge.asset.index.check_index`); every
+other sample is preprocessed as in a full build. Labels, splits and paths always come from the
+new catalog, so the file is the one a full rebuild writes, sample for sample.
 
-The previous file is untrusted. Its unfiltered samples are read by ``/byte_ranges`` (one
-``pread`` per run of touching ranges, :class:`~h5forge.asset.ranges.RangeReader`), filtered
-chunks through HDF5, which decompresses them (the sink compresses them as a full build would);
-each sample's sha256 is compared with the previous ``/digests`` before it is handed on, and a
-mismatch is preprocessed from source instead (counted in :attr:`SampleSource.mismatched`). A
-previous file that fails its checks is not used at all (:attr:`SampleSource.refused` says why).
+The previous file is untrusted; each reused sample's sha256 is compared once with the previous
+``/digests``. Unfiltered bytes (array chunks, blob) go file to file in runs
+(:class:`~h5forge.pack.copied.StoredRun`), checked from the new file; a mismatch makes the
+writer pack again, preprocessing it. Filtered chunks are read through HDF5 and checked in hand
+(:class:`~h5forge.pack.previous.Previous`); a mismatch is preprocessed from source. Both are
+counted in ``PackResult.reuse_mismatched``. A previous file that fails its checks is not used
+at all (:attr:`SampleSource.refused` says why).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 from collections.abc import Generator, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.index import check_index, load_index
 from h5forge.asset.open import H5_DAMAGE, open_h5
-from h5forge.asset.ranges import RangeReader
 from h5forge.discover.catalog import Catalog
 from h5forge.errors import H5ForgeError
 from h5forge.pack.config import PackConfig
+from h5forge.pack.copied import StoredRun
+from h5forge.pack.previous import Previous, file_identity
 from h5forge.preprocess.images import Processed, Quarantined, process_file
 from h5forge.preprocess.pool import iter_processed
 
@@ -45,8 +43,10 @@ __all__ = ["Reuse", "SampleSource", "unchanged_paths"]
 
 log = logging.getLogger(__name__)
 
-_BATCH_BYTES = 32 << 20  # reused stored bytes read (and held) at once
-_HASH_THREADS = 2  # hashlib releases the GIL: the next samples hash while one is written
+_RUN_BYTES = 64 << 20  # reused chunks copied per StoredRun (then checked while the next copies)
+# Fewer samples to preprocess than this, beside reused ones, are preprocessed in this process:
+# starting the worker processes (forkserver, imports) costs about as much as 200 samples.
+_POOL_MIN = 200
 _REFUSED = (H5ForgeError, FileNotFoundError, *H5_DAMAGE)
 
 
@@ -84,22 +84,6 @@ def unchanged_paths(previous_files: Mapping[str, str], current_files: Mapping[st
     return {p for p, token in current_files.items() if token and previous_files.get(p) == token}
 
 
-@dataclass(frozen=True)
-class _Previous:
-    """What was read and checked of the previous file: its identity and per-row index."""
-
-    path: str
-    identity: tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
-    filtered: bool
-    byte_ranges: np.ndarray
-    digests: np.ndarray
-    shapes: np.ndarray  # (N, 3)
-
-
-def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
 class SampleSource:
     """The samples of ``catalog`` in order, as the pool yields them: reused or preprocessed.
 
@@ -122,7 +106,7 @@ class SampleSource:
         self.mismatched = 0
         self.refused = ""
         self._rows: dict[int, int] = {}  # catalog index -> row of the previous file
-        self._previous: _Previous | None = None
+        self._previous: Previous | None = None
         if reuse is not None and reuse.unchanged:
             try:
                 self._plan(reuse)
@@ -136,7 +120,7 @@ class SampleSource:
     def _plan(self, reuse: Reuse) -> None:
         where, cfg = reuse.path, self.config
         with open_h5(reuse.path) as h5:
-            identity = _identity(os.fstat(h5.id.get_vfd_handle()))
+            identity = file_identity(os.fstat(h5.id.get_vfd_handle()))
             index = load_index(h5, where=where)
             check_index(
                 index, h5.id.get_filesize(), where=where, max_pixels=cfg.image.max_image_pixels
@@ -173,32 +157,46 @@ class SampleSource:
             for i, s in enumerate(self.catalog.samples)
             if s.relpath in unchanged and s.relpath in rows
         }
-        self._previous = _Previous(
+        self._previous = Previous(
             where, identity, index.filtered, index.byte_ranges, digests, shapes
         )
 
-    def __iter__(self) -> Generator[Processed | Quarantined, None, None]:
+    @property
+    def copies(self) -> bool:
+        """Whether reused samples come as :class:`StoredRun` (unfiltered storage): the
+        writer then checks every sample from the new file itself."""
+        prev = self._previous
+        return bool(prev is not None and self._rows and not prev.filtered)
+
+    def __iter__(self) -> Generator[Processed | Quarantined | StoredRun, None, None]:
         samples, image = self.catalog.samples, self.config.image
         with contextlib.ExitStack() as stack:  # the previous file, the pool
             reused = self._open_reused(stack)
             fresh_idx = [i for i in range(len(samples)) if i not in self._rows]
+            # A few samples beside reused ones cost less here than starting the pool
+            workers = 1 if self._rows and len(fresh_idx) < _POOL_MIN else self.workers
             fresh = iter_processed(
-                [samples[i].path for i in fresh_idx], image, workers=self.workers, borrow=True
+                [samples[i].path for i in fresh_idx], image, workers=workers, borrow=True
             )
             stack.callback(fresh.close)
-            for i in range(len(samples)):
-                if i in self._rows:
-                    r = next(reused)
-                    if r is None:  # its bytes do not match the previous /digests
-                        self.mismatched += 1
-                        yield process_file(i, samples[i].path, image)
-                    else:
-                        self.reused += 1
-                        yield r
-                else:
+            i = 0
+            while i < len(samples):
+                if i not in self._rows:
                     yield replace(next(fresh), index=i)
+                    i += 1
+                    continue
+                r = next(reused)
+                if r is None:  # its bytes do not match the previous /digests
+                    self.mismatched += 1
+                    yield process_file(i, samples[i].path, image)
+                    i += 1
+                    continue
+                n = len(r) if isinstance(r, StoredRun) else 1
+                self.reused += n
+                yield r
+                i += n
 
-    def _open_reused(self, stack: contextlib.ExitStack) -> Iterator[Processed | None]:
+    def _open_reused(self, stack: contextlib.ExitStack) -> Iterator[Processed | StoredRun | None]:
         """The reused samples in catalog order (None: a digest mismatch); opens the previous
         file again and checks it is the one planned with, else reuses nothing."""
         prev = self._previous
@@ -209,77 +207,28 @@ class SampleSource:
             stack.callback(opened.close)
             fd = opened.h5.id.get_vfd_handle()
         else:
-            reader = RangeReader(prev.path)
-            stack.callback(reader.close)
-            fd = reader.fd
-        assert fd is not None
-        if _identity(os.fstat(fd)) != prev.identity:
+            fd = os.open(prev.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            stack.callback(os.close, fd)
+        if file_identity(os.fstat(fd)) != prev.identity:
             self._refuse(f"{prev.path} changed after it was checked")
             return iter(())
         order = sorted(self._rows)
         if prev.filtered:
-            return self._decoded(opened.h5[fmt.IMAGES], order)
-        hashing = stack.enter_context(ThreadPoolExecutor(_HASH_THREADS, "h5forge-reuse-hash"))
-        return self._stored(reader, order, hashing)
+            names = [s.relpath for s in self.catalog.samples]
+            return prev.decoded(opened.h5[fmt.IMAGES], [(i, self._rows[i]) for i in order], names)
+        return self._runs(fd, order)
 
-    def _check(
-        self, i: int, row: int, data: bytes, digest: bytes | None = None
-    ) -> Processed | None:
-        """``data`` as sample ``i``, or None where its sha256 (``digest``, computed here when
-        None) is not row ``row``'s of the previous ``/digests``."""
+    def _runs(self, fd: int, order: list[int]) -> Iterator[StoredRun]:
+        """Stretches of consecutive catalog samples, up to ``_RUN_BYTES`` each."""
         assert self._previous is not None
-        digest = hashlib.sha256(data).digest() if digest is None else digest
-        if digest != self._previous.digests[row].tobytes():
-            log.warning(
-                "%s: sample %s (row %d) does not match its /digests; preprocessing it",
-                self._previous.path,
-                self.catalog.samples[i].relpath,
-                row,
-            )
-            return None
-        shape = tuple(int(x) for x in self._previous.shapes[row])
-        return Processed(index=i, data=data, shape=shape, digest=digest)  # type: ignore[arg-type]
-
-    def _decoded(self, images: Any, order: list[int]) -> Iterator[Processed | None]:
-        for i in order:
-            row = self._rows[i]
-            try:
-                data = np.ascontiguousarray(images[row]).tobytes()
-            except H5_DAMAGE as e:  # a chunk that does not decompress: like a mismatch
-                log.warning(
-                    "%s row %d does not read (%s); preprocessing it", images.file.filename, row, e
-                )
-                yield None
-                continue
-            yield self._check(i, row, data)
-
-    def _stored(
-        self, reader: RangeReader, order: list[int], hashing: ThreadPoolExecutor
-    ) -> Iterator[Processed | None]:
-        """Batches of stored bytes read in one pass of ``preadv``, hashed on ``hashing``; one
-        buffer serves every batch (the sink stores each sample before the next is asked for)."""
-        assert self._previous is not None
-        ranges = self._previous.byte_ranges
-        start, buf = 0, bytearray()
-        while start < len(order):
-            stop, total = start, 0
-            while stop < len(order) and (stop == start or total < _BATCH_BYTES):
+        ranges, digests = self._previous.byte_ranges, self._previous.digests
+        k = 0
+        while k < len(order):
+            stop, total = k + 1, int(ranges[self._rows[order[k]], 1])
+            while stop < len(order) and order[stop] == order[stop - 1] + 1 and total < _RUN_BYTES:
                 total += int(ranges[self._rows[order[stop]], 1])
                 stop += 1
-            rows = [self._rows[i] for i in order[start:stop]]
-            batch = [(int(ranges[r, 0]), int(ranges[r, 1])) for r in rows]
-            if len(buf) < total:
-                buf = bytearray(total)
-            views, pos = [], 0
-            for _, size in batch:
-                views.append(memoryview(buf)[pos : pos + size])
-                pos += size
-            reader.read_into(batch, views)
-            digests = [hashing.submit(_sha256, v) for v in views]
-            for i, view, digest in zip(order[start:stop], views, digests, strict=True):
-                yield self._check(i, self._rows[i], view, digest.result())  # type: ignore[arg-type]
-            start = stop
-
-
-def _sha256(data: memoryview) -> bytes:
-    return hashlib.sha256(data).digest()
+            rows = np.array([self._rows[i] for i in order[k:stop]], np.int64)
+            src, sizes = ranges[rows, 0].astype(np.int64), ranges[rows, 1].astype(np.int64)
+            yield StoredRun(order[k], fd, src, sizes, digests[rows], self._previous.shapes[rows])
+            k = stop

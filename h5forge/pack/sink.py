@@ -1,9 +1,11 @@
 """Where a pack's processed samples go, in order: chunk by chunk, or spooled for the blob.
 
 Array storage (decoded pixels of one size) writes each sample as one chunk of ``/images`` as
-it arrives. Blob storage (encoded bytes, or ``resize='none'``) spools the bytes, since
-``/images`` can only be created once the packed count and sizes are known, and copies them
-behind the head at the end.
+it arrives; unfiltered chunks are allocated when ``/images`` is created, so the runs of chunks
+an incremental pack reuses are copied into them file to file (:mod:`h5forge.pack.copied`).
+Blob storage (encoded bytes, or ``resize='none'``) spools the bytes (reused ones copied file to
+file too), since ``/images`` can only be created once the packed count and sizes are known, and
+copies them behind the head at the end, in the kernel (``copy_file_range``).
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.chunks import chunk_ranges
+from h5forge.asset.placement import early_allocation
 from h5forge.discover.catalog import Catalog
+from h5forge.errors import IntegrityError
 from h5forge.output_lock import OutputLock
 from h5forge.pack.bar import PackProgress
 from h5forge.pack.config import PackConfig
+from h5forge.pack.copied import CopiedCheck, CopiedMismatch, StoredRun
 from h5forge.preprocess.images import Processed, Quarantined
+from h5forge.scale.kernel_copy import RangeCopy
 
 __all__ = ["Sink"]
-
-_COPY_BLOCK = 16 << 20
 
 
 class Sink:
@@ -52,6 +56,10 @@ class Sink:
         self.images: h5py.Dataset | None = None
         self._spool = None
         self._direct = not self.filters
+        self._copies: CopiedCheck | None = None
+        self._dst: np.ndarray | None = None  # file offset of every chunk, allocated at creation
+        self._copied: list[bool] = []  # per row: taken from the previous version
+        self._checked: list[bool] = []  # per row: its check from the new file is under way
         if self.storage == "array":
             assert image.size is not None
             self._shape = (*image.size, 1 if image.mode == "L" else 3)
@@ -62,9 +70,28 @@ class Sink:
             self._spool = os.fdopen(lock.create(spool_path, 0o600, flags=os.O_RDWR), "w+b")
 
     def close(self) -> None:
-        """Close the spool (its file is removed with the lock's other partial files)."""
+        """Close the spool (its file is removed with the lock's other partial files) and join
+        the checks of copied chunks."""
         if self._spool is not None:
             self._spool.close()
+        if self._copies is not None:
+            self._copies.close()
+
+    @property
+    def copying(self) -> bool:
+        """Whether :meth:`copy_into` was called (then :meth:`check_written` must be)."""
+        return self._copies is not None
+
+    def copy_into(self, path: str) -> None:
+        """Take :class:`StoredRun` samples from now on (unfiltered storage; array: once
+        ``/images`` exists): they are copied file to file, and every sample is checked from
+        ``path``, the file being packed, by :meth:`check_written`."""
+        assert self._direct, "unfiltered storage"
+        if self.storage == "array":
+            assert self.images is not None, "the head first"
+            self._dst = chunk_ranges(self.images, self.images.shape[0])[:, 0]
+            assert (self._dst >= 0).all(), "/images is allocated at creation"
+        self._copies = CopiedCheck(path)
 
     def images_kwargs(self, total: int) -> dict[str, Any]:
         """``create_dataset`` arguments of ``/images`` (blob: after every sample was added)."""
@@ -75,11 +102,17 @@ class Sink:
                 "dtype": np.uint8,
                 "chunks": (1, *self._shape),
                 **self.filters,
+                # Unfiltered chunks lie where they will stay from the start (in order, after
+                # the head): reused ones are copied into them file to file.
+                **({} if self.filters else {"dcpl": early_allocation(False)}),
             }
         return {"shape": (sum(self.lengths),), "dtype": np.uint8}
 
     def drain(
-        self, results: Iterator[Processed | Quarantined], catalog: Catalog, bar: PackProgress
+        self,
+        results: Iterator[Processed | Quarantined | StoredRun],
+        catalog: Catalog,
+        bar: PackProgress,
     ) -> tuple[list[int], list[tuple[str, str]]]:
         """Store every processed sample of ``results`` (in catalog order), advancing ``bar``.
 
@@ -89,14 +122,75 @@ class Sink:
         """
         kept: list[int] = []
         bad: list[tuple[str, str]] = []
-        for done, r in enumerate(results, start=1):
-            if isinstance(r, Quarantined):
+        done = 0
+        for r in results:
+            if isinstance(r, StoredRun):
+                self.add_run(r)
+                kept.extend(range(r.first, r.first + len(r)))
+                done += len(r)
+            elif isinstance(r, Quarantined):
                 bad.append((catalog.samples[r.index].relpath, r.reason))
+                done += 1
             else:
                 self.add(r)
                 kept.append(r.index)
+                done += 1
             bar.advance(done)
         return kept, bad
+
+    def add_run(self, run: StoredRun) -> None:
+        """Copy the stored bytes of ``run`` (the next samples in order): into their chunks in
+        this file (checked at once, in the background), or onto the spool."""
+        j, k = len(self.digests), len(run)
+        assert self._copies is not None, "copy_into() first"
+        sizes = np.asarray(run.sizes, np.int64)
+        if self.storage == "array":
+            assert self.images is not None
+            assert self._dst is not None
+            if (sizes != int(np.prod(self._shape))).any():  # check_index refuses such a file
+                raise AssertionError(f"reused rows {j}..{j + k - 1}: a chunk of another size")
+            dst, fd = self._dst[j : j + k], self.images.file.id.get_vfd_handle()
+            self._copies.copy(run, fd, dst)
+            self._copies.check(range(j, j + k), dst, sizes, run.digests, writeback=fd)
+        else:
+            assert self._spool is not None
+            self._spool.flush()
+            pos = sum(self.lengths)
+            self._copies.copy(run, self._spool.fileno(), pos + np.cumsum(sizes) - sizes)
+            self._spool.seek(pos + int(sizes.sum()))
+        self.digests += [bytes(d) for d in run.digests]
+        self.shapes += [tuple(int(x) for x in shape) for shape in run.shapes]  # type: ignore[misc]
+        self.lengths += sizes.tolist()
+        self._copied += [True] * k
+        self._checked += [self.storage == "array"] * k
+
+    def check_written(self, byte_ranges: np.ndarray, paths: list[str], where: str) -> None:
+        """Once the file is flushed: check every row that was not copied from the bytes the
+        file holds, and wait for the checks of the copied ones.
+
+        Raises:
+            CopiedMismatch: copied rows do not match (the writer packs them from source).
+            IntegrityError: rows written from preprocessed bytes do not match (``where``).
+        """
+        assert self._copies is not None, "copy_into() first"
+        rest = [j for j, checked in enumerate(self._checked) if not checked]
+        ranges = byte_ranges[rest].astype(np.int64)
+        wants = np.frombuffer(b"".join(self.digests[j] for j in rest), np.uint8)
+        self._copies.check(rest, ranges[:, 0], ranges[:, 1], wants.reshape(-1, fmt.DIGEST_SIZE))
+        failed = self._copies.wait()
+        fresh = [f"sample {j} ({paths[j]})" for j in failed if not self._copied[j]]
+        if fresh:
+            raise IntegrityError(
+                f"{where}: {len(fresh)} sample(s) written do not match their sha256 when read "
+                "back; the disk or filesystem lost writes, pack again",
+                fresh[:100],
+            )
+        if failed:
+            raise CopiedMismatch(
+                f"{where}: {len(failed)} reused sample(s) do not match the previous version's "
+                "/digests; packing them from source",
+                frozenset(paths[j] for j in failed),
+            )
 
     def add(self, r: Processed) -> None:
         """Store one processed sample (the next in order)."""
@@ -115,6 +209,8 @@ class Sink:
         self.digests.append(r.digest)
         self.shapes.append(tuple(r.shape))  # type: ignore[arg-type]
         self.lengths.append(len(r.data))
+        self._copied.append(False)
+        self._checked.append(False)
 
     def finish(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Lay out the image bytes for good; return ``byte_ranges`` and (blob) ``offsets``."""
@@ -125,16 +221,16 @@ class Sink:
             images.resize(n, axis=0)
             ranges = chunk_ranges(images, n)
             assert (ranges >= 0).all(), "every sample was written as one chunk"
+            if self._dst is not None:  # copied chunks were checked where they were copied to
+                copied = np.flatnonzero(self._copied)
+                assert (ranges[copied, 0] == self._dst[copied]).all(), "a copied chunk moved"
             return ranges.astype(np.uint64), None
         assert self._spool is not None
         offsets = np.zeros(n + 1, np.uint64)
         np.cumsum(np.asarray(self.lengths, np.uint64), out=offsets[1:])
+        total, base = int(offsets[-1]), images.id.get_offset() or 0
         with self._spool as f:
             f.flush()
-            f.seek(0)
-            pos = 0
-            while block := f.read(_COPY_BLOCK):
-                images[pos : pos + len(block)] = np.frombuffer(block, np.uint8)
-                pos += len(block)
-        base = images.id.get_offset() or 0
+            if total:  # allocated at creation: HDF5 caches no raw data of it, none goes stale
+                RangeCopy()(f.fileno(), images.file.id.get_vfd_handle(), 0, base, total)
         return np.stack([offsets[:-1] + np.uint64(base), np.diff(offsets)], axis=1), offsets

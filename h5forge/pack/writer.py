@@ -1,19 +1,18 @@
 """Pack a catalog of images into one sealed h5forge file (format v1).
 
-The writer is the only process that touches the HDF5 file; samples stream in, in order, from
-the process pool or a previous version (:mod:`h5forge.pack.reuse`), into a
-:class:`~h5forge.pack.sink.Sink`. :mod:`h5forge.pack.commit` commits ``OUT.partial`` (verified,
-sealed last, renamed to ``OUT``): an interrupted pack never leaves a file named ``OUT``. The
-metadata goes at the head of the file (:mod:`h5forge.asset.placement`): one ranged read opens it.
+Samples stream in order from the process pool or a previous version (:mod:`h5forge.pack.reuse`)
+into a :class:`~h5forge.pack.sink.Sink`; :mod:`h5forge.pack.commit` verifies, seals and renames
+``OUT.partial``. The metadata goes at the head (:mod:`h5forge.asset.placement`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,19 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.placement import Head
 from h5forge.discover.catalog import Catalog, Sample, discover
-from h5forge.options import option
 from h5forge.pack.attrs import root_attrs
 from h5forge.pack.bar import PackProgress
-from h5forge.pack.checks import check_bad_fraction, check_every_class
-from h5forge.pack.commit import Staged, check_output, staged
+from h5forge.pack.checks import check_bad_fraction, check_every_class, check_pack
+from h5forge.pack.commit import Staged, staged
 from h5forge.pack.config import PackConfig
+from h5forge.pack.copied import CopiedMismatch
 from h5forge.pack.reuse import Reuse, SampleSource
 from h5forge.pack.sink import Sink
 
 __all__ = ["PackResult", "pack", "pack_slice"]
 
 _HOW = "(CLI: --overwrite) "
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,28 +101,39 @@ def pack(
         FileExistsError: ``out`` exists and ``overwrite`` is false.
         BusyError: another live run is writing ``out`` (the message names its pid and host).
         UnsafePathError: ``OUT.partial``, its spool or ``OUT.lock`` is taken by something
-            h5forge did not make (a planted symlink or hard link); nothing is written through it.
-        TooManyBadImagesError: too many inputs were quarantined (lists the first reasons).
-        EmptyDatasetError: nothing usable, or a class lost all its images to quarantine.
+            h5forge did not make (a planted link); nothing is written through it.
+        TooManyBadImagesError, EmptyDatasetError: too many inputs quarantined, or a class lost
+            all its images to quarantine (or nothing is usable).
     """
     t0 = time.perf_counter()
     config = PackConfig() if config is None else config
-    out_path, filters = _check(config, out, workers, max_bad_fraction, overwrite)
+    out_path, filters = check_pack(config, out, workers, max_bad_fraction, overwrite, _HOW)
     catalog = src if isinstance(src, Catalog) else discover(src, manifest=manifest)
-    return _pack(
-        SampleSource(catalog, config, workers=workers, reuse=reuse),
-        out_path,
-        config,
-        filters,
-        max_bad_fraction=max_bad_fraction,
-        source_url=source_url,
-        source_sha256=source_sha256,
-        lineage=lineage,
-        bar=PackProgress(len(catalog.samples), progress, on_progress),
-        overwrite=overwrite,
-        every_class=True,
-        t0=t0,
-    )
+    damaged: frozenset[str] = frozenset()  # copied, then found not to match: packed anew
+    while True:
+        reuse = reuse and replace(reuse, unchanged=reuse.unchanged - damaged)
+        try:
+            result = _pack(
+                SampleSource(catalog, config, workers=workers, reuse=reuse),
+                out_path,
+                config,
+                filters,
+                max_bad_fraction=max_bad_fraction,
+                source_url=source_url,
+                source_sha256=source_sha256,
+                lineage=lineage,
+                bar=PackProgress(len(catalog.samples), progress, on_progress),
+                overwrite=overwrite,
+                every_class=True,
+                t0=t0,
+            )
+        except CopiedMismatch as e:  # nothing was kept of this pass; the next reuses fewer
+            if not e.paths - damaged:
+                raise
+            log.warning("%s", e)
+            damaged |= e.paths
+            continue
+        return replace(result, reuse_mismatched=result.reuse_mismatched + len(damaged))
 
 
 def pack_slice(
@@ -134,7 +145,7 @@ def pack_slice(
     may be quarantined: the merge applies ``max_bad_fraction`` to the whole dataset.
     """
     t0 = time.perf_counter()
-    out_path, filters = _check(config, out, workers, 1.0, True)
+    out_path, filters = check_pack(config, out, workers, 1.0, True, _HOW)
     return _pack(
         SampleSource(catalog, config, workers=workers, reuse=None),
         out_path,
@@ -146,22 +157,6 @@ def pack_slice(
         every_class=False,
         t0=t0,
     )
-
-
-def _check(
-    config: PackConfig,
-    out: str | os.PathLike[str],
-    workers: int | None,
-    max_bad_fraction: float,
-    overwrite: bool,
-) -> tuple[Path, dict[str, Any]]:
-    """Every argument checked before any work: the output, and the ``/images`` filters."""
-    if not isinstance(config, PackConfig):
-        raise TypeError(f"config={config!r} must be a PackConfig (h5forge.pack.config)")
-    filters = config.filter_kwargs()  # a missing codec plugin fails here, before any work
-    option("workers").check(workers)
-    option("max_bad_fraction").check(max_bad_fraction)
-    return check_output(out, overwrite, _HOW), filters
 
 
 def _pack(
@@ -195,8 +190,9 @@ def _pack(
         num_quarantined=0,
         lineage=lineage,
     )
+    copies = source.copies  # then every sample is checked from the file before the seal
     try:
-        with staged(out_path, overwrite=overwrite, how=_HOW) as stage:
+        with staged(out_path, overwrite=overwrite, how=_HOW, check_digests=not copies) as stage:
             samples, bad = _write(
                 source,
                 stage,
@@ -267,6 +263,8 @@ def _write(
             h5, index = head(len(catalog.samples))
         else:  # the file is written once the sizes are known; mark the pack as under way
             os.close(lock.create(stage.partial, 0o644))
+        if source.copies:  # asked before iterating, as _pack did
+            sink.copy_into(stage.partial)
         results = iter(source)  # sink.add() writes each before the next
         try:
             kept, bad = sink.drain(results, catalog, bar)
@@ -296,4 +294,6 @@ def _write(
             shapes=np.asarray(sink.shapes, np.uint32).reshape(len(samples), 3),
         )
         h5.flush()
+        if sink.copying:  # the seal skips its digest pass: every sample is checked here
+            sink.check_written(byte_ranges, [s.relpath for s in samples], stage.partial)
     return samples, bad

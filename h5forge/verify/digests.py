@@ -24,12 +24,12 @@ from h5forge.asset.index import AssetIndex
 from h5forge.asset.open import is_local, url_to_fs
 from h5forge.cpus import usable_cpus
 
-__all__ = ["check_samples"]
+__all__ = ["OnSample", "check_samples", "hash_local_ranges"]
 
 _BLOCK = 8 << 20
 
 # ``on_sample(i, sha256 digest, stored bytes or None)``, once per sample range hashed.
-_OnSample = Callable[[int, bytes, bytes | None], None]
+OnSample = Callable[[int, bytes, bytes | None], None]
 
 
 class _Hasher:
@@ -39,7 +39,7 @@ class _Hasher:
         self,
         ranges: list[tuple[int, int, int]],
         want_data: bool,
-        on_sample: _OnSample,
+        on_sample: OnSample,
     ) -> None:
         self.ranges, self.want_data, self.on_sample = ranges, want_data, on_sample
         self.k = 0
@@ -113,7 +113,7 @@ def _stream(
     url: str,
     storage_options: dict[str, Any] | None,
     ranges: list[tuple[int, int, int]],
-    on_sample: _OnSample,
+    on_sample: OnSample,
     on_bytes: Callable[[int], None],
     *,
     want_data: bool,
@@ -127,13 +127,15 @@ def _stream(
     return file_hash.hexdigest()
 
 
-def _scan_parallel(
+def hash_local_ranges(
     path: str,
     ranges: list[tuple[int, int, int]],
-    on_sample: _OnSample,
+    on_sample: OnSample,
     on_bytes: Callable[[int], None],
 ) -> None:
-    """Hash the samples of a local file without the file hash, on every usable CPU."""
+    """Hash ``ranges`` (``(i, offset, size)``) of a local file on every usable CPU, each thread
+    reading a contiguous part of it; ``on_sample(i, sha256, None)`` is called from those
+    threads once per range read. A range past the end of the file is never reported."""
     ranges = sorted(ranges, key=lambda r: r[1])
     threads = max(1, min(usable_cpus(), 8, len(ranges)))
     total = sum(r[2] for r in ranges)
@@ -238,7 +240,7 @@ def check_samples(
             sha = _stream(url, storage_options, ranges, on_sample, on_bytes, want_data=decode)
             sha = sha if file_hash else ""
         else:
-            _scan_parallel(path, ranges, on_sample, on_bytes)
+            hash_local_ranges(path, ranges, on_sample, on_bytes)
             sha = ""
         for pending in decoding:
             pending.result()

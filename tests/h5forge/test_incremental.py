@@ -221,13 +221,21 @@ def _bad_label(path: Path) -> None:
         h5[fmt.LABELS][0] = 99
 
 
+def _chunk_one_byte_short(path: Path) -> None:
+    """A chunk copied as its index says would spill into the next one."""
+    with h5py.File(path, "r+") as h5:
+        offset, size = h5[fmt.BYTE_RANGES][4]
+        h5[fmt.BYTE_RANGES][4] = (offset, size - 1)
+
+
 def _range_out_of_file(path: Path) -> None:
     with h5py.File(path, "r+") as h5:
         h5[fmt.BYTE_RANGES][2] = (path.stat().st_size, 10)
 
 
 @pytest.mark.parametrize(
-    "damage", [_garbage, _unsealed, _bad_label, _range_out_of_file, Path.unlink]
+    "damage",
+    [_garbage, _unsealed, _bad_label, _chunk_one_byte_short, _range_out_of_file, Path.unlink],
 )
 def test_untrusted_previous_is_refused_whole(
     tmp_path: Path, damage: Callable[[Path], None]
@@ -268,3 +276,38 @@ def test_reused_bytes_span_several_read_batches(tmp_path: Path) -> None:
     flip_sample_byte(previous.path, 20)  # in a later batch than the first
     _, inc = _both(new, previous.path, config, unchanged_paths(before, _tokens(new)), tmp_path)
     assert (inc.reused, inc.reuse_mismatched) == (22, 1)
+
+
+@pytest.mark.parametrize("config_name", ["raw", "blob"])
+def test_reused_bytes_move_in_runs_not_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config_name: str
+) -> None:
+    """Unfiltered bytes go file to file (into chunks, or onto the blob's spool): one
+    ``copy_file_range`` per stretch back to back in both files, not one per sample."""
+    if not hasattr(os, "copy_file_range"):
+        pytest.skip("no os.copy_file_range on this platform")
+    config = CONFIGS[config_name]
+    old = _source(tmp_path / "old")
+    previous = pack(old, tmp_path / "prev.h5", config=config, workers=1, max_bad_fraction=0.2)
+    new = tmp_path / "new"
+    shutil.copytree(old, new, copy_function=shutil.copy2)
+    before = _tokens(new)
+    _replace(new, tmp_path)  # breaks the catalog's stretch of reused samples in two
+    unchanged = unchanged_paths(before, _tokens(new))
+    calls: list[int] = []  # bytes asked for, per call reading the previous file
+    real, previous_inode = os.copy_file_range, Path(previous.path).stat().st_ino
+
+    def counted(src: int, dst: int, count: int, *args: int) -> int:
+        if os.fstat(src).st_ino == previous_inode:
+            calls.append(count)
+        return real(src, dst, count, *args)
+
+    monkeypatch.setattr(os, "copy_file_range", counted)
+    _, inc = _both(new, previous.path, config, unchanged, tmp_path)
+    with h5py.File(previous.path, "r") as h5:
+        paths = h5[fmt.PATHS].asstr()[()].tolist()
+        sizes = h5[fmt.BYTE_RANGES][:, 1].tolist()
+    assert inc.reused == 23
+    # 23 samples in at most 3 stretches (split by the replaced file and the quarantined one)
+    assert 1 <= len(calls) <= 3
+    assert sum(calls) == sum(size for p, size in zip(paths, sizes, strict=True) if p in unchanged)
