@@ -44,8 +44,8 @@ __all__ = ["Reuse", "SampleSource", "unchanged_paths"]
 log = logging.getLogger(__name__)
 
 _RUN_BYTES = 64 << 20  # reused chunks copied per StoredRun (then checked while the next copies)
-# Fewer samples to preprocess than this, beside reused ones, are preprocessed in this process:
-# starting the worker processes (forkserver, imports) costs about as much as 200 samples.
+# Fewer samples to preprocess than this, beside reused ones, are preprocessed on threads of this
+# process: starting the worker processes (forkserver, imports) costs about as much as 200 samples.
 _POOL_MIN = 200
 _REFUSED = (H5ForgeError, FileNotFoundError, *H5_DAMAGE)
 
@@ -173,10 +173,14 @@ class SampleSource:
         with contextlib.ExitStack() as stack:  # the previous file, the pool
             reused = self._open_reused(stack)
             fresh_idx = [i for i in range(len(samples)) if i not in self._rows]
-            # A few samples beside reused ones cost less here than starting the pool
-            workers = 1 if self._rows and len(fresh_idx) < _POOL_MIN else self.workers
+            # A few samples beside reused ones cost less on threads than starting the pool
+            few = bool(self._rows) and len(fresh_idx) < _POOL_MIN
             fresh = iter_processed(
-                [samples[i].path for i in fresh_idx], image, workers=workers, borrow=True
+                [samples[i].path for i in fresh_idx],
+                image,
+                workers=self.workers,
+                borrow=True,
+                threads=few,
             )
             stack.callback(fresh.close)
             i = 0

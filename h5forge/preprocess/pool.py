@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Generator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from h5forge.cpus import usable_cpus
@@ -45,6 +45,7 @@ def iter_processed(
     workers: int | None = None,
     window: int | None = None,
     borrow: bool = False,
+    threads: bool = False,
 ) -> Generator[Result, None, None]:
     """Process every path and yield the results in input order.
 
@@ -65,6 +66,9 @@ def iter_processed(
         borrow: a fixed-size sample's ``data`` may be a read-only memoryview of its slot in the
             shared-memory ring instead of a copy, valid only until the next result is asked
             for (the writer passes it straight to the file). Off by default.
+        threads: run ``workers`` threads of this process instead of worker processes (for a
+            few inputs, where starting processes costs more than the GIL does; an incremental
+            pack's new files). A decoder crash then takes this process with it.
 
     Returns:
         A generator of :class:`Processed` or :class:`Quarantined`, one per path.
@@ -84,12 +88,33 @@ def iter_processed(
     n_workers = workers or usable_cpus()
     if n_workers == 1 or len(items) < _POOL_FROM:
         return (process_file(i, p, cfg) for i, p in enumerate(items))
+    if threads:
+        return _threaded(items, cfg, n_workers, window or 4 * n_workers)
     chunk = max(1, min(_MAX_CHUNK, len(items) // (n_workers * 4)))
     limit = window or 4 * n_workers * chunk
     size = _fixed_size(cfg)
     if window is None and size:
         limit = min(limit, max(2 * n_workers * chunk, _RING_BYTES // size))
     return _pooled(items, cfg, n_workers, min(chunk, limit), limit, size, borrow)
+
+
+def _threaded(
+    items: list[str], cfg: ImageConfig, n: int, limit: int
+) -> Generator[Result, None, None]:
+    """In-order results from ``n`` threads of this process, at most ``limit`` in flight:
+    Pillow's decoders, its resize and hashlib release the GIL, and no process starts."""
+    with ThreadPoolExecutor(n, thread_name_prefix="h5forge-preprocess") as pool:
+        pending: deque[Future[Result]] = deque()
+        try:
+            for i, p in enumerate(items):
+                pending.append(pool.submit(process_file, i, p, cfg))
+                if len(pending) >= limit:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
 
 
 def _fixed_size(cfg: ImageConfig) -> int | None:

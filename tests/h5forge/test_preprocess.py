@@ -46,6 +46,21 @@ def test_results_come_in_input_order(image_folder: Path, bad_images: BadImages) 
     assert list(iter_processed([Path(p) for p in paths], CFG, workers=1)) == results
 
 
+def test_threads_give_the_same_results_in_order_without_processes(
+    image_folder: Path, bad_images: BadImages
+) -> None:
+    paths = _inputs(image_folder, bad_images)
+    before = {p.pid for p in multiprocessing.active_children()}
+    results = list(iter_processed(paths, CFG, workers=2, window=3, threads=True))
+    assert results == [process_file(i, p, CFG) for i, p in enumerate(paths)]
+    assert sum(isinstance(r, Quarantined) for r in results) == 6
+    assert not _new_children(before)
+    gen = iter_processed(paths, CFG, workers=2, window=3, threads=True)
+    assert next(gen).index == 0
+    gen.close()  # stops early: pending work cancelled, the threads end
+    assert not [t for t in threading.enumerate() if t.name.startswith("h5forge-preprocess")]
+
+
 def test_tiny_inputs_run_in_process(image_folder: Path) -> None:
     paths = sorted(str(p) for p in image_folder.rglob("*.jpg"))[:3]
     before = {p.pid for p in multiprocessing.active_children()}
