@@ -22,6 +22,7 @@ from h5forge.asset import format as fmt
 from h5forge.asset.index import AssetIndex
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
+from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
 from h5forge.read.loader import batch_loader
 from h5forge.read.samples import read_batch, read_images
 from h5forge.read.state import ProcessState, open_state
@@ -50,6 +51,8 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             it (encoded images, compressed chunks); default Pillow's limit,
             :data:`h5forge.preprocess.images.DEFAULT_MAX_PIXELS` (89.5 M). The file's
             ``/shapes`` are checked against it at open and never raise it.
+        cache_dir: read a remote asset from a verified local copy kept in this folder, shared
+            by workers, epochs and jobs (:mod:`h5forge.read.cache`); ``cache_limit``: its bytes.
 
     Opening checks the whole file before reading any sample (see docs/FORMAT.md, "What
     readers refuse"): links, virtual datasets and external storage, declared sizes against
@@ -77,6 +80,8 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         storage_options: dict[str, Any] | None = None,
         verify_reads: bool = False,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int = DEFAULT_CACHE_LIMIT,
     ) -> None:
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
             raise ValueError(
@@ -90,6 +95,7 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         self.storage_options = dict(storage_options or {})
         self.url, self.version = pin_version(os.fspath(url), version, self.storage_options)
         self.verify_reads = verify_reads
+        self.cache = None if cache_dir is None else FileCache(os.fspath(cache_dir), cache_limit)
         fmt.refuse_partial(self.url)
         self._state: ProcessState | None = None
         self._orphans: list[ProcessState] = []
@@ -108,6 +114,7 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             "storage_options",
             "verify_reads",
             "max_pixels",
+            "cache",
         )
         return {k: self.__dict__[k] for k in keep}
 
@@ -126,7 +133,12 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             # Inherited through fork: never use or close the parent's handles here.
             self._orphans.append(st)
         st = self._state = open_state(
-            self.url, self.storage_options, self.verify_reads, self.max_pixels
+            self.url,
+            self.storage_options,
+            self.verify_reads,
+            self.max_pixels,
+            self.cache,
+            self.version,
         )
         if self._indices is None:
             self._select(st.index)
