@@ -149,7 +149,7 @@ class RemoteRanges:
             if seg < e:
                 segments.append((seg, e))
         spans = [(k * B, min((k + 1) * B, self._size)) for k in sorted(whole)] + segments
-        got: dict[int, tuple[int, bytes]] = {}
+        fetched: list[tuple[int, int, bytes]] = []
         if spans:
             blobs = self._fetch([a for a, _ in spans], [b for _, b in spans])
             for (a, b), blob in zip(spans, blobs, strict=True):
@@ -159,14 +159,14 @@ class RemoteRanges:
                     self._short(a, b - a, len(blob))
                 self.stats.requests += 1
                 self.stats.bytes += len(blob)
-                got[a] = (b, blob)
-            self.stats.over_read += sum(b - a for a, b in spans) - sum(
-                ends[i] - starts[i] for i in miss
-            )
-        fetched = sorted((a, b, blob) for a, (b, blob) in got.items())
+                fetched.append((a, b, blob))
+            wanted = sum(ends[i] - starts[i] for i in miss)
+            self.stats.over_read += sum(b - a for a, b in spans) - wanted
         out = [self._assemble(a, b, fetched) for a, b in zip(starts, ends, strict=True)]
-        for k in sorted(whole):  # kept after assembling: an eviction cannot drop a needed block
-            self._keep(k, got[k * B][1])
+        # Kept after assembling, so an eviction cannot drop a block this batch needs; the
+        # whole blocks are the first ``len(whole)`` spans, in block order.
+        for k, (_, _, blob) in zip(sorted(whole), fetched, strict=False):
+            self._keep(k, blob)
         return out
 
     def _assemble(self, a: int, b: int, fetched: list[tuple[int, int, bytes]]) -> memoryview:
@@ -182,7 +182,10 @@ class RemoteRanges:
                 end = min(b, lo + len(blob))
                 parts.append(memoryview(blob)[pos - lo : end - lo])
             else:
-                lo, hi, blob = next(f for f in fetched if f[0] <= pos < f[1])
+                found = [f for f in fetched if f[0] <= pos < f[1]]
+                if not found:  # the plan covers every run; this would be a bug, never data
+                    raise RuntimeError(f"no fetched span holds byte {pos}")
+                lo, hi, blob = found[0]
                 end = min(b, hi)
                 parts.append(memoryview(blob)[pos - lo : end - lo])
             pos = end

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import fsspec
+import numpy as np
 import pytest
 import torch
 
@@ -275,3 +276,30 @@ def test_kept_bytes_serve_later_reads(
         assert len(_spans(s3_requests, "kept.h5")) == new_requests
         assert reader.stats.kept_hits == (len(second) if keep else 0)
         assert reader.stats.requests == 1 + new_requests
+
+
+@pytest.mark.parametrize("block_bytes", [4096, 10_000, 1 << 20])
+def test_random_batches_read_exact_bytes(block_bytes: int, packed_120: PackResult) -> None:
+    # Random batches through coalescing, whole blocks and kept blocks (small enough to evict)
+    # return exactly the file's bytes, whatever mix of sources serves a range.
+    url = f"memory://h5forge-test-{uuid.uuid4().hex[:12]}/rand.h5"
+    publish(packed_120.path, url)
+    raw = Path(packed_120.path).read_bytes()
+    rng = np.random.default_rng(block_bytes)
+    try:
+        reader = RangeReader(
+            url,
+            max_gap=1 << 20,
+            max_request=5 * block_bytes // 2,
+            block_bytes=block_bytes,
+            keep_bytes=3 * block_bytes,
+        )
+        for _ in range(40):
+            rows = rng.choice(120, size=int(rng.integers(1, 40)), replace=False)
+            ranges = _ranges(packed_120.path, rows.tolist())
+            bufs = [bytearray(n) for _, n in ranges]
+            reader.read_into(ranges, [memoryview(b) for b in bufs])
+            assert [bytes(b) for b in bufs] == [raw[o : o + n] for o, n in ranges]
+        assert reader.stats.kept_hits > 0 or block_bytes > len(raw)
+    finally:
+        fsspec.filesystem("memory").rm(url.rsplit("/", 1)[0], recursive=True)
