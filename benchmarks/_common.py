@@ -336,11 +336,13 @@ def _serve_ranges_without_copying_objects() -> None:
 
 
 @contextlib.contextmanager
-def loopback_s3(latency_ms: float = 0.0) -> Iterator[LoopbackS3]:
-    """moto's S3 server on 127.0.0.1 with a request log and ``latency_ms`` added per request.
+def loopback_s3(latency_ms: float = 0.0, bandwidth_mbps: float = 0.0) -> Iterator[LoopbackS3]:
+    """moto's S3 server on 127.0.0.1 with a request log, ``latency_ms`` added per request and,
+    with ``bandwidth_mbps``, each answer's bytes taking that long at that rate.
 
-    The latency models a real link (the request waits before moto answers); requests are served
-    on their own threads, so concurrent requests overlap their waits as they would on a network.
+    The latency models a real link (the request waits before moto answers); the bandwidth is per
+    connection, as S3 serves one GET at ~100 MB/s while many run side by side. Requests are
+    served on their own threads, so concurrent requests overlap their waits as on a network.
     """
     from moto.moto_server.threaded_moto_server import ThreadedMotoServer
     from moto.moto_server.werkzeug_app import (
@@ -362,6 +364,7 @@ def loopback_s3(latency_ms: float = 0.0) -> Iterator[LoopbackS3]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     log = RequestLog()
     delay = latency_ms / 1000.0
+    per_byte = 8.0 / (bandwidth_mbps * 1e6) if bandwidth_mbps > 0 else 0.0
     _serve_ranges_without_copying_objects()
 
     class Server(ThreadedMotoServer):
@@ -379,7 +382,11 @@ def loopback_s3(latency_ms: float = 0.0) -> Iterator[LoopbackS3]:
                     )
                 if delay:
                     time.sleep(delay)
-                return app(environ, start_response)
+                if not per_byte:
+                    return app(environ, start_response)
+                body = b"".join(app(environ, start_response))
+                time.sleep(len(body) * per_byte)
+                return [body]
 
             self._server = make_server(
                 self._ip_address, self._port, recording, True, request_handler=MotoRequestHandler

@@ -1,209 +1,229 @@
-"""Remote reads from an S3 server on loopback (moto), requests counted at the server.
+"""Remote reads from an S3 server on loopback (moto): h5forge against Mosaic and LitData.
 
-The server adds ``--latency-ms`` (default 20) before answering each request, to model a real
-link; requests are served concurrently, so concurrent requests overlap their waits.
+The server adds ``--latency-ms`` (default 20) before answering each request and sends each
+answer at ``--bandwidth-mbps`` (default 800, i.e. 100 MB/s per connection, about what one S3
+GET gets), so a request costs 20 ms plus its bytes; concurrent requests overlap. Every reader
+gets the same pixels (a decoded 224 h5forge file; the peers' own formats written by their own
+writers from it), a DataLoader with ``--workers`` workers and batch ``--batch-size``, one epoch:
 
-* **open**: requests and time for ``H5ImageDataset("s3://...")`` to open and load its index.
-* **h5forge**: a DataLoader (2 workers, batch 64, random batches) over ``H5ImageDataset``: one
-  ranged GET per sample, issued concurrently per batch (``cat_ranges``). With s3fs's default
-  connection pool (10 per worker) and with ``config_kwargs={"max_pool_connections": 64}``.
-* **h5py over a default fsspec file**: the common recipe, ``h5py.File(fs.open(url))`` with
-  fsspec's default cache, one ``images[i]`` per item, same DataLoader; fewer batches (it is
-  slow), its rate measured the same way.
+* **h5forge uniform / block**: ``ds.loader()`` over ``s3://`` with no cache, sampler a uniform
+  or a block shuffle (:func:`h5forge.read.order.epoch_order`, ``--block-size``, ``--window``);
+* **h5forge cold / warm cache**: ``cache_dir=`` empty (the download is timed) and filled;
+* **h5forge local**: the same file on local disk (the warm cache's target);
+* **Mosaic / LitData epoch 1 / 2**: their ``StreamingDataset`` over their shards on the same
+  server, local cache empty then filled.
 
-    python -m benchmarks.bench_remote       # targets: <= 1.05 requests per sample, open <= 3
-                                            # requests, >= 10 x h5py over fsspec
+    python -m benchmarks.bench_remote     # targets: first epoch >= 1.5x the better peer's,
+                                          # warm cache >= 0.9x local read
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader
 
-from benchmarks._common import (
-    RequestLog,
-    image_root,
-    loopback_s3,
-    parser,
-    start_report,
-    table,
-    verdict,
-)
-from benchmarks._datasets import H5pyOverFsspec
+from benchmarks import _peers
+from benchmarks._common import image_root, loopback_s3, parser, start_report, table, verdict
 
 
-def _requested_bytes(items: list[tuple[str, str, str | None]]) -> int:
+def _bytes(log: list[tuple[str, str, str | None]], sizes: dict[str, int]) -> int:
     total = 0
-    for _method, _path, rng in items:
+    for method, path, rng in log:
+        if method != "GET":
+            continue
         if rng and rng.startswith("bytes="):
             first, _, last = rng[6:].partition("-")
-            if first and last:
-                total += int(last) - int(first) + 1
+            end = int(last) + 1 if last else sizes.get(path, 0)
+            total += max(0, end - int(first))
+        else:
+            total += sizes.get(path, 0)
     return total
 
 
-def _epoch(ds: Any, batches: int, batch_size: int, workers: int) -> int:
-    sampler = RandomSampler(
-        ds, num_samples=batches * batch_size, generator=torch.Generator().manual_seed(1)
-    )
-    loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers)
-    n = 0
-    for images, labels in loader:
-        assert images.dtype == torch.uint8
-        n += len(labels)
-    return n
-
-
-def _measure(name: str, ds: Any, batches: int, args: Any, log: RequestLog) -> dict[str, Any]:
-    log.clear()
+def _run(loader: Callable[[], Any]) -> tuple[int, float]:
     t0 = time.perf_counter()
-    n = _epoch(ds, batches, args.batch_size, args.workers)
-    seconds = time.perf_counter() - t0
-    seen = log.snapshot()
-    opens = [r for r in seen if r[0] == "HEAD" or (r[2] or "").startswith("bytes=0-")]
-    reads = [r for r in seen if r not in opens]
-    print(f"  {name}: {n / seconds:,.0f} img/s, {len(seen)} requests", flush=True)
-    return {
-        "name": name,
-        "samples": n,
-        "seconds": seconds,
-        "requests": len(seen),
-        "reads": len(reads),
-        "bytes": _requested_bytes(seen),
-    }
+    n = sum(len(labels) for _, labels in loader())
+    return n, time.perf_counter() - t0
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--latency-ms", type=float, default=20.0)
+    p.add_argument("--bandwidth-mbps", type=float, default=800.0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--batches", type=int, default=16, help="batches per h5forge round")
-    p.add_argument(
-        "--baseline-batches",
-        type=int,
-        default=1,
-        help="batches the h5py-over-fsspec baseline reads (it is slow)",
-    )
+    p.add_argument("--block-size", type=int, default=64, help="samples per shuffle block")
+    p.add_argument("--window", type=int, default=4, help="blocks a batch draws from")
+    p.add_argument("--peers", default="mosaic,litdata", help="comma-separated; '' for none")
     args = p.parse_args()
     import s3fs
 
     from h5forge import H5ImageDataset
     from h5forge.pack.writer import pack
+    from h5forge.read.order import block_locality, epoch_order
 
-    report = start_report("remote: S3 on loopback, h5forge vs h5py over a default fsspec file")
+    report = start_report("remote: S3 on loopback, h5forge (no cache, cache) vs Mosaic, LitData")
     root, what = image_root(args)
     tmp = Path(tempfile.mkdtemp(prefix="h5forge-bench-remote-"))
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
     try:
         local = pack(root, tmp / "decoded.h5")
-        with loopback_s3(args.latency_ms) as s3:
+        ref = H5ImageDataset(local.path)
+        n, shape = len(ref), tuple(ref[0][0].permute(1, 2, 0).shape)
+        peers = [x for x in args.peers.split(",") if x]
+        if "mosaic" in peers:
+            _peers.write_mds(local.path, tmp / "mds")
+        if "litdata" in peers:
+            _peers.write_litdata(local.path, tmp / "litdata")
+        with loopback_s3(args.latency_ms, args.bandwidth_mbps) as s3:
             opts = s3.storage_options()
+            os.environ["S3_ENDPOINT_URL"] = s3.endpoint_url  # Mosaic's endpoint setting
+            # LitData's chunk GETs go through obstore (Rust object_store), which refuses a plain
+            # http:// endpoint ("HTTP error: builder error") unless told to allow it.
+            os.environ["AWS_ALLOW_HTTP"] = "true"
             fs = s3fs.S3FileSystem(skip_instance_cache=True, **opts)
             fs.mkdir("bench")
             fs.put_file(local.path, "bench/decoded.h5")
-            url = "s3://bench/decoded.h5"
-            tuned = {**opts, "config_kwargs": {"max_pool_connections": 64}}
+            from h5forge.hashing import sha256_file
+            from h5forge.publish.manifest import manifest_bytes, manifest_url
 
-            opens = []
-            for _ in range(args.repeat):
-                s3fs.S3FileSystem.clear_instance_cache()
-                s3.log.clear()
-                t0 = time.perf_counter()
-                ds = H5ImageDataset(url, storage_options=opts)
-                opens.append((time.perf_counter() - t0, s3.log.snapshot()))
-            open_s, open_reqs = min(opens, key=lambda o: o[0])
-            rows: list[dict[str, Any]] = []
-            baseline = None
-            for r in range(args.repeat):
-                rows.append(_measure("h5forge, s3fs default pool", ds, args.batches, args, s3.log))
-                rows.append(
-                    _measure(
-                        "h5forge, max_pool_connections=64",
-                        H5ImageDataset(url, storage_options=tuned),
-                        args.batches,
-                        args,
-                        s3.log,
-                    )
+            sha = sha256_file(local.path)
+            fs.pipe(manifest_url("bench/decoded.h5"), manifest_bytes(sha, local.bytes, {}))
+            for peer in peers:
+                fs.put(
+                    str(tmp / ("mds" if peer == "mosaic" else "litdata")),
+                    f"bench/{peer}",
+                    recursive=True,
                 )
-                if r == 0:
-                    baseline = _measure(
-                        "h5py over fsspec default file",
-                        H5pyOverFsspec(url, opts, local.num_samples),
-                        args.baseline_batches,
-                        args,
-                        s3.log,
+            sizes = {
+                "/" + f["name"]: int(f["size"]) for f in fs.find("bench", detail=True).values()
+            }
+            url = "s3://bench/decoded.h5"
+            uniform = epoch_order(n, seed=1).tolist()
+            block = epoch_order(n, seed=1, block_size=args.block_size, window=args.window).tolist()
+            kw = {"num_workers": args.workers}
+
+            def ours(order: list[int], **ds_kw: Any) -> Callable[[], Any]:
+                return lambda: H5ImageDataset(url, storage_options=opts, **ds_kw).loader(
+                    args.batch_size, sampler=order, **kw
+                )
+
+            def peer_loader(name: str, cache: Path) -> Callable[[], Any]:
+                def make() -> Any:
+                    if name == "mosaic":
+                        ds = _peers.mosaic_dataset(
+                            "s3://bench/mosaic", cache, shape, args.batch_size
+                        )
+                    else:
+                        ds = _peers.litdata_dataset("s3://bench/litdata", cache, opts)
+                    return DataLoader(ds, batch_size=args.batch_size, **kw)
+
+                return make
+
+            for r in range(args.repeat):
+                cache = tmp / f"cache-{r}"
+                cases: list[tuple[str, Callable[[], Any]]] = [
+                    ("h5forge, uniform shuffle, no cache", ours(uniform)),
+                    ("h5forge, block shuffle, no cache", ours(block)),
+                    ("h5forge, cold cache (download timed)", ours(uniform, cache_dir=cache)),
+                    ("h5forge, warm cache", ours(uniform, cache_dir=cache)),
+                    (
+                        "h5forge, local file",
+                        lambda: H5ImageDataset(local.path).loader(
+                            args.batch_size, sampler=uniform, **kw
+                        ),
+                    ),
+                ]
+                for peer in peers:
+                    pc = tmp / f"{peer}-cache-{r}"
+                    cases += [
+                        (f"{peer}, epoch 1", peer_loader(peer, pc)),
+                        (f"{peer}, epoch 2", peer_loader(peer, pc)),
+                    ]
+                for name, make in cases:
+                    s3.log.clear()
+                    try:
+                        got, seconds = _run(make)
+                    except Exception as e:  # a peer that cannot read from this server: say why
+                        notes.append(f"{name}: {type(e).__name__}: {e}")
+                        traceback.print_exc()
+                        continue
+                    seen = s3.log.snapshot()
+                    rows.append(
+                        {
+                            "name": name,
+                            "n": got,
+                            "s": seconds,
+                            "req": len(seen),
+                            "bytes": _bytes(seen, sizes),
+                        }
                     )
-        assert baseline is not None
+                    print(
+                        f"  {name}: {got} in {seconds:.2f} s, {got / seconds:,.0f} img/s, "
+                        f"{len(seen)} requests",
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    def best(name: str) -> dict[str, Any]:
-        return max(
-            (x for x in rows if x["name"] == name), key=lambda x: x["samples"] / x["seconds"]
-        )
+    def rate(name: str) -> float:
+        return max((x["n"] / x["s"] for x in rows if x["name"] == name), default=0.0)
 
-    ours, fast = best("h5forge, s3fs default pool"), best("h5forge, max_pool_connections=64")
-    workers_open = args.workers * len(open_reqs)
-    per_sample = ours["reads"] / ours["samples"]
-    rate = ours["samples"] / ours["seconds"]
-    base_rate = baseline["samples"] / baseline["seconds"]
-    sample_bytes = local.bytes / local.num_samples
     report.add(
-        f"Input: {what}; packed decoded 224 ({local.num_samples} samples, "
-        f"{local.bytes / 1e6:.0f} MB) uploaded to moto's S3 server on 127.0.0.1 with "
-        f"**{args.latency_ms:g} ms added per request**. DataLoader: {args.workers} "
-        f"workers, batch {args.batch_size}, random batches ({args.batches} per h5forge "
-        f"round, best of {args.repeat}; {args.baseline_batches} for the baseline)."
+        f"Input: {what}; packed decoded 224 ({n} samples, {local.bytes / 1e6:.0f} MB) on moto's "
+        f"S3 server on 127.0.0.1: **{args.latency_ms:g} ms per request, "
+        f"{args.bandwidth_mbps:g} Mbit/s per connection**. DataLoader: {args.workers} workers, "
+        f"batch {args.batch_size}, one epoch per case, best of {args.repeat}. Block shuffle: "
+        f"block {args.block_size}, window {args.window} "
+        f"({block_locality(block, args.batch_size, args.block_size):.1f} blocks per batch; "
+        f"uniform {block_locality(uniform, args.batch_size, args.block_size):.1f})."
     )
-    listed = ", ".join(f"{m} {r}" if r else m for m, _, r in open_reqs)
-    report.add(
-        f"Open (`H5ImageDataset(url)`, index loaded): **{len(open_reqs)} requests** "
-        f"({listed}), "
-        f"{open_s * 1e3:.0f} ms; {verdict(len(open_reqs), 3, at_most=True)}."
-    )
+    names = list(dict.fromkeys(x["name"] for x in rows))
+    best = {
+        nm: max((x for x in rows if x["name"] == nm), key=lambda x: x["n"] / x["s"]) for nm in names
+    }
     report.add(
         table(
-            [
-                "reader",
-                "images/s",
-                "requests",
-                "range reads / sample",
-                "bytes requested / sample bytes",
-                "vs h5py+fsspec",
-            ],
+            ["reader", "images/s", "requests", "MB requested", "bytes / sample bytes"],
             [
                 [
-                    x["name"],
-                    f"{x['samples'] / x['seconds']:,.0f}",
-                    x["requests"],
-                    f"{x['reads'] / x['samples']:.3f}",
-                    f"{x['bytes'] / x['samples'] / sample_bytes:.2f}",
-                    f"{(x['samples'] / x['seconds']) / base_rate:.0f}x",
+                    nm,
+                    f"{rate(nm):,.0f}",
+                    x["req"],
+                    f"{x['bytes'] / 1e6:,.0f}",
+                    f"{x['bytes'] / local.bytes:.2f}",
                 ]
-                for x in (ours, fast, baseline)
+                for nm, x in best.items()
             ],
         )
     )
-    report.add(
-        "\n".join(
-            [
-                f"- range requests per sample (batched reads, excluding the {workers_open} "
-                "requests of "
-                f"the workers' opens) = **{per_sample:.3f}**, "
-                f"{verdict(per_sample, 1.05, at_most=True)}",
-                f"- open = **{len(open_reqs)} requests**, "
-                f"{verdict(len(open_reqs), 3, at_most=True)}",
-                f"- h5forge / h5py over fsspec = **{rate / base_rate:.0f}x**, "
-                f"{verdict(rate / base_rate, 10)}",
-            ]
-        )
+    peer_first = max((rate(f"{p}, epoch 1") for p in ("mosaic", "litdata")), default=0.0)
+    first = max(
+        rate("h5forge, uniform shuffle, no cache"), rate("h5forge, block shuffle, no cache")
     )
+    lines = []
+    if peer_first:
+        lines.append(
+            f"- h5forge first epoch / better peer's = **{first / peer_first:.2f}x**, "
+            f"{verdict(first / peer_first, 1.5)}"
+        )
+        cold = rate("h5forge, cold cache (download timed)")
+        lines.append(
+            f"- h5forge cold cache / better peer's first epoch = **{cold / peer_first:.2f}x**"
+        )
+    warm, loc = rate("h5forge, warm cache"), rate("h5forge, local file")
+    lines.append(f"- warm cache / local read = **{warm / loc:.2f}x**, {verdict(warm / loc, 0.9)}")
+    lines += [f"- not measured: {x}" for x in notes]
+    report.add("\n".join(lines))
     report.write(not args.no_record)
 
 

@@ -1,8 +1,8 @@
 """Read sample byte ranges of an asset: ``os.preadv`` locally, fsspec ``cat_ranges`` remotely.
 
-Local files are read with ``os.preadv`` straight into caller buffers; remote files through
-fsspec's ``cat_ranges``, one range request per run of touching samples, issued concurrently by
-the filesystem implementation.
+Local files are read with ``os.preadv`` straight into caller buffers. Remote files are read by
+:class:`h5forge.asset.coalesce.RemoteRanges`: a batch's ranges coalesced into few concurrent
+requests, with aligned read-ahead blocks kept for later batches (see that module).
 """
 
 from __future__ import annotations
@@ -13,6 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from h5forge.asset.coalesce import (
+    DEFAULT_BLOCK_BYTES,
+    DEFAULT_KEEP_BYTES,
+    DEFAULT_MAX_GAP,
+    DEFAULT_MAX_REQUEST,
+    ReadStats,
+    RemoteRanges,
+)
 from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import IntegrityError
 
@@ -26,16 +34,47 @@ class RangeReader:
     """Reads absolute byte ranges of one file, locally with ``preadv`` or remotely.
 
     Create it in the process that reads (it holds a file descriptor or a filesystem client).
+    ``size`` (the file's, when the caller knows it) saves a remote reader one request; the
+    other keywords tune remote reads (:class:`h5forge.asset.coalesce.RemoteRanges`).
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        max_gap: int = DEFAULT_MAX_GAP,
+        max_request: int = DEFAULT_MAX_REQUEST,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+        keep_bytes: int = DEFAULT_KEEP_BYTES,
+        size: int | None = None,
+    ) -> None:
         self.url = url
         self._fs, self._path = url_to_fs(url, storage_options)
         self._fd: int | None = None
+        self.remote: RemoteRanges | None = None
         if is_local(self._fs):
             self._fd = os.open(self._path, os.O_RDONLY)
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        else:
+            self.remote = RemoteRanges(
+                self._cat_ranges,
+                int(self._fs.size(self._path)) if size is None else size,
+                self._short,
+                max_gap=max_gap,
+                max_request=max_request,
+                block_bytes=block_bytes,
+                keep_bytes=keep_bytes,
+            )
+
+    def _cat_ranges(self, starts: list[int], ends: list[int]) -> list[Any]:
+        return list(self._fs.cat_ranges([self._path] * len(starts), starts, ends))
+
+    @property
+    def stats(self) -> ReadStats:
+        """What the remote reads fetched (all zero for a local file)."""
+        return self.remote.stats if self.remote is not None else ReadStats()
 
     @property
     def fd(self) -> int | None:
@@ -51,8 +90,8 @@ class RangeReader:
     def read_into(self, ranges: Sequence[tuple[int, int]], buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers[i]`` with the bytes of ``ranges[i] = (offset, nbytes)``.
 
-        Ranges are read in file order; ranges that touch are read with one system call (local)
-        or one request (remote).
+        Ranges are read in file order; ranges that touch are read with one system call (local);
+        remote ones are coalesced into few concurrent requests (see the module docstring).
 
         Raises:
             IntegrityError: the file ended before a range did (truncated file).
@@ -77,15 +116,11 @@ class RangeReader:
                     [buffers[i] for i in order_l[lo:hi]], starts_l[lo], sum(sizes_l[lo:hi])
                 )
             return
+        assert self.remote is not None
         run_starts = [starts_l[lo] for lo, _ in runs]
         run_ends = [starts_l[hi - 1] + sizes_l[hi - 1] for _, hi in runs]
-        blobs = self._fs.cat_ranges([self._path] * len(runs), run_starts, run_ends)
-        for (lo, hi), blob, start, end in zip(runs, blobs, run_starts, run_ends, strict=True):
-            if isinstance(blob, BaseException):
-                raise blob
-            if len(blob) != end - start:
-                self._short(start, end - start, len(blob))
-            view, pos = memoryview(blob), 0
+        for (lo, hi), view in zip(runs, self.remote.read(run_starts, run_ends), strict=True):
+            pos = 0
             for k in range(lo, hi):
                 n = sizes_l[k]
                 buffers[order_l[k]][:] = view[pos : pos + n]
@@ -120,5 +155,5 @@ class RangeReader:
 
 
 def open_ranges(url: str, storage_options: dict[str, Any] | None = None) -> RangeReader:
-    """Return a :class:`RangeReader` for ``url``."""
+    """Return a :class:`RangeReader` for ``url`` (default coalescing and read-ahead)."""
     return RangeReader(url, storage_options)

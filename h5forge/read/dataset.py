@@ -2,9 +2,8 @@
 
 Safe in DataLoader workers by construction: the object pickles as its URL and options only, and
 every process opens its own handles lazily on first use (the pid is checked on each access, so a
-handle inherited through ``fork`` is never used). Sample bytes are read with one ``pread`` (local)
-or one range request (remote) per sample at offsets recorded in the file; ``__getitems__`` reads
-a whole batch sorted by offset, coalescing neighbours.
+handle inherited through ``fork`` is never used). A batch is read at the offsets the file
+records: ``preadv`` locally, a few coalesced range requests remotely (``asset.coalesce``).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from h5forge.asset import format as fmt
 from h5forge.asset.index import AssetIndex
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
+from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
 from h5forge.read.loader import Loader, batch_loader
 from h5forge.read.samples import read_batch, read_images
 from h5forge.read.state import ProcessState, open_state
@@ -47,13 +47,13 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             sample. Without it a flipped byte in an uncompressed sample is returned as is (run
             :func:`h5forge.verify` on the file, or enable ``fletcher32`` when packing).
         max_pixels: most pixels one sample may decode to where the file's size does not bound
-            it (encoded images, compressed chunks); default Pillow's limit,
-            :data:`h5forge.preprocess.images.DEFAULT_MAX_PIXELS` (89.5 M). The file's
-            ``/shapes`` are checked against it at open and never raise it.
+            it (encoded images, compressed chunks); default Pillow's limit (89.5 M). The
+            file's ``/shapes`` are checked against it at open and never raise it.
+        cache_dir: read a remote asset from a verified local copy kept in this folder, shared
+            by workers, epochs and jobs (:mod:`h5forge.read.cache`); ``cache_limit``: its bytes.
 
-    Opening checks the whole file before reading any sample (see docs/FORMAT.md, "What
-    readers refuse"): links, virtual datasets and external storage, declared sizes against
-    the counts and the file size, labels against the classes, byte ranges against the file.
+    Opening checks the whole file before reading any sample (docs/FORMAT.md, "What readers
+    refuse"): links, virtual datasets, external storage, declared sizes, labels, byte ranges.
 
     Raises:
         UnsealedFileError: the file is a ``.partial``, unsealed, or of an unknown version.
@@ -77,11 +77,12 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         storage_options: dict[str, Any] | None = None,
         verify_reads: bool = False,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int = DEFAULT_CACHE_LIMIT,
     ) -> None:
         if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
             raise ValueError(
-                f"max_pixels={max_pixels!r} must be an int >= 1; the default is "
-                f"{DEFAULT_MAX_PIXELS}"
+                f"max_pixels={max_pixels!r} must be an int >= 1 (default {DEFAULT_MAX_PIXELS})"
             )
         self.max_pixels = max_pixels
         self.split = split
@@ -90,6 +91,7 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
         self.storage_options = dict(storage_options or {})
         self.url, self.version = pin_version(os.fspath(url), version, self.storage_options)
         self.verify_reads = verify_reads
+        self.cache = None if cache_dir is None else FileCache(os.fspath(cache_dir), cache_limit)
         fmt.refuse_partial(self.url)
         self._state: ProcessState | None = None
         self._orphans: list[ProcessState] = []
@@ -108,6 +110,7 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             "storage_options",
             "verify_reads",
             "max_pixels",
+            "cache",
         )
         return {k: self.__dict__[k] for k in keep}
 
@@ -126,7 +129,12 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             # Inherited through fork: never use or close the parent's handles here.
             self._orphans.append(st)
         st = self._state = open_state(
-            self.url, self.storage_options, self.verify_reads, self.max_pixels
+            self.url,
+            self.storage_options,
+            self.verify_reads,
+            self.max_pixels,
+            self.cache,
+            self.version,
         )
         if self._indices is None:
             self._select(st.index)

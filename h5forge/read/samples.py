@@ -1,9 +1,10 @@
 """The images of file rows: read by byte range (or through HDF5 when filtered), checked, decoded.
 
-Decoded fixed-size samples land in one buffer per batch, one ``pread`` or range request per
-sample (touching ones coalesced); samples of varying size get a buffer each; encoded ones are
-decoded lazily, as the caller iterates. With ``verify_reads`` every sample's sha256 is checked
-against ``/digests`` as it is read (:meth:`h5forge.read.state.ProcessState.check`).
+Decoded fixed-size samples land in one buffer per batch, one ``pread`` per run of touching
+samples locally, few coalesced range requests remotely (:mod:`h5forge.asset.coalesce`);
+samples of varying size get a buffer each; encoded ones are decoded lazily, as the caller
+iterates. With ``verify_reads`` every sample's sha256 is checked against ``/digests`` as it is
+read (:meth:`h5forge.read.state.ProcessState.check`).
 """
 
 from __future__ import annotations

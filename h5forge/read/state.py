@@ -20,6 +20,7 @@ from h5forge.asset.index import check_index, load_index
 from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.asset.ranges import RangeReader
 from h5forge.errors import IntegrityError
+from h5forge.read.cache import FileCache
 
 __all__ = ["ProcessState", "open_state"]
 
@@ -83,7 +84,8 @@ class ProcessState:
             self.images = self.opened.h5[fmt.IMAGES]  # compressed: reads go through HDF5
         else:
             try:
-                self.reader = RangeReader(url, storage_options)
+                size = self.opened.h5.id.get_filesize()  # checked against the object's size
+                self.reader = RangeReader(url, storage_options, size=size)
                 if not _same_file(self.opened.h5, self.reader):
                     self.reader.close()
                     raise _Replaced(url)
@@ -116,19 +118,43 @@ class ProcessState:
 
 
 def open_state(
-    url: str, storage_options: dict[str, Any] | None, want_digests: bool, max_pixels: int
+    url: str,
+    storage_options: dict[str, Any] | None,
+    want_digests: bool,
+    max_pixels: int,
+    cache: FileCache | None = None,
+    sha256: str = "",
 ) -> ProcessState:
     """This process's :class:`ProcessState` for ``url``, opened again if a publish replaced the
     file while it was being opened.
+
+    With ``cache``, a remote ``url`` is read from its validated local copy
+    (:meth:`h5forge.read.cache.FileCache.local_copy`, ``sha256`` the pinned version's), and the
+    copy opened must be the inode that was validated (an eviction or refetch in between opens
+    it again). ``url`` is still the one messages name.
 
     Raises:
         IntegrityError: the file was replaced 3 times in a row, or is damaged.
     """
     for _ in range(3):
+        pinned = cache.local_copy(url, storage_options, sha256) if cache is not None else None
         try:
-            return ProcessState(url, storage_options, want_digests, max_pixels)
+            if pinned is None:
+                return ProcessState(url, storage_options, want_digests, max_pixels)
+            st = ProcessState(pinned.path, None, want_digests, max_pixels)
         except _Replaced:
             continue
+        except FileNotFoundError:
+            if pinned is None:
+                raise
+            continue  # evicted between its check and this open
+        fd = st.reader.fd if st.reader is not None else st.opened.h5.id.get_vfd_handle()
+        seen = os.fstat(int(fd)) if fd is not None else None
+        if seen is None or (seen.st_dev, seen.st_ino) != pinned.inode:
+            st.close()
+            continue
+        st.url = url
+        return st
     raise IntegrityError(
         f"{url} was replaced 3 times while being opened; open it "
         "again once it is no longer being published"

@@ -97,6 +97,7 @@ def test_pickles_as_url_and_options_only(packed_decoded: PackResult) -> None:
         "storage_options",
         "verify_reads",
         "max_pixels",
+        "cache",
     }
     clone = pickle.loads(pickle.dumps(ds))
     assert len(clone) == len(ds)

@@ -1,0 +1,198 @@
+"""Remote byte ranges in few large requests: coalescing, aligned read-ahead blocks, counters.
+
+A remote read pays a fixed cost per request (latency, the server's per-request work) besides
+its bytes, so :class:`RemoteRanges` plans a batch's reads in three steps:
+
+1. **Kept blocks first.** Aligned blocks of ``block_bytes`` fetched earlier (up to
+   ``keep_bytes`` of them, least recently used dropped first) serve every range they hold.
+2. **Coalesce** the rest (:func:`coalesce`): two ranges closer than ``max_gap`` bytes share one
+   request (the gap is read and counted as over-read), up to ``max_request`` bytes a request.
+3. **Read ahead**: an aligned block that a request would read at least half of anyway is
+   fetched whole and kept. With a block shuffle (:func:`h5forge.read.order.epoch_order` with
+   ``block_size``) a batch's samples crowd a few blocks, so its first batch fetches the blocks
+   and the next batches of the window find their samples kept; with a uniform shuffle samples
+   are far apart, nothing is rounded up, and each is fetched exactly.
+
+All requests of a batch go out at once (fsspec ``cat_ranges``: concurrent, over the process's
+kept-alive connection pool). :class:`ReadStats` counts requests, bytes and over-read; over-read
+is at most ``max_gap`` per merged gap plus the rest of a block at least half read.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DEFAULT_BLOCK_BYTES",
+    "DEFAULT_KEEP_BYTES",
+    "DEFAULT_MAX_GAP",
+    "DEFAULT_MAX_REQUEST",
+    "ReadStats",
+    "RemoteRanges",
+    "coalesce",
+]
+
+# A gap is worth reading when it costs less than a request: at 20 ms per request and ~100 MB/s
+# per connection a request costs about 2 MB of transfer; 1 MiB keeps the over-read below that.
+DEFAULT_MAX_GAP = 1 << 20
+# Largest request a merge makes (a single range larger than this is still fetched whole).
+DEFAULT_MAX_REQUEST = 32 << 20
+# Read-ahead unit: aligned blocks this large, fetched whole when a request reads half of one.
+DEFAULT_BLOCK_BYTES = 8 << 20
+# Fetched blocks one reader keeps for later batches.
+DEFAULT_KEEP_BYTES = 64 << 20
+
+
+@dataclass
+class ReadStats:
+    """What one remote reader fetched: ``requests``, ``bytes`` (received), ``over_read`` (bytes
+    fetched beyond the wanted ranges), ``kept_hits`` (runs served from kept blocks alone)."""
+
+    requests: int = 0
+    bytes: int = 0
+    over_read: int = 0
+    kept_hits: int = 0
+
+
+def coalesce(
+    starts: Sequence[int], ends: Sequence[int], *, max_gap: int, max_request: int
+) -> list[tuple[int, int]]:
+    """Merge sorted, non-overlapping ``[starts[i], ends[i])`` into ``(start, end)`` requests.
+
+    Neighbours are merged while the gap between them is below ``max_gap`` and the request stays
+    within ``max_request`` bytes (a single larger range is one request of its own).
+    """
+    out: list[tuple[int, int]] = []
+    for a, b in zip(starts, ends, strict=True):
+        if out and a - out[-1][1] < max_gap and b - out[-1][0] <= max_request:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def check_size(name: str, value: int, minimum: int) -> int:
+    """``value`` if it is an int >= ``minimum`` (bytes), else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum} (bytes)")
+    return value
+
+
+# cat_ranges(starts, ends) -> one bytes object (or exception) per range.
+Fetch = Callable[[list[int], list[int]], list[Any]]
+
+
+class RemoteRanges:
+    """The remote half of :class:`h5forge.asset.ranges.RangeReader` (see the module docstring).
+
+    Args:
+        fetch: fetches ``[starts[i], ends[i])`` concurrently (fsspec ``cat_ranges``).
+        size: the file's size (blocks are clipped to it).
+        short: raises for a short read ``(offset, wanted, got)``.
+    """
+
+    def __init__(
+        self,
+        fetch: Fetch,
+        size: int,
+        short: Callable[[int, int, int], None],
+        *,
+        max_gap: int = DEFAULT_MAX_GAP,
+        max_request: int = DEFAULT_MAX_REQUEST,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+        keep_bytes: int = DEFAULT_KEEP_BYTES,
+    ) -> None:
+        self.max_gap = check_size("max_gap", max_gap, 0)
+        self.max_request = check_size("max_request", max_request, 1)
+        self.block_bytes = check_size("block_bytes", block_bytes, 1)
+        self.keep_bytes = check_size("keep_bytes", keep_bytes, 0)
+        self.stats = ReadStats()
+        self._fetch, self._size, self._short = fetch, size, short
+        self._kept: OrderedDict[int, bytes] = OrderedDict()  # block number -> its bytes
+
+    def read(self, starts: list[int], ends: list[int]) -> list[memoryview]:
+        """The bytes of each sorted, non-overlapping run ``[starts[i], ends[i])``."""
+        B = self.block_bytes
+        held = [
+            all(k in self._kept for k in range(a // B, (b - 1) // B + 1))
+            for a, b in zip(starts, ends, strict=True)
+        ]
+        self.stats.kept_hits += sum(held)
+        miss = [i for i, h in enumerate(held) if not h]
+        plan = coalesce(
+            [starts[i] for i in miss],
+            [ends[i] for i in miss],
+            max_gap=self.max_gap,
+            max_request=self.max_request,
+        )
+        whole: set[int] = set()
+        segments: list[tuple[int, int]] = []
+        for s, e in plan:
+            if self.keep_bytes < B:  # nothing could be kept: read exactly what is asked
+                segments.append((s, e))
+                continue
+            for k in range(s // B, (e - 1) // B + 1):
+                lo, hi = k * B, min((k + 1) * B, self._size)
+                if k not in self._kept and 2 * (min(e, hi) - max(s, lo)) >= hi - lo:
+                    whole.add(k)
+            # What whole or kept blocks leave of the request (its head and tail).
+            seg = s
+            for k in range(s // B, (e - 1) // B + 1):
+                lo, hi = max(s, k * B), min(e, (k + 1) * B)
+                if k in whole or k in self._kept:
+                    if seg < lo:
+                        segments.append((seg, lo))
+                    seg = hi
+            if seg < e:
+                segments.append((seg, e))
+        spans = [(k * B, min((k + 1) * B, self._size)) for k in sorted(whole)] + segments
+        fetched: list[tuple[int, int, bytes]] = []
+        if spans:
+            blobs = self._fetch([a for a, _ in spans], [b for _, b in spans])
+            for (a, b), blob in zip(spans, blobs, strict=True):
+                if isinstance(blob, BaseException):
+                    raise blob
+                if len(blob) != b - a:
+                    self._short(a, b - a, len(blob))
+                self.stats.requests += 1
+                self.stats.bytes += len(blob)
+                fetched.append((a, b, blob))
+            wanted = sum(ends[i] - starts[i] for i in miss)
+            self.stats.over_read += sum(b - a for a, b in spans) - wanted
+        out = [self._assemble(a, b, fetched) for a, b in zip(starts, ends, strict=True)]
+        # Kept after assembling, so an eviction cannot drop a block this batch needs; the
+        # whole blocks are the first ``len(whole)`` spans, in block order.
+        for k, (_, _, blob) in zip(sorted(whole), fetched, strict=False):
+            self._keep(k, blob)
+        return out
+
+    def _assemble(self, a: int, b: int, fetched: list[tuple[int, int, bytes]]) -> memoryview:
+        """The bytes ``[a, b)`` from kept blocks and this batch's fetched spans."""
+        parts: list[memoryview] = []
+        pos = a
+        while pos < b:
+            k = pos // self.block_bytes
+            blob = self._kept.get(k)
+            if blob is not None:
+                self._kept.move_to_end(k)
+                lo = k * self.block_bytes
+                end = min(b, lo + len(blob))
+                parts.append(memoryview(blob)[pos - lo : end - lo])
+            else:
+                found = [f for f in fetched if f[0] <= pos < f[1]]
+                if not found:  # the plan covers every run; this would be a bug, never data
+                    raise RuntimeError(f"no fetched span holds byte {pos}")
+                lo, hi, blob = found[0]
+                end = min(b, hi)
+                parts.append(memoryview(blob)[pos - lo : end - lo])
+            pos = end
+        return parts[0] if len(parts) == 1 else memoryview(b"".join(parts))
+
+    def _keep(self, k: int, blob: bytes) -> None:
+        self._kept[k] = blob
+        self._kept.move_to_end(k)
+        while len(self._kept) * self.block_bytes > self.keep_bytes:
+            self._kept.popitem(last=False)

@@ -1,0 +1,276 @@
+"""A verified local copy of a remote asset, kept in ``cache_dir`` for later epochs and jobs.
+
+``H5ImageDataset(url, cache_dir=...)`` reads a remote asset from a whole-file copy on local
+disk: the first process to need it downloads it, every later process (workers, epochs, other
+jobs on the machine) reads it with ``pread`` like a local file.
+
+- **Key**: the asset's identity, never its name alone: canonical URL, the sha256 of its
+  manifest (``NAME.h5.manifest.json``, written by publish) or of its pinned version, its size
+  and ETag. A replaced asset has a new key, so a stale copy is never served.
+- **Validated**: a download is hashed as it arrives and kept only when it matches the manifest's
+  sha256 and size; the entry records the copy's inode, size, mtime and ctime, and any later
+  change to the copy (a flipped byte is a write, which moves mtime and ctime) makes the next
+  open hash it again and, if it no longer matches, fetch it again. Per-sample checks on every
+  read are ``verify_reads=True``.
+- **Safe to share**: entries are folders carrying h5forge's marker (:mod:`h5forge.files`);
+  a download holds the entry's lock file (:func:`h5forge.locks.lock_file`), writes a fresh
+  exclusive temp name and renames it into place, so concurrent workers and jobs download once
+  and never see half a file. Nothing is followed through a link: a planted symlink is refused.
+- **Bounded**: ``limit_bytes`` for all entries; the least recently used ones are removed (under
+  the folder's lock) before a download that would pass it. An asset larger than the limit is
+  read remotely, uncached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import stat
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from h5forge.asset.open import is_local, url_to_fs
+from h5forge.errors import IntegrityError
+from h5forge.files import create_exclusive, is_ours, make_marked_dir, remove_tree, replace_file
+from h5forge.hashing import sha256_file
+from h5forge.locks import folder_lock, lock_file
+from h5forge.publish.manifest import load_manifest, manifest_url
+from h5forge.redact import canonical_url, redact_url
+
+__all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned"]
+
+log = logging.getLogger("h5forge.read.cache")
+
+DEFAULT_CACHE_LIMIT = 50 << 30
+_KIND = "read-cache"
+_ASSET, _RECORD = "asset.h5", "entry.json"
+_CHUNK = 8 << 20
+_RECORD_MAX = 64 << 10
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A validated local copy: its ``path`` and the ``(dev, ino)`` it was validated as."""
+
+    path: str
+    inode: tuple[int, int]
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+@dataclass(frozen=True)
+class FileCache:
+    """Whole-file copies of remote assets under ``root`` (see the module docstring).
+
+    Raises:
+        ValueError: ``root`` is a symlink, not a folder, or not writable; ``limit_bytes`` < 1.
+    """
+
+    root: str
+    limit_bytes: int = DEFAULT_CACHE_LIMIT
+
+    def __post_init__(self) -> None:
+        limit = self.limit_bytes
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"cache_limit={limit!r} must be an integer >= 1 (bytes)")
+        object.__setattr__(self, "root", os.path.abspath(os.fspath(self.root)))
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as e:
+            raise ValueError(
+                f"cache_dir={self.root!r} cannot be created ({e.strerror}); pass a folder this "
+                "user can write, or leave cache_dir unset to read remotely"
+            ) from e
+        st = os.lstat(self.root)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise ValueError(
+                f"cache_dir={self.root!r} is not a real folder (a symlink or a file); pass the "
+                "folder itself"
+            )
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise ValueError(
+                f"cache_dir={self.root!r} is not writable by this user; pass a folder this user "
+                "can write, or leave cache_dir unset to read remotely"
+            )
+
+    def local_copy(
+        self, url: str, storage_options: dict[str, Any] | None, sha256: str = ""
+    ) -> Pinned | None:
+        """The validated local copy of ``url``, downloaded on a miss; None when the asset is
+        local already or larger than the limit (then read it remotely).
+
+        Costs three requests on a hit (the object's size and ETag; its manifest's HEAD and GET).
+
+        Args:
+            sha256: the asset's full sha256 when known (a pinned version); else the manifest's.
+
+        Raises:
+            IntegrityError: the download does not match the manifest (the message says how).
+            ValueError: no manifest and no ``sha256``: nothing to validate a copy against.
+            UnsafePathError: the entry's name in ``cache_dir`` is taken by something not ours.
+        """
+        fs, path = url_to_fs(url, storage_options)
+        if is_local(fs):
+            return None
+        shown = redact_url(url)
+        info = fs.info(path)
+        size = int(info["size"])
+        manifest = load_manifest(fs, manifest_url(path), shown + ".manifest.json")
+        want = sha256 or (manifest["sha256"] if manifest else "")
+        if not want:
+            raise ValueError(
+                f"cache_dir needs {shown}'s manifest ({shown}.manifest.json, written by "
+                "publish) or a pinned version to validate a copy against; publish the asset "
+                "with h5forge, or leave cache_dir unset"
+            )
+        if manifest is not None and manifest["bytes"] != size:
+            raise IntegrityError(
+                f"{shown} has {size} bytes, its manifest records {manifest['bytes']}; the "
+                "asset is being republished or its manifest is stale — retry once it is done"
+            )
+        if size > self.limit_bytes:
+            log.info("%s (%d bytes) is larger than the cache limit; read remotely", shown, size)
+            return None
+        tag = str(info.get("ETag") or info.get("etag") or info.get("mtime") or "")
+        key = hashlib.sha256(f"{canonical_url(url)}\n{want}\n{size}\n{tag}".encode()).hexdigest()
+        entry = os.path.join(self.root, key[:32])
+        found = self._valid(entry, want, size)
+        if found is not None:
+            return found
+        with lock_file(entry + ".lock", target=f"the cache entry of {shown}"):
+            found = self._valid(entry, want, size)
+            if found is not None:
+                return found
+            self._evict(size, keep=entry)
+            return self._download(fs, path, shown, entry, want, size)
+
+    # --- entries -------------------------------------------------------------------------------
+    def _valid(self, entry: str, want: str, size: int) -> Pinned | None:
+        """The entry's copy if it is ours and unchanged since it was validated (or, if changed,
+        hashes to ``want`` again); a changed, mismatching entry is removed."""
+        if not os.path.lexists(entry):
+            return None
+        if not is_ours(entry, _KIND):
+            raise ValueError(
+                f"{entry} is in cache_dir but was not made by h5forge's cache (a link, or "
+                "someone else's folder); remove it, or use another cache_dir"
+            )
+        record = self._record(entry)
+        asset = os.path.join(entry, _ASSET)
+        try:
+            st = os.lstat(asset)
+        except FileNotFoundError:
+            return None
+        if record is None or record.get("sha256") != want or not stat.S_ISREG(st.st_mode):
+            log.warning("cache entry %s is incomplete or not ours; fetching it again", entry)
+            self._drop(entry)
+            return None
+        if record.get("stat") == _identity(st) and st.st_size == size:
+            self._touch(entry)
+            return Pinned(asset, (st.st_dev, st.st_ino))
+        if st.st_size == size and sha256_file(asset) == want:  # touched, yet still right
+            st = os.lstat(asset)
+            replace_file(
+                os.path.join(entry, _RECORD), json.dumps({**record, "stat": _identity(st)}).encode()
+            )
+            return Pinned(asset, (st.st_dev, st.st_ino))
+        log.warning("cache entry %s changed since it was validated; fetching it again", entry)
+        self._drop(entry)
+        return None
+
+    def _record(self, entry: str) -> dict[str, Any] | None:
+        try:
+            fd = os.open(os.path.join(entry, _RECORD), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return None
+        try:
+            raw = os.read(fd, _RECORD_MAX + 1)
+        finally:
+            os.close(fd)
+        try:
+            data = json.loads(raw) if len(raw) <= _RECORD_MAX else None
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) and data.get("format") == _KIND else None
+
+    def _touch(self, entry: str) -> None:
+        # The entry folder's mtime is its last use (LRU order); the copy's own times stay.
+        try:
+            os.utime(entry, follow_symlinks=False)
+        except OSError as e:  # a read-only shared cache still serves hits
+            log.debug("cannot mark %s as used: %s", entry, e)
+
+    def _drop(self, entry: str) -> None:
+        asset = os.path.join(entry, _ASSET)
+        if os.path.lexists(asset):
+            os.unlink(asset)
+        with_record = os.path.join(entry, _RECORD)
+        if os.path.lexists(with_record):
+            os.unlink(with_record)
+
+    def _download(self, fs: Any, path: str, shown: str, entry: str, want: str, size: int) -> Pinned:
+        if not os.path.lexists(entry):
+            make_marked_dir(entry, _KIND)
+        part = os.path.join(entry, f".{_ASSET}.part-{secrets.token_hex(6)}")
+        fd = create_exclusive(part, 0o644)
+        try:
+            h, got = hashlib.sha256(), 0
+            with (
+                os.fdopen(fd, "wb") as out,
+                fs.open(path, "rb", block_size=_CHUNK, cache_type="none") as src,
+            ):
+                while got <= size:
+                    block = src.read(min(_CHUNK, size + 1 - got))
+                    if not block:
+                        break
+                    h.update(block)
+                    out.write(block)
+                    got += len(block)
+                out.flush()
+                os.fsync(out.fileno())
+            if got != size or h.hexdigest() != want:
+                raise IntegrityError(
+                    f"{shown}: downloaded {got} bytes with sha256 {h.hexdigest()}; expected "
+                    f"{size} bytes with sha256 {want} (its manifest or version); the asset is "
+                    "being replaced or damaged — retry, or run `h5forge verify` on it"
+                )
+            os.replace(part, os.path.join(entry, _ASSET))
+        finally:
+            if os.path.lexists(part):
+                os.unlink(part)
+        st = os.lstat(os.path.join(entry, _ASSET))
+        record = {"format": _KIND, "url": shown, "sha256": want, "stat": _identity(st)}
+        replace_file(os.path.join(entry, _RECORD), json.dumps(record).encode())
+        self._touch(entry)
+        return Pinned(os.path.join(entry, _ASSET), (st.st_dev, st.st_ino))
+
+    def _evict(self, incoming: int, keep: str) -> None:
+        """Remove least recently used entries until ``incoming`` more bytes fit the limit."""
+        with folder_lock(self.root):
+            entries = []
+            with os.scandir(self.root) as it:
+                for e in it:
+                    if e.is_symlink() or not e.is_dir(follow_symlinks=False) or e.path == keep:
+                        continue
+                    if not is_ours(e.path, _KIND):
+                        continue  # not ours: never counted, never removed
+                    try:
+                        asset = os.lstat(os.path.join(e.path, _ASSET)).st_size
+                    except FileNotFoundError:
+                        asset = 0
+                    entries.append((e.stat(follow_symlinks=False).st_mtime_ns, asset, e.path))
+            total = sum(a for _, a, _ in entries)
+            for _, asset, path in sorted(entries):
+                if total + incoming <= self.limit_bytes:
+                    break
+                # A reader holding the copy open keeps reading it (POSIX); new ones refetch.
+                with lock_file(path + ".lock", target=f"the cache entry {path}"):
+                    remove_tree(path)
+                total -= asset
+                log.info("evicted %s (%d bytes) from the cache at %s", path, asset, time.ctime())
