@@ -8,10 +8,10 @@ jobs on the machine) reads it with ``pread`` like a local file.
   manifest (``NAME.h5.manifest.json``, written by publish) or of its pinned version, its size
   and ETag. A replaced asset has a new key, so a stale copy is never served.
 - **Validated**: a download is hashed as it arrives and kept only when it matches the manifest's
-  sha256 and size; the entry records the copy's inode, size, mtime and ctime, and any later
-  change to the copy (a flipped byte is a write, which moves mtime and ctime) makes the next
-  open hash it again and, if it no longer matches, fetch it again. Per-sample checks on every
-  read are ``verify_reads=True``.
+  sha256 and size; the entry records the copy's inode, size, mtime and ctime, and a later change
+  (a flipped byte is a write: it moves mtime and ctime) makes the next open hash it again and,
+  on a mismatch, fetch it again. The dataset's workers get the main process's check pickled and
+  ask the server nothing (:meth:`FileCache.local_copy`). Per-sample checks: ``verify_reads``.
 - **Safe to share**: entries are folders carrying h5forge's marker (:mod:`h5forge.files`);
   a download holds the entry's lock file (:func:`h5forge.locks.lock_file`), writes a fresh
   exclusive temp name and renames it into place, so concurrent workers and jobs download once
@@ -30,7 +30,7 @@ import os
 import secrets
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from h5forge.asset.open import is_local, url_to_fs
@@ -54,14 +54,22 @@ _RECORD_MAX = 64 << 10
 
 @dataclass(frozen=True)
 class Pinned:
-    """A validated local copy: its ``path`` and the ``(dev, ino)`` it was validated as."""
+    """A validated local copy: ``path``, the ``sha256`` it matched, its ``stat`` then."""
 
     path: str
-    inode: tuple[int, int]
+    sha256: str
+    stat: tuple[int, ...]  # (dev, inode, size, mtime_ns, ctime_ns)
 
 
 def _identity(st: os.stat_result) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,11 @@ class FileCache:
 
     root: str
     limit_bytes: int = DEFAULT_CACHE_LIMIT
+    # Copies this object validated, by (canonical URL, sha256 asked for); pickled with it, so
+    # DataLoader workers reuse the main process's check (see local_copy).
+    pins: dict[tuple[str, str], Pinned | None] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         limit = self.limit_bytes
@@ -105,7 +118,10 @@ class FileCache:
         """The validated local copy of ``url``, downloaded on a miss; None when the asset is
         local already or larger than the limit (then read it remotely).
 
-        Costs three requests on a hit (the object's size and ETag; its manifest's HEAD and GET).
+        Costs three requests on a hit (the object's size and ETag; its manifest's HEAD and GET)
+        the first time; later calls on this object or its pickled copies (DataLoader workers)
+        ask nothing: the copy validated is served while its inode, size, mtime and ctime are
+        unchanged, hashed again if they changed (a mismatch or a missing copy asks the server).
 
         Args:
             sha256: the asset's full sha256 when known (a pinned version); else the manifest's.
@@ -115,9 +131,23 @@ class FileCache:
             ValueError: no manifest and no ``sha256``: nothing to validate a copy against.
             UnsafePathError: the entry's name in ``cache_dir`` is taken by something not ours.
         """
+        known = self.pins.get(key := (canonical_url(url), sha256))
+        if known is not None:
+            st = _lstat(known.path)
+            if st is not None and list(known.stat) == _identity(st):
+                return known  # no request: this object (or the one pickled here) checked it
+            known = self._valid(os.path.dirname(known.path), known.sha256, known.stat[2])
+            if known is not None:  # changed, yet it hashes to what was validated
+                self.pins[key] = known
+                return known
         fs, path = url_to_fs(url, storage_options)
         if is_local(fs):
             return None
+        self.pins[key] = found = self._check(fs, path, url, sha256)
+        return found
+
+    def _check(self, fs: Any, path: str, url: str, sha256: str) -> Pinned | None:
+        """:meth:`local_copy` asking the server: the object's identity, its manifest."""
         shown = redact_url(url)
         info = fs.info(path)
         size = int(info["size"])
@@ -161,11 +191,8 @@ class FileCache:
                 f"{entry} is in cache_dir but was not made by h5forge's cache (a link, or "
                 "someone else's folder); remove it, or use another cache_dir"
             )
-        record = self._record(entry)
-        asset = os.path.join(entry, _ASSET)
-        try:
-            st = os.lstat(asset)
-        except FileNotFoundError:
+        record, asset = self._record(entry), os.path.join(entry, _ASSET)
+        if (st := _lstat(asset)) is None:
             return None
         if record is None or record.get("sha256") != want or not stat.S_ISREG(st.st_mode):
             log.warning("cache entry %s is incomplete or not ours; fetching it again", entry)
@@ -173,13 +200,13 @@ class FileCache:
             return None
         if record.get("stat") == _identity(st) and st.st_size == size:
             self._touch(entry)
-            return Pinned(asset, (st.st_dev, st.st_ino))
+            return Pinned(asset, want, tuple(_identity(st)))
         if st.st_size == size and sha256_file(asset) == want:  # touched, yet still right
             st = os.lstat(asset)
             replace_file(
                 os.path.join(entry, _RECORD), json.dumps({**record, "stat": _identity(st)}).encode()
             )
-            return Pinned(asset, (st.st_dev, st.st_ino))
+            return Pinned(asset, want, tuple(_identity(st)))
         log.warning("cache entry %s changed since it was validated; fetching it again", entry)
         self._drop(entry)
         return None
@@ -189,10 +216,8 @@ class FileCache:
             fd = os.open(os.path.join(entry, _RECORD), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
             return None
-        try:
-            raw = os.read(fd, _RECORD_MAX + 1)
-        finally:
-            os.close(fd)
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(_RECORD_MAX + 1)
         try:
             data = json.loads(raw) if len(raw) <= _RECORD_MAX else None
         except ValueError:
@@ -207,12 +232,9 @@ class FileCache:
             log.debug("cannot mark %s as used: %s", entry, e)
 
     def _drop(self, entry: str) -> None:
-        asset = os.path.join(entry, _ASSET)
-        if os.path.lexists(asset):
-            os.unlink(asset)
-        with_record = os.path.join(entry, _RECORD)
-        if os.path.lexists(with_record):
-            os.unlink(with_record)
+        for name in (_ASSET, _RECORD):
+            if os.path.lexists(os.path.join(entry, name)):
+                os.unlink(os.path.join(entry, name))
 
     def _download(self, fs: Any, path: str, shown: str, entry: str, want: str, size: int) -> Pinned:
         if not os.path.lexists(entry):
@@ -248,7 +270,7 @@ class FileCache:
         record = {"format": _KIND, "url": shown, "sha256": want, "stat": _identity(st)}
         replace_file(os.path.join(entry, _RECORD), json.dumps(record).encode())
         self._touch(entry)
-        return Pinned(os.path.join(entry, _ASSET), (st.st_dev, st.st_ino))
+        return Pinned(os.path.join(entry, _ASSET), want, tuple(_identity(st)))
 
     def _evict(self, incoming: int, keep: str) -> None:
         """Remove least recently used entries until ``incoming`` more bytes fit the limit."""
@@ -258,12 +280,10 @@ class FileCache:
                 for e in it:
                     if e.is_symlink() or not e.is_dir(follow_symlinks=False) or e.path == keep:
                         continue
-                    if not is_ours(e.path, _KIND):
-                        continue  # not ours: never counted, never removed
-                    try:
-                        asset = os.lstat(os.path.join(e.path, _ASSET)).st_size
-                    except FileNotFoundError:
-                        asset = 0
+                    if not is_ours(e.path, _KIND):  # not ours: never counted, never removed
+                        continue
+                    found = _lstat(os.path.join(e.path, _ASSET))
+                    asset = found.st_size if found is not None else 0
                     entries.append((e.stat(follow_symlinks=False).st_mtime_ns, asset, e.path))
             total = sum(a for _, a, _ in entries)
             for _, asset, path in sorted(entries):

@@ -150,7 +150,7 @@ def open_state(
             continue  # evicted between its check and this open
         fd = st.reader.fd if st.reader is not None else st.opened.h5.id.get_vfd_handle()
         seen = os.fstat(int(fd)) if fd is not None else None
-        if seen is None or (seen.st_dev, seen.st_ino) != pinned.inode:
+        if seen is None or (seen.st_dev, seen.st_ino) != pinned.stat[:2]:
             st.close()
             continue
         st.url = url
