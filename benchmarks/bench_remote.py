@@ -7,7 +7,8 @@ gets the same pixels (a decoded 224 h5forge file; the peers' own formats written
 writers from it), a DataLoader with ``--workers`` workers and batch ``--batch-size``, one epoch:
 
 * **h5forge uniform / block**: ``ds.loader()`` over ``s3://`` with no cache, sampler a uniform
-  or a block shuffle (:func:`h5forge.read.order.epoch_order`, ``--block-size``, ``--window``);
+  or a block shuffle (:func:`h5forge.read.order.epoch_order`, ``--block-size``, ``--window``),
+  the block shuffle again with s3fs's pool raised to ``--pool`` connections per process;
 * **h5forge cold / warm cache**: ``cache_dir=`` empty (the download is timed) and filled;
 * **h5forge local**: the same file on local disk (the warm cache's target);
 * **Mosaic / LitData epoch 1 / 2**: their ``StreamingDataset`` over their shards on the same
@@ -62,6 +63,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--block-size", type=int, default=64, help="samples per shuffle block")
     p.add_argument("--window", type=int, default=4, help="blocks a batch draws from")
+    p.add_argument("--pool", type=int, default=32, help="s3fs max_pool_connections, one case")
     p.add_argument("--peers", default="mosaic,litdata", help="comma-separated; '' for none")
     args = p.parse_args()
     import s3fs
@@ -112,10 +114,13 @@ def main() -> None:
             block = epoch_order(n, seed=1, block_size=args.block_size, window=args.window).tolist()
             kw = {"num_workers": args.workers}
 
-            def ours(order: list[int], **ds_kw: Any) -> Callable[[], Any]:
-                return lambda: H5ImageDataset(url, storage_options=opts, **ds_kw).loader(
+            def ours(order: list[int], options: Any = opts, **ds_kw: Any) -> Callable[[], Any]:
+                return lambda: H5ImageDataset(url, storage_options=options, **ds_kw).loader(
                     args.batch_size, sampler=order, **kw
                 )
+
+            # s3fs's pool is 10 connections per process; a batch's read-ahead blocks can use more.
+            pooled = {**opts, "config_kwargs": {"max_pool_connections": args.pool}}
 
             def peer_loader(name: str, cache: Path) -> Callable[[], Any]:
                 def make() -> Any:
@@ -134,6 +139,7 @@ def main() -> None:
                 cases: list[tuple[str, Callable[[], Any]]] = [
                     ("h5forge, uniform shuffle, no cache", ours(uniform)),
                     ("h5forge, block shuffle, no cache", ours(block)),
+                    (f"h5forge, block shuffle, no cache, pool {args.pool}", ours(block, pooled)),
                     ("h5forge, cold cache (download timed)", ours(uniform, cache_dir=cache)),
                     ("h5forge, warm cache", ours(uniform, cache_dir=cache)),
                     (
@@ -208,7 +214,9 @@ def main() -> None:
     )
     peer_first = max((rate(f"{p}, epoch 1") for p in ("mosaic", "litdata")), default=0.0)
     first = max(
-        rate("h5forge, uniform shuffle, no cache"), rate("h5forge, block shuffle, no cache")
+        rate("h5forge, uniform shuffle, no cache"),
+        rate("h5forge, block shuffle, no cache"),
+        rate(f"h5forge, block shuffle, no cache, pool {args.pool}"),
     )
     lines = []
     if peer_first:

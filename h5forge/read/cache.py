@@ -30,6 +30,7 @@ import os
 import secrets
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,9 +150,11 @@ class FileCache:
     def _check(self, fs: Any, path: str, url: str, sha256: str) -> Pinned | None:
         """:meth:`local_copy` asking the server: the object's identity, its manifest."""
         shown = redact_url(url)
-        info = fs.info(path)
+        with ThreadPoolExecutor(1) as pool:  # the two requests overlap: one latency, not two
+            head = pool.submit(fs.info, path)
+            manifest = load_manifest(fs, manifest_url(path), shown + ".manifest.json")
+            info = head.result()
         size = int(info["size"])
-        manifest = load_manifest(fs, manifest_url(path), shown + ".manifest.json")
         want = sha256 or (manifest["sha256"] if manifest else "")
         if not want:
             raise ValueError(
