@@ -61,7 +61,9 @@ def main() -> None:
     p.add_argument("--bandwidth-mbps", type=float, default=800.0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--block-size", type=int, default=64, help="samples per shuffle block")
+    p.add_argument(
+        "--block-size", type=int, default=16, help="samples per shuffle block (x window = batch)"
+    )
     p.add_argument("--window", type=int, default=4, help="blocks a batch draws from")
     p.add_argument("--pool", type=int, default=32, help="s3fs max_pool_connections, one case")
     p.add_argument("--peers", default="mosaic,litdata", help="comma-separated; '' for none")
