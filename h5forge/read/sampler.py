@@ -68,7 +68,9 @@ class Sampler(torch.utils.data.Sampler[int]):
         seed: with the epoch, fixes the order (every rank must use the same seed).
         block_size: ``None`` for a uniform shuffle; else the block shuffle of
             :func:`~h5forge.read.order.epoch_order` (neighbouring samples read together).
-        window: blocks shuffled together, with ``block_size``.
+        window: blocks shuffled together, with ``block_size``. For remote reads choose
+            ``block_size * window == batch_size`` (e.g. 16 x 4 for 64): each batch is then one
+            window, a few range requests, and no two workers fetch the same bytes.
         rank, world_size: this process's rank and the number of ranks; by default taken from
             ``torch.distributed`` when it is initialised, else 0 and 1.
         drop_last: training: drop the tail so every rank gets ``(n - s) // W`` (see the module).
