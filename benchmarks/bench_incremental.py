@@ -12,9 +12,10 @@ Timed in the same run, interleaved, best of ``--repeat``, pack only (no Prefect,
 - no-op: the stat walk and the compare alone (there is no ``h5forge.fetch.fingerprint`` in
   this tree, so the fingerprint is this stat walk of the folder), which finds nothing changed.
 
-- floor: a kernel copy (``copy_file_range``) of the whole previous file, unchecked: what
-  moving the reused bytes once costs on this filesystem, the bound of any copy-based
-  incremental build (ext4 copies every byte; XFS and btrfs share blocks through the same call).
+- floor: a durable kernel copy (``copy_file_range``, then ``fsync``) of the whole previous
+  file, unchecked: what writing the reused bytes once costs on this disk, the bound of any
+  copy-based incremental build that commits its file (ext4 copies every byte; XFS and btrfs
+  share blocks through the same call).
 
 ``--layout encoded`` stores each image re-encoded as a JPEG (q90) after the same resize,
 instead of decoded pixels: about ten times fewer bytes to copy, the same decode and resize
@@ -119,6 +120,7 @@ def main() -> None:
             dst = os.open(tmp / "floor.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 RangeCopy()(src, dst, 0, 0, size)
+                os.fsync(dst)  # a pack commits its file: the copy is not done until it is durable
             finally:
                 os.close(src)
                 os.close(dst)
@@ -151,7 +153,9 @@ def main() -> None:
             rows.append([f"{name} ({changed})", f"{s:.3f}", f"**{ratio:.3f}x**", counts])
             rows[-1].append(verdict(ratio, TARGETS[name], at_most=True))
         fl = best(times["floor"])
-        rows.append(["floor: kernel copy of the previous file", f"{fl:.3f}", f"{fl / f_s:.3f}x"])
+        rows.append(
+            ["floor: durable kernel copy of the previous file", f"{fl:.3f}", f"{fl / f_s:.3f}x"]
+        )
         rows[-1] += ["—", "—"]
         report.add(f"Source: {what}. Config: {config.to_json()}; workers {args.workers or 'all'}.")
         report.add(table(["variant", "best s", "/ full", "samples reused", "target"], rows))
