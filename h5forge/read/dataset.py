@@ -8,13 +8,11 @@ records: ``preadv`` locally, a few coalesced range requests remotely (``asset.co
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from h5forge.asset import format as fmt
@@ -22,7 +20,7 @@ from h5forge.asset.index import AssetIndex
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
 from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
-from h5forge.read.loader import Loader, batch_loader
+from h5forge.read.loader import BatchLoading
 from h5forge.read.samples import read_batch, read_images
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.version import hint_versions, pin_version
@@ -30,7 +28,7 @@ from h5forge.read.version import hint_versions, pin_version
 __all__ = ["H5ImageDataset"]
 
 
-class H5ImageDataset(Dataset[tuple[Any, Any]]):
+class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
     """Images and labels from an h5forge file.
 
     Args:
@@ -245,55 +243,3 @@ class H5ImageDataset(Dataset[tuple[Any, Any]]):
             items = self.__getitems__(indices)
             return _batches.collate(items, slot=use_slots and in_worker, url=self.url)
         return read_batch(st, self._rows(indices), slot=use_slots and in_worker, shared=in_worker)
-
-    def loader(
-        self,
-        batch_size: int = 64,
-        *,
-        shuffle: bool = False,
-        sampler: Iterable[int] | None = None,
-        drop_last: bool = False,
-        generator: torch.Generator | None = None,
-        seed: int | None = None,
-        **dataloader_kwargs: Any,
-    ) -> Loader:
-        """A DataLoader that reads each batch with one :meth:`read_batch` call.
-
-        The fast way to feed training: ``for images, labels in ds.loader(64, shuffle=True,
-        num_workers=2): ...``. It is torch's own "automatic batching disabled" mode
-        (``batch_size=None`` over a ``BatchSampler``), so every DataLoader option works:
-        ``num_workers``, ``persistent_workers``, ``pin_memory``, ``prefetch_factor``,
-        ``multiprocessing_context``, ``worker_init_fn``.
-
-        The order is an :class:`h5forge.Sampler` (seeded, a new order each epoch, each rank of
-        a ``torch.distributed`` job its share); the :class:`~h5forge.read.loader.Loader`'s
-        ``state_dict()`` saved mid-epoch, loaded in a new job (any number of ranks), yields the
-        rest of that epoch.
-
-        Memory: each worker keeps up to 6 batch-sized buffers (``memfd``, shared with this
-        process; 9.6 MB each for 64 x 224 x 224 x 3) and reuses one once every tensor of the
-        batch it held is gone; if the consumer keeps more batches alive than that, further
-        batches get fresh shared memory, as with torch's own collate. See
-        :mod:`h5forge.read.batches`.
-
-        Args:
-            batch_size: samples per batch.
-            shuffle: a fresh random order each epoch; not with ``sampler``.
-            sampler: the order of the samples, e.g. ``Sampler(ds, exact=True, shuffle=False)``.
-            drop_last: drop the last batch when it is smaller than ``batch_size`` (and, across
-                ranks, the tail that does not divide evenly).
-            generator: draws the seed when ``seed`` is not given.
-            seed: the Sampler's seed (default 0, or drawn from ``generator``).
-            **dataloader_kwargs: passed to ``torch.utils.data.DataLoader``.
-        """
-        return batch_loader(
-            self,
-            functools.partial(self._read_batch, use_slots=True),
-            batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            drop_last=drop_last,
-            generator=generator,
-            seed=seed,
-            **dataloader_kwargs,
-        )

@@ -9,13 +9,11 @@ asset's share with one ``read_into``; others through ``__getitems__``. Mixing: `
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from h5forge.errors import IntegrityError
@@ -23,7 +21,7 @@ from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
 from h5forge.read.asset_list import AssetSource, parse_sources, read_asset_manifest, union_classes
 from h5forge.read.dataset import H5ImageDataset
-from h5forge.read.loader import Loader, batch_loader
+from h5forge.read.loader import BatchLoading
 from h5forge.read.mixing import select_subset
 from h5forge.read.state import ProcessState, open_state
 from h5forge.redact import redact_url
@@ -42,7 +40,7 @@ class _Handles:
         self.labels = np.zeros(total, dtype=np.int64)
 
 
-class H5MultiDataset(Dataset[tuple[Any, Any]]):
+class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
     """Several h5forge assets as one map-style Dataset: images and labels, one global index.
 
     Args:
@@ -272,28 +270,3 @@ class H5MultiDataset(Dataset[tuple[Any, Any]]):
             return direct
         slot = use_slots and get_worker_info() is not None
         return _batches.collate(self.__getitems__(indices), slot=slot, url=self.name)
-
-    def loader(
-        self,
-        batch_size: int = 64,
-        *,
-        shuffle: bool = False,
-        sampler: Iterable[int] | None = None,
-        drop_last: bool = False,
-        generator: torch.Generator | None = None,
-        seed: int | None = None,
-        **dataloader_kwargs: Any,
-    ) -> Loader:
-        """One :meth:`read_batch` per batch, as :meth:`H5ImageDataset.loader` does (same
-        arguments). Mixing: ``sampler=MixingSampler(ds, ...)`` (:mod:`h5forge.read.mixing`)."""
-        return batch_loader(
-            self,
-            functools.partial(self._read_batch, use_slots=True),
-            batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            drop_last=drop_last,
-            generator=generator,
-            seed=seed,
-            **dataloader_kwargs,
-        )
