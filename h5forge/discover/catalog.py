@@ -32,9 +32,22 @@ from h5forge.discover.manifest import read_rows
 from h5forge.discover.rows import check_file, check_label_range, check_path
 from h5forge.errors import EmptyDatasetError
 from h5forge.paths import MAX_DEPTH, resolve
+from h5forge.targets.schema import Schema
 from h5forge.text import printable
 
-__all__ = ["IMAGE_EXTENSIONS", "MAX_DEPTH", "SPLIT_NAMES", "Catalog", "Sample", "discover"]
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "MAX_DEPTH",
+    "SPLIT_NAMES",
+    "UNLABELLED",
+    "Catalog",
+    "Sample",
+    "discover",
+]
+
+#: The one class of a source that gives no image-level class (COCO, a segmentation folder):
+#: every sample has label 0, named this.
+UNLABELLED = "unlabelled"
 
 
 @dataclass(frozen=True)
@@ -46,12 +59,15 @@ class Sample:
         relpath: POSIX path relative to the dataset root (what the file records).
         label: class index, ``0..K-1``.
         split: split name, ``""`` when the dataset has no splits.
+        targets: the raw target values, one per column of :attr:`Catalog.schema` in its order
+            (checked by :func:`h5forge.targets.schema.check_value`); ``()`` without a schema.
     """
 
     path: str
     relpath: str
     label: int
     split: str
+    targets: tuple[object, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,11 @@ class Catalog:
         classes: class names; label ``i`` is ``classes[i]``.
         splits: split names present, in ``SPLIT_NAMES`` order; ``()`` when there are none.
         skipped: reason -> number of entries left out.
+        schema: the target columns every sample carries besides its class
+            (:mod:`h5forge.targets`); ``()``: class only.
+        rejected: ``(relpath, reason)`` of source entries quarantined while discovering (a bad
+            target value, a missing mask): the pack records them with the images it
+            quarantines.
     """
 
     root: str
@@ -72,6 +93,8 @@ class Catalog:
     classes: tuple[str, ...]
     splits: tuple[str, ...]
     skipped: dict[str, int]
+    schema: Schema = ()
+    rejected: tuple[tuple[str, str], ...] = ()
 
     def counts(self) -> dict[str, dict[str, int]]:
         """``{split: {class: samples}}``; the split is ``""`` when there are none."""

@@ -9,7 +9,3 @@ masks with the image (EXIF orientation, resize, crop); :mod:`h5forge.targets.sto
 sample's values into the bytes each column stores, writes the columns into ``/targets`` and
 reads them back. ``docs/FORMAT.md`` (format version 2) is the normative layout.
 """
-
-from h5forge.targets.schema import KINDS, Column, Schema, parse_schema, schema_json
-
-__all__ = ["KINDS", "Column", "Schema", "parse_schema", "schema_json"]
