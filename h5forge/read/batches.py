@@ -34,6 +34,7 @@ __all__ = [
     "SlotBatch",
     "SlotRef",
     "acquire",
+    "check_one_size",
     "collate",
     "collect",
     "make_batch",
@@ -124,15 +125,25 @@ class SlotRef:
 class SlotBatch(tuple):
     """``(images, labels)`` living in a slot: pickles as the slot, unpickles as
     ``[images, labels]`` over the slot's memory (what torch's ``default_convert`` makes of a
-    pair)."""
+    pair). With ``targets`` (``has_targets``), the second item is those instead of the labels,
+    pickled the usual way (tensors through shared memory)."""
 
     ref: SlotRef
     layout: tuple[tuple[int, ...], int, int]  # (N, H, W, C), label offset, label count
+    has_targets: bool = False
+    targets: Any = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         from multiprocessing.reduction import DupFd
 
-        return _rebuild, (DupFd(self.ref.fd), self.ref.capacity, self.ref.nbytes, self.layout)
+        fd = DupFd(self.ref.fd)
+        return _rebuild, (fd, self.ref.capacity, self.ref.nbytes, self.layout, *self._targets())
+
+    def _targets(self) -> tuple[Any, ...]:
+        return (self.targets,) if self.has_targets else ()
+
+
+_LABELS: Any = object()  # Batch.result's default: the labels are the batch's second item
 
 
 def make_batch(
@@ -140,9 +151,12 @@ def make_batch(
     labels: torch.Tensor,
     ref: SlotRef,
     layout: tuple[tuple[int, ...], int, int],
+    targets: Any = _LABELS,
 ) -> SlotBatch:
-    batch = SlotBatch((images, labels))
+    has_targets = targets is not _LABELS
+    batch = SlotBatch((images, targets if has_targets else labels))
     batch.ref, batch.layout = ref, layout
+    batch.has_targets, batch.targets = has_targets, targets if has_targets else None
     return batch
 
 
@@ -152,8 +166,8 @@ def _free(mapping: mmap.mmap) -> None:
 
 
 def _rebuild(
-    dup: Any, capacity: int, nbytes: int, layout: tuple[tuple[int, ...], int, int]
-) -> list[torch.Tensor]:
+    dup: Any, capacity: int, nbytes: int, layout: tuple[tuple[int, ...], int, int], *targets: Any
+) -> list[Any]:
     fd = dup.detach()
     try:
         mapping = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED)
@@ -162,7 +176,8 @@ def _rebuild(
     array = np.frombuffer(mapping, np.uint8, nbytes, _HEADER)
     # Runs when torch drops the buffer: no tensor of this batch is left, the slot is free.
     weakref.finalize(array, _free, mapping)
-    return list(views(torch.frombuffer(array, dtype=torch.uint8), layout))
+    images, labels = views(torch.frombuffer(array, dtype=torch.uint8), layout)
+    return [images, targets[0] if targets else labels]
 
 
 def views(
@@ -201,11 +216,12 @@ class Batch:
         if self.ref is not None:
             self.ref.release()
 
-    def result(self) -> Any:
-        """A :class:`SlotBatch` when in a slot, else the pair ``(images, labels)``."""
+    def result(self, targets: Any = _LABELS) -> Any:
+        """A :class:`SlotBatch` when in a slot, else the pair ``(images, labels)``; with
+        ``targets``, they are the second item instead of the labels."""
         if self.ref is None:
-            return self.images, self.labels
-        return make_batch(self.images, self.labels, self.ref, self.layout)
+            return self.images, self.labels if targets is _LABELS else targets
+        return make_batch(self.images, self.labels, self.ref, self.layout, targets)
 
 
 def collect(items: list[tuple[Any, Any]]) -> Any:
@@ -259,7 +275,17 @@ def collate(items: list[tuple[Any, Any]], *, slot: bool, url: str) -> Any:
         return batch
     from torch.utils.data import default_collate
 
-    shapes = {tuple(image.shape) for image, _ in items if isinstance(image, torch.Tensor)}
+    check_one_size([image for image, _ in items], url=url)
+    return default_collate(items)
+
+
+def check_one_size(images: list[Any], *, url: str) -> None:
+    """Refuse a batch whose image tensors differ in size (they cannot be stacked).
+
+    Raises:
+        ValueError: saying what to do.
+    """
+    shapes = {tuple(image.shape) for image in images if isinstance(image, torch.Tensor)}
     if len(shapes) > 1:
         a, b = sorted(shapes)[:2]
         raise ValueError(
@@ -267,4 +293,3 @@ def collate(items: list[tuple[Any, Any]], *, slot: bool, url: str) -> Any:
             f"{' x '.join(map(str, b))}), so they cannot be stacked; give H5ImageDataset a "
             "transform that resizes or crops to one size, or pack with a resize policy"
         )
-    return default_collate(items)

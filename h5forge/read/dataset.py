@@ -21,15 +21,16 @@ from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
 from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
 from h5forge.read.loader import BatchLoading
-from h5forge.read.samples import read_batch, read_images
+from h5forge.read.samples import read_batch, read_images, read_with_targets
 from h5forge.read.state import ProcessState, open_state
+from h5forge.read.targets import CLASS
 from h5forge.read.version import hint_versions, pin_version
 
 __all__ = ["H5ImageDataset"]
 
 
 class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
-    """Images and labels from an h5forge file.
+    """Images and their targets (by default the class label) from an h5forge file.
 
     Args:
         url: local path or fsspec URL (``s3://bucket/x.h5``, ``memory://...``) of a sealed file;
@@ -38,8 +39,16 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             once, here (:mod:`h5forge.read.version`); ``url`` becomes that version's file, never
             written over, so workers and later epochs read it even after a new publish.
         split: only samples of this split (e.g. ``"train"``); ``None`` for all.
+        target: what each sample comes with: ``"class"`` (the integer label), a target
+            column's name, a kind (``"multilabel"``, ``"boxes"``, ``"mask"``, ``"text"``,
+            ``"number"``: the file's one column of that kind) or a list of those (a dict per
+            sample). Values, ``tv_tensors`` and batching: :mod:`h5forge.read.targets`.
+        multilabel: a multilabel column as a ``"multihot"`` float32 vector or as
+            ``"indices"``, its class indices.
         transform: applied to the ``uint8`` C x H x W tensor.
-        target_transform: applied to the integer label.
+        target_transform: applied to the target (the integer label by default).
+        transforms: applied to ``(image, target)`` after those two, returning the pair: e.g. a
+            ``torchvision.transforms.v2`` pipeline, which moves boxes and masks with the image.
         storage_options: passed to fsspec for remote URLs (credentials, endpoint).
         verify_reads: check each sample's sha256 as it is read; an ``IntegrityError`` names the
             sample. Without it a flipped byte in an uncompressed sample is returned as is (run
@@ -58,7 +67,9 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         IntegrityError: the file is damaged or refers outside itself (the message says how).
         MissingExtraError: the file is compressed with a codec that needs ``hdf5plugin``.
         FileNotFoundError: no such file, pointer (``latest``) or version.
-        ValueError: ``split`` is not in the file, or ``max_pixels`` or ``version`` is invalid.
+        ValueError: ``split`` is not in the file, ``target`` names no column of it (the message
+            lists its columns) or the file has none, or ``max_pixels`` or ``version`` is
+            invalid. All raised here, in the constructing process, before any worker starts.
 
     Attributes:
         url: the file read; version: its full sha256 ("" when opened by ``url`` alone).
@@ -70,8 +81,11 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         *,
         version: str | None = None,
         split: str | None = None,
+        target: str | Sequence[str] = CLASS,
+        multilabel: str = "multihot",
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
+        transforms: Callable[[Any, Any], tuple[Any, Any]] | None = None,
         storage_options: dict[str, Any] | None = None,
         verify_reads: bool = False,
         max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -84,8 +98,11 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             )
         self.max_pixels = max_pixels
         self.split = split
+        self.target = list(target) if isinstance(target, (list, tuple)) else target
+        self.multilabel = multilabel
         self.transform = transform
         self.target_transform = target_transform
+        self.transforms = transforms
         self.storage_options = dict(storage_options or {})
         self.url, self.version = pin_version(os.fspath(url), version, self.storage_options)
         self.verify_reads = verify_reads
@@ -103,8 +120,11 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             "url",
             "version",
             "split",
+            "target",
+            "multilabel",
             "transform",
             "target_transform",
+            "transforms",
             "storage_options",
             "verify_reads",
             "max_pixels",
@@ -133,6 +153,8 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             self.max_pixels,
             self.cache,
             self.version,
+            self.target,
+            self.multilabel,
         )
         if self._indices is None:
             self._select(st.index)
@@ -194,24 +216,33 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             )
         return cast(list[int], self._indices[where].tolist())
 
+    def _transformed(self) -> bool:
+        return any(t is not None for t in (self.transform, self.target_transform, self.transforms))
+
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
         st = self._open()
         rows = self._rows(indices)
-        images = read_images(st, rows, max_pixels=self.max_pixels)
-        labels = st.index.labels[rows].tolist()
-        if self.transform is None and self.target_transform is None:
-            return list(zip(images, labels, strict=True))
+        if st.selection.columns or st.selection.as_dict:
+            images, targets = read_with_targets(st, rows, max_pixels=self.max_pixels)
+        else:
+            images = read_images(st, rows, max_pixels=self.max_pixels)
+            targets = st.index.labels[rows].tolist()
+        if not self._transformed():
+            return list(zip(images, targets, strict=True))
         out = []
-        for image, label in zip(images, labels, strict=True):
+        for image, target in zip(images, targets, strict=True):
             if self.transform is not None:
                 image = self.transform(image)
             if self.target_transform is not None:
-                label = self.target_transform(label)
-            out.append((image, label))
+                target = self.target_transform(target)
+            if self.transforms is not None:
+                image, target = self.transforms(image, target)
+            out.append((image, target))
         return out
 
     def read_batch(self, indices: Sequence[int]) -> tuple[Any, Any]:
-        """A whole batch at once: ``(images, labels)`` as the DataLoader would collate them.
+        """A whole batch at once: ``(images, labels)`` as the DataLoader would collate them
+        (with ``target=``, ``(images, targets)``: :meth:`h5forge.read.targets.Selection.batch`).
 
         For a decoded fixed-size file without transforms, the batch is read straight into one
         ``B x C x H x W`` uint8 tensor whose memory is ``B x H x W x C``
@@ -234,12 +265,9 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         st = self._open()
         idx = st.index
         in_worker = get_worker_info() is not None
-        if (
-            idx.header.storage != "array"
-            or idx.filtered
-            or self.transform is not None
-            or self.target_transform is not None
-        ):
+        if idx.header.storage != "array" or idx.filtered or self._transformed():
             items = self.__getitems__(indices)
+            if st.selection.columns or st.selection.as_dict:
+                return st.selection.batch(items, url=self.url)
             return _batches.collate(items, slot=use_slots and in_worker, url=self.url)
         return read_batch(st, self._rows(indices), slot=use_slots and in_worker, shared=in_worker)

@@ -19,11 +19,18 @@ from h5forge.errors import IntegrityError
 from h5forge.read.batches import Batch
 from h5forge.read.state import ProcessState
 
-__all__ = ["fill", "read_batch", "read_images"]
+__all__ = ["Extra", "fill", "read_batch", "read_images", "read_with_targets"]
+
+#: More byte ranges to read in the same call as the images, and a buffer each (the target
+#: columns' values, :meth:`h5forge.read.target_reads.TargetReads.wanted`): remotely, ranges
+#: that lie close together are fetched with one request.
+Extra = tuple[list[tuple[int, int]], list[memoryview]]
+_NO_EXTRA: Extra = ([], [])
 
 
-def fill(st: ProcessState, rows: list[int], view: memoryview) -> None:
-    """Read the fixed-size samples of ``rows``, in order, into the contiguous bytes ``view``.
+def fill(st: ProcessState, rows: list[int], view: memoryview, extra: Extra = _NO_EXTRA) -> None:
+    """Read the fixed-size samples of ``rows``, in order, into the contiguous bytes ``view``
+    (and ``extra``'s ranges into its buffers).
 
     One ``read_into`` for the whole batch: ranges that touch are read with one call.
     """
@@ -32,28 +39,62 @@ def fill(st: ProcessState, rows: list[int], view: memoryview) -> None:
     assert idx.image_shape is not None
     size = int(np.prod(idx.image_shape))
     bufs = [view[k * size : (k + 1) * size] for k in range(len(rows))]
-    st.reader.read_into(idx.byte_ranges[rows].tolist(), bufs)
+    st.reader.read_into(idx.byte_ranges[rows].tolist() + extra[0], bufs + extra[1])
     st.check(bufs, rows)
 
 
 def read_batch(st: ProcessState, rows: list[int], *, slot: bool, shared: bool) -> Any:
     """The fixed-size, unfiltered samples of ``rows`` as one :class:`h5forge.read.batches.Batch`
     (pixels and labels in one buffer: one allocation, and one hand-over, per batch); returns
-    its :meth:`~h5forge.read.batches.Batch.result`."""
+    its :meth:`~h5forge.read.batches.Batch.result`. With target columns (``st.targets``),
+    their values are read in the same call and the batch's second item is their collated
+    targets (:meth:`h5forge.read.targets.Selection.collate`)."""
     idx = st.index
     assert idx.image_shape is not None
     batch = Batch(len(rows), idx.image_shape, slot=slot, shared=shared)
     try:
-        fill(st, rows, memoryview(batch.flat.numpy()).cast("B"))  # type: ignore[arg-type]
+        extra, bufs = (_NO_EXTRA, []) if st.targets is None else st.targets.wanted(rows)
+        fill(st, rows, memoryview(batch.flat.numpy()).cast("B"), extra)  # type: ignore[arg-type]
         batch.labels.numpy()[:] = idx.labels[rows]
+        if st.targets is None and not st.selection.as_dict:
+            return batch.result()
+        targets = st.selection.collate(_targets(st, rows, bufs))
     except BaseException:
         batch.release()
         raise
-    return batch.result()
+    return batch.result(targets)
 
 
-def read_images(st: ProcessState, rows: list[int], *, max_pixels: int) -> Iterable[Any]:
-    """The images of ``rows`` as uint8 C x H x W tensors (views of H x W x C pixels).
+def _targets(st: ProcessState, rows: list[int], bufs: list[memoryview]) -> list[Any]:
+    """Each row's target (:meth:`h5forge.read.targets.Selection.target`) from its label and
+    its columns' filled buffers."""
+    labels = st.index.labels[rows].tolist()
+    if st.targets is None:
+        return [st.selection.target(y, {}, (0, 0)) for y in labels]
+    values = st.targets.values(rows, bufs)
+    hw = st.targets.image_hw[rows].tolist()
+    return [
+        st.selection.target(y, v, (h, w)) for y, v, (h, w) in zip(labels, values, hw, strict=True)
+    ]
+
+
+def read_with_targets(
+    st: ProcessState, rows: list[int], *, max_pixels: int
+) -> tuple[Iterable[Any], list[Any]]:
+    """The images of ``rows`` (:func:`read_images`, as :meth:`Selection.image
+    <h5forge.read.targets.Selection.image>` hands them out) and their targets, the target
+    columns read in the same call as the images."""
+    extra, bufs = (_NO_EXTRA, []) if st.targets is None else st.targets.wanted(rows)
+    images = read_images(st, rows, max_pixels=max_pixels, extra=extra)
+    targets = _targets(st, rows, bufs)
+    return (st.selection.image(image) for image in images), targets
+
+
+def read_images(
+    st: ProcessState, rows: list[int], *, max_pixels: int, extra: Extra = _NO_EXTRA
+) -> Iterable[Any]:
+    """The images of ``rows`` as uint8 C x H x W tensors (views of H x W x C pixels);
+    ``extra``'s ranges are read into its buffers before this returns.
 
     Encoded images are decoded lazily, as the caller iterates: each is transformed (and
     usually shrunk) before the next is decoded, instead of a batch of full-size images
@@ -64,15 +105,20 @@ def read_images(st: ProcessState, rows: list[int], *, max_pixels: int) -> Iterab
         assert idx.image_shape is not None
         # The whole batch lands in one array.
         batch = np.empty((len(rows), *idx.image_shape), np.uint8)
-        fill(st, rows, batch.data.cast("B"))
+        fill(st, rows, batch.data.cast("B"), extra)
         return list(torch.from_numpy(batch).permute(0, 3, 1, 2).unbind(0))
-    arrays = _read_arrays(st, rows, max_pixels=max_pixels)
+    arrays = _read_arrays(st, rows, max_pixels=max_pixels, extra=extra)
     return (torch.from_numpy(a).permute(2, 0, 1) for a in arrays)
 
 
-def _read_arrays(st: ProcessState, rows: list[int], *, max_pixels: int) -> Iterable[np.ndarray]:
+def _read_arrays(
+    st: ProcessState, rows: list[int], *, max_pixels: int, extra: Extra
+) -> Iterable[np.ndarray]:
     idx = st.index
     if idx.filtered:
+        if extra[0]:
+            assert st.reader is not None, "a file with target columns has a range reader"
+            st.reader.read_into(*extra)
         arrays = []
         for r in rows:
             try:
@@ -89,7 +135,7 @@ def _read_arrays(st: ProcessState, rows: list[int], *, max_pixels: int) -> Itera
     ranges = idx.byte_ranges[rows].tolist()
     raw = [bytearray(n) for _, n in ranges]
     bufs = [memoryview(b) for b in raw]
-    st.reader.read_into(ranges, bufs)
+    st.reader.read_into(ranges + extra[0], bufs + extra[1])
     st.check(bufs, rows)
     assert idx.shapes is not None
     if idx.header.layout == "decoded":

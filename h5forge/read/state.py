@@ -21,6 +21,9 @@ from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.asset.ranges import RangeReader
 from h5forge.errors import IntegrityError
 from h5forge.read.cache import FileCache
+from h5forge.read.target_reads import TargetReads
+from h5forge.read.targets import CLASS, select
+from h5forge.targets.schema import parse_schema
 
 __all__ = ["ProcessState", "open_state"]
 
@@ -57,7 +60,9 @@ def _same_file(h5: Any, reader: RangeReader) -> bool:
 
 
 class ProcessState:
-    """Per-process handles: index, range reader and (for filtered files) an HDF5 handle.
+    """Per-process handles: index, range reader and (for filtered files) an HDF5 handle;
+    ``selection`` (what ``target`` resolved to, :func:`h5forge.read.targets.select`) and
+    ``targets``, the columns it reads (None for ``"class"`` alone).
 
     Raises:
         _Replaced: the file changed identity while it was opened (:func:`open_state` opens
@@ -65,23 +70,52 @@ class ProcessState:
     """
 
     def __init__(
-        self, url: str, storage_options: dict[str, Any] | None, want_digests: bool, max_pixels: int
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None,
+        want_digests: bool,
+        max_pixels: int,
+        target: object = CLASS,
+        multilabel: str = "multihot",
     ):
         self.pid = os.getpid()
         self.url = url
         self.opened = open_h5(url, storage_options)
+        self.targets: TargetReads | None = None
         try:
-            self.index = load_index(self.opened.h5, where=url)
-            check_index(
-                self.index, self.opened.h5.id.get_filesize(), where=url, max_pixels=max_pixels
+            h5 = self.opened.h5
+            self.index = load_index(h5, where=url)
+            check_index(self.index, h5.id.get_filesize(), where=url, max_pixels=max_pixels)
+            self.digests = _digests(h5, url) if want_digests else None
+            schema = self.index.header.targets_json
+            self.selection = select(
+                target,
+                parse_schema(schema, where=url) if schema else (),
+                where=url,
+                multilabel=multilabel,
             )
-            self.digests = _digests(self.opened.h5, url) if want_digests else None
+            if self.selection.columns:
+                self.targets = TargetReads(
+                    h5,
+                    self.selection.columns,
+                    num_samples=self.index.header.num_samples,
+                    file_size=h5.id.get_filesize(),
+                    image_hw=_image_hw(self.index),
+                    want_digests=want_digests,
+                    where=url,
+                )
         except BaseException:
             self.opened.close()
             raise
         self.reader: RangeReader | None = None
         if self.index.filtered:
             self.images = self.opened.h5[fmt.IMAGES]  # compressed: reads go through HDF5
+            if self.targets is not None:  # target values are never filtered: by byte range
+                self.reader = RangeReader(url, storage_options, size=h5.id.get_filesize())
+                if not _same_file(h5, self.reader):
+                    self.reader.close()
+                    self.opened.close()
+                    raise _Replaced(url)
         else:
             try:
                 size = self.opened.h5.id.get_filesize()  # checked against the object's size
@@ -95,7 +129,7 @@ class ProcessState:
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
-        else:
+        if self.index.filtered or self.reader is None:
             self.opened.close()
 
     def check(self, bufs: Sequence[Any], rows: list[int]) -> None:
@@ -117,6 +151,14 @@ class ProcessState:
                 )
 
 
+def _image_hw(index: Any) -> np.ndarray:
+    """``(N, 2)`` (H, W) of every stored image."""
+    if index.image_shape is not None:
+        hw = np.asarray(index.image_shape[:2], np.int64)
+        return np.broadcast_to(hw, (index.header.num_samples, 2))
+    return np.asarray(index.shapes[:, :2], np.int64)
+
+
 def open_state(
     url: str,
     storage_options: dict[str, Any] | None,
@@ -124,6 +166,8 @@ def open_state(
     max_pixels: int,
     cache: FileCache | None = None,
     sha256: str = "",
+    target: object = CLASS,
+    multilabel: str = "multihot",
 ) -> ProcessState:
     """This process's :class:`ProcessState` for ``url``, opened again if a publish replaced the
     file while it was being opened.
@@ -140,8 +184,10 @@ def open_state(
         pinned = cache.local_copy(url, storage_options, sha256) if cache is not None else None
         try:
             if pinned is None:
-                return ProcessState(url, storage_options, want_digests, max_pixels)
-            st = ProcessState(pinned.path, None, want_digests, max_pixels)
+                return ProcessState(
+                    url, storage_options, want_digests, max_pixels, target, multilabel
+                )
+            st = ProcessState(pinned.path, None, want_digests, max_pixels, target, multilabel)
         except _Replaced:
             continue
         except FileNotFoundError:

@@ -1,0 +1,217 @@
+"""``target=`` of :class:`~h5forge.read.dataset.H5ImageDataset`: what a sample comes with, as
+torch values (torchvision ``tv_tensors`` where they apply), and how a batch of them is collated.
+
+``target`` is ``"class"`` (the default: the integer label, as in format version 1), a column's
+name, a kind word (``"multilabel"``, ``"boxes"``, ``"mask"``, ``"text"``, ``"number"``: the one
+column of that kind; a name wins over a kind word), or a list of those, which gives a dict
+``{key: value}`` keyed by ``"class"`` and the column names. What each gives:
+
+==============  ===============================================================================
+``class``       ``int``, the label
+``multilabel``  ``(len(classes),) float32`` multi-hot (``multilabel="multihot"``, the default;
+                what ``BCEWithLogitsLoss`` takes) or ``(k,) int64`` sorted class indices
+                (``multilabel="indices"``)
+``boxes``       ``{"boxes": (M, 4) float32 XYXY, absolute pixels of the stored image,
+                "labels": (M,) int64, "iscrowd": (M,) uint8}`` (torchvision's detection dict)
+``mask``        ``(H, W) uint8`` class ids, the image's size
+``text``        ``str``
+``number``      ``int`` or ``float`` (the column's dtype)
+==============  ===============================================================================
+
+With torchvision importable, ``boxes`` is a ``tv_tensors.BoundingBoxes(format="XYXY",
+canvas_size=(H, W))``, a mask a ``tv_tensors.Mask``, and, when a boxes or mask target is asked
+for, the image a ``tv_tensors.Image`` (C x H x W), so ``torchvision.transforms.v2`` transforms
+``(image, target)`` as is (flips, crops, ``SanitizeBoundingBoxes``). Without torchvision they
+are plain tensors of the same shapes.
+
+Batches (the loader's collate): fixed-size values stack — ``class`` and ``number`` as a
+``(B,)`` tensor, multi-hot ``(B, C)``, masks of one size ``(B, H, W)``; variable-length ones
+are lists of B — boxes dicts, index lists, text, masks of differing sizes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from h5forge.targets.schema import KINDS, MAX_COLUMNS, Column
+
+__all__ = ["CLASS", "MULTILABEL_FORMS", "Selection", "select", "tv_tensors"]
+
+CLASS = "class"
+MULTILABEL_FORMS = ("multihot", "indices")
+
+
+@functools.cache
+def tv_tensors() -> ModuleType | None:
+    """``torchvision.tv_tensors``, or None when torchvision is not installed."""
+    try:
+        from torchvision import tv_tensors as tv
+    except ImportError:
+        return None
+    return tv
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What ``target=`` resolved to in one file.
+
+    Attributes:
+        keys: ``"class"`` or column names, in the order asked.
+        columns: the columns to read (every key but ``"class"``), schema objects.
+        as_dict: a list was asked for: each target is a dict keyed by ``keys``.
+        multilabel: ``"multihot"`` or ``"indices"``.
+    """
+
+    keys: tuple[str, ...]
+    columns: tuple[Column, ...]
+    as_dict: bool
+    multilabel: str = "multihot"
+
+    @property
+    def spatial(self) -> bool:
+        """A boxes or mask column is asked for (the image comes as ``tv_tensors.Image``)."""
+        return any(c.kind in ("boxes", "mask") for c in self.columns)
+
+    def _kind(self, key: str) -> str:
+        if key == CLASS:
+            return CLASS
+        kind: str = next(c.kind for c in self.columns if c.name == key)
+        return f"multilabel:{self.multilabel}" if kind == "multilabel" else kind
+
+    def image(self, image: torch.Tensor) -> Any:
+        """The image as this selection hands it out."""
+        tv = tv_tensors() if self.spatial else None
+        return image if tv is None else tv.Image(image)
+
+    def target(self, label: int, values: dict[str, Any], canvas: tuple[int, int]) -> Any:
+        """One sample's target from its label and its columns' decoded values
+        (:meth:`h5forge.read.target_reads.TargetReads.values`); ``canvas`` its image's (H, W)."""
+        out = {k: label if k == CLASS else self._value(k, values[k], canvas) for k in self.keys}
+        return out if self.as_dict else out[self.keys[0]]
+
+    def _value(self, key: str, value: Any, canvas: tuple[int, int]) -> Any:
+        kind = self._kind(key)
+        tv = tv_tensors()
+        if kind == "multilabel:multihot":
+            size = len(next(c for c in self.columns if c.name == key).classes)
+            hot = torch.zeros(size, dtype=torch.float32)
+            hot[torch.from_numpy(value)] = 1.0
+            return hot
+        if kind == "multilabel:indices":
+            return torch.from_numpy(value)
+        if kind == "boxes":
+            t = torch.from_numpy(value)
+            xyxy = t[:, :4].contiguous()
+            boxes: Any = xyxy
+            if tv is not None:
+                boxes = tv.BoundingBoxes(xyxy, format="XYXY", canvas_size=canvas)
+            return {
+                "boxes": boxes,
+                "labels": t[:, 4].to(torch.int64),
+                "iscrowd": t[:, 5].to(torch.uint8),
+            }
+        if kind == "mask":
+            mask = torch.from_numpy(value)
+            return mask if tv is None else tv.Mask(mask)
+        return value  # text: str; number: int or float
+
+    def batch(self, items: Sequence[tuple[Any, Any]], *, url: str) -> tuple[Any, Any]:
+        """``(images, targets)`` of samples ``(image, target)``: the images stacked (plain
+        tensors; of one size, else a ValueError saying what to do), the targets collated.
+        """
+        from torch.utils.data import default_collate
+
+        from h5forge.read.batches import check_one_size
+
+        images = [image for image, _ in items]
+        check_one_size(images, url=url)
+        if all(isinstance(image, torch.Tensor) for image in images):
+            images = [image.as_subclass(torch.Tensor) for image in images]
+        return default_collate(images), self.collate([t for _, t in items])
+
+    def collate(self, targets: Sequence[Any]) -> Any:
+        """A batch of targets (see the module docstring)."""
+        if not self.as_dict:
+            return _batch(self._kind(self.keys[0]), list(targets))
+        return {k: _batch(self._kind(k), [t[k] for t in targets]) for k in self.keys}
+
+
+def _batch(kind: str, values: list[Any]) -> Any:
+    from torch.utils.data import default_collate
+
+    if kind in (CLASS, "number", "multilabel:multihot"):
+        try:
+            return default_collate(values)
+        except (TypeError, RuntimeError):  # a target_transform made them of differing shapes
+            return values
+    tensors = all(isinstance(v, torch.Tensor) for v in values)
+    if kind == "mask" and tensors and len({tuple(v.shape) for v in values}) == 1:
+        plain = [v.as_subclass(torch.Tensor) for v in values]
+        stacked = default_collate(plain)  # in shared memory inside a worker
+        tv = tv_tensors()
+        return stacked if tv is None else tv.Mask(stacked)
+    return values
+
+
+def _describe(schema: Sequence[Column]) -> str:
+    return ", ".join(f"{c.name!r} ({c.kind})" for c in schema)
+
+
+def select(
+    target: object, schema: Sequence[Column], *, where: str, multilabel: str = "multihot"
+) -> Selection:
+    """Resolve ``target`` (see the module docstring) against a file's schema.
+
+    Raises:
+        ValueError: ``target`` is not a word, a name or a list of them, names no column of
+            the file (the message lists the file's columns), names a kind with no or several
+            columns, or repeats one; a target other than ``"class"`` asked of a file without
+            target columns.
+    """
+    if multilabel not in MULTILABEL_FORMS:
+        raise ValueError(f"multilabel={multilabel!r} must be one of {MULTILABEL_FORMS}")
+    as_dict = isinstance(target, (list, tuple))
+    asked = list(target) if isinstance(target, (list, tuple)) else [target]
+    if not asked or len(asked) > MAX_COLUMNS + 1 or any(not isinstance(a, str) for a in asked):
+        raise ValueError(
+            f"target={target!r:.200} must be 'class', a column name, a kind "
+            f"({', '.join(KINDS)}) or a non-empty list of those"
+        )
+    by_name = {c.name: c for c in schema}
+    keys: list[str] = []
+    for a in asked:
+        if a == CLASS:
+            keys.append(CLASS)
+            continue
+        if not schema:
+            raise ValueError(
+                f"{where}: this asset has no target columns (format version 1), so "
+                f"target={a!r} cannot be read; only target='class' can. Pack it from a source "
+                "with target columns (a manifest with extra columns, COCO instances, or "
+                "images/ + masks/ folders) to read boxes, masks, labels lists, text or numbers"
+            )
+        if a in by_name:
+            keys.append(a)
+            continue
+        of_kind = [c for c in schema if c.kind == a]
+        if len(of_kind) != 1:
+            why = (
+                f"it has {len(of_kind)} {a} columns, name one"
+                if of_kind
+                else f"{a!r} is no column name or kind there"
+            )
+            raise ValueError(
+                f"{where}: target={a!r}: {why}; its columns are {_describe(schema)}; give "
+                "'class', a column name or a kind with one column"
+            )
+        keys.append(of_kind[0].name)
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"target={target!r}: asks for a column twice (as {keys})")
+    columns = tuple(by_name[k] for k in keys if k != CLASS)
+    return Selection(tuple(keys), columns, as_dict, multilabel)

@@ -1,0 +1,415 @@
+"""The reader's ``target=``: resolving it against a schema, the values it hands out, their
+batches, and the column index checked before any value is read (h5forge.read.targets,
+h5forge.read.target_reads)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from h5forge.asset.ranges import RangeReader
+from h5forge.errors import IntegrityError
+from h5forge.pack.config import PackConfig
+from h5forge.pack.writer import pack
+from h5forge.preprocess.config import ImageConfig
+from h5forge.publish.storage import publish
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.read.target_reads import TargetReads
+from h5forge.read.targets import select
+from h5forge.targets.geometry import Geometry
+from h5forge.targets.schema import Column
+from h5forge.targets.store import TargetSink, encode_targets
+from tests.vision.scenes import TAGS as SCENE_TAGS
+from tests.vision.scenes import write_scenes
+
+TAGS = Column("tags", "multilabel", classes=("a", "b", "c"))
+BOXES = Column("objects", "boxes", classes=("cat", "dog"))
+CAPTION = Column("caption", "text")
+SCORE = Column("score", "number", dtype="float64")
+COUNT = Column("count", "number", dtype="int64")
+
+
+def _mask_column(encoding: str = "raw") -> Column:
+    return Column("seg", "mask", encoding=encoding)
+
+
+SCHEMA = (TAGS, BOXES, _mask_column(), CAPTION, SCORE)
+H, W = 30, 40
+RNG = np.random.default_rng(0)
+MASKS = [RNG.integers(0, 4, (H, W), dtype=np.uint8) for _ in range(3)]
+RAWS = [
+    {
+        "tags": (0, 2),
+        "objects": ((1, 2, 30, 20, 1, 0),),
+        "seg": "m0",
+        "caption": "één",
+        "score": 0.5,
+    },
+    {"tags": (), "objects": (), "seg": "m1", "caption": "", "score": -2.0},
+    {
+        "tags": (1,),
+        "objects": ((0, 0, 40, 30, 0, 1), (5, 5, 6, 6, 1, 0)),
+        "seg": "m2",
+        "caption": "x" * 1000,
+        "score": 3.25,
+    },
+]
+
+
+def _png(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _write(path: Path, schema: tuple[Column, ...] = SCHEMA) -> Path:
+    files = {f"m{i}": _png(m) for i, m in enumerate(MASKS)}
+    sink = TargetSink(schema)
+    for raw in RAWS:
+        values = {c.name: raw[c.name] for c in schema}
+        sink.add(
+            encode_targets(
+                schema, values, Geometry((W, H)), read=files.__getitem__, max_pixels=H * W
+            )
+        )
+    with h5py.File(path, "w") as h5:
+        sink.write(h5)
+    return path
+
+
+def _reads(path: Path, schema=SCHEMA, *, digests: bool = False, hw=(H, W)) -> TargetReads:
+    with h5py.File(path, "r") as h5:
+        return TargetReads(
+            h5,
+            schema,
+            num_samples=len(RAWS),
+            file_size=path.stat().st_size,
+            image_hw=np.broadcast_to(np.asarray(hw, np.int64), (len(RAWS), 2)),
+            want_digests=digests,
+            where=str(path),
+        )
+
+
+def _read_values(path: Path, reads: TargetReads, rows: list[int]) -> list[dict]:
+    (ranges, bufs), every = reads.wanted(rows)
+    reader = RangeReader(str(path))
+    try:
+        reader.read_into(ranges, bufs)
+    finally:
+        reader.close()
+    return reads.values(rows, every)
+
+
+# --------------------------------------------------------------------------- select
+
+
+@pytest.mark.parametrize(
+    ("target", "keys", "as_dict"),
+    [
+        ("class", ("class",), False),
+        ("boxes", ("objects",), False),  # a kind word: the one column of that kind
+        ("objects", ("objects",), False),  # a column name
+        ("mask", ("seg",), False),
+        (["class", "mask", "caption"], ("class", "seg", "caption"), True),
+        (("number",), ("score",), True),
+    ],
+)
+def test_target_words_names_and_lists_resolve(target, keys, as_dict):
+    sel = select(target, SCHEMA, where="f.h5")
+    assert sel.keys == keys
+    assert sel.as_dict is as_dict
+    assert [c.name for c in sel.columns] == [k for k in keys if k != "class"]
+
+
+@pytest.mark.parametrize(
+    ("target", "schema", "message"),
+    [
+        ("boxs", SCHEMA, r"'boxs' is no column name or kind there; its columns are 'tags' "),
+        ("number", (SCORE, COUNT), "it has 2 number columns, name one; its columns are"),
+        ("text", (TAGS,), r"is no column name or kind there; its columns are 'tags' \(multilabel"),
+        ("boxes", (), "this asset has no target columns .* Pack it from a source with target"),
+        (["mask", "seg"], SCHEMA, "asks for a column twice"),
+        ([], SCHEMA, "non-empty list"),
+        (3, SCHEMA, "must be 'class', a column name"),
+    ],
+)
+def test_bad_targets_name_the_columns(target, schema, message):
+    with pytest.raises(ValueError, match=message):
+        select(target, schema, where="f.h5")
+
+
+def test_a_name_wins_over_a_kind_word():
+    named_like_a_kind = Column("mask", "text")
+    sel = select("mask", (named_like_a_kind, _mask_column()), where="f.h5")
+    assert sel.columns == (named_like_a_kind,)
+
+
+def test_multilabel_form_is_checked():
+    with pytest.raises(ValueError, match="multilabel='onehot' must be one of"):
+        select("tags", SCHEMA, where="f.h5", multilabel="onehot")
+
+
+# --------------------------------------------------------------------------- reads and values
+
+
+@pytest.mark.parametrize("encoding", ["raw", "png"])
+def test_values_read_by_range_equal_the_source(tmp_path, encoding):
+    schema = (TAGS, BOXES, _mask_column(encoding), CAPTION, SCORE)
+    path = _write(tmp_path / "t.h5", schema)
+    reads = _reads(path, schema, digests=True)
+    rows = [2, 0, 1]
+    got = _read_values(path, reads, rows)
+    for r, values in zip(rows, got, strict=True):
+        raw = RAWS[r]
+        assert values["tags"].tolist() == list(raw["tags"])
+        assert values["objects"].tolist() == [list(map(float, b)) for b in raw["objects"]]
+        assert np.array_equal(values["seg"], MASKS[r])
+        assert values["caption"] == raw["caption"]
+        assert values["score"] == raw["score"]
+
+
+def test_targets_as_torch_values(tmp_path):
+    path = _write(tmp_path / "t.h5")
+    reads = _reads(path)
+    values = _read_values(path, reads, [0, 2])
+    sel = select(["class", "tags", "boxes", "mask", "text", "number"], SCHEMA, where="f")
+    t0, t2 = (sel.target(7, v, (H, W)) for v in values)
+    assert t0["class"] == 7
+    assert t0["tags"].dtype == torch.float32
+    assert t0["tags"].tolist() == [1.0, 0.0, 1.0]
+    boxes = t2["objects"]
+    assert boxes["boxes"].shape == (2, 4)
+    assert boxes["boxes"].dtype == torch.float32
+    assert boxes["boxes"][0].tolist() == [0, 0, 40, 30]
+    assert boxes["labels"].tolist() == [0, 1]
+    assert boxes["labels"].dtype == torch.int64
+    assert boxes["iscrowd"].tolist() == [1, 0]
+    assert boxes["iscrowd"].dtype == torch.uint8
+    assert t2["seg"].dtype == torch.uint8
+    assert torch.equal(t2["seg"].as_subclass(torch.Tensor), torch.from_numpy(MASKS[2]))
+    assert t2["caption"] == RAWS[2]["caption"]
+    assert t2["score"] == RAWS[2]["score"]
+    indices = select("tags", SCHEMA, where="f", multilabel="indices").target(7, values[0], (H, W))
+    assert indices.tolist() == [0, 2]
+
+
+def test_batches_stack_fixed_values_and_list_variable_ones(tmp_path):
+    path = _write(tmp_path / "t.h5")
+    values = _read_values(path, _reads(path), [0, 1, 2])
+    sel = select(["class", "tags", "boxes", "mask", "text", "number"], SCHEMA, where="f")
+    batch = sel.collate([sel.target(k, v, (H, W)) for k, v in enumerate(values)])
+    assert batch["class"].tolist() == [0, 1, 2]
+    assert batch["tags"].shape == (3, 3)
+    assert batch["score"].tolist() == [r["score"] for r in RAWS]
+    assert batch["seg"].shape == (3, H, W)
+    assert [len(b["boxes"]) for b in batch["objects"]] == [len(r["objects"]) for r in RAWS]
+    assert batch["caption"] == [r["caption"] for r in RAWS]
+    as_indices = select("tags", SCHEMA, where="f", multilabel="indices")
+    lists = as_indices.collate([as_indices.target(0, v, (H, W)) for v in values])
+    assert [t.tolist() for t in lists] == [list(r["tags"]) for r in RAWS]
+    # masks of differing sizes (after a crop, say) stay a list
+    masks = select("mask", SCHEMA, where="f")
+    mixed = masks.collate(
+        [torch.zeros(4, 5, dtype=torch.uint8), torch.zeros(5, 4, dtype=torch.uint8)]
+    )
+    assert [tuple(m.shape) for m in mixed] == [(4, 5), (5, 4)]
+
+
+# --------------------------------------------------------------------------- hostile columns
+
+
+def _edit(path: Path, name: str, data: np.ndarray | None = None, **create) -> None:
+    with h5py.File(path, "r+") as h5:
+        old = h5[name]
+        data = old[()] if data is None else data
+        del h5[name]
+        h5.create_dataset(name, data=data, **create)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda p: _edit(p, "targets/caption/offsets", np.asarray([0, 5, 3, 1006], np.uint64)),
+            "offsets go back",
+        ),
+        (
+            lambda p: _edit(p, "targets/caption/offsets", np.asarray([0, 4, 4, 9], np.uint64)),
+            "offsets end at 9, not len",
+        ),
+        (
+            lambda p: _edit(p, "targets/objects/values", chunks=(1, 6)),
+            "not stored contiguous and unfiltered",
+        ),
+        (lambda p: _edit(p, "targets/tags/values", None, dtype=np.int64), "missing or not int32"),
+        (
+            lambda p: _edit(p, "targets/seg/shapes", np.asarray([[H, W]] * 2, np.uint32)),
+            r"has shape \(2, 2\), expected \(3, 2\)",
+        ),
+    ],
+)
+def test_a_damaged_column_index_is_refused_before_any_read(tmp_path, edit, message):
+    path = _write(tmp_path / "t.h5")
+    edit(path)
+    with pytest.raises(IntegrityError, match=message):
+        _reads(path)
+
+
+def test_a_mask_of_another_size_than_its_image_is_refused(tmp_path):
+    path = _write(tmp_path / "t.h5")
+    with pytest.raises(IntegrityError, match=r"shapes\[0\] is \[30, 40\], its image is \[40, 30\]"):
+        _reads(path, hw=(W, H))
+
+
+@pytest.mark.parametrize(
+    ("column", "row_bytes", "message"),
+    [
+        ("caption", b"\xff\xfe", "does not decode"),
+        ("tags", np.asarray([5, 0], np.int32).tobytes(), "class index outside 0..2"),
+        ("objects", np.asarray([[9, 0, 1, 1, 0, 0]], np.float32).tobytes(), "not a valid box"),
+    ],
+)
+def test_a_damaged_value_is_an_integrity_error(tmp_path, column, row_bytes, message):
+    path = _write(tmp_path / "t.h5")
+    reads = _reads(path)
+    start, count = reads.ranges[column][0]
+    assert count == len(row_bytes) or column == "caption"
+    blob = bytearray(path.read_bytes())
+    blob[start : start + len(row_bytes)] = row_bytes
+    path.write_bytes(bytes(blob))
+    with pytest.raises(IntegrityError, match=message):
+        _read_values(path, reads, [0])
+
+
+def test_verify_reads_checks_each_column_digest(tmp_path):
+    path = _write(tmp_path / "t.h5")
+    reads = _reads(path, digests=True)
+    start, _ = reads.ranges["caption"][2]
+    blob = bytearray(path.read_bytes())
+    blob[start] ^= 1  # still valid UTF-8 ("x" -> "y"): only the digest can tell
+    path.write_bytes(bytes(blob))
+    assert _read_values(path, _reads(path), [2])[0]["caption"].startswith("y")
+    with pytest.raises(IntegrityError, match=r"/targets/caption\[2\] read back with sha256"):
+        _read_values(path, reads, [2])
+
+
+# --------------------------------------------------------------------------- packed files
+
+ALL = ["class", "tags", "boxes", "mask", "text", "number"]
+SCENE_CONFIGS = {
+    "decoded": PackConfig(ImageConfig(resize="resize", size=(48, 64))),  # one size: batch path
+    "encoded": PackConfig(ImageConfig(layout="encoded", encoding="png", resize="none", size=None)),
+    "gzip": PackConfig(ImageConfig(resize="resize", size=(48, 64)), compression="gzip"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SCENE_CONFIGS))
+def scenes(request, tmp_path_factory) -> tuple[Path, list[dict[str, object]]]:
+    root = tmp_path_factory.mktemp(f"scenes-{request.param}")
+    catalog, raws = write_scenes(root / "src", 6)
+    out = root / "scenes.h5"
+    pack(catalog, out, config=SCENE_CONFIGS[request.param], workers=1)
+    return out, raws
+
+
+def _check_target(target: dict, raw: dict) -> None:
+    """What the reader handed out is what the source said (the pack kept the geometry)."""
+    assert target["class"] == 0
+    hot = torch.zeros(len(SCENE_TAGS))
+    hot[list(raw["tags"])] = 1
+    assert torch.equal(target["tags"], hot)
+    boxes = target["objects"]
+    assert boxes["boxes"].tolist() == [list(map(float, b[:4])) for b in raw["objects"]]
+    assert boxes["labels"].tolist() == [b[4] for b in raw["objects"]]
+    assert boxes["iscrowd"].tolist() == [b[5] for b in raw["objects"]]
+    want_mask = torch.from_numpy(np.array(Image.open(raw["seg"])))
+    assert torch.equal(torch.as_tensor(target["seg"]), want_mask)
+    assert target["caption"] == raw["caption"]
+    assert target["score"] == raw["score"]
+
+
+def test_every_kind_round_trips_through_the_dataset(scenes):
+    path, raws = scenes
+    ds = H5ImageDataset(path, target=ALL, verify_reads=True)
+    for i, raw in enumerate(raws):
+        image, target = ds[i]
+        assert tuple(image.shape) == (3, 48, 64)
+        _check_target(target, raw)
+    assert H5ImageDataset(path)[2][1] == 0  # target="class": the label, as in version 1
+    assert ds.read_batch([1, 4])[1]["caption"] == [raws[1]["caption"], raws[4]["caption"]]
+
+
+def test_unknown_target_and_version_1_file_are_refused_in_the_constructor(scenes, packed_decoded):
+    path, _ = scenes
+    with pytest.raises(ValueError, match=r"target='bbox'.*its columns are 'tags' \(multilabel\)"):
+        H5ImageDataset(path, target="bbox")
+    with pytest.raises(ValueError, match="this asset has no target columns"):
+        H5ImageDataset(packed_decoded.path, target="boxes")
+    as_dict = H5ImageDataset(packed_decoded.path, target=["class"])
+    assert as_dict[0][1] == {"class": H5ImageDataset(packed_decoded.path)[0][1]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_loader_workers_batch_fixed_targets_and_list_variable_ones(scenes, method):
+    path, raws = scenes
+    ds = H5ImageDataset(path, target=ALL)
+    loader = ds.loader(4, num_workers=2, multiprocessing_context=method)
+    seen = 0
+    for images, targets in loader:
+        b = len(images)
+        assert tuple(images.shape) == (b, 3, 48, 64)
+        assert targets["class"].dtype == torch.int64
+        assert tuple(targets["tags"].shape) == (b, len(SCENE_TAGS))
+        assert tuple(targets["seg"].shape) == (b, 48, 64)
+        assert targets["score"].dtype == torch.float64
+        assert isinstance(targets["objects"], list)
+        assert isinstance(targets["caption"], list)
+        for k in range(b):
+            one = {key: value[k] for key, value in targets.items()}
+            one["class"], one["score"] = int(one["class"]), float(one["score"])
+            _check_target(one, raws[seen])
+            assert torch.equal(images[k], ds[seen][0])
+            seen += 1
+    assert seen == len(raws)
+
+
+def test_remote_reads_cost_at_most_one_request_per_column(
+    tmp_path, s3_bucket, s3_storage_options, s3_requests
+):
+    """Over S3 (moto, requests counted at the server): one sample, and a batch of all twelve,
+    each cost at most 1 + 5 range requests (the image's, one per column at most: the rows of
+    a column lie side by side, and neighbouring ranges coalesce), and the requests cover
+    every wanted byte range."""
+    catalog, raws = write_scenes(tmp_path / "src", 12, size=(256, 192))  # 1.7 MB of pixels
+    local = tmp_path / "big.h5"
+    pack(catalog, local, config=PackConfig(ImageConfig(resize="resize", size=(192, 256))))
+    url = f"s3://{s3_bucket}/big.h5"
+    publish(str(local), url, storage_options=s3_storage_options)
+    ds = H5ImageDataset(url, target=ALL, storage_options=s3_storage_options)
+    truth = H5ImageDataset(local, target=ALL)
+    st = truth._open()
+    assert st.targets is not None
+    for rows in ([0], [len(raws) - 1], list(range(len(raws)))):
+        s3_requests.clear()
+        images, targets = ds.read_batch(rows)
+        spans = []
+        for r in s3_requests():
+            assert r.method == "GET", r
+            first, _, last = (r.range or "")[len("bytes=") :].partition("-")
+            spans.append((int(first), int(last) + 1))
+        assert 1 <= len(spans) <= len(ALL), spans  # image + 5 columns
+        wanted = st.index.byte_ranges[rows].tolist()
+        for c in st.targets.columns:
+            wanted += [r for r in st.targets.ranges[c.name][rows].tolist() if r[1]]
+        for a, n in wanted:
+            assert any(lo <= a and a + n <= hi for lo, hi in spans), (a, n, spans)
+        assert torch.equal(images, truth.read_batch(rows)[0])
+        assert targets["caption"] == [raws[r]["caption"] for r in rows]
+        assert torch.equal(targets["seg"], truth.read_batch(rows)[1]["seg"])

@@ -1,0 +1,99 @@
+"""Targets as torchvision tv_tensors through ``torchvision.transforms.v2``: a flip and a crop
+move the boxes and the mask with the object's pixels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+v2 = pytest.importorskip(
+    "torchvision.transforms.v2",
+    reason="torchvision is not installed here; `make test-vision` runs these in .venv-vision",
+)
+from torchvision import tv_tensors  # noqa: E402
+
+from h5forge.read.dataset import H5ImageDataset  # noqa: E402
+from tests.vision.conftest import H, W  # noqa: E402
+from tests.vision.scenes import OBJECT  # noqa: E402
+
+CROP = (40, 44)
+
+
+def _object_pixels(image: torch.Tensor) -> torch.Tensor:
+    """(H, W) bool: where the image shows the object's colour."""
+    want = torch.tensor(OBJECT, dtype=image.dtype).view(3, 1, 1)
+    return (image.as_subclass(torch.Tensor) == want).all(dim=0)
+
+
+def _flip_and_crop() -> v2.Compose:
+    return v2.Compose(
+        [v2.RandomHorizontalFlip(p=1.0), v2.RandomCrop(CROP), v2.SanitizeBoundingBoxes()]
+    )
+
+
+def _check_boxes_on_object(image: torch.Tensor, target: dict) -> int:
+    """Every box is the object's pixel extent; returns how many boxes there were."""
+    on = _object_pixels(image)
+    ys, xs = torch.nonzero(on, as_tuple=True)
+    boxes = target["boxes"]
+    assert len(boxes) == len(target["labels"]) == len(target["iscrowd"])
+    if not len(xs):  # cropped away: SanitizeBoundingBoxes removed its boxes
+        assert len(boxes) == 0
+        return 0
+    extent = [xs.min().item(), ys.min().item(), xs.max().item() + 1, ys.max().item() + 1]
+    for box in boxes.tolist():
+        assert box == pytest.approx(extent)
+    return len(boxes)
+
+
+def test_detection_sample_through_flip_and_crop_keeps_boxes_on_the_object(scenes):
+    path, raws = scenes
+    ds = H5ImageDataset(path, target="boxes")
+    image, target = ds[0]
+    assert isinstance(image, tv_tensors.Image)
+    assert isinstance(target["boxes"], tv_tensors.BoundingBoxes)
+    assert target["boxes"].format == tv_tensors.BoundingBoxFormat.XYXY
+    assert tuple(target["boxes"].canvas_size) == (H, W)
+    torch.manual_seed(0)
+    transform = _flip_and_crop()
+    kept = 0
+    for i in range(len(ds)):
+        image, target = transform(*ds[i])
+        assert tuple(image.shape) == (3, *CROP)
+        kept += _check_boxes_on_object(image, target)
+        assert [raws[i]["objects"][0][4]] * len(target["labels"]) == target["labels"].tolist()
+    assert kept  # the crop left some objects in view: the check was not vacuous
+
+
+def test_mask_sample_through_the_same_flip_stays_aligned(scenes):
+    path, _ = scenes
+    ds = H5ImageDataset(path, target="mask")
+    image, mask = ds[3]
+    assert isinstance(image, tv_tensors.Image)
+    assert isinstance(mask, tv_tensors.Mask)
+    assert torch.equal(mask.as_subclass(torch.Tensor) != 0, _object_pixels(image))
+    torch.manual_seed(1)
+    transform = v2.Compose([v2.RandomHorizontalFlip(p=1.0), v2.RandomCrop(CROP)])
+    for i in range(len(ds)):
+        image, mask = transform(*ds[i])
+        assert isinstance(mask, tv_tensors.Mask)
+        assert tuple(mask.shape) == CROP
+        assert torch.equal(mask.as_subclass(torch.Tensor) != 0, _object_pixels(image))
+
+
+@pytest.mark.slow
+def test_transforms_run_in_loader_workers_and_batch_as_lists(scenes):
+    path, _ = scenes
+    ds = H5ImageDataset(path, target=["boxes", "mask"], transforms=v2.RandomHorizontalFlip(1.0))
+    loader = ds.loader(4, num_workers=1, multiprocessing_context="fork")
+    seen = 0
+    for images, targets in loader:
+        assert tuple(images.shape) == (4, 3, H, W)
+        assert tuple(targets["seg"].shape) == (4, H, W)
+        assert len(targets["objects"]) == 4
+        for k, boxes in enumerate(targets["objects"]):
+            assert isinstance(boxes["boxes"], tv_tensors.BoundingBoxes)
+            assert torch.equal(targets["seg"][k] != 0, _object_pixels(images[k]))
+            _check_boxes_on_object(images[k], boxes)
+            seen += 1
+    assert seen == len(ds)
