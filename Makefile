@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 # The CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean test-vision
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "==> [1/4] creating $(VENV)"
@@ -33,5 +33,23 @@ lint: install
 	$(VENV)/bin/ruff check h5forge tasks flows deployments tests benchmarks
 	$(VENV)/bin/mypy h5forge tasks flows deployments
 
+# torchvision beside the project (tests/vision): it needs torch 2.14.1 (the CUDA build, ~5.5 GB;
+# torchvision's operators do not load beside the CPU torch of .venv), so it gets its own venv;
+# .venv is never touched.
+VISION_VENV ?= .venv-vision
+VISION_PY   := $(VISION_VENV)/bin/python
+VISION_PINS ?= torch==2.14.1 torchvision==0.29.1
+
+$(VISION_VENV)/.installed: pyproject.toml Makefile
+	@echo "==> creating $(VISION_VENV) ($(VISION_PINS), then h5forge with the test extra)"
+	$(PYTHON) -m venv $(VISION_VENV)
+	printf '*\n' > $(VISION_VENV)/.gitignore
+	$(VISION_PY) -m pip install --quiet $(VISION_PINS)
+	$(VISION_PY) -m pip install --quiet -e ".[test,vision]" $(VISION_PINS)
+	touch $@
+
+test-vision: $(VISION_VENV)/.installed
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(VISION_PY) -m pytest -q -p no:cacheprovider tests/vision
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VISION_VENV) build *.egg-info .pytest_cache
