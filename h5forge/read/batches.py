@@ -29,16 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from h5forge.read.ragged import Ragged, unpack
+
 __all__ = [
     "Batch",
     "SlotBatch",
+    "InSlot",
     "SlotRef",
     "acquire",
-    "check_one_size",
-    "collate",
-    "collect",
     "make_batch",
-    "send_batch",
     "shared_tensor",
     "views",
 ]
@@ -126,7 +125,8 @@ class SlotBatch(tuple):
     """``(images, labels)`` living in a slot: pickles as the slot, unpickles as
     ``[images, labels]`` over the slot's memory (what torch's ``default_convert`` makes of a
     pair). With ``targets`` (``has_targets``), the second item is those instead of the labels,
-    pickled the usual way (tensors through shared memory)."""
+    pickled the usual way (tensors through shared memory) but for the tensors in the slot's
+    extra region (:meth:`Batch.region`), which travel as their place in the slot."""
 
     ref: SlotRef
     layout: tuple[tuple[int, ...], int, int]  # (N, H, W, C), label offset, label count
@@ -146,6 +146,50 @@ class SlotBatch(tuple):
 _LABELS: Any = object()  # Batch.result's default: the labels are the batch's second item
 
 
+class InSlot:
+    """Where a tensor of a batch's targets lies in its slot: byte ``offset`` into the slot's
+    data, ``shape`` and numpy ``dtype`` (what a :class:`SlotBatch` pickles instead of the
+    tensor); with ``ragged`` (a :class:`~h5forge.read.ragged.Ragged` of those rows), its
+    kind, counts and canvas sizes, unpacked on arrival."""
+
+    def __init__(
+        self, offset: int, shape: tuple[int, ...], dtype: np.dtype, ragged: tuple[Any, ...] = ()
+    ) -> None:
+        self.offset, self.shape, self.dtype, self.ragged = offset, shape, dtype, ragged
+
+
+def _placed(targets: Any, regions: list[tuple[torch.Tensor, InSlot]]) -> Any:
+    """``targets`` (a value, or a dict of values) with its slot regions as :class:`InSlot`."""
+
+    def place(value: Any) -> Any:
+        if isinstance(value, Ragged):
+            where = next((w for t, w in regions if value.rows is t), None)
+            if where is None:
+                return value
+            ragged = (value.kind, value.counts, value.canvas)
+            return InSlot(where.offset, where.shape, where.dtype, ragged)
+        return next((where for t, where in regions if value is t), value)
+
+    if isinstance(targets, dict):
+        return {k: place(v) for k, v in targets.items()}
+    return place(targets)
+
+
+def _unplaced(targets: Any, flat: torch.Tensor) -> Any:
+    def view(value: Any) -> Any:
+        if not isinstance(value, InSlot):
+            return value
+        t = _region(flat, value.offset, value.shape, value.dtype)
+        if value.ragged:
+            kind, counts, canvas = value.ragged
+            return unpack(kind, t, counts, canvas)
+        return t
+
+    if isinstance(targets, dict):
+        return {k: view(v) for k, v in targets.items()}
+    return view(targets)
+
+
 def make_batch(
     images: torch.Tensor,
     labels: torch.Tensor,
@@ -158,6 +202,14 @@ def make_batch(
     batch.ref, batch.layout = ref, layout
     batch.has_targets, batch.targets = has_targets, targets if has_targets else None
     return batch
+
+
+def _region(flat: torch.Tensor, at: int, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+    size = int(np.prod(shape)) * dtype.itemsize
+    return flat[at : at + size].view(_TORCH[dtype.str[1:]]).view(*shape)
+
+
+_TORCH = {"u1": torch.uint8, "i4": torch.int32, "f4": torch.float32}
 
 
 def _free(mapping: mmap.mmap) -> None:
@@ -176,8 +228,9 @@ def _rebuild(
     array = np.frombuffer(mapping, np.uint8, nbytes, _HEADER)
     # Runs when torch drops the buffer: no tensor of this batch is left, the slot is free.
     weakref.finalize(array, _free, mapping)
-    images, labels = views(torch.frombuffer(array, dtype=torch.uint8), layout)
-    return [images, targets[0] if targets else labels]
+    flat = torch.frombuffer(array, dtype=torch.uint8)
+    images, labels = views(flat, layout)
+    return [images, _unplaced(targets[0], flat) if targets else labels]
 
 
 def views(
@@ -194,13 +247,17 @@ class Batch:
     """The memory of one batch: ``images`` (N x C x H x W, channels-last) and int64 ``labels``
     over one buffer, so a worker hands one buffer over. In a free slot when ``slot`` and one
     is free, else in new shared memory when ``shared`` (a DataLoader worker), else ordinary
-    memory. Fill ``images``/``labels``, then return :meth:`result` (or :meth:`release` on
-    failure)."""
+    memory. Fill ``images``/``labels`` (and the regions of ``extra`` bytes after them,
+    :meth:`region`), then return :meth:`result` (or :meth:`release` on failure)."""
 
-    def __init__(self, n: int, hwc: tuple[int, ...], *, slot: bool, shared: bool) -> None:
+    def __init__(
+        self, n: int, hwc: tuple[int, ...], *, slot: bool, shared: bool, extra: int = 0
+    ) -> None:
         label_at = -(-n * int(np.prod(hwc)) // 8) * 8  # int64 labels start 8-byte aligned
         self.layout = ((n, *hwc), label_at, n)
-        nbytes = label_at + 8 * n
+        self._extra_at = nbytes = label_at + 8 * n
+        nbytes += extra
+        self._regions: list[tuple[torch.Tensor, InSlot]] = []
         got = acquire(nbytes) if slot else None
         self.ref = got[1] if got is not None else None
         if got is not None:
@@ -210,6 +267,16 @@ class Batch:
         else:
             self.flat = torch.empty(nbytes, dtype=torch.uint8)
         self.images, self.labels = views(self.flat, self.layout)
+
+    def region(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+        """A tensor of ``shape`` and ``dtype`` at byte ``offset`` (8-byte aligned) of the
+        ``extra`` bytes, to fill and hand out among the targets (alone, in a dict, or as the
+        rows of a :class:`~h5forge.read.ragged.Ragged`): from a slot it travels as its place
+        in the slot."""
+        at = self._extra_at + offset
+        t = _region(self.flat, at, shape, dtype)
+        self._regions.append((t, InSlot(at, shape, dtype)))
+        return t
 
     def release(self) -> None:
         """Give the slot back: the batch will not be sent."""
@@ -221,75 +288,7 @@ class Batch:
         ``targets``, they are the second item instead of the labels."""
         if self.ref is None:
             return self.images, self.labels if targets is _LABELS else targets
-        return make_batch(self.images, self.labels, self.ref, self.layout, targets)
-
-
-def collect(items: list[tuple[Any, Any]]) -> Any:
-    """Samples as one :class:`Batch` (inside a DataLoader worker) when they are uint8
-    C x H x W tensors of one shape with integer labels (what a resize/crop transform yields);
-    None for anything else, which the caller collates the usual way. Each image is copied
-    once, into the batch's buffer."""
-    if not items:
-        return None
-    first = items[0][0]
-    if not (isinstance(first, torch.Tensor) and first.dtype == torch.uint8 and first.dim() == 3):
-        return None
-    shape = first.shape
-    for image, label in items:
-        if (
-            not isinstance(image, torch.Tensor)
-            or image.dtype != torch.uint8
-            or image.shape != shape
-            or isinstance(label, bool)
-            or not isinstance(label, int)
-        ):
-            return None
-    c, h, w = shape
-    batch = Batch(len(items), (h, w, c), slot=True, shared=True)
-    pixels = batch.images.permute(0, 2, 3, 1)  # N x H x W x C, the buffer's memory order
-    for k, (image, _) in enumerate(items):
-        pixels[k].copy_(image.permute(1, 2, 0))
-    batch.labels.copy_(torch.tensor([label for _, label in items], dtype=torch.int64))
-    return batch.result()
-
-
-def send_batch(batch: Any) -> Any:
-    """The loader's collate function: a :class:`SlotBatch` leaves the worker as its slot;
-    anything else goes through torch's ``default_convert`` as usual."""
-    if isinstance(batch, SlotBatch):
+        batch = make_batch(self.images, self.labels, self.ref, self.layout, targets)
+        if batch.has_targets:  # what pickles: the regions as their place in the slot
+            batch.targets = _placed(targets, self._regions)
         return batch
-    from torch.utils.data import default_convert
-
-    return default_convert(batch)
-
-
-def collate(items: list[tuple[Any, Any]], *, slot: bool, url: str) -> Any:
-    """Samples (already transformed) as one batch: a :class:`Batch` in a slot when ``slot`` and
-    :func:`collect` takes them, else torch's ``default_collate``, which needs one image size.
-
-    Raises:
-        ValueError: the images differ in size, with a message that says what to do.
-    """
-    batch = collect(items) if slot else None
-    if batch is not None:
-        return batch
-    from torch.utils.data import default_collate
-
-    check_one_size([image for image, _ in items], url=url)
-    return default_collate(items)
-
-
-def check_one_size(images: list[Any], *, url: str) -> None:
-    """Refuse a batch whose image tensors differ in size (they cannot be stacked).
-
-    Raises:
-        ValueError: saying what to do.
-    """
-    shapes = {tuple(image.shape) for image in images if isinstance(image, torch.Tensor)}
-    if len(shapes) > 1:
-        a, b = sorted(shapes)[:2]
-        raise ValueError(
-            f"{url}: the images of one batch differ in size ({' x '.join(map(str, a))} and "
-            f"{' x '.join(map(str, b))}), so they cannot be stacked; give H5ImageDataset a "
-            "transform that resizes or crops to one size, or pack with a resize policy"
-        )

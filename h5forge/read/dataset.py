@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from h5forge.asset import format as fmt
 from h5forge.asset.index import AssetIndex
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
-from h5forge.read import batches as _batches
+from h5forge.read import collate as _collate
 from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
 from h5forge.read.loader import BatchLoading
 from h5forge.read.samples import read_batch, read_images, read_with_targets
@@ -269,5 +269,5 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             items = self.__getitems__(indices)
             if st.selection.columns or st.selection.as_dict:
                 return st.selection.batch(items, url=self.url)
-            return _batches.collate(items, slot=use_slots and in_worker, url=self.url)
+            return _collate.collate(items, slot=use_slots and in_worker, url=self.url)
         return read_batch(st, self._rows(indices), slot=use_slots and in_worker, shared=in_worker)

@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
-from h5forge.read import batches as _batches
+from h5forge.read import collate as _collate
 from h5forge.read.sampler import Sampler
 
 __all__ = ["BatchLoading", "Loader", "batch_loader"]
@@ -144,7 +144,7 @@ def batch_loader(
     return Loader(
         _Batches(dataset, read),
         batch_size=None,
-        collate_fn=_batches.send_batch,
+        collate_fn=_collate.send_batch,
         sampler=_Skipping(order, batch_size, drop_last),
         **dataloader_kwargs,
     )

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset, get_worker_info
 from h5forge.errors import IntegrityError
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
+from h5forge.read import collate as _collate
 from h5forge.read.asset_list import AssetSource, parse_sources, read_asset_manifest, union_classes
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.loader import BatchLoading
@@ -269,4 +270,4 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         if direct is not None:
             return direct
         slot = use_slots and get_worker_info() is not None
-        return _batches.collate(self.__getitems__(indices), slot=slot, url=self.name)
+        return _collate.collate(self.__getitems__(indices), slot=slot, url=self.name)

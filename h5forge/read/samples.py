@@ -47,25 +47,41 @@ def read_batch(st: ProcessState, rows: list[int], *, slot: bool, shared: bool) -
     """The fixed-size, unfiltered samples of ``rows`` as one :class:`h5forge.read.batches.Batch`
     (pixels and labels in one buffer: one allocation, and one hand-over, per batch); returns
     its :meth:`~h5forge.read.batches.Batch.result`. With target columns (``st.targets``),
-    their values are read in the same call and the batch's second item is their collated
-    targets (:meth:`h5forge.read.targets.Selection.collate`)."""
+    their values are read in the same call, raw masks, boxes and label lists straight into
+    regions of the batch's memory, and the batch's second item is the targets
+    (:meth:`h5forge.read.targets.Selection.from_columns`)."""
     idx = st.index
     assert idx.image_shape is not None
-    batch = Batch(len(rows), idx.image_shape, slot=slot, shared=shared)
+    n, (h, w) = len(rows), idx.image_shape[:2]
+    plan = {} if st.targets is None else st.targets.regions(rows, (h, w))
+    sizes = {
+        name: -(-int(np.prod(shape)) * dt.itemsize // 8) * 8 for name, (shape, dt) in plan.items()
+    }
+    batch = Batch(n, idx.image_shape, slot=slot, shared=shared, extra=sum(sizes.values()))
     try:
-        extra, bufs = (_NO_EXTRA, []) if st.targets is None else st.targets.wanted(rows)
+        extra: Extra = _NO_EXTRA
+        bufs: dict[str, list[memoryview]] = {}
+        # Masks, boxes and label lists are read straight into the batch's memory.
+        regions, at = {}, 0
+        for name, (shape, dt) in plan.items():
+            regions[name] = batch.region(at, shape, dt)
+            at += sizes[name]
+        if st.targets is not None:
+            into = {name: t.numpy() for name, t in regions.items()}
+            extra, bufs = st.targets.wanted(rows, into=into)
         fill(st, rows, memoryview(batch.flat.numpy()).cast("B"), extra)  # type: ignore[arg-type]
         batch.labels.numpy()[:] = idx.labels[rows]
         if st.targets is None and not st.selection.as_dict:
             return batch.result()
-        targets = st.selection.collate(_targets(st, rows, bufs))
+        cols = {} if st.targets is None else st.targets.batch(rows, bufs, regions)
+        targets = st.selection.from_columns(idx.labels[rows], cols, [(h, w)] * n, in_worker=shared)
     except BaseException:
         batch.release()
         raise
     return batch.result(targets)
 
 
-def _targets(st: ProcessState, rows: list[int], bufs: list[memoryview]) -> list[Any]:
+def _targets(st: ProcessState, rows: list[int], bufs: dict[str, list[memoryview]]) -> list[Any]:
     """Each row's target (:meth:`h5forge.read.targets.Selection.target`) from its label and
     its columns' filled buffers."""
     labels = st.index.labels[rows].tolist()
@@ -84,7 +100,7 @@ def read_with_targets(
     """The images of ``rows`` (:func:`read_images`, as :meth:`Selection.image
     <h5forge.read.targets.Selection.image>` hands them out) and their targets, the target
     columns read in the same call as the images."""
-    extra, bufs = (_NO_EXTRA, []) if st.targets is None else st.targets.wanted(rows)
+    extra, bufs = (_NO_EXTRA, {}) if st.targets is None else st.targets.wanted(rows)
     images = read_images(st, rows, max_pixels=max_pixels, extra=extra)
     targets = _targets(st, rows, bufs)
     return (st.selection.image(image) for image in images), targets

@@ -9,6 +9,11 @@ bounds, masks of their image's size. Each value read is checked again as it is d
 indices, finite boxes, UTF-8), and with ``verify_reads`` against its column's ``digests``: a
 damaged file is an :class:`~h5forge.errors.IntegrityError` naming the column and the sample,
 never a wrong target.
+
+Small columns stay in memory: a boxes, multilabel, text or number column whose ``values`` hold
+at most :data:`RESIDENT_BYTES` is read whole at open (one read), and its samples are then
+sliced from memory, costing no read at all (a box list is ~100 bytes: a read each would cost
+more than its bytes). Masks, and larger columns, are read by range with their images.
 """
 
 from __future__ import annotations
@@ -22,19 +27,15 @@ import numpy as np
 
 from h5forge.asset.open import H5_DAMAGE
 from h5forge.errors import IntegrityError
+from h5forge.read.target_checks import VALUES, bad_row, check_column, damaged
 from h5forge.targets.columns import Columns
 from h5forge.targets.schema import MAX_BOXES, MAX_TEXT_BYTES, Column
 from h5forge.targets.store import GROUP, decode_value
 
-__all__ = ["TargetReads"]
+__all__ = ["RESIDENT_BYTES", "TargetReads"]
 
-_VALUES = {"multilabel": "int32", "boxes": "float32", "mask": "uint8", "text": "uint8"}
-
-
-def _damaged(where: str, what: str) -> IntegrityError:
-    return IntegrityError(
-        f"{where}: {what}; the file is damaged or not written by h5forge — re-fetch or re-pack it"
-    )
+#: A column whose values are at most this large is held in memory by each reading process.
+RESIDENT_BYTES = 8 << 20
 
 
 class TargetReads:
@@ -70,43 +71,17 @@ class TargetReads:
         self.ranges: dict[str, np.ndarray] = {}
         self.shapes: dict[str, np.ndarray] = {}
         self.digests: dict[str, np.ndarray] = {}
+        self.resident: dict[str, tuple[memoryview, int]] = {}  # values' bytes, file offset
         try:
             for c in self.columns:
-                self._check_datasets(h5, c, num_samples)
+                check_column(h5, c, num_samples, where=where)
             cols = Columns(h5, self.columns)
             for c in self.columns:
                 self._load(h5, cols, c, num_samples, file_size, image_hw, want_digests)
         except IntegrityError:
             raise
         except H5_DAMAGE as e:
-            raise _damaged(where, f"/{GROUP} cannot be read ({type(e).__name__}: {e})") from e
-
-    def _check_datasets(self, h5: h5py.File, c: Column, n: int) -> None:
-        at = f"/{GROUP}/{c.name}"
-        group = h5.get(f"{GROUP}/{c.name}")
-        if not isinstance(group, h5py.Group):
-            raise _damaged(self.where, f"the schema names column {c.name!r} but {at} is missing")
-        want: dict[str, tuple[str, tuple[int, ...] | None]] = {
-            "values": (c.dtype or "", (n,)) if c.kind == "number" else (_VALUES[c.kind], None),
-            "digests": ("uint8", (n, 32)),
-        }
-        if c.kind != "number":
-            want["offsets"] = ("uint64", (n + 1,))
-        if c.kind == "mask":
-            want["shapes"] = ("uint32", (n, 2))
-        for name, (dtype, shape) in want.items():
-            d = group.get(name)
-            if not isinstance(d, h5py.Dataset) or d.dtype != np.dtype(dtype):
-                raise _damaged(self.where, f"{at}/{name} is missing or not {dtype}")
-            if shape is not None and d.shape != shape:
-                raise _damaged(self.where, f"{at}/{name} has shape {d.shape}, expected {shape}")
-        values = group["values"]
-        rows = (6,) if c.kind == "boxes" else ()
-        if values.ndim != 1 + len(rows) or values.shape[1:] != rows:
-            raise _damaged(self.where, f"{at}/values has shape {values.shape}")
-        layout = values.id.get_create_plist().get_layout()
-        if values.size and (layout != h5py.h5d.CONTIGUOUS or values.compression is not None):
-            raise _damaged(self.where, f"{at}/values is not stored contiguous and unfiltered")
+            raise damaged(where, f"/{GROUP} cannot be read ({type(e).__name__}: {e})") from e
 
     def _load(
         self,
@@ -122,50 +97,117 @@ class TargetReads:
         if c.kind != "number":
             off = h5[f"{at}/offsets"][()]
             if n and (off[0] != 0 or (np.diff(off.astype(np.int64)) < 0).any()):
-                raise _damaged(self.where, f"{at}/offsets go back or do not start at 0")
+                raise damaged(self.where, f"{at}/offsets go back or do not start at 0")
             if int(off[-1]) != h5[f"{at}/values"].shape[0]:
-                raise _damaged(self.where, f"{at}/offsets end at {int(off[-1])}, not len(values)")
+                raise damaged(self.where, f"{at}/offsets end at {int(off[-1])}, not len(values)")
         ranges = cols.ranges(c.name).astype(np.int64)
         if n and int((ranges[:, 0] + ranges[:, 1]).max()) > file_size:
-            raise _damaged(self.where, f"{at}/values lie beyond the end of the file")
+            raise damaged(self.where, f"{at}/values lie beyond the end of the file")
         counts = ranges[:, 1]
         bound = {"boxes": MAX_BOXES * 24, "text": MAX_TEXT_BYTES}.get(c.kind)
         if c.kind == "multilabel":
             bound = 4 * len(c.classes)
         if bound is not None and n and int(counts.max()) > bound:
             k = int(np.argmax(counts))
-            raise _damaged(self.where, f"{at}[{k}] holds {int(counts[k])} bytes, over {bound}")
+            raise damaged(self.where, f"{at}[{k}] holds {int(counts[k])} bytes, over {bound}")
         if c.kind == "mask":
             shapes = cols.shapes[c.name].astype(np.int64)
             bad = np.flatnonzero((shapes != image_hw).any(axis=1))
             if len(bad):
                 k = int(bad[0])
-                raise _damaged(
+                raise damaged(
                     self.where,
                     f"{at}/shapes[{k}] is {shapes[k].tolist()}, its image is "
                     f"{image_hw[k].tolist()} (H, W)",
                 )
             if c.encoding == "raw" and (counts != shapes[:, 0] * shapes[:, 1]).any():
-                raise _damaged(self.where, f"{at}: a raw mask's bytes differ from H x W")
+                raise damaged(self.where, f"{at}: a raw mask's bytes differ from H x W")
             self.shapes[c.name] = shapes
         self.ranges[c.name] = ranges
+        values = h5[f"{at}/values"]
+        if c.kind != "mask" and values.size * values.dtype.itemsize <= RESIDENT_BYTES and n:
+            base = int(ranges[:, 0][counts > 0].min()) if counts.any() else 0
+            blob = np.ascontiguousarray(values[()]).reshape(-1).view(np.uint8)
+            self.resident[c.name] = (blob.data, base)
         if want_digests:
             self.digests[c.name] = h5[f"{at}/digests"][()]
 
     def wanted(
-        self, rows: Sequence[int]
-    ) -> tuple[tuple[list[tuple[int, int]], list[memoryview]], list[memoryview]]:
-        """The byte ranges of ``rows`` in every column (column by column) with a buffer each,
-        to read in the same call as their images (so remote requests coalesce): ``((ranges,
-        buffers), every buffer)``, the first without the empty values (nothing to read)."""
+        self, rows: Sequence[int], into: dict[str, np.ndarray] | None = None
+    ) -> tuple[tuple[list[tuple[int, int]], list[memoryview]], dict[str, list[memoryview]]]:
+        """The byte ranges of ``rows`` to read, in every column not held in memory, with a
+        buffer each, to read in the same call as their images (so remote requests coalesce):
+        ``((ranges, buffers), {column: a buffer per row})`` (those of the columns in memory
+        already filled). ``into``: columns read straight into these arrays (:meth:`regions`);
+        a column in memory gathered into one has no per-row buffers unless they are to be
+        checked against digests."""
         ranges: list[tuple[int, int]] = []
+        to_fill: list[memoryview] = []
+        bufs: dict[str, list[memoryview]] = {}
         for c in self.columns:
-            ranges += [(int(a), int(b)) for a, b in self.ranges[c.name][list(rows)]]
-        bufs = [memoryview(bytearray(b)) for _, b in ranges]
-        read = [k for k, (_, b) in enumerate(ranges) if b]
-        return ([ranges[k] for k in read], [bufs[k] for k in read]), bufs
+            spans = self.ranges[c.name][list(rows)]
+            target = None if into is None else into.get(c.name)
+            held = self.resident.get(c.name)
+            if held is not None:  # sliced from memory
+                blob, base = held
+                if target is not None:  # one gather of every row's bytes
+                    starts, counts = spans[:, 0] - base, spans[:, 1]
+                    ends = np.cumsum(counts)
+                    at = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(
+                        ends - counts - starts, counts
+                    )
+                    target.reshape(-1).view(np.uint8)[:] = np.frombuffer(blob, np.uint8)[at]
+                    if c.name not in self.digests:
+                        continue
+                bufs[c.name] = [blob[a - base : a - base + n] for a, n in spans.tolist()]
+                continue
+            mine = [(int(a), int(n)) for a, n in spans.tolist()]
+            if target is None:
+                mbufs = [memoryview(bytearray(n)) for _, n in mine]
+            elif c.kind == "mask":
+                mbufs = [memoryview(m).cast("B") for m in target]
+            else:  # the rows of every sample back to back
+                whole, at, mbufs = target.reshape(-1).view(np.uint8).data, 0, []
+                for _, n in mine:
+                    mbufs.append(whole[at : at + n])
+                    at += n
+            bufs[c.name] = mbufs
+            for r, m in zip(mine, mbufs, strict=True):
+                if r[1]:
+                    ranges.append(r)
+                    to_fill.append(m)
+        return (ranges, to_fill), bufs
 
-    def values(self, rows: Sequence[int], bufs: Sequence[memoryview]) -> list[dict[str, Any]]:
+    def regions(self, rows: Sequence[int], hw: tuple[int, int]) -> dict[str, tuple[Any, ...]]:
+        """``name -> (shape, dtype)`` of the columns whose values a batch can hold in one
+        array, filled by the read itself: raw masks ``(B, H, W) uint8``, the rows of every
+        sample's boxes ``(sum M, 6) float32`` and multilabel indices ``(sum k,) int32``."""
+        out: dict[str, tuple[Any, ...]] = {}
+        for c in self.columns:
+            if c.kind == "mask" and c.encoding == "raw":
+                out[c.name] = ((len(rows), *hw), np.dtype(np.uint8))
+            elif c.kind in ("boxes", "multilabel"):
+                dtype = np.dtype(VALUES[c.kind])
+                total = int(self.ranges[c.name][list(rows), 1].sum()) // dtype.itemsize
+                out[c.name] = ((total // 6, 6) if c.kind == "boxes" else (total,), dtype)
+        return out
+
+    def _checked(self, c: Column, rows: Sequence[int], bufs: Sequence[memoryview]) -> None:
+        digests = self.digests.get(c.name)
+        if digests is None:
+            return
+        for r, buf in zip(rows, bufs, strict=True):
+            got = hashlib.sha256(buf)
+            if got.digest() != bytes(digests[r]):
+                raise IntegrityError(
+                    f"{self.where}: /{GROUP}/{c.name}[{r}] read back with sha256 "
+                    f"{got.hexdigest()}, the file records {bytes(digests[r]).hex()}; the file "
+                    "is corrupt — re-fetch it or run `h5forge verify`"
+                )
+
+    def values(
+        self, rows: Sequence[int], bufs: dict[str, list[memoryview]]
+    ) -> list[dict[str, Any]]:
         """Each row's values (numpy or Python, :func:`h5forge.targets.store.decode_value`),
         from every buffer :meth:`wanted` gave, filled.
 
@@ -174,20 +216,42 @@ class TargetReads:
                 ``verify_reads``) differs from its digest.
         """
         out: list[dict[str, Any]] = [{} for _ in rows]
-        k = 0
         for c in self.columns:
-            digests = self.digests.get(c.name)
-            for j, r in enumerate(rows):
-                buf = bufs[k]
-                k += 1
-                if digests is not None and hashlib.sha256(buf).digest() != bytes(digests[r]):
-                    raise IntegrityError(
-                        f"{self.where}: /{GROUP}/{c.name}[{r}] read back with sha256 "
-                        f"{hashlib.sha256(buf).hexdigest()}, the file records "
-                        f"{bytes(digests[r]).hex()}; the file is corrupt — re-fetch it or run "
-                        "`h5forge verify`"
-                    )
+            mine = bufs[c.name]
+            self._checked(c, rows, mine)
+            for j, (r, buf) in enumerate(zip(rows, mine, strict=True)):
                 out[j][c.name] = self._decode(c, r, buf)
+        return out
+
+    def batch(
+        self, rows: Sequence[int], bufs: dict[str, list[memoryview]], regions: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The values of ``rows`` column by column, checked as in :meth:`values`: the columns
+        of ``regions`` (:meth:`regions`, tensors already filled by the read) as those, boxes
+        and multilabel as ``(rows, counts)`` (rows per sample); number ``(B,)``; other masks
+        and text a list."""
+        out: dict[str, Any] = {}
+        for c in self.columns:
+            mine = bufs.get(c.name)
+            if mine is not None:
+                self._checked(c, rows, mine)
+            if c.kind in ("multilabel", "boxes"):
+                flat = regions[c.name]
+                row = 24 if c.kind == "boxes" else 4
+                counts = (self.ranges[c.name][list(rows), 1] // row).tolist()
+                bad = bad_row(c, flat.numpy())
+                if bad is not None:
+                    j = int(np.searchsorted(np.cumsum(counts), bad, side="right"))
+                    self._refuse(c, rows[j], flat.numpy()[bad])
+                out[c.name] = (flat, counts)
+            elif c.name in regions:
+                out[c.name] = regions[c.name]
+            elif c.kind == "number":
+                assert mine is not None
+                out[c.name] = np.frombuffer(bytearray(b"".join(mine)), np.dtype(c.dtype))
+            else:
+                assert mine is not None
+                out[c.name] = [self._decode(c, r, b) for r, b in zip(rows, mine, strict=True)]
         return out
 
     def _decode(self, c: Column, r: int, buf: memoryview) -> Any:
@@ -195,31 +259,16 @@ class TargetReads:
         try:
             value = decode_value(c, buf, shape)
         except (ValueError, TypeError) as e:  # UnicodeDecodeError and a bad PNG are ValueErrors
-            raise _damaged(self.where, f"/{GROUP}/{c.name}[{r}] does not decode ({e})") from e
-        if (
-            c.kind == "multilabel"
-            and len(value)
-            and (value.min() < 0 or value.max() >= len(c.classes))
-        ):
-            raise _damaged(
-                self.where,
-                f"/{GROUP}/{c.name}[{r}] holds a class index outside 0..{len(c.classes) - 1}",
-            )
-        if c.kind == "boxes" and len(value):
-            cls, crowd = value[:, 4], value[:, 5]
-            bad = (
-                ~np.isfinite(value[:, :4]).all(axis=1)
-                | (value[:, 2] < value[:, 0])
-                | (value[:, 3] < value[:, 1])
-                | (cls < 0)
-                | (cls >= len(c.classes))
-                | (cls != np.floor(cls))
-                | ((crowd != 0) & (crowd != 1))
-            )
-            if bad.any():
-                raise _damaged(
-                    self.where,
-                    f"/{GROUP}/{c.name}[{r}] box {int(np.argmax(bad))} "
-                    f"is {value[int(np.argmax(bad))].tolist()}, not a valid box",
-                )
+            raise damaged(self.where, f"/{GROUP}/{c.name}[{r}] does not decode ({e})") from e
+        bad = bad_row(c, value)
+        if bad is not None:
+            self._refuse(c, r, value[bad])
         return value
+
+    def _refuse(self, c: Column, r: int, row: Any) -> None:
+        what = (
+            f"holds class index {int(row)}, outside 0..{len(c.classes) - 1}"
+            if c.kind == "multilabel"
+            else f"holds the box {row.tolist()}, not a valid box"
+        )
+        raise damaged(self.where, f"/{GROUP}/{c.name}[{r}] {what}")

@@ -31,30 +31,21 @@ are lists of B — boxes dicts, index lists, text, masks of differing sizes.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 
+from h5forge.read.ragged import Ragged, unpack
+from h5forge.read.tv import tv_tensors
 from h5forge.targets.schema import KINDS, MAX_COLUMNS, Column
 
-__all__ = ["CLASS", "MULTILABEL_FORMS", "Selection", "select", "tv_tensors"]
+__all__ = ["CLASS", "MULTILABEL_FORMS", "Selection", "select"]
 
 CLASS = "class"
 MULTILABEL_FORMS = ("multihot", "indices")
-
-
-@functools.cache
-def tv_tensors() -> ModuleType | None:
-    """``torchvision.tv_tensors``, or None when torchvision is not installed."""
-    try:
-        from torchvision import tv_tensors as tv
-    except ImportError:
-        return None
-    return tv
 
 
 @dataclass(frozen=True)
@@ -127,13 +118,57 @@ class Selection:
         """
         from torch.utils.data import default_collate
 
-        from h5forge.read.batches import check_one_size
+        from h5forge.read.collate import check_one_size
 
         images = [image for image, _ in items]
         check_one_size(images, url=url)
         if all(isinstance(image, torch.Tensor) for image in images):
             images = [image.as_subclass(torch.Tensor) for image in images]
         return default_collate(images), self.collate([t for _, t in items])
+
+    def from_columns(
+        self,
+        labels: np.ndarray,
+        cols: dict[str, Any],
+        canvas: list[tuple[int, int]],
+        *,
+        in_worker: bool,
+    ) -> Any:
+        """A batch of targets, as :meth:`collate` would make it, from the columns in one
+        piece each (:meth:`h5forge.read.target_reads.TargetReads.batch`): the batch's values
+        are converted with a few whole-batch operations instead of one per sample. Inside a
+        worker, boxes and index lists are :class:`~h5forge.read.ragged.Ragged` (one tensor
+        to send; a list again on arrival)."""
+        out: dict[str, Any] = {}
+        for key in self.keys:
+            kind = self._kind(key)
+            value: Any = cols.get(key)
+            if kind == CLASS:
+                out[key] = torch.from_numpy(np.asarray(labels, np.int64))
+            elif kind == "number":
+                out[key] = torch.from_numpy(value)
+            elif kind == "multilabel:multihot":
+                flat, counts = value
+                size = len(next(c for c in self.columns if c.name == key).classes)
+                hot = torch.zeros(len(counts), size, dtype=torch.float32)
+                which = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+                hot[which, flat.to(torch.int64)] = 1.0
+                out[key] = hot
+            elif kind in ("multilabel:indices", "boxes"):
+                rows, counts = value  # a region of the batch's memory
+                name = "boxes" if kind == "boxes" else "indices"
+                out[key] = (
+                    Ragged(name, rows, counts, canvas)
+                    if in_worker
+                    else unpack(name, rows, counts, canvas)
+                )
+            elif kind == "mask" and isinstance(value, torch.Tensor):
+                out[key] = value  # read straight into the batch's (B, H, W) tensor
+            elif kind == "mask":
+                out[key] = _batch(kind, [torch.from_numpy(v) for v in value])
+            else:
+                out[key] = value  # text: a list of str
+        return out if self.as_dict else out[self.keys[0]]
 
     def collate(self, targets: Sequence[Any]) -> Any:
         """A batch of targets (see the module docstring)."""
@@ -152,10 +187,8 @@ def _batch(kind: str, values: list[Any]) -> Any:
             return values
     tensors = all(isinstance(v, torch.Tensor) for v in values)
     if kind == "mask" and tensors and len({tuple(v.shape) for v in values}) == 1:
-        plain = [v.as_subclass(torch.Tensor) for v in values]
-        stacked = default_collate(plain)  # in shared memory inside a worker
-        tv = tv_tensors()
-        return stacked if tv is None else tv.Mask(stacked)
+        # in shared memory inside a worker; a plain tensor, as the batch's images
+        return default_collate([v.as_subclass(torch.Tensor) for v in values])
     return values
 
 

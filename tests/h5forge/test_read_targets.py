@@ -271,32 +271,30 @@ def test_a_mask_of_another_size_than_its_image_is_refused(tmp_path):
     ("column", "row_bytes", "message"),
     [
         ("caption", b"\xff\xfe", "does not decode"),
-        ("tags", np.asarray([5, 0], np.int32).tobytes(), "class index outside 0..2"),
+        ("tags", np.asarray([5, 0], np.int32).tobytes(), "class index 5, outside 0..2"),
         ("objects", np.asarray([[9, 0, 1, 1, 0, 0]], np.float32).tobytes(), "not a valid box"),
     ],
 )
 def test_a_damaged_value_is_an_integrity_error(tmp_path, column, row_bytes, message):
     path = _write(tmp_path / "t.h5")
-    reads = _reads(path)
-    start, count = reads.ranges[column][0]
+    start, count = _reads(path).ranges[column][0]
     assert count == len(row_bytes) or column == "caption"
     blob = bytearray(path.read_bytes())
     blob[start : start + len(row_bytes)] = row_bytes
     path.write_bytes(bytes(blob))
     with pytest.raises(IntegrityError, match=message):
-        _read_values(path, reads, [0])
+        _read_values(path, _reads(path), [0])
 
 
 def test_verify_reads_checks_each_column_digest(tmp_path):
     path = _write(tmp_path / "t.h5")
-    reads = _reads(path, digests=True)
-    start, _ = reads.ranges["caption"][2]
+    start, _ = _reads(path).ranges["caption"][2]
     blob = bytearray(path.read_bytes())
     blob[start] ^= 1  # still valid UTF-8 ("x" -> "y"): only the digest can tell
     path.write_bytes(bytes(blob))
     assert _read_values(path, _reads(path), [2])[0]["caption"].startswith("y")
     with pytest.raises(IntegrityError, match=r"/targets/caption\[2\] read back with sha256"):
-        _read_values(path, reads, [2])
+        _read_values(path, _reads(path, digests=True), [2])
 
 
 # --------------------------------------------------------------------------- packed files
@@ -385,8 +383,8 @@ def test_remote_reads_cost_at_most_one_request_per_column(
 ):
     """Over S3 (moto, requests counted at the server): one sample, and a batch of all twelve,
     each cost at most 1 + 5 range requests (the image's, one per column at most: the rows of
-    a column lie side by side, and neighbouring ranges coalesce), and the requests cover
-    every wanted byte range."""
+    a column lie side by side, and neighbouring ranges coalesce; the small columns cost none,
+    read whole at open), and the requests cover every wanted byte range."""
     catalog, raws = write_scenes(tmp_path / "src", 12, size=(256, 192))  # 1.7 MB of pixels
     local = tmp_path / "big.h5"
     pack(catalog, local, config=PackConfig(ImageConfig(resize="resize", size=(192, 256))))
@@ -406,10 +404,48 @@ def test_remote_reads_cost_at_most_one_request_per_column(
             spans.append((int(first), int(last) + 1))
         assert 1 <= len(spans) <= len(ALL), spans  # image + 5 columns
         wanted = st.index.byte_ranges[rows].tolist()
-        for c in st.targets.columns:
-            wanted += [r for r in st.targets.ranges[c.name][rows].tolist() if r[1]]
+        for c in st.targets.columns:  # the small ones were read whole at open
+            if c.name not in st.targets.resident:
+                wanted += [r for r in st.targets.ranges[c.name][rows].tolist() if r[1]]
+        assert set(st.targets.resident) == {"tags", "objects", "caption", "score"}
         for a, n in wanted:
             assert any(lo <= a and a + n <= hi for lo, hi in spans), (a, n, spans)
         assert torch.equal(images, truth.read_batch(rows)[0])
         assert targets["caption"] == [raws[r]["caption"] for r in rows]
         assert torch.equal(targets["seg"], truth.read_batch(rows)[1]["seg"])
+
+
+@pytest.mark.parametrize("multilabel", ["multihot", "indices"])
+def test_a_batch_read_at_once_equals_its_samples(scenes, multilabel):
+    path, _ = scenes
+    ds = H5ImageDataset(path, target=ALL, multilabel=multilabel)
+    rows = [4, 0, 5, 2]
+    images, batch = ds.read_batch(rows)
+    items = [ds[r] for r in rows]
+    assert torch.equal(images, torch.stack([image for image, _ in items]))
+    for k, (_, one) in enumerate(items):
+        assert batch["class"][k] == one["class"]
+        assert batch["score"][k] == one["score"]
+        assert batch["caption"][k] == one["caption"]
+        assert torch.equal(batch["seg"][k], torch.as_tensor(one["seg"]))
+        assert torch.equal(batch["tags"][k], one["tags"])
+        for key in ("boxes", "labels", "iscrowd"):
+            got, want = batch["objects"][k][key], one["objects"][key]
+            assert got.dtype == want.dtype
+            assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
+
+
+def test_a_damaged_box_in_a_batch_names_its_sample(scenes, tmp_path):
+    path, _ = scenes
+    copy = tmp_path / "damaged.h5"
+    copy.write_bytes(path.read_bytes())
+    ds = H5ImageDataset(copy, target="boxes")
+    start, _ = ds._open().targets.ranges["objects"][3]
+    blob = bytearray(copy.read_bytes())
+    blob[start : start + 4] = np.float32("nan").tobytes()
+    copy.write_bytes(bytes(blob))
+    ds = H5ImageDataset(copy, target="boxes")
+    with pytest.raises(IntegrityError, match=r"/targets/objects\[3\] holds the box \[nan"):
+        ds.read_batch([1, 3])
+    with pytest.raises(IntegrityError, match=r"/targets/objects\[3\] holds the box \[nan"):
+        ds[3]
