@@ -18,6 +18,7 @@ from h5forge.asset.coalesce import (
     DEFAULT_KEEP_BYTES,
     DEFAULT_MAX_GAP,
     DEFAULT_MAX_REQUEST,
+    BlockSource,
     ReadStats,
     RemoteRanges,
 )
@@ -35,7 +36,8 @@ class RangeReader:
 
     Create it in the process that reads (it holds a file descriptor or a filesystem client).
     ``size`` (the file's, when the caller knows it) saves a remote reader one request; the
-    other keywords tune remote reads (:class:`h5forge.asset.coalesce.RemoteRanges`).
+    other keywords tune remote reads (:class:`h5forge.asset.coalesce.RemoteRanges`; ``store``:
+    its blocks kept on local disk).
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class RangeReader:
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         keep_bytes: int = DEFAULT_KEEP_BYTES,
         size: int | None = None,
+        store: BlockSource | None = None,
     ) -> None:
         self.url = url
         self._fs, self._path = url_to_fs(url, storage_options)
@@ -66,6 +69,7 @@ class RangeReader:
                 max_request=max_request,
                 block_bytes=block_bytes,
                 keep_bytes=keep_bytes,
+                store=store,
             )
 
     def _cat_ranges(self, starts: list[int], ends: list[int]) -> list[Any]:
