@@ -1,4 +1,4 @@
-"""The h5forge file format, version 1: the one module that knows names and layout.
+"""The h5forge file format, versions 1 and 2: the one module that knows names and layout.
 
 ``docs/FORMAT.md`` is the normative description; this module mirrors it and a test checks that
 every dataset and attribute the writer produces is listed in both places.
@@ -14,6 +14,10 @@ A file holds one of three storages for its images:
 In both, ``/byte_ranges[i] = (file_offset, nbytes)`` says where sample ``i``'s stored bytes lie in
 the file, so a reader can fetch a sample with one ``pread`` or one HTTP range request without
 walking HDF5 metadata.
+
+Version 2 is version 1 plus target columns (:mod:`h5forge.targets.store`): the root attribute
+``targets_json`` (the schema) and ``/targets/NAME/{values,offsets,shapes,digests}``. A file
+without targets is version 1, byte for byte; readers accept both.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ __all__ = [
     "DIGEST_SIZE",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
+    "TARGETS_VERSION",
     "PARTIAL_SUFFIX",
     "OPTIONAL_ATTRS",
     "Header",
@@ -35,7 +41,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "h5forge"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # a file without target columns
+TARGETS_VERSION = 2  # a file with target columns (root attribute targets_json)
+FORMAT_VERSIONS = (FORMAT_VERSION, TARGETS_VERSION)  # what readers accept
 PARTIAL_SUFFIX = ".partial"
 DIGEST_ALGORITHM = "sha256"
 DIGEST_SIZE = 32
@@ -83,6 +91,17 @@ A_PARENT_SHA256 = "parent_sha256"
 A_SOURCE_FINGERPRINT = "source_fingerprint"
 A_FLOW_RUN_ID = "flow_run_id"
 A_CHANGES_JSON = "changes_json"
+# Version 2 only: the target schema (h5forge.targets.schema.schema_json).
+A_TARGETS_JSON = "targets_json"
+TARGETS = "targets"  # the group of the target columns, /targets/NAME/...
+#: The datasets of one target column, by kind (under /targets/NAME/).
+TARGET_DATASETS: dict[str, tuple[str, ...]] = {
+    "multilabel": ("values", "offsets", "digests"),
+    "boxes": ("values", "offsets", "digests"),
+    "mask": ("values", "offsets", "shapes", "digests"),
+    "text": ("values", "offsets", "digests"),
+    "number": ("values", "digests"),
+}
 
 #: Every dataset the writer may create, with its normative description (FORMAT.md mirrors it).
 DATASET_DESCRIPTIONS: dict[str, str] = {
@@ -99,12 +118,20 @@ DATASET_DESCRIPTIONS: dict[str, str] = {
     DIGESTS: "(N, 32) uint8, sha256 of each sample's stored bytes (uncompressed)",
     QUARANTINE_PATHS: "(Q,) UTF-8 string, source paths that were not packed",
     QUARANTINE_REASONS: "(Q,) UTF-8 string, why each quarantined path was not packed",
+    "targets/NAME/values": "version 2: one column's stored rows back to back, contiguous, "
+    "unfiltered: (M,) int32 (multilabel), (M, 6) float32 (boxes), (B,) uint8 (mask, text), "
+    "(N,) int64 or float64 (number)",
+    "targets/NAME/offsets": "version 2, all but number: (N + 1,) uint64, sample i is "
+    "values[offsets[i]:offsets[i+1]] (rows), from 0 to len(values)",
+    "targets/NAME/shapes": "version 2, mask only: (N, 2) uint32, (H, W) of each mask",
+    "targets/NAME/digests": "version 2: (N, 32) uint8, sha256 of each sample's stored bytes "
+    "in this column",
 }
 
 #: Every root attribute the writer writes, with its normative description.
 ATTR_DESCRIPTIONS: dict[str, str] = {
     A_FORMAT: "string, always 'h5forge'",
-    A_VERSION: "int, format version (1)",
+    A_VERSION: "int, format version: 1, or 2 exactly when the file has target columns",
     A_H5FORGE_VERSION: "string, version of h5forge that wrote the file",
     A_CREATED_AT: "string, UTC creation time, ISO 8601",
     A_LAYOUT: "string, 'decoded' (raw pixels) or 'encoded' (image file bytes)",
@@ -127,6 +154,8 @@ ATTR_DESCRIPTIONS: dict[str, str] = {
     A_SOURCE_FINGERPRINT: "string, optional: sha256 hex of the source's pre-fetch fingerprint",
     A_FLOW_RUN_ID: "string, optional: the Prefect flow run that built the file",
     A_CHANGES_JSON: "string, optional: JSON {added, removed, replaced} source files vs the parent",
+    A_TARGETS_JSON: "string, version 2 only: the target columns as canonical JSON (name, kind, "
+    "classes, dtype, mask encoding 'raw' or 'png')",
 }
 
 #: The optional root attributes (lineage): absent from a file built without them.
@@ -164,6 +193,7 @@ class Header:
     num_quarantined: int
     compression: str
     sealed: bool
+    targets_json: str = ""  # version 2: the schema (h5forge.targets.schema.parse_schema)
 
     @property
     def channels(self) -> int:
@@ -193,10 +223,18 @@ def read_header(attrs: object, *, where: str) -> Header:
             f"expected {FORMAT_NAME!r}; pack it with `h5forge pack`"
         )
     version = int(get(A_VERSION, -1))
-    if version != FORMAT_VERSION:
+    if version not in FORMAT_VERSIONS:
         raise UnsealedFileError(
-            f"{where} has format version {version}, this h5forge reads version "
-            f"{FORMAT_VERSION} only; upgrade h5forge or re-pack the file"
+            f"{where} has format version {version}, this h5forge reads versions "
+            f"{FORMAT_VERSIONS}; upgrade h5forge or re-pack the file"
+        )
+    targets = get(A_TARGETS_JSON)
+    if (targets is not None) != (version == TARGETS_VERSION):
+        raise UnsealedFileError(
+            f"{where} has format version {version} "
+            f"{'without' if targets is None else 'with'} the root attribute {A_TARGETS_JSON!r}: "
+            f"version {TARGETS_VERSION} exactly when it has target columns; the file is damaged "
+            "or not written by h5forge"
         )
     sealed = bool(get(A_SEALED, False))
     storage = _as_str(get(A_STORAGE, ""))
@@ -230,6 +268,7 @@ def read_header(attrs: object, *, where: str) -> Header:
         num_quarantined=int(get(A_NUM_QUARANTINED, 0)),
         compression=_as_str(get(A_COMPRESSION, "none")),
         sealed=sealed,
+        targets_json="" if targets is None else _as_str(targets),
     )
 
 

@@ -2,7 +2,9 @@
 
 The writer stores it as the root attribute ``metadata_sha256`` before sealing and ``verify``
 recomputes it, so no attribute, label, path, class name or quarantine entry can change
-unnoticed; the image bytes are covered by ``/digests``, which this digest covers in turn.
+unnoticed; the image bytes are covered by ``/digests``, which this digest covers in turn. The
+target values (``/targets/NAME/values``, format version 2) are left out the same way: each
+column's ``digests`` covers them, and this digest covers those.
 """
 
 from __future__ import annotations
@@ -40,13 +42,22 @@ def _canonical(value: object) -> object:
     return value
 
 
+def _bulk(name: str) -> bool:
+    """The datasets of sample bytes, covered by per-sample digests instead."""
+    parts = name.split("/")
+    return name == fmt.IMAGES or (
+        len(parts) == 3 and parts[0] == fmt.TARGETS and parts[2] == "values"
+    )
+
+
 def metadata_sha256(h5: h5py.File) -> str:
     """sha256 hex over everything in an open file but the image bytes and two attributes.
 
     Covers every root attribute (name, stored type, value) except ``metadata_sha256`` and
-    ``sealed``, and every dataset except ``/images`` (name, stored type, shape, attributes and
-    contents; strings as their stored UTF-8 bytes). The image bytes are covered by
-    ``/digests``, which this digest covers in turn. The writer stores the result as the root
+    ``sealed``, and every dataset except ``/images`` and ``/targets/*/values`` (name, stored
+    type, shape, attributes and contents; strings as their stored UTF-8 bytes). The image
+    bytes are covered by ``/digests`` (the target values by their column's ``digests``),
+    which this digest covers in turn. The writer stores the result as the root
     attribute ``metadata_sha256`` before sealing; ``verify`` recomputes it, so a changed
     creation time, class name, path, quarantine entry or any attribute cannot pass.
 
@@ -73,7 +84,7 @@ def metadata_sha256(h5: h5py.File) -> str:
     names: list[str] = []
     h5.visititems(
         lambda name, obj: (
-            names.append(name) if isinstance(obj, h5py.Dataset) and name != fmt.IMAGES else None
+            names.append(name) if isinstance(obj, h5py.Dataset) and not _bulk(name) else None
         )
     )
     for name in sorted(names):

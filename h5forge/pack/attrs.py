@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from h5forge.asset import format as fmt
+from h5forge.targets.schema import Column, schema_json
 
-__all__ = ["check_lineage", "root_attrs"]
+if TYPE_CHECKING:
+    from h5forge.pack.config import PackConfig
+
+__all__ = ["check_lineage", "pack_attrs", "root_attrs"]
 
 
 def root_attrs(
@@ -27,6 +31,7 @@ def root_attrs(
     num_classes: int,
     num_quarantined: int,
     lineage: Mapping[str, str] | None = None,
+    targets_json: str = "",
 ) -> dict[str, Any]:
     """Every root attribute but ``sealed`` (and ``metadata_sha256``, set when sealing).
 
@@ -37,12 +42,14 @@ def root_attrs(
             (:meth:`~PackConfig.sha256`).
         num_samples, num_quarantined: placeholders while packing (fixed up in place at the end).
         lineage: the optional lineage attributes (see :func:`check_lineage`); none by default.
+        targets_json: the target schema (:func:`h5forge.targets.schema.schema_json`); when
+            set, the file is format version 2 and records it, else version 1 without it.
     """
     from h5forge import __version__
 
     return {
         fmt.A_FORMAT: fmt.FORMAT_NAME,
-        fmt.A_VERSION: fmt.FORMAT_VERSION,
+        fmt.A_VERSION: fmt.TARGETS_VERSION if targets_json else fmt.FORMAT_VERSION,
         fmt.A_H5FORGE_VERSION: __version__,
         fmt.A_CREATED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
         fmt.A_LAYOUT: layout,
@@ -59,7 +66,37 @@ def root_attrs(
         fmt.A_DIGEST_ALGORITHM: fmt.DIGEST_ALGORITHM,
         fmt.A_COMPRESSION: compression,
         **check_lineage(lineage),
+        **({fmt.A_TARGETS_JSON: targets_json} if targets_json else {}),
     }
+
+
+def pack_attrs(
+    config: PackConfig,
+    *,
+    num_samples: int,
+    num_classes: int,
+    schema: Sequence[Column],
+    source_url: str = "",
+    source_sha256: str = "",
+    lineage: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """:func:`root_attrs` of a pack with ``config``, target columns ``schema`` (stored form,
+    see :func:`h5forge.pack.targets.stored_schema`; ``()``: a version 1 file)."""
+    return root_attrs(
+        layout=config.image.layout,
+        storage="array" if config.fixed_size else "blob",
+        encoding="raw" if config.image.layout == "decoded" else config.image.encoding,
+        mode=config.image.mode,
+        config_json=config.to_json(),
+        compression=config.compression_attr,
+        source_url=source_url,
+        source_sha256=source_sha256,
+        num_samples=num_samples,
+        num_classes=num_classes,
+        num_quarantined=0,
+        lineage=lineage,
+        targets_json=schema_json(schema) if schema else "",
+    )
 
 
 def check_lineage(lineage: Mapping[str, str] | None) -> dict[str, str]:

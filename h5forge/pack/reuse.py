@@ -36,6 +36,7 @@ from h5forge.errors import H5ForgeError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import StoredRun
 from h5forge.pack.previous import Previous, file_identity
+from h5forge.pack.targets import stored_schema
 from h5forge.preprocess.images import Processed, Quarantined, process_file
 from h5forge.preprocess.pool import iter_processed
 
@@ -102,12 +103,16 @@ class SampleSource:
         self, catalog: Catalog, config: PackConfig, *, workers: int | None, reuse: Reuse | None
     ) -> None:
         self.catalog, self.config, self.workers = catalog, config, workers
+        self.schema = stored_schema(catalog.schema, config.image.layout)
         self.reused = 0
         self.mismatched = 0
         self.refused = ""
         self._rows: dict[int, int] = {}  # catalog index -> row of the previous file
         self._previous: Previous | None = None
-        if reuse is not None and reuse.unchanged:
+        if reuse is not None and reuse.unchanged and self.schema:
+            # Reused samples would need their target columns copied and checked too.
+            self._refuse(f"the catalog has target columns {[c.name for c in self.schema]}")
+        elif reuse is not None and reuse.unchanged:
             try:
                 self._plan(reuse)
             except _REFUSED as e:
@@ -181,6 +186,8 @@ class SampleSource:
                 workers=self.workers,
                 borrow=True,
                 threads=few,
+                schema=self.schema,
+                targets=[samples[i].targets for i in fresh_idx] if self.schema else None,
             )
             stack.callback(fresh.close)
             i = 0
@@ -192,7 +199,7 @@ class SampleSource:
                 r = next(reused)
                 if r is None:  # its bytes do not match the previous /digests
                     self.mismatched += 1
-                    yield process_file(i, samples[i].path, image)
+                    yield process_file(i, samples[i].path, image, self.schema, samples[i].targets)
                     i += 1
                     continue
                 n = len(r) if isinstance(r, StoredRun) else 1

@@ -28,6 +28,7 @@ from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import CopiedCheck, CopiedMismatch, StoredRun
 from h5forge.preprocess.images import Processed, Quarantined
 from h5forge.scale.kernel_copy import RangeCopy
+from h5forge.targets.store import TargetSink
 
 __all__ = ["Sink"]
 
@@ -113,8 +114,10 @@ class Sink:
         results: Iterator[Processed | Quarantined | StoredRun],
         catalog: Catalog,
         bar: PackProgress,
+        targets: TargetSink | None = None,
     ) -> tuple[list[int], list[tuple[str, str]]]:
-        """Store every processed sample of ``results`` (in catalog order), advancing ``bar``.
+        """Store every processed sample of ``results`` (in catalog order), advancing ``bar``;
+        with ``targets``, each sample's target values into it.
 
         Returns:
             The catalog indices of the stored samples, and ``(relative path, reason)`` of each
@@ -125,6 +128,7 @@ class Sink:
         done = 0
         for r in results:
             if isinstance(r, StoredRun):
+                assert targets is None, "a pack with target columns reuses nothing"
                 self.add_run(r)
                 kept.extend(range(r.first, r.first + len(r)))
                 done += len(r)
@@ -133,6 +137,9 @@ class Sink:
                 done += 1
             else:
                 self.add(r)
+                if targets is not None:
+                    assert r.targets is not None, "a schema's samples carry their targets"
+                    targets.add(r.targets)
                 kept.append(r.index)
                 done += 1
             bar.advance(done)

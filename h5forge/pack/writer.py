@@ -1,4 +1,4 @@
-"""Pack a catalog of images into one sealed h5forge file (format v1).
+"""Pack a catalog of images into one sealed h5forge file (format v1; v2 with target columns).
 
 Samples stream in order from the process pool or a previous version (:mod:`h5forge.pack.reuse`)
 into a :class:`~h5forge.pack.sink.Sink`; :mod:`h5forge.pack.commit` verifies, seals and renames
@@ -22,7 +22,7 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.placement import Head
 from h5forge.discover.catalog import Catalog, Sample, discover
-from h5forge.pack.attrs import root_attrs
+from h5forge.pack.attrs import pack_attrs
 from h5forge.pack.bar import PackProgress
 from h5forge.pack.checks import check_bad_fraction, check_every_class, check_pack
 from h5forge.pack.commit import Staged, staged
@@ -30,6 +30,7 @@ from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import CopiedMismatch
 from h5forge.pack.reuse import Reuse, SampleSource
 from h5forge.pack.sink import Sink
+from h5forge.pack.targets import open_target_sink
 
 __all__ = ["PackResult", "pack", "pack_slice"]
 
@@ -176,18 +177,13 @@ def _pack(
 ) -> PackResult:
     """Write ``source`` into ``out_path`` and commit it; ``bar`` is closed either way."""
     catalog = source.catalog
-    attrs = root_attrs(
-        layout=config.image.layout,
-        storage="array" if config.fixed_size else "blob",
-        encoding="raw" if config.image.layout == "decoded" else config.image.encoding,
-        mode=config.image.mode,
-        config_json=config.to_json(),
-        compression=config.compression_attr,
-        source_url=source_url,
-        source_sha256=source_sha256,
+    attrs = pack_attrs(
+        config,
         num_samples=len(catalog.samples),
         num_classes=len(catalog.classes),
-        num_quarantined=0,
+        schema=source.schema,
+        source_url=source_url,
+        source_sha256=source_sha256,
         lineage=lineage,
     )
     copies = source.copies  # then every sample is checked from the file before the seal
@@ -205,10 +201,7 @@ def _pack(
             )
     finally:
         bar.close()
-    counts: dict[str, dict[str, int]] = {}
-    for s in samples:
-        per = counts.setdefault(s.split, {})
-        per[catalog.classes[s.label]] = per.get(catalog.classes[s.label], 0) + 1
+    counts = replace(catalog, samples=tuple(samples)).counts()
     return PackResult(
         path=str(out_path),
         num_samples=len(samples),
@@ -243,6 +236,9 @@ def _write(
     with contextlib.ExitStack() as stack:
         sink = Sink(config, filters, stage.partial + ".blob", lock)
         stack.callback(sink.close)
+        targets = open_target_sink(source.schema, stage.partial, lock) if source.schema else None
+        if targets is not None:
+            stack.callback(targets.close)
 
         def head(capacity: int) -> tuple[h5py.File, Head]:
             # Everything but the image bytes goes first (see h5forge.asset.placement).
@@ -267,12 +263,13 @@ def _write(
             sink.copy_into(stage.partial)
         results = iter(source)  # sink.add() writes each before the next
         try:
-            kept, bad = sink.drain(results, catalog, bar)
+            kept, bad = sink.drain(results, catalog, bar, targets)
         finally:
             close = getattr(results, "close", None)
             if close is not None:
                 close()
-        check_bad_fraction(len(catalog.samples), bad, max_bad_fraction)
+        bad = [*catalog.rejected, *bad]  # quarantined while discovering, then while packing
+        check_bad_fraction(len(catalog.samples) + len(catalog.rejected), bad, max_bad_fraction)
         if every_class:
             present = {catalog.samples[i].label for i in kept}
             check_every_class(present, catalog.classes, catalog.root)
@@ -293,6 +290,8 @@ def _write(
             offsets=offsets,
             shapes=np.asarray(sink.shapes, np.uint32).reshape(len(samples), 3),
         )
+        if targets is not None:
+            targets.write(h5)  # after /images, see h5forge.targets.store
         h5.flush()
         if sink.copying:  # the seal skips its digest pass: every sample is checked here
             sink.check_written(byte_ranges, [s.relpath for s in samples], stage.partial)

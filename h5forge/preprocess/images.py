@@ -26,6 +26,9 @@ not be read), ``not an image: ...``, ``image too large: W x H = N pixels > limit
 ``truncated image: ...``, ``corrupt image: ...`` (other decoder errors) and
 ``unsupported image: ...`` (a mode Pillow cannot convert). ``ImageFile.LOAD_TRUNCATED_IMAGES``
 is left False: a truncated file is never padded with grey.
+
+A sample's targets (:mod:`h5forge.targets`) are encoded next to its image, with the
+:class:`~h5forge.targets.geometry.Geometry` it went through; a bad one quarantines the sample.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from __future__ import annotations
 import hashlib
 import io
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -44,6 +49,11 @@ from h5forge.errors import IntegrityError
 from h5forge.options import Encoding, Layout, option
 from h5forge.preprocess import normalise as norm
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS, ImageConfig
+from h5forge.targets.geometry import Geometry
+
+if TYPE_CHECKING:
+    from h5forge.targets.schema import Column
+    from h5forge.targets.store import StoredTargets
 
 __all__ = [
     "Encoding",
@@ -51,6 +61,7 @@ __all__ = [
     "Processed",
     "Quarantined",
     "decode_stored",
+    "load_geometry",
     "load_normalised",
     "process_file",
 ]
@@ -68,12 +79,14 @@ class Processed:
         shape: ``(H, W, C)`` of the decoded, normalised image (resized unless the encoding is
             ``"original"``).
         digest: ``sha256(data).digest()``.
+        targets: the sample's stored target values (None without a schema).
     """
 
     index: int
     data: bytes
     shape: tuple[int, int, int]
     digest: bytes
+    targets: StoredTargets | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,8 @@ class Quarantined:
 
 def load_normalised(src: bytes | str, cfg: ImageConfig, *, resize: bool = False) -> Image.Image:
     """Decode frame 0 of an image and apply the normalisation rules of this module.
+
+    The image of :func:`load_geometry`, which says what was done to it.
 
     Args:
         src: the file's bytes, or a local path.
@@ -104,12 +119,20 @@ def load_normalised(src: bytes | str, cfg: ImageConfig, *, resize: bool = False)
         PIL.Image.DecompressionBombError: more than ``cfg.max_image_pixels`` pixels.
         ValueError, SyntaxError, EOFError, struct.error: malformed data, from Pillow.
     """
+    return load_geometry(src, cfg, resize=resize)[0]
+
+
+def load_geometry(
+    src: bytes | str, cfg: ImageConfig, *, resize: bool = False
+) -> tuple[Image.Image, Geometry]:
+    """:func:`load_normalised`, and the :class:`Geometry` it applied: the file's size before
+    EXIF, its orientation and the resize plan (None without ``resize``). Same errors."""
     if isinstance(src, str):
         with open(src, "rb") as f:
             src = f.read()
     img = norm.open_checked(src, cfg.max_image_pixels)
-    orientation = norm.orientation(img)
-    plan = norm.plan(img.size, orientation, cfg) if resize else None
+    orientation, file_size = norm.orientation(img), img.size
+    plan = norm.plan(file_size, orientation, cfg) if resize else None
     region = None
     if plan is not None and isinstance(img, JpegImageFile):
         region = norm.draft(img, plan, orientation)
@@ -119,10 +142,16 @@ def load_normalised(src: bytes | str, cfg: ImageConfig, *, resize: bool = False)
     img = norm.normalise_mode(img, cfg.mode)
     if plan is not None:
         img = norm.apply(img, plan, region)
-    return img
+    return img, Geometry(file_size, orientation, plan)
 
 
-def process_file(index: int, path: str, cfg: ImageConfig) -> Processed | Quarantined:
+def process_file(
+    index: int,
+    path: str,
+    cfg: ImageConfig,
+    schema: Sequence[Column] = (),
+    targets: Sequence[object] = (),
+) -> Processed | Quarantined:
     """Read, validate, normalise and encode one file for storage (runs in a worker process).
 
     Only programming errors escape; every decoding problem becomes a :class:`Quarantined`.
@@ -131,6 +160,8 @@ def process_file(index: int, path: str, cfg: ImageConfig) -> Processed | Quarant
         index: position of the file in the input sequence (returned as is).
         path: local path of the source file.
         cfg: the configuration.
+        schema: the target columns (mask ``encoding`` set), ``()`` for none.
+        targets: the sample's raw values, one per column of ``schema``.
 
     Returns:
         :class:`Processed` with the stored bytes, or :class:`Quarantined` with the reason.
@@ -144,7 +175,7 @@ def process_file(index: int, path: str, cfg: ImageConfig) -> Processed | Quarant
         return Quarantined(index, path, "zero-byte file")
     keep_source = cfg.layout == "encoded" and cfg.encoding == "original"
     try:
-        img = load_normalised(raw, cfg, resize=not keep_source)
+        img, geometry = load_geometry(raw, cfg, resize=not keep_source)
         if keep_source:
             data = raw
         elif cfg.layout == "decoded":
@@ -165,8 +196,25 @@ def process_file(index: int, path: str, cfg: ImageConfig) -> Processed | Quarant
         if isinstance(e, ValueError) and "conversion" in str(e):
             return Quarantined(index, path, f"unsupported image: {e}")
         return Quarantined(index, path, f"corrupt image: {e}")
+    stored = None
+    if schema:  # "original" bytes were not resized: the geometry is EXIF only, as read back
+        from h5forge.targets.schema import TargetError
+        from h5forge.targets.store import encode_targets
+
+        values = dict(zip((c.name for c in schema), targets, strict=True))
+        try:
+            stored = encode_targets(
+                schema, values, geometry, read=_read_bytes, max_pixels=cfg.max_image_pixels
+            )
+        except TargetError as e:
+            return Quarantined(index, path, str(e))
     channels = 3 if img.mode == "RGB" else 1
-    return Processed(index, data, (img.height, img.width, channels), hashlib.sha256(data).digest())
+    shape = (img.height, img.width, channels)
+    return Processed(index, data, shape, hashlib.sha256(data).digest(), stored)
+
+
+def _read_bytes(path: str) -> bytes:
+    return Path(path).read_bytes()
 
 
 def decode_stored(

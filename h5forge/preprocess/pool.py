@@ -26,6 +26,7 @@ from h5forge.preprocess.config import ImageConfig
 from h5forge.preprocess.context import check_main_importable, worker_context
 from h5forge.preprocess.images import Processed, Quarantined, process_file
 from h5forge.preprocess.ring import InRing, Ring
+from h5forge.targets.schema import Column
 
 __all__ = ["iter_processed"]
 
@@ -46,6 +47,8 @@ def iter_processed(
     window: int | None = None,
     borrow: bool = False,
     threads: bool = False,
+    schema: Sequence[Column] = (),
+    targets: Sequence[Sequence[object]] | None = None,
 ) -> Generator[Result, None, None]:
     """Process every path and yield the results in input order.
 
@@ -69,12 +72,16 @@ def iter_processed(
         threads: run ``workers`` threads of this process instead of worker processes (for a
             few inputs, where starting processes costs more than the GIL does; an incremental
             pack's new files). A decoder crash then takes this process with it.
+        schema: the target columns (mask ``encoding`` set); ``()``: none.
+        targets: with a schema, each path's raw target values (one per column), encoded in
+            the worker next to the image (:func:`~h5forge.preprocess.images.process_file`).
 
     Returns:
         A generator of :class:`Processed` or :class:`Quarantined`, one per path.
 
     Raises:
-        ValueError: ``workers`` or ``window`` below 1, or an invalid ``cfg``.
+        ValueError: ``workers`` or ``window`` below 1, an invalid ``cfg``, or ``targets`` not
+            one row per path.
         concurrent.futures.process.BrokenProcessPool: a worker died (decoder crash, OOM kill);
             the message names the inputs it held.
     """
@@ -85,29 +92,53 @@ def iter_processed(
             raise ValueError(f"{name}={value!r} must be an int >= 1 (or None for the default)")
     cfg.validate()
     items = [os.fspath(p) for p in paths]
+    schema = tuple(schema)
+    rows = [tuple(t) for t in targets] if schema and targets is not None else None
+    if schema and (rows is None or len(rows) != len(items)):
+        raise ValueError(f"targets must give one row per path ({len(items)}) with a schema")
+    jobs = _Jobs(cfg, schema, rows)
     n_workers = workers or usable_cpus()
     if n_workers == 1 or len(items) < _POOL_FROM:
-        return (process_file(i, p, cfg) for i, p in enumerate(items))
+        return (jobs.run(i, p) for i, p in enumerate(items))
     if threads:
-        return _threaded(items, cfg, n_workers, window or 4 * n_workers)
+        return _threaded(items, jobs, n_workers, window or 4 * n_workers)
     chunk = max(1, min(_MAX_CHUNK, len(items) // (n_workers * 4)))
     limit = window or 4 * n_workers * chunk
     size = _fixed_size(cfg)
     if window is None and size:
         limit = min(limit, max(2 * n_workers * chunk, _RING_BYTES // size))
-    return _pooled(items, cfg, n_workers, min(chunk, limit), limit, size, borrow)
+    return _pooled(items, jobs, n_workers, min(chunk, limit), limit, size, borrow)
 
 
-def _threaded(
-    items: list[str], cfg: ImageConfig, n: int, limit: int
-) -> Generator[Result, None, None]:
+class _Jobs:
+    """What every input is processed with (pickled once per task): the image configuration,
+    the target schema and, with one, every input's raw targets (sliced per task)."""
+
+    def __init__(
+        self, cfg: ImageConfig, schema: tuple[Column, ...], rows: list[tuple[object, ...]] | None
+    ) -> None:
+        self.cfg, self.schema, self.rows, self.start = cfg, schema, rows, 0
+
+    def part(self, start: int, stop: int) -> _Jobs:
+        """The jobs of inputs ``start..stop - 1`` (the rows a task needs, not all of them)."""
+        part = _Jobs(self.cfg, self.schema, None if self.rows is None else self.rows[start:stop])
+        part.start = start
+        return part
+
+    def run(self, i: int, path: str) -> Result:
+        """Process input ``i`` (an index of the whole sequence)."""
+        targets = self.rows[i - self.start] if self.rows is not None else ()
+        return process_file(i, path, self.cfg, self.schema, targets)
+
+
+def _threaded(items: list[str], jobs: _Jobs, n: int, limit: int) -> Generator[Result, None, None]:
     """In-order results from ``n`` threads of this process, at most ``limit`` in flight:
     Pillow's decoders, its resize and hashlib release the GIL, and no process starts."""
     with ThreadPoolExecutor(n, thread_name_prefix="h5forge-preprocess") as pool:
         pending: deque[Future[Result]] = deque()
         try:
             for i, p in enumerate(items):
-                pending.append(pool.submit(process_file, i, p, cfg))
+                pending.append(pool.submit(jobs.run, i, p))
                 if len(pending) >= limit:
                     yield pending.popleft().result()
             while pending:
@@ -125,24 +156,24 @@ def _fixed_size(cfg: ImageConfig) -> int | None:
 
 
 def _process_chunk(
-    start: int, paths: list[str], cfg: ImageConfig, ring: tuple[str, int, int] | None = None
+    start: int, paths: list[str], jobs: _Jobs, ring: tuple[str, int, int] | None = None
 ) -> list[Result | InRing]:
     # Module level so that spawn/forkserver workers can unpickle it by name.
     if ring is None:
-        return [process_file(start + i, p, cfg) for i, p in enumerate(paths)]
+        return [jobs.run(start + i, p) for i, p in enumerate(paths)]
     path, size, slots = ring
     try:
         fd = os.open(path, os.O_WRONLY)
     except OSError:  # the ring cannot be reached from here: send the bytes the slow way
-        return _process_chunk(start, paths, cfg)
+        return _process_chunk(start, paths, jobs)
     out: list[Result | InRing] = []
     try:
         for i, p in enumerate(paths):
-            r = process_file(start + i, p, cfg)
+            r = jobs.run(start + i, p)
             if isinstance(r, Processed) and len(r.data) == size:
                 try:
                     if os.pwrite(fd, r.data, (r.index % slots) * size) == size:
-                        out.append(InRing(r.index, r.shape, r.digest))
+                        out.append(InRing(r.index, r.shape, r.digest, r.targets))
                         continue
                 except OSError:  # e.g. the shared-memory folder is full: send it the slow way
                     pass
@@ -154,7 +185,7 @@ def _process_chunk(
 
 def _pooled(
     paths: list[str],
-    cfg: ImageConfig,
+    jobs: _Jobs,
     workers: int,
     chunk: int,
     window: int,
@@ -163,7 +194,7 @@ def _pooled(
 ) -> Generator[Result, None, None]:
     ring = Ring(size, window) if size else None
     try:
-        yield from _pooled_with(paths, cfg, workers, chunk, window, ring, borrow)
+        yield from _pooled_with(paths, jobs, workers, chunk, window, ring, borrow)
     finally:
         if ring is not None:
             ring.close()
@@ -171,7 +202,7 @@ def _pooled(
 
 def _pooled_with(
     paths: list[str],
-    cfg: ImageConfig,
+    jobs: _Jobs,
     workers: int,
     chunk: int,
     window: int,
@@ -195,7 +226,8 @@ def _pooled_with(
         while pending or next_start < n:
             while next_start < n and in_flight + min(chunk, n - next_start) <= window:
                 stop = min(n, next_start + chunk)
-                task = pool.submit(_process_chunk, next_start, paths[next_start:stop], cfg, spec)
+                part = jobs.part(next_start, stop)
+                task = pool.submit(_process_chunk, next_start, paths[next_start:stop], part, spec)
                 pending.append((next_start, stop, task))
                 in_flight += stop - next_start
                 next_start = stop

@@ -16,19 +16,24 @@ import mmap
 import os
 import shutil
 import tempfile
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from h5forge.preprocess.images import Processed
+
+if TYPE_CHECKING:
+    from h5forge.targets.store import StoredTargets
 
 __all__ = ["InRing", "Ring"]
 
 
 class InRing(NamedTuple):
-    """A processed sample whose bytes a worker wrote into its ring slot."""
+    """A processed sample whose bytes a worker wrote into its ring slot (its targets, small,
+    travel with it)."""
 
     sample: int
     shape: tuple[int, int, int]
     digest: bytes
+    targets: StoredTargets | None = None
 
 
 class Ring:
@@ -70,7 +75,7 @@ class Ring:
                 f"ring {self.path}: slot of input {r.sample} holds {len(data)} bytes, "
                 f"expected {self.size}"
             )
-        return Processed(r.sample, data, r.shape, r.digest)
+        return Processed(r.sample, data, r.shape, r.digest, r.targets)
 
     def borrow(self, r: InRing) -> Processed:
         """The slot itself, read-only: valid until the slot is handed to another input."""
@@ -78,7 +83,7 @@ class Ring:
             self._map = mmap.mmap(self._fd, self.size * self.slots, prot=mmap.PROT_READ)
         start = (r.sample % self.slots) * self.size
         view = memoryview(self._map)[start : start + self.size]
-        return Processed(r.sample, view, r.shape, r.digest)  # type: ignore[arg-type]
+        return Processed(r.sample, view, r.shape, r.digest, r.targets)  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Unmap and close the file (and unlink it where it still has a name)."""

@@ -49,7 +49,8 @@ def test_writer_writes_only_documented_fields(which: str, request: pytest.Fixtur
     datasets, attrs = _written(result.path)
     doc_datasets, doc_attrs = _documented()
     assert datasets <= doc_datasets, f"undocumented datasets: {datasets - doc_datasets}"
-    doc_attrs -= fmt.OPTIONAL_ATTRS  # lineage: written only when a build passes it
+    # lineage: written only when a build passes it; targets_json: only in version 2
+    doc_attrs -= fmt.OPTIONAL_ATTRS | {fmt.A_TARGETS_JSON}
     assert attrs == doc_attrs, f"undocumented {attrs - doc_attrs}, missing {doc_attrs - attrs}"
     with h5py.File(result.path) as h5:
         storage = h5.attrs["storage"]

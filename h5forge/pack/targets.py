@@ -1,0 +1,42 @@
+"""A pack's target columns (format version 2): the schema as the file stores it and the
+``/targets`` sink whose spools are this run's files.
+
+The catalog's schema leaves each mask column's ``encoding`` open; the pack sets it from its
+layout (:func:`stored_schema`): ``raw`` pixels in a decoded file, a ``png`` file in an encoded
+one. Each column's bytes are spooled beside ``OUT.partial`` while packing, created exclusively
+through the output lock like the blob spool (:mod:`h5forge.pack.sink`), so a planted link is
+never written through and a killed run's spools are removed by the next one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import IO
+
+from h5forge.options import Layout
+from h5forge.output_lock import OutputLock
+from h5forge.targets.schema import Column, Schema
+from h5forge.targets.store import TargetSink
+
+__all__ = ["open_target_sink", "stored_schema"]
+
+
+def stored_schema(schema: Sequence[Column], layout: Layout) -> Schema:
+    """``schema`` with every mask column's ``encoding`` set for ``layout``."""
+    encoding = "raw" if layout == "decoded" else "png"
+    return tuple(
+        dataclasses.replace(c, encoding=encoding) if c.kind == "mask" else c for c in schema
+    )
+
+
+def open_target_sink(schema: Schema, partial: str, lock: OutputLock) -> TargetSink:
+    """A :class:`TargetSink` for ``schema`` whose spools are ``PARTIAL.targets-NAME`` files,
+    created exclusively through ``lock`` (removed with the run's other partial files)."""
+
+    def spool(name: str) -> IO[bytes]:
+        fd = lock.create(f"{partial}.targets-{name}", 0o600, flags=os.O_RDWR)
+        return os.fdopen(fd, "w+b")
+
+    return TargetSink(schema, spool)
