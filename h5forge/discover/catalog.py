@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h5forge.discover.coco import coco_listing
-from h5forge.discover.columns import ColumnSpec, manifest_schema, row_targets
+from h5forge.discover.columns import ColumnSpec, RowTargets, manifest_schema
 from h5forge.discover.folder import IMAGE_EXTENSIONS, SPLIT_NAMES, Found, scan_folder
 from h5forge.discover.listing import UNLABELLED, Listing
 from h5forge.discover.manifest import JSONL_SUFFIXES, read_rows
@@ -206,6 +206,7 @@ def _from_manifest(path: Path, columns: ColumnSpec | None) -> Listing:
     out = Listing([], (), ())
     seen: dict[str, int] = {}
     folders: dict[str, str] = {}  # relative folder -> real path
+    targets = RowTargets(schema, csv=csv, folder=folder, folder_real=folder_real, folders=folders)
     for line, rel, label, split, extras in rows:
         where = f"{shown}:{line}"
         if (split is not None) != has_split:
@@ -224,15 +225,7 @@ def _from_manifest(path: Path, columns: ColumnSpec | None) -> Listing:
         check_file(where, rel, norm, full, folder_real, folders)
         if schema:
             try:
-                out.targets[norm] = row_targets(
-                    where,
-                    schema,
-                    extras,
-                    csv=csv,
-                    folder=folder,
-                    folder_real=folder_real,
-                    folders=folders,
-                )
+                out.targets[norm] = targets(where, extras)
             except TargetError as e:
                 out.rejected.append((norm, str(e)))
                 continue

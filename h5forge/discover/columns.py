@@ -30,6 +30,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from h5forge.discover.manifest import MAX_LABEL_CHARS
 from h5forge.discover.rows import check_file, check_path
 from h5forge.targets.schema import (
     KINDS,
@@ -42,7 +43,7 @@ from h5forge.targets.schema import (
     check_value,
 )
 
-__all__ = ["ColumnSpec", "manifest_schema", "row_targets"]
+__all__ = ["ColumnSpec", "RowTargets", "manifest_schema"]
 
 #: What ``discover(..., columns=)`` takes: a kind per column name, or a whole ``Column``.
 ColumnSpec = Mapping[str, "Kind | Column"]
@@ -108,31 +109,91 @@ def manifest_schema(
     return tuple(schema)
 
 
-def row_targets(
-    where: str,
-    schema: Schema,
-    row: dict[str, object],
-    *,
-    csv: bool,
-    folder: Path,
-    folder_real: str,
-    folders: dict[str, str],
-) -> tuple[object, ...]:
-    """One row's checked raw values, one per column of ``schema``.
+class RowTargets:
+    """Checks each row's target values against a schema (class indexes built once).
 
-    Raises:
-        TargetError: a value breaks its column's rule; the reason names the column, and ends
-            with ``where`` (``FILE:LINE``).
+    Args:
+        schema: the columns, from :func:`manifest_schema`.
+        csv: whether field values are CSV text.
+        folder: the manifest's folder; mask paths are relative to it.
+        folder_real: its real path.
+        folders: the real-path cache :func:`~h5forge.discover.rows.check_file` shares.
     """
-    out = []
-    for column in schema:
-        try:
-            value = _convert(column, row.get(column.name), csv, folder, folder_real, folders)
-            out.append(check_value(column, value))
-        except (TargetError, FileNotFoundError, ValueError) as e:
-            reason = str(e) if str(e).startswith("bad target:") else f"bad target: {e}"
-            raise TargetError(f"{reason} ({where})") from None
-    return tuple(out)
+
+    def __init__(
+        self, schema: Schema, *, csv: bool, folder: Path, folder_real: str, folders: dict[str, str]
+    ) -> None:
+        self.schema, self.csv, self.folder = schema, csv, folder
+        self.folder_real, self.folders = folder_real, folders
+        self.index = {c.name: {n: i for i, n in enumerate(c.classes)} for c in schema}
+
+    def __call__(self, where: str, row: dict[str, object]) -> tuple[object, ...]:
+        """One row's checked raw values, one per column.
+
+        Raises:
+            TargetError: a value breaks its column's rule; the reason names the column and
+                ends with ``(where)`` (``FILE:LINE``).
+        """
+        out = []
+        for column in self.schema:
+            try:
+                out.append(check_value(column, self._convert(column, row.get(column.name))))
+            except (TargetError, FileNotFoundError, ValueError) as e:
+                reason = str(e) if str(e).startswith("bad target:") else f"bad target: {e}"
+                raise TargetError(f"{reason} ({where})") from None
+        return tuple(out)
+
+    def _convert(self, column: Column, v: object) -> object:
+        """A raw field as the value ``check_value`` takes for ``column``."""
+        where = f"bad target: column {column.name!r}"
+        if v is None:
+            raise TargetError(f"{where}: no value on this row")
+        if column.kind == "number" and self.csv:
+            number = _number(v)
+            if number is None:
+                raise TargetError(f"{where}: {str(v)[:60]!r} is not a number")
+            return number
+        if column.kind == "mask":
+            if not isinstance(v, str):
+                raise TargetError(f"{where}: expected a mask path, got {repr(v)[:60]}")
+            norm = check_path(where, v)
+            full = self.folder / norm
+            check_file(where, v, norm, full, self.folder_real, self.folders)
+            return str(full)
+        if column.kind not in ("multilabel", "boxes"):
+            return v
+        items = _parse_list(v, self.csv, sep=column.kind == "multilabel")
+        if items is None:
+            raise TargetError(f"{where}: expected a list, got {str(v)[:60]!r}")
+        index = self.index[column.name]
+        if column.kind == "multilabel":
+            bad = [x for x in items if not isinstance(x, str) or x not in index]
+            if bad:
+                raise TargetError(f"{where}: class {_name_problem(bad[0])}")
+            return [index[x] for x in items]  # type: ignore[index]
+        boxes = []
+        for j, box in enumerate(items):
+            if not isinstance(box, list) or len(box) not in (5, 6):
+                raise TargetError(
+                    f'{where}: box {j} is {repr(box)[:60]}, expected [x1, y1, x2, y2, "class"] '
+                    'or [x1, y1, x2, y2, "class", iscrowd]'
+                )
+            if not isinstance(box[4], str) or box[4] not in index:
+                raise TargetError(f"{where}: box {j} class {_name_problem(box[4])}")
+            boxes.append((*box[:4], index[box[4]], box[5] if len(box) == 6 else 0))
+        return boxes
+
+
+def _name_problem(name: object) -> str:
+    if not isinstance(name, str):
+        return f"{repr(name)[:60]} is not a class name (a string)"
+    if not 0 < len(name) <= MAX_LABEL_CHARS:
+        return f"name of {len(name):,} characters, outside 1..{MAX_LABEL_CHARS:,}"
+    return f"{name[:60]!r} is not one of the column's classes"
+
+
+def _is_name(x: object) -> bool:
+    return isinstance(x, str) and 0 < len(x) <= MAX_LABEL_CHARS
 
 
 def _column(
@@ -220,10 +281,8 @@ def _class_names(kind: str, v: object, csv: bool) -> list[str]:
     if items is None:
         return []
     if kind == "multilabel":
-        return [x for x in items if isinstance(x, str)]
-    return [
-        b[4] for b in items if isinstance(b, list) and len(b) in (5, 6) and isinstance(b[4], str)
-    ]
+        return [x for x in items if _is_name(x)]  # type: ignore[misc]
+    return [b[4] for b in items if isinstance(b, list) and len(b) in (5, 6) and _is_name(b[4])]
 
 
 def _parse_list(v: object, csv: bool, *, sep: bool) -> list[object] | None:
@@ -235,57 +294,3 @@ def _parse_list(v: object, csv: bool, *, sep: bool) -> list[object] | None:
         except (ValueError, RecursionError):
             return None
     return v if isinstance(v, list) else None
-
-
-def _convert(
-    column: Column,
-    v: object,
-    csv: bool,
-    folder: Path,
-    folder_real: str,
-    folders: dict[str, str],
-) -> object:
-    """A raw field as the value ``check_value`` takes for ``column``."""
-    where = f"bad target: column {column.name!r}"
-    if v is None:
-        raise TargetError(f"{where}: no value on this row")
-    if column.kind == "number":
-        if csv:
-            number = _number(v)
-            if number is None:
-                raise TargetError(f"{where}: {str(v)[:60]!r} is not a number")
-            return number
-        return v
-    if column.kind == "mask":
-        if not isinstance(v, str):
-            raise TargetError(f"{where}: expected a mask path, got {repr(v)[:60]}")
-        norm = check_path(where, v)
-        full = folder / norm
-        check_file(where, v, norm, full, folder_real, folders)
-        return str(full)
-    if column.kind not in ("multilabel", "boxes"):
-        return v
-    items = _parse_list(v, csv, sep=column.kind == "multilabel")
-    if items is None:
-        raise TargetError(f"{where}: expected a list, got {str(v)[:60]!r}")
-    index = {c: i for i, c in enumerate(column.classes)}
-    if column.kind == "multilabel":
-        unknown = [x for x in items if not isinstance(x, str) or x not in index]
-        if unknown:
-            raise TargetError(f"{where}: class {str(unknown[0])[:60]!r} is not one of the column's")
-        return [index[x] for x in items]  # type: ignore[index]
-    boxes = []
-    for j, box in enumerate(items):
-        if (
-            not isinstance(box, list)
-            or len(box) not in (5, 6)
-            or not isinstance(box[4], str)
-            or box[4] not in index
-        ):
-            raise TargetError(
-                f'{where}: box {j} is {repr(box)[:60]}, expected [x1, y1, x2, y2, "class"'
-                f"(, iscrowd)] with a class of {list(column.classes)[:10]}"
-            )
-        crowd = box[5] if len(box) == 6 else 0
-        boxes.append((*box[:4], index[box[4]], crowd))
-    return boxes

@@ -137,7 +137,7 @@ def _hostile_rows(tmp_path: Path) -> list[dict[str, object]]:
 REASONS = {
     "nan": "not finite",
     "negative": "negative size",
-    "unknown-class": "expected [x1, y1, x2, y2",
+    "unknown-class": "box 0 class 'zebra' is not one of the column's classes",
     "long-caption": f"more than the limit of {MAX_TEXT_BYTES:,}",
     "missing-mask": "not found",
     "escaping-mask": "stay inside",
@@ -232,3 +232,20 @@ def test_every_row_quarantined_is_an_empty_dataset(tmp_path: Path) -> None:
         discover(tmp_path, manifest="m.jsonl", columns={"n": Column("n", "number", dtype="int64")})
     (tmp_path / "m.jsonl").write_text(json.dumps({"path": "a.png", "n": 2}) + "\n")
     assert discover(tmp_path, manifest="m.jsonl").samples[0].targets == (2,)
+
+
+@pytest.mark.parametrize(
+    ("tags", "reason"),
+    [
+        ("a||b", "class name of 0 characters, outside 1..1,024"),
+        ("a|" + "n" * 2000, "class name of 2,000 characters, outside 1..1,024"),
+    ],
+)
+def test_multilabel_names_are_bounded(tmp_path: Path, tags: str, reason: str) -> None:
+    (tmp_path / "m.csv").write_text(f"path,tags\na.png,a|b\nb.png,{tags}\n")
+    write_manifest_with_columns(tmp_path, [{"path": "a.png"}, {"path": "b.png"}], name="x.csv")
+    cat = discover(tmp_path, manifest="m.csv", columns={"tags": "multilabel"})
+    assert cat.schema[0].classes == ("a", "b")  # the bad names make no class
+    assert [s.targets for s in cat.samples] == [((0, 1),)]
+    where = tmp_path / "m.csv"
+    assert cat.rejected == (("b.png", f"bad target: column 'tags': {reason} ({where}:3)"),)
