@@ -59,13 +59,9 @@ def manifest_schema(
     *,
     csv: bool,
 ) -> Schema:
-    """The target columns of a manifest: ``columns`` checked, or inferred (module docstring).
-
-    Args:
-        shown: the manifest's printable name, starting every message.
-        extras: ``(line, extra columns)`` of each row.
-        columns: the given schema, or None to infer it.
-        csv: whether field values are CSV text (else JSON values).
+    """The target columns of a manifest (``shown``, its printable name) from the extra columns
+    of each row (``(line, extras)``): ``columns`` checked, or inferred; ``csv``: values are CSV
+    text, else JSON values.
 
     Raises:
         ValueError: a name that is not a valid column name, more than ``MAX_COLUMNS`` columns,
@@ -85,7 +81,7 @@ def manifest_schema(
         if absent:
             raise ValueError(
                 f"{shown}: columns= names {absent}, which the manifest does not have (its "
-                f"columns: {list(seen)}); fix the name or drop it from columns="
+                f"columns: {list(seen)[:20]}); fix the name or drop it from columns="
             )
     specs: Mapping[str, Kind | Column | None] = (
         columns if columns is not None else dict.fromkeys(seen)
@@ -239,6 +235,8 @@ def _infer(shown: str, name: str, values: list[tuple[int, object]], csv: bool) -
     if len(found) == 1 and found <= {"text", "multilabel", "boxes", "empty"}:
         only = found.pop()
         return "multilabel" if only == "empty" else only  # type: ignore[return-value]
+    if not kinds:
+        raise ValueError(f"{shown}: column {name!r} is null on every line; drop it or use columns=")
     by_line = sorted(kinds.items(), key=lambda kv: kv[1][0])
     first_kind, (first_line, _) = by_line[0]
     bad_kind, (line, value) = by_line[-1] if len(by_line) > 1 else by_line[0]

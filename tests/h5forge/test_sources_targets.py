@@ -187,6 +187,7 @@ def test_hostile_rows_are_quarantined_with_a_reason_and_the_rest_kept(
             r"m\.jsonl:2: column 'x' holds \['u'\] \(multilabel\), but line 1 holds a int",
         ),
         ([{"path": "a.png", "x": True}], r"m\.jsonl:1: column 'x' holds True .*no target kind"),
+        ([{"path": "a.png", "x": None}], r"m\.jsonl: column 'x' is null on every line"),
         ([{"path": "a.png", "Bad Name": "t"}], r"m\.jsonl: target column 'Bad Name'.*rename"),
         ([{"path": "a.png", "index": "t"}], r"reserved"),
         (
