@@ -29,7 +29,7 @@ def check_label_range(shown: str, rows: list[ManifestRow]) -> None:
     the row count, so a small manifest can keep the indices of a 1,000-class dataset.
     """
     bound = max(len(rows), LABEL_FLOOR)
-    for line, _, label, _ in rows:
+    for line, _, label, *_ in rows:
         if isinstance(label, int) and label >= bound:
             raise ValueError(
                 f"{shown}:{line}: label {printable(label, limit=40)} is out of range: a manifest "

@@ -1,0 +1,160 @@
+"""COCO instances JSON as a source: boxes round trip (xywh -> XYXY), hostile files and entries."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from h5forge.discover.catalog import UNLABELLED, discover
+from h5forge.discover.coco import MAX_COCO_BYTES
+from h5forge.discover.report import describe
+from h5forge.errors import EmptyDatasetError
+from tests.fixtures.targets_data import CocoWritten, write_coco_dataset
+
+
+@pytest.fixture
+def coco(tmp_path: Path) -> CocoWritten:
+    return write_coco_dataset(tmp_path / "coco", images=5, unannotated=1)
+
+
+def _want(w: CocoWritten, classes: tuple[str, ...]) -> dict[str, tuple]:
+    return {
+        name: (
+            tuple(
+                (x, y, x + bw, y + bh, float(classes.index(c)), float(crowd))
+                for x, y, bw, bh, c, crowd in boxes
+            ),
+        )
+        for name, boxes in w.boxes.items()
+    }
+
+
+def test_coco_boxes_round_trip_as_xyxy(coco: CocoWritten) -> None:
+    cat = discover(coco.root, coco="annotations/instances.json")
+    (column,) = cat.schema
+    assert (column.name, column.kind) == ("boxes", "boxes")
+    cats = coco.data["categories"]
+    assert column.classes == tuple(sorted(c["name"] for c in cats))  # type: ignore[attr-defined]
+    assert cat.classes == (UNLABELLED,)
+    assert cat.root == str(coco.root)
+    assert {s.relpath: s.targets for s in cat.samples} == _want(coco, column.classes)
+    assert [s.relpath for s in cat.samples] == sorted(coco.boxes)
+    assert cat.samples[-1].targets == ((),)  # the unannotated image: no boxes
+    assert cat.rejected == ()
+    assert cat.skipped == {}
+    absolute = discover(coco.root, coco=coco.annotations)  # an absolute path works too
+    assert absolute == cat
+    assert describe(cat) == "targets: boxes (boxes, 3 classes)"
+
+
+def _edit(w: CocoWritten, change) -> Path:  # type: ignore[no-untyped-def]
+    data = copy.deepcopy(w.data)
+    change(data)
+    return w.rewrite(data)
+
+
+def _ann(data: dict, i: int) -> dict:  # type: ignore[type-arg]
+    return data["annotations"][i]
+
+
+@pytest.mark.parametrize(
+    ("change", "image", "reason"),
+    [
+        (lambda d: _ann(d, 0)["bbox"].__setitem__(0, math.nan), 0, "not finite"),
+        (lambda d: _ann(d, 3)["bbox"].__setitem__(2, -5.0), 1, "negative size"),
+        (lambda d: _ann(d, 1).__setitem__("category_id", 999), 0, "category_id 999, not one"),
+        (lambda d: _ann(d, 0).__setitem__("bbox", [1, 2, 3]), 0, "is not [x, y, w, h]"),
+        (lambda d: _ann(d, 0).__setitem__("bbox", "1,2,3,4"), 0, "is not [x, y, w, h]"),
+        (lambda d: _ann(d, 0).__setitem__("iscrowd", 2), 0, "iscrowd 2, not 0/1"),
+        (lambda d: d["images"][2].__setitem__("file_name", "img/gone.png"), 2, "missing image"),
+    ],
+)
+def test_bad_entries_quarantine_their_image_only(coco: CocoWritten, change, image, reason) -> None:  # type: ignore[no-untyped-def]
+    _edit(coco, change)
+    cat = discover(coco.root, coco="annotations/instances.json")
+    name = sorted(coco.boxes)[image] if "missing" not in reason else "img/gone.png"
+    rejected = dict(cat.rejected)
+    assert list(rejected) == [name]
+    assert reason in rejected[name]
+    if "missing" not in reason:
+        assert rejected[name].startswith("bad target: ")
+        assert f"instances.json': images[{image}])" in rejected[name]
+    assert len(cat.samples) == 4
+    assert name not in {s.relpath for s in cat.samples}
+
+
+def test_annotations_of_unknown_images_are_counted(coco: CocoWritten) -> None:
+    _edit(coco, lambda d: d["annotations"].append(dict(_ann(d, 0), image_id=12345)))
+    cat = discover(coco.root, coco="annotations/instances.json")
+    assert cat.skipped == {"annotation-unknown-image": 1}
+    assert len(cat.samples) == 5
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"\x00\xff garbage", "is not JSON"),
+        (b'{"images": [', "is not JSON"),
+        (b"[1, 2, 3]", "is not COCO instances"),
+        (b'{"images": {}, "categories": []}', "is not COCO instances"),
+        (b'{"images": [], "categories": [], "annotations": 3}', "is not COCO instances"),
+        (b'{"images": [{"id": "1", "file_name": "a"}], "categories": []}', r"images\[0\] is"),
+        (b'{"images": [], "categories": [{"id": 1}]}', r"categories\[0\] is"),
+        (
+            b'{"images": [], "categories": [{"id": 1, "name": "a"}, {"id": 1, "name": "b"}]}',
+            "repeats id 1",
+        ),
+        (
+            b'{"images": [], "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "a"}]}',
+            "share a name",
+        ),
+        (b'{"images": [], "categories": [], "annotations": [7]}', r"annotations\[0\] is"),
+        (b"[" * 100_000 + b"]" * 100_000, "is not JSON"),
+    ],
+)
+def test_malformed_files_are_refused_naming_the_file(tmp_path: Path, data: bytes, match: str):
+    (tmp_path / "c.json").write_bytes(data)
+    with pytest.raises(ValueError, match=rf"c\.json.*{match}|{match}.*c\.json") as e:
+        discover(tmp_path, coco="c.json")
+    assert not isinstance(e.value, EmptyDatasetError)
+
+
+def test_paths_and_sizes_are_bounded(coco: CocoWritten, tmp_path: Path) -> None:
+    for bad, match in (("../outside.png", "stay inside"), ("/etc/passwd", "relative")):
+        _edit(coco, lambda d, bad=bad: d["images"][0].__setitem__("file_name", bad))
+        with pytest.raises(ValueError, match=rf"images\[0\]: path .*{match}"):
+            discover(coco.root, coco="annotations/instances.json")
+    (tmp_path / "elsewhere.png").write_bytes(b"x")
+    os.symlink(tmp_path / "elsewhere.png", coco.root / "img" / "link.png")
+    _edit(coco, lambda d: d["images"][0].__setitem__("file_name", "img/link.png"))
+    with pytest.raises(ValueError, match="outside the manifest's folder"):
+        discover(coco.root, coco="annotations/instances.json")
+    os.mkfifo(coco.root / "img" / "fifo.png")
+    _edit(coco, lambda d: d["images"][0].__setitem__("file_name", "img/fifo.png"))
+    with pytest.raises(ValueError, match="FIFO"):
+        discover(coco.root, coco="annotations/instances.json")
+    _edit(coco, lambda d: d["images"][1].__setitem__("file_name", d["images"][0]["file_name"]))
+    with pytest.raises(ValueError, match=r"images\[1\]: file .* is already images\[0\]"):
+        discover(coco.root, coco="annotations/instances.json")
+    big = coco.root / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(MAX_COCO_BYTES + 1)  # sparse: no gigabyte written
+    with pytest.raises(ValueError, match=r"big\.json' is 1,073,741,825 bytes, over the limit"):
+        discover(coco.root, coco="big.json")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        discover(coco.root, coco="nope.json")
+
+
+def test_no_image_left_is_an_empty_dataset(tmp_path: Path) -> None:
+    w = write_coco_dataset(tmp_path, images=2)
+    w.rewrite(dict(w.data, images=[{"id": 1, "file_name": "img/none.png"}]))
+    with pytest.raises(EmptyDatasetError, match="leaves no image.*missing image"):
+        discover(tmp_path, coco=w.annotations.name and "annotations/instances.json")
+    with pytest.raises(ValueError, match="give one source, not manifest and coco"):
+        discover(tmp_path, manifest="m.csv", coco="annotations/instances.json")
+    assert json.loads(w.annotations.read_text())["images"][0]["id"] == 1
