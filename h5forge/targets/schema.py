@@ -29,7 +29,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 __all__ = [
     "KINDS",
@@ -193,7 +193,7 @@ def parse_columns(text: str) -> dict[str, str]:
             raise ValueError(f"columns: kind {kind!r} of {name!r} is not one of {KINDS}")
         if name in out:
             raise ValueError(f"columns: {name!r} is given twice")
-        Column(name, kind, dtype="float64" if kind == "number" else None)  # the name's rules
+        Column(name, cast(Kind, kind), dtype="float64" if kind == "number" else None)
         out[name] = kind
     if len(out) > MAX_COLUMNS:
         raise ValueError(f"columns: {len(out)} columns, more than {MAX_COLUMNS}")
