@@ -6,14 +6,18 @@ import copy
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from h5forge.discover.catalog import UNLABELLED, discover
 from h5forge.discover.coco import MAX_COCO_BYTES
 from h5forge.discover.report import describe
 from h5forge.errors import EmptyDatasetError
+from h5forge.targets.schema import check_value
 from tests.fixtures.targets_data import CocoWritten, write_coco_dataset
 
 
@@ -158,3 +162,55 @@ def test_no_image_left_is_an_empty_dataset(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="give one source, not manifest and coco"):
         discover(tmp_path, manifest="m.csv", coco="annotations/instances.json")
     assert json.loads(w.annotations.read_text())["images"][0]["id"] == 1
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@pytest.fixture(scope="module")
+def coco_template(tmp_path_factory: pytest.TempPathFactory) -> CocoWritten:
+    return write_coco_dataset(tmp_path_factory.mktemp("coco"), images=3, unannotated=1)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    section=st.sampled_from(["images", "annotations", "categories"]),
+    entry=st.integers(0, 5),
+    key=st.sampled_from(["id", "file_name", "image_id", "category_id", "bbox", "iscrowd", "name"]),
+    value=_JSON,
+)
+def test_any_field_value_gives_a_catalog_or_a_clear_error(
+    coco_template: CocoWritten, section: str, entry: int, key: str, value: object
+) -> None:
+    """One field of one entry replaced by any JSON value: a catalog (its boxes checked) or a
+    ValueError naming the file, never another exception."""
+    data = copy.deepcopy(coco_template.data)
+    entries = data[section]
+    assert isinstance(entries, list)
+    entries[entry % len(entries)][key] = value
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "c.json")
+        path.write_text(json.dumps(data))
+        try:
+            cat = discover(coco_template.root, coco=path)
+        except ValueError as e:
+            error: Exception | None = e
+        else:
+            error = None
+    if error is not None:
+        assert "c.json" in str(error), error
+        return
+    (column,) = cat.schema
+    for s in cat.samples:
+        assert check_value(column, s.targets[0]) == s.targets[0]
+    assert len(cat.samples) + len(cat.rejected) == len(data["images"])  # type: ignore[arg-type]
