@@ -136,7 +136,7 @@ def test_paths_and_sizes_are_bounded(coco: CocoWritten, tmp_path: Path) -> None:
     (tmp_path / "elsewhere.png").write_bytes(b"x")
     os.symlink(tmp_path / "elsewhere.png", coco.root / "img" / "link.png")
     _edit(coco, lambda d: d["images"][0].__setitem__("file_name", "img/link.png"))
-    with pytest.raises(ValueError, match="outside the manifest's folder"):
+    with pytest.raises(ValueError, match="outside the images root"):
         discover(coco.root, coco="annotations/instances.json")
     os.mkfifo(coco.root / "img" / "fifo.png")
     _edit(coco, lambda d: d["images"][0].__setitem__("file_name", "img/fifo.png"))
