@@ -17,7 +17,7 @@ from h5forge.discover.catalog import UNLABELLED, discover
 from h5forge.discover.coco import MAX_COCO_BYTES
 from h5forge.discover.report import describe
 from h5forge.errors import EmptyDatasetError
-from h5forge.targets.schema import check_value
+from h5forge.targets.schema import MAX_BOXES, check_value
 from tests.fixtures.targets_data import CocoWritten, write_coco_dataset
 
 
@@ -214,3 +214,18 @@ def test_any_field_value_gives_a_catalog_or_a_clear_error(
     for s in cat.samples:
         assert check_value(column, s.targets[0]) == s.targets[0]
     assert len(cat.samples) + len(cat.rejected) == len(data["images"])  # type: ignore[arg-type]
+
+
+def test_no_annotations_list_and_too_many_boxes(coco: CocoWritten) -> None:
+    """An image-info file (no ``annotations``) lists every image without boxes; an image with
+    more than MAX_BOXES boxes is quarantined, the others kept."""
+    coco.rewrite({k: v for k, v in coco.data.items() if k != "annotations"})
+    cat = discover(coco.root, coco="annotations/instances.json")
+    assert {s.relpath: s.targets for s in cat.samples} == dict.fromkeys(coco.boxes, ((),))
+    first = dict(coco.data["annotations"][0])  # type: ignore[index]
+    many = [dict(first, id=k) for k in range(MAX_BOXES + 1)]
+    coco.rewrite(dict(coco.data, annotations=many))
+    cat = discover(coco.root, coco="annotations/instances.json")
+    name = coco.data["images"][0]["file_name"]  # type: ignore[index]
+    assert dict(cat.rejected)[name].startswith(f"bad target: column 'boxes': {MAX_BOXES + 1:,}")
+    assert len(cat.samples) == len(coco.boxes) - 1
