@@ -42,6 +42,7 @@ MAX_COCO_IMAGES = MAX_MANIFEST_ROWS
 MAX_COCO_ANNOTATIONS = 5 * MAX_MANIFEST_ROWS
 
 Box = tuple[object, ...]
+_ROOT = "the images root"
 
 
 def coco_listing(root: Path, path: Path) -> Listing:
@@ -83,13 +84,13 @@ def coco_listing(root: Path, path: Path) -> Listing:
     for i, image in enumerate(images):
         rel = image["file_name"]
         where = f"COCO '{shown}': images[{i}]"
-        norm = check_path(where, rel)
+        norm = check_path(where, rel, folder=_ROOT)
         if norm in seen:
             raise ValueError(f"{where}: file '{printable(rel)}' is already images[{seen[norm]}]")
         seen[norm] = i
         full = root / norm
         try:
-            check_file(where, rel, norm, full, root_real, folders)
+            check_file(where, rel, norm, full, root_real, folders, folder=_ROOT)
         except FileNotFoundError as e:
             out.rejected.append((norm, f"missing image: {e}"))
             continue

@@ -44,7 +44,7 @@ def paired_listing(root: Path, masks: str) -> Listing:
         EmptyDatasetError: no image, or no image with a mask.
     """
     where = f"paired folder '{printable(root)}'"
-    masks = check_path(f"{where}: masks=", masks)
+    masks = check_path(f"{where}: masks=", masks, folder="the dataset root")
     if masks == IMAGES_FOLDER or masks == ".":
         raise ValueError(f"{where}: masks={masks!r} must name a folder other than images/")
     root_real = resolve(root)

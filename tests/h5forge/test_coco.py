@@ -6,14 +6,18 @@ import copy
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from h5forge.discover.catalog import UNLABELLED, discover
 from h5forge.discover.coco import MAX_COCO_BYTES
 from h5forge.discover.report import describe
 from h5forge.errors import EmptyDatasetError
+from h5forge.targets.schema import MAX_BOXES, check_value
 from tests.fixtures.targets_data import CocoWritten, write_coco_dataset
 
 
@@ -132,7 +136,7 @@ def test_paths_and_sizes_are_bounded(coco: CocoWritten, tmp_path: Path) -> None:
     (tmp_path / "elsewhere.png").write_bytes(b"x")
     os.symlink(tmp_path / "elsewhere.png", coco.root / "img" / "link.png")
     _edit(coco, lambda d: d["images"][0].__setitem__("file_name", "img/link.png"))
-    with pytest.raises(ValueError, match="outside the manifest's folder"):
+    with pytest.raises(ValueError, match="outside the images root"):
         discover(coco.root, coco="annotations/instances.json")
     os.mkfifo(coco.root / "img" / "fifo.png")
     _edit(coco, lambda d: d["images"][0].__setitem__("file_name", "img/fifo.png"))
@@ -158,3 +162,70 @@ def test_no_image_left_is_an_empty_dataset(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="give one source, not manifest and coco"):
         discover(tmp_path, manifest="m.csv", coco="annotations/instances.json")
     assert json.loads(w.annotations.read_text())["images"][0]["id"] == 1
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@pytest.fixture(scope="module")
+def coco_template(tmp_path_factory: pytest.TempPathFactory) -> CocoWritten:
+    return write_coco_dataset(tmp_path_factory.mktemp("coco"), images=3, unannotated=1)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    section=st.sampled_from(["images", "annotations", "categories"]),
+    entry=st.integers(0, 5),
+    key=st.sampled_from(["id", "file_name", "image_id", "category_id", "bbox", "iscrowd", "name"]),
+    value=_JSON,
+)
+def test_any_field_value_gives_a_catalog_or_a_clear_error(
+    coco_template: CocoWritten, section: str, entry: int, key: str, value: object
+) -> None:
+    """One field of one entry replaced by any JSON value: a catalog (its boxes checked) or a
+    ValueError naming the file, never another exception."""
+    data = copy.deepcopy(coco_template.data)
+    entries = data[section]
+    assert isinstance(entries, list)
+    entries[entry % len(entries)][key] = value
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "c.json")
+        path.write_text(json.dumps(data))
+        try:
+            cat = discover(coco_template.root, coco=path)
+        except ValueError as e:
+            error: Exception | None = e
+        else:
+            error = None
+    if error is not None:
+        assert "c.json" in str(error), error
+        return
+    (column,) = cat.schema
+    for s in cat.samples:
+        assert check_value(column, s.targets[0]) == s.targets[0]
+    assert len(cat.samples) + len(cat.rejected) == len(data["images"])  # type: ignore[arg-type]
+
+
+def test_no_annotations_list_and_too_many_boxes(coco: CocoWritten) -> None:
+    """An image-info file (no ``annotations``) lists every image without boxes; an image with
+    more than MAX_BOXES boxes is quarantined, the others kept."""
+    coco.rewrite({k: v for k, v in coco.data.items() if k != "annotations"})
+    cat = discover(coco.root, coco="annotations/instances.json")
+    assert {s.relpath: s.targets for s in cat.samples} == dict.fromkeys(coco.boxes, ((),))
+    first = dict(coco.data["annotations"][0])  # type: ignore[index]
+    many = [dict(first, id=k) for k in range(MAX_BOXES + 1)]
+    coco.rewrite(dict(coco.data, annotations=many))
+    cat = discover(coco.root, coco="annotations/instances.json")
+    name = coco.data["images"][0]["file_name"]  # type: ignore[index]
+    assert dict(cat.rejected)[name].startswith(f"bad target: column 'boxes': {MAX_BOXES + 1:,}")
+    assert len(cat.samples) == len(coco.boxes) - 1

@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from h5forge.discover.catalog import UNLABELLED, Catalog, discover
 from h5forge.discover.manifest import MAX_LINE_BYTES
 from h5forge.discover.report import describe
-from h5forge.targets.schema import MAX_TEXT_BYTES, Column
+from h5forge.targets.schema import KINDS as KINDS_LIST
+from h5forge.targets.schema import MAX_TEXT_BYTES, Column, check_value
 from tests.fixtures.targets_data import sample_rows, write_manifest_with_columns
 
 KINDS = {
@@ -250,3 +254,48 @@ def test_multilabel_names_are_bounded(tmp_path: Path, tags: str, reason: str) ->
     assert [s.targets for s in cat.samples] == [((0, 1),)]
     where = tmp_path / "m.csv"
     assert cat.rejected == (("b.png", f"bad target: column 'tags': {reason} ({where}:3)"),)
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_NAMES = st.sampled_from(["tags", "caption", "score", "boxes", "mask", "x_mask", "Bad", "split2"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(st.dictionaries(_NAMES, _JSON, max_size=4), min_size=1, max_size=4),
+    kinds=st.none() | st.dictionaries(_NAMES, st.sampled_from(KINDS_LIST), max_size=3),
+    fmt=st.sampled_from(["m.jsonl", "m.csv"]),
+)
+def test_any_column_values_give_a_catalog_or_a_clear_error(rows, kinds, fmt) -> None:  # type: ignore[no-untyped-def]
+    """Whatever the extra columns hold, discovery returns a catalog whose targets passed
+    check_value, or raises ValueError / FileNotFoundError: never another exception."""
+    with tempfile.TemporaryDirectory() as tmp:
+        full = [dict(r, path=f"i{i}.png") for i, r in enumerate(rows)]
+        write_manifest_with_columns(tmp, full, name=fmt, size=(4, 4), mask_columns=())
+        try:
+            cat = discover(tmp, manifest=fmt, columns=kinds)
+        except (ValueError, FileNotFoundError) as e:
+            error: Exception | None = e
+        else:
+            error = None
+        if error is not None:
+            assert str(Path(tmp, fmt)) in str(error), error  # names the manifest
+            return
+        assert len(cat.samples) + len(cat.rejected) == len(rows)
+        for s in cat.samples:
+            assert len(s.targets) == len(cat.schema)
+            for column, value in zip(cat.schema, s.targets, strict=True):
+                assert check_value(column, value) == value
+        for _, reason in cat.rejected:
+            assert reason.startswith("bad target: ")
+            assert reason.endswith(")")
