@@ -15,11 +15,13 @@ from h5forge.pack.config import PackConfig
 from h5forge.pack.reuse import Reuse
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
+from h5forge.publish.storage import publish
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.scale.plan import plan_shards
 from h5forge.scale.shards import pack_shard
 from h5forge.targets.columns import Columns
 from h5forge.targets.schema import Column, parse_schema
+from h5forge.verify.checks import verify
 
 SCHEMA = (
     Column("tags", "multilabel", classes=("a", "b", "c")),
@@ -156,16 +158,17 @@ def test_a_pack_without_targets_stays_version_1(tmp_path):
 
 
 @pytest.mark.slow
-def test_targets_come_back_through_worker_processes(tmp_path):
-    """Enough samples for the process pool (and the decoded ring): every sample's box and
-    mask are its own, in order."""
+@pytest.mark.parametrize("layout", sorted(CONFIGS))
+def test_targets_come_back_through_worker_processes(tmp_path, layout):
+    """Enough samples for the process pool (decoded: through the shared-memory ring; encoded:
+    the pipe): every sample's box and mask are its own, in order."""
     rows = []
     for k in range(12):
         rect = (2 * k, 2, 2 * k + 8, 12)
         path, mask = scene(tmp_path, f"s{k:02d}", (40, 30), rect)
         rows.append((path, ((k % 3,), ((*rect, 0, 0),), str(mask), f"n{k}", float(k))))
     out = tmp_path / "out.h5"
-    pack(catalog(tmp_path, rows), out, config=CONFIGS["decoded"], workers=2)
+    pack(catalog(tmp_path, rows), out, config=CONFIGS[layout], workers=2)
     with h5py.File(out, "r") as h5:
         cols = Columns(h5, parse_schema(h5.attrs[fmt.A_TARGETS_JSON], where="test"))
         for k in range(12):
@@ -269,3 +272,18 @@ def test_a_sharded_build_refuses_target_columns_naming_the_option(tmp_path):
     with pytest.raises(ValueError, match=r"target columns \['tags'"):
         pack_shard(cat, spec, str(tmp_path / "staging"), config=CONFIGS["decoded"])
     assert not (tmp_path / "staging").exists()
+
+
+def test_a_version_2_file_opens_and_verifies_over_s3(
+    tmp_path, s3_bucket, s3_storage_options, s3_requests
+):
+    out = tmp_path / "v2.h5"
+    pack(_two_samples(tmp_path), out, config=CONFIGS["encoded"], workers=1)
+    url = f"s3://{s3_bucket}/v2.h5"
+    publish(str(out), url, storage_options=s3_storage_options)
+    s3_requests.clear()
+    ds = H5ImageDataset(url, storage_options=s3_storage_options)
+    assert len(ds) == 2
+    assert [r.method for r in s3_requests()][:2] == ["HEAD", "GET"]
+    report = verify(url, storage_options=s3_storage_options)
+    assert (report.format_version, report.checked_samples) == (fmt.TARGETS_VERSION, 2)
