@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -11,6 +12,7 @@ from PIL import Image
 
 from h5forge.asset import format as fmt
 from h5forge.discover.catalog import UNLABELLED, Catalog, Sample
+from h5forge.errors import TooManyBadImagesError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.reuse import Reuse
 from h5forge.pack.writer import pack
@@ -287,3 +289,25 @@ def test_a_version_2_file_opens_and_verifies_over_s3(
     assert [r.method for r in s3_requests()][:2] == ["HEAD", "GET"]
     report = verify(url, storage_options=s3_storage_options)
     assert (report.format_version, report.checked_samples) == (fmt.TARGETS_VERSION, 2)
+
+
+def test_rejected_rows_count_against_max_bad_fraction(tmp_path):
+    cat = _two_samples(tmp_path)
+    cat = replace(cat, rejected=(("lost.png", "bad target: no mask file"),))
+    with pytest.raises(TooManyBadImagesError, match=r"(?s)1 of 3 inputs .* lost.png: bad target"):
+        pack(cat, tmp_path / "out.h5", config=CONFIGS["decoded"], workers=1)
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_a_value_breaking_its_rule_is_quarantined_by_the_worker(tmp_path):
+    """A catalog built by hand is checked again where the sample is encoded."""
+    cat = _two_samples(tmp_path)
+    bad = replace(cat.samples[1], targets=((9,), *cat.samples[1].targets[1:]))
+    cat = replace(cat, samples=(cat.samples[0], bad))
+    result = pack(
+        cat, tmp_path / "out.h5", config=CONFIGS["decoded"], workers=1, max_bad_fraction=0.5
+    )
+    assert result.num_samples == 1
+    assert result.quarantined == (
+        ("s1.png", "bad target: column 'tags': class index 9 is outside 0..2"),
+    )
