@@ -24,13 +24,13 @@ from h5forge.asset.placement import Head
 from h5forge.discover.catalog import Catalog, Sample, discover
 from h5forge.pack.attrs import pack_attrs
 from h5forge.pack.bar import PackProgress
-from h5forge.pack.checks import check_bad_fraction, check_every_class, check_pack
+from h5forge.pack.checks import check_pack, check_quarantine
 from h5forge.pack.commit import Staged, staged
 from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import CopiedMismatch
 from h5forge.pack.reuse import Reuse, SampleSource
 from h5forge.pack.sink import Sink
-from h5forge.pack.targets import open_target_sink
+from h5forge.pack.targets import PackTargets
 
 __all__ = ["PackResult", "pack", "pack_slice"]
 
@@ -48,6 +48,7 @@ class PackResult:
         quarantined: ``(relative path, reason)`` of every input that was not packed.
         seconds: wall time of the whole pack, verification included.
         reused, reuse_mismatched: samples taken from ``reuse``; those failing their digest.
+        target_stats: per target column, its counts (:mod:`h5forge.targets.stats`).
     """
 
     path: str
@@ -61,6 +62,7 @@ class PackResult:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     reused: int = 0
     reuse_mismatched: int = 0
+    target_stats: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
 def pack(
@@ -189,7 +191,7 @@ def _pack(
     copies = source.copies  # then every sample is checked from the file before the seal
     try:
         with staged(out_path, overwrite=overwrite, how=_HOW, check_digests=not copies) as stage:
-            samples, bad = _write(
+            samples, bad, stats = _write(
                 source,
                 stage,
                 config,
@@ -214,6 +216,7 @@ def _pack(
         counts=counts,
         reused=source.reused,
         reuse_mismatched=source.mismatched,
+        target_stats=stats,
     )
 
 
@@ -227,16 +230,16 @@ def _write(
     bar: PackProgress,
     max_bad_fraction: float,
     every_class: bool,
-) -> tuple[list[Sample], list[tuple[str, str]]]:
-    """Preprocess every input into ``stage.partial`` and flush it; return the packed samples
-    and the quarantined ``(path, reason)``."""
+) -> tuple[list[Sample], list[tuple[str, str]], dict[str, dict[str, object]]]:
+    """Preprocess every input into ``stage.partial`` and flush it; return the packed samples,
+    the quarantined ``(path, reason)`` and the target statistics."""
     catalog = source.catalog
     split_names = list(catalog.splits) or [""]
     lock = stage.lock
     with contextlib.ExitStack() as stack:
         sink = Sink(config, filters, stage.partial + ".blob", lock)
         stack.callback(sink.close)
-        targets = open_target_sink(source.schema, stage.partial, lock) if source.schema else None
+        targets = PackTargets(source.schema, stage.partial, lock) if source.schema else None
         if targets is not None:
             stack.callback(targets.close)
 
@@ -268,11 +271,7 @@ def _write(
             close = getattr(results, "close", None)
             if close is not None:
                 close()
-        bad = [*catalog.rejected, *bad]  # quarantined while discovering, then while packing
-        check_bad_fraction(len(catalog.samples) + len(catalog.rejected), bad, max_bad_fraction)
-        if every_class:
-            present = {catalog.samples[i].label for i in kept}
-            check_every_class(present, catalog.classes, catalog.root)
+        bad = check_quarantine(catalog, kept, bad, max_bad_fraction, every_class)
         if sink.storage == "blob":  # sizes are known only now: the file starts here
             lock.discard_one(stage.partial)  # the placeholder; HDF5 creates the name anew
             h5, index = head(len(kept))
@@ -291,8 +290,8 @@ def _write(
             shapes=np.asarray(sink.shapes, np.uint32).reshape(len(samples), 3),
         )
         if targets is not None:
-            targets.write(h5)  # after /images, see h5forge.targets.store
+            targets.sink.write(h5)  # after /images, see h5forge.targets.store
         h5.flush()
         if sink.copying:  # the seal skips its digest pass: every sample is checked here
             sink.check_written(byte_ranges, [s.relpath for s in samples], stage.partial)
-    return samples, bad
+    return samples, bad, ({} if targets is None else targets.stats.as_dict())
