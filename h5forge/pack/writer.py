@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,47 +22,23 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.placement import Head
 from h5forge.discover.catalog import Catalog, Sample, discover
+from h5forge.discover.columns import ColumnSpec
 from h5forge.pack.attrs import pack_attrs
 from h5forge.pack.bar import PackProgress
 from h5forge.pack.checks import check_pack, check_quarantine
 from h5forge.pack.commit import Staged, staged
 from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import CopiedMismatch
+from h5forge.pack.result import PackResult
 from h5forge.pack.reuse import Reuse, SampleSource
 from h5forge.pack.sink import Sink
 from h5forge.pack.targets import PackTargets
+from h5forge.targets.schema import parse_columns
 
 __all__ = ["PackResult", "pack", "pack_slice"]
 
 _HOW = "(CLI: --overwrite) "
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PackResult:
-    """What :func:`pack` wrote.
-
-    Attributes:
-        path: the sealed file.
-        counts: ``split -> class name -> number of samples`` ('' is the split of unsplit data).
-        quarantined: ``(relative path, reason)`` of every input that was not packed.
-        seconds: wall time of the whole pack, verification included.
-        reused, reuse_mismatched: samples taken from ``reuse``; those failing their digest.
-        target_stats: per target column, its counts (:mod:`h5forge.targets.stats`).
-    """
-
-    path: str
-    num_samples: int
-    num_quarantined: int
-    num_classes: int
-    classes: tuple[str, ...]
-    quarantined: tuple[tuple[str, str], ...]
-    bytes: int
-    seconds: float
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    reused: int = 0
-    reuse_mismatched: int = 0
-    target_stats: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
 def pack(
@@ -73,6 +49,9 @@ def pack(
     workers: int | None = None,
     max_bad_fraction: float = 0.01,
     manifest: str | os.PathLike[str] | None = None,
+    coco: str | os.PathLike[str] | None = None,
+    masks: str | None = None,
+    columns: ColumnSpec | str | None = None,
     source_url: str = "",
     source_sha256: str = "",
     lineage: Mapping[str, str] | None = None,
@@ -91,7 +70,11 @@ def pack(
             224x224, uncompressed.
         workers: preprocessing processes; default: CPU count.
         max_bad_fraction: fail when more than this fraction of inputs is quarantined.
-        manifest: CSV/JSONL listing the images (when ``src`` is a folder).
+        manifest, coco, masks, columns: the source layout when ``src`` is a folder: a CSV/JSONL
+            listing, a COCO instances JSON, or the masks folder beside ``images/``; and a
+            manifest's target columns (``{name: kind}``, or the ``NAME=KIND,...`` text of
+            :func:`h5forge.targets.schema.parse_columns`); see
+            :func:`h5forge.discover.catalog.discover`.
         source_url, source_sha256, lineage: root attributes (redact the URL; lineage: optional).
         progress: show a progress bar on the terminal.
         on_progress: called with ``(done, total)`` after each input.
@@ -111,7 +94,12 @@ def pack(
     t0 = time.perf_counter()
     config = PackConfig() if config is None else config
     out_path, filters = check_pack(config, out, workers, max_bad_fraction, overwrite, _HOW)
-    catalog = src if isinstance(src, Catalog) else discover(src, manifest=manifest)
+    spec = parse_columns(columns) if isinstance(columns, str) else columns
+    catalog = (
+        src
+        if isinstance(src, Catalog)
+        else discover(src, manifest=manifest, coco=coco, masks=masks, columns=spec)
+    )
     damaged: frozenset[str] = frozenset()  # copied, then found not to match: packed anew
     while True:
         reuse = reuse and replace(reuse, unchanged=reuse.unchanged - damaged)

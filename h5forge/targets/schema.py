@@ -172,7 +172,7 @@ def parse_schema(text: str, *, where: str) -> Schema:
     return schema
 
 
-def parse_columns(text: str) -> dict[str, str]:
+def parse_columns(text: str) -> dict[str, Kind]:
     """Parse the ``--columns`` grammar: ``NAME=KIND[,NAME=KIND...]`` (a manifest's target
     columns), or ``none`` (no target column: every column but path, label and split ignored).
 
@@ -181,7 +181,7 @@ def parse_columns(text: str) -> dict[str, str]:
     """
     if text.strip().lower() == "none":
         return {}
-    out: dict[str, str] = {}
+    out: dict[str, Kind] = {}
     for part in text.split(","):
         name, eq, kind = (x.strip() for x in part.partition("="))
         if not eq or not name or not kind:
@@ -193,8 +193,8 @@ def parse_columns(text: str) -> dict[str, str]:
             raise ValueError(f"columns: kind {kind!r} of {name!r} is not one of {KINDS}")
         if name in out:
             raise ValueError(f"columns: {name!r} is given twice")
-        Column(name, cast(Kind, kind), dtype="float64" if kind == "number" else None)
-        out[name] = kind
+        out[name] = cast(Kind, kind)
+        Column(name, out[name], dtype="float64" if kind == "number" else None)  # name rules
     if len(out) > MAX_COLUMNS:
         raise ValueError(f"columns: {len(out)} columns, more than {MAX_COLUMNS}")
     return out
