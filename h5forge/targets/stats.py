@@ -58,8 +58,8 @@ class TargetStats:
                 self._dropped[k] += len(raw[k]) - len(classes)  # type: ignore[arg-type]
                 self._extremes(k, len(classes))
             elif c.kind == "mask":
-                mask = decode_value(c, blob, shape)
-                hist = np.bincount(mask.ravel(), minlength=256)
+                made = stored.histograms[k] if len(stored.histograms) > k else None
+                hist = made if made is not None else _histogram(c, blob, shape)
                 self._pixels[k] += hist
                 self._images[k] += hist > 0
             elif c.kind == "multilabel":
@@ -114,3 +114,10 @@ def _named(counts: np.ndarray, names: Sequence[str] = ()) -> dict[str, int]:
     """Non-zero counts by class name (or by id, as a string, where there are no names)."""
     found = np.flatnonzero(counts).tolist()
     return {(names[i] if names else str(i)): int(counts[i]) for i in found}
+
+
+def _histogram(c: Column, blob: bytes, shape: object) -> np.ndarray:
+    """A mask's pixels per class id, decoded from its stored bytes (when the worker sent no
+    histogram)."""
+    mask = decode_value(c, blob, shape)  # type: ignore[arg-type]
+    return np.bincount(mask.ravel(), minlength=256)
