@@ -106,7 +106,14 @@ def write_litdata(h5_path: str, out: Path) -> None:
 def litdata_dataset(remote: str, local: Path, storage_options: dict[str, Any]) -> Any:
     """LitData's ``StreamingDataset`` over ``remote`` (cache in ``local``), items as tensors."""
     from litdata import StreamingDataset
+    from litdata.streaming import downloader
     from litdata.streaming.resolver import Dir
+
+    # LitData fetches chunks through obstore, whose HTTP client refuses a plain-http endpoint
+    # (the loopback S3 server) unless its client option allow_http is set, and LitData has no
+    # setting for it: its client options are this module constant (the same dict for every
+    # store it builds, in this process and in forked workers). Over https nothing differs.
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
 
     class Images(StreamingDataset):  # type: ignore[misc]
         def __getitem__(self, i: Any) -> tuple[torch.Tensor, int]:

@@ -130,8 +130,11 @@ def main() -> None:
                         ds = _peers.mosaic_dataset(
                             "s3://bench/mosaic", cache, shape, args.batch_size
                         )
-                    else:
+                    else:  # LitData's own loader, as its documentation uses it
+                        from litdata import StreamingDataLoader
+
                         ds = _peers.litdata_dataset("s3://bench/litdata", cache, opts)
+                        return StreamingDataLoader(ds, batch_size=args.batch_size, **kw)
                     return DataLoader(ds, batch_size=args.batch_size, **kw)
 
                 return make

@@ -117,7 +117,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                 storage_options=options,
             )
         with _stage(seconds, "discover"):
-            catalog = discover_samples(fetched.root, manifest=config.manifest)
+            catalog = discover_samples(fetched.root, **config.discover_options())
         # Incremental: the previous version's samples whose source file is unchanged.
         reuse = None
         if basis is not None and config.executor == "local":

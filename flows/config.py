@@ -7,10 +7,11 @@ credentials, writable where the flow writes), codec settings, and the executor s
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from flows.dask_fields import DaskAddress, Executor, ShardBytes, ShardSize, Staging
 from flows.pack_fields import pack_default, pack_field
 from flows.urls import check_dask_address, check_url
 from flows.version_fields import (
@@ -28,6 +29,7 @@ from h5forge.options import (
     Mode,
     ResizePolicy,
     check_size,
+    check_sources,
     option,
 )
 from h5forge.pack.config import PackConfig
@@ -39,7 +41,9 @@ _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _BLOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _CHOICES = tuple(o.name for o in PACK_OPTIONS if o.kind == "choice")
 # Checked after pydantic's type check; size is checked with width, in _pack_settings.
-_CHECKED = tuple(o.name for o in PACK_OPTIONS if o.kind in ("int", "float", "bool", "path"))
+_CHECKED = tuple(
+    o.name for o in PACK_OPTIONS if o.kind in ("int", "float", "bool", "path", "columns")
+)
 
 
 class BuildConfig(BaseModel):
@@ -52,7 +56,8 @@ class BuildConfig(BaseModel):
         Field(
             description="Where the images are: a local folder or archive, or any fsspec URL "
             "(https://host/data.tar.gz, s3://bucket/prefix/). ImageFolder layout: "
-            "[split/]class/image.jpg.",
+            "[split/]class/image.jpg; or give manifest, coco or masks below for images with "
+            "other targets (several labels, boxes, masks, captions).",
             examples=["https://example.org/flowers.tar.gz", "s3://bucket/datasets/flowers/"],
         ),
     ]
@@ -81,6 +86,9 @@ class BuildConfig(BaseModel):
     # The pack options: types, defaults, bounds and texts come from h5forge.options, shared
     # with `h5forge pack` and `h5forge build`; the validators below check them with its rules.
     manifest: Annotated[str | None, pack_field("manifest")] = pack_default("manifest")
+    coco: Annotated[str | None, pack_field("coco")] = pack_default("coco")
+    masks: Annotated[str | None, pack_field("masks")] = pack_default("masks")
+    columns: Annotated[str | None, pack_field("columns")] = pack_default("columns")
     layout: Annotated[Layout, pack_field("layout")] = pack_default("layout")
     encoding: Annotated[Encoding, pack_field("encoding")] = pack_default("encoding")
     quality: Annotated[int, pack_field("quality")] = pack_default("quality")
@@ -130,52 +138,11 @@ class BuildConfig(BaseModel):
     versioned: Versioned = False
     keep_versions: KeepVersions = DEFAULT_KEEP_VERSIONS
     min_age_s: MinAgeS = DEFAULT_MIN_AGE_S
-    executor: Annotated[
-        Literal["local", "dask"],
-        Field(
-            description="local: preprocess and pack in a process pool on this machine. dask: cut "
-            "the dataset into shards, pack each as a Prefect task on an existing Dask cluster "
-            "(dask_address), then merge the shards here by copying their stored bytes. A re-run "
-            "with the same staging skips the shards that are already done.",
-        ),
-    ] = "local"
-    dask_address: Annotated[
-        str | None,
-        Field(
-            description="executor dask: the scheduler of a running Dask cluster, tcp://HOST:PORT "
-            "or tls://HOST:PORT (start one with `dask scheduler` and `dask worker`). Every worker "
-            "needs the same h5forge installed and must see the source at the same path.",
-            examples=["tcp://scheduler:8786"],
-        ),
-    ] = None
-    shard_size: Annotated[
-        int,
-        Field(
-            ge=1,
-            le=10_000_000,
-            description="executor dask: most images per shard (one task "
-            "each). Plan at least 4 shards per worker process so the last ones finish together.",
-        ),
-    ] = 2000
-    shard_bytes: Annotated[
-        int | None,
-        Field(
-            ge=1,
-            description="executor dask: a shard also closes once its source files add up "
-            "to this many bytes; empty to cut by image count only.",
-        ),
-    ] = None
-    staging: Annotated[
-        str | None,
-        Field(
-            description="executor dask: folder for the shards and their manifests, which every "
-            "worker and this flow can write and read. For a cluster of several machines it must "
-            "be shared storage (an NFS path mounted on all of them) or a bucket prefix "
-            "(s3://bucket/staging/flowers/). Empty: a folder in this machine's h5forge cache, "
-            "right only when every worker runs on this machine. Keep it to resume a failed run.",
-            examples=["s3://bucket/h5forge-staging/flowers-224/", "/mnt/shared/staging/flowers"],
-        ),
-    ] = None
+    executor: Executor = "local"
+    dask_address: DaskAddress = None
+    shard_size: ShardSize = 2000
+    shard_bytes: ShardBytes = None
+    staging: Staging = None
 
     @field_validator(*_CHOICES, mode="before")
     @classmethod
@@ -262,8 +229,13 @@ class BuildConfig(BaseModel):
         # Checked also when resize='none' ignores it: a value is valid or not, whatever else
         # is set (as on the command line).
         check_size((self.size, self.width or self.size), self.resize)
+        check_sources(self.manifest, self.coco, self.masks, self.columns)
         if self.executor == "dask":
-            local_only = [name for name in ("manifest", "fletcher32") if getattr(self, name)]
+            local_only = [
+                name
+                for name in ("manifest", "coco", "masks", "columns", "fletcher32")
+                if getattr(self, name)
+            ]
             if local_only:
                 raise ValueError(
                     f"{', '.join(local_only)} apply to executor='local' only for "
@@ -271,6 +243,19 @@ class BuildConfig(BaseModel):
                 )
         self.pack_config()  # image policy, codec and checksums, with the library's rules
         return self
+
+    def discover_options(self) -> dict[str, Any]:
+        """The source layout for :func:`h5forge.discover.catalog.discover`: manifest, coco,
+        masks and the manifest's columns (parsed)."""
+        from h5forge.targets.schema import parse_columns
+
+        columns = None if self.columns in (None, "") else parse_columns(self.columns)
+        return {
+            "manifest": self.manifest,
+            "coco": self.coco,
+            "masks": self.masks,
+            "columns": columns,
+        }
 
     def pack_config(self) -> PackConfig:
         """The library's pack configuration for this build (every image and codec option).

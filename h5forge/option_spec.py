@@ -42,7 +42,7 @@ class OptionError(ValueError):
         super().__init__(message)
 
 
-Kind = Literal["choice", "int", "float", "bool", "path", "size"]
+Kind = Literal["choice", "int", "float", "bool", "path", "size", "columns"]
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,9 @@ class PackOption:
 
     Attributes:
         name: the Python and pydantic name (``compression_level``); the flag is :attr:`flag`.
-        kind: ``choice``, ``int``, ``float``, ``bool``, ``path`` or ``size`` (the grammar of
-            :func:`parse_size`).
+        kind: ``choice``, ``int``, ``float``, ``bool``, ``path``, ``size`` (the grammar of
+            :func:`parse_size`) or ``columns`` (that of
+            :func:`h5forge.targets.schema.parse_columns`, given as text).
         default: the default value (``None``: empty, the library decides).
         help: one line for ``--help``.
         description: the longer text the UI form shows under the field.
@@ -109,6 +110,16 @@ class PackOption:
             return value
         if self.kind == "size":
             return check_size(value)
+        if self.kind == "columns":
+            if value == "" and self.optional:
+                return None
+            from h5forge.targets.schema import parse_columns
+
+            try:
+                parse_columns(value) if isinstance(value, str) else parse_columns("")
+            except ValueError as e:
+                raise OptionError(self.name, f"{self.name}={value!r}: {e}") from None
+            return value
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if self.kind == "int":
             number = number and isinstance(value, int)

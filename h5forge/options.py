@@ -44,6 +44,7 @@ __all__ = [
     "ResizePolicy",
     "check_compression",
     "check_size",
+    "check_sources",
     "format_size",
     "option",
     "parse_size",
@@ -119,6 +120,34 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         description="A CSV (path,label[,split]) or JSONL manifest listing the images, as a "
         "path relative to the source's root (or absolute); empty for the ImageFolder layout "
         "[split/]class/image.jpg.",
+    ),
+    PackOption(
+        "coco",
+        "path",
+        None,
+        optional=True,
+        help="COCO instances JSON: images with boxes (relative to the source root)",
+        description="A COCO instances JSON, relative to the source's root (the folder of its "
+        "file_names) or absolute: each image with its boxes, as a 'boxes' column.",
+    ),
+    PackOption(
+        "masks",
+        "path",
+        None,
+        optional=True,
+        help="segmentation: the masks folder beside ROOT/images (same stems, .png)",
+        description="Segmentation: the masks folder beside images/ in the source's root; "
+        "images/a/b.jpg pairs with MASKS/a/b.png (class ids), stored as a 'mask' column.",
+    ),
+    PackOption(
+        "columns",
+        "columns",
+        None,
+        optional=True,
+        help="manifest target columns NAME=KIND,... (multilabel, boxes, mask, text, number) "
+        "or none; default: inferred",
+        description="The manifest's target columns, NAME=KIND,... (multilabel, boxes, mask, "
+        "text, number), e.g. tags=multilabel; 'none': no target; empty: inferred.",
     ),
     PackOption(
         "layout",
@@ -248,6 +277,19 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
 )
 
 _BY_NAME = {o.name: o for o in PACK_OPTIONS}
+
+
+def check_sources(manifest: object, coco: object, masks: object, columns: object) -> None:
+    """Refuse two source layouts at once, or ``columns`` without a manifest (``OptionError``)."""
+    given = [(n, v) for n, v in (("manifest", manifest), ("coco", coco), ("masks", masks)) if v]
+    if len(given) > 1:
+        raise OptionError(
+            given[1][0],
+            f"{' and '.join(f'{n}={v!r}' for n, v in given)} name two source layouts; give "
+            "one of manifest (a CSV/JSONL), coco (a COCO instances JSON) or masks (a folder)",
+        )
+    if columns is not None and columns != "" and not manifest:
+        raise OptionError("columns", f"columns={columns!r} describes a manifest; give manifest")
 
 
 def option(name: str) -> PackOption:

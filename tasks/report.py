@@ -8,6 +8,7 @@ and the publisher's :class:`~h5forge.publish.storage.PublishResult`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
@@ -22,6 +23,7 @@ __all__ = ["render_report", "viewable_url", "write_report"]
 
 # The markdown report lists this many quarantined files; the table artifact has them all.
 _QUARANTINE_ROWS = 50
+_TOP_BINS = 10  # histogram bins shown per target column
 
 
 def viewable_url(url: str) -> str:
@@ -49,6 +51,33 @@ def _counts_table(counts: dict[str, dict[str, int]], classes: tuple[str, ...]) -
         + f" | **{sum(totals.values())}** |"
     )
     return lines
+
+
+def _figure(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return "–" if value is None else _cell(value)
+
+
+def _top(counts: dict[str, Any]) -> str:
+    ranked = sorted(counts.items(), key=lambda kv: -float(kv[1] or 0))[:_TOP_BINS]
+    return ", ".join(f"{_cell(k)} {_figure(n)}" for k, n in ranked)
+
+
+def _targets_section(stats: dict[str, dict[str, Any]]) -> list[str]:
+    """One row per target column: its figures, and its largest histogram bins (class ->
+    count: boxes or samples per class, pixels per mask class id)."""
+    if not stats:
+        return []
+    lines = ["## Targets", "", "| column | figures | largest counts |", "|---|---|---|"]
+    for name, figures in stats.items():
+        words = {k: k.replace("_", " ") for k in figures}
+        plain = [f"{words[k]} {_figure(v)}" for k, v in figures.items() if not isinstance(v, dict)]
+        bins = [f"{words[k]}: {_top(v)}" for k, v in figures.items() if isinstance(v, dict) and v]
+        lines.append(f"| {_cell(name)} | {'; '.join(plain)} | {'; '.join(bins) or '–'} |")
+    return [*lines, ""]
 
 
 def _rate(stage: str, secs: float, pack: PackResult, smoke: SmokeReport, mb: float) -> str:
@@ -95,6 +124,7 @@ def render_report(
         "",
         *_counts_table(pack.counts, pack.classes),
         "",
+        *_targets_section(pack.target_stats),
         f"## Quarantined files ({pack.num_quarantined})",
         "",
     ]

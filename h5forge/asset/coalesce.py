@@ -13,6 +13,12 @@ its bytes, so :class:`RemoteRanges` plans a batch's reads in three steps:
    and the next batches of the window find their samples kept; with a uniform shuffle samples
    are far apart, nothing is rounded up, and each is fetched exactly.
 
+With a ``store`` (:class:`h5forge.read.block_cache.BlockStore`: blocks kept on local disk),
+blocks the store holds serve their ranges like kept ones, and every block a request touches
+is fetched whole and stored, while a batch's blocks fit ``keep_bytes`` (a uniform shuffle
+over a large asset touches a block per sample: those batches read exactly what they need and
+store only the blocks they read half of).
+
 All requests of a batch go out at once (fsspec ``cat_ranges``: concurrent, over the process's
 kept-alive connection pool). :class:`ReadStats` counts requests, bytes and over-read; over-read
 is at most ``max_gap`` per merged gap plus the rest of a block at least half read.
@@ -23,13 +29,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "DEFAULT_KEEP_BYTES",
     "DEFAULT_MAX_GAP",
     "DEFAULT_MAX_REQUEST",
+    "BlockSource",
     "ReadStats",
     "RemoteRanges",
     "coalesce",
@@ -49,12 +56,22 @@ DEFAULT_KEEP_BYTES = 64 << 20
 @dataclass
 class ReadStats:
     """What one remote reader fetched: ``requests``, ``bytes`` (received), ``over_read`` (bytes
-    fetched beyond the wanted ranges), ``kept_hits`` (runs served from kept blocks alone)."""
+    fetched beyond the wanted ranges), ``kept_hits`` (runs served from kept blocks alone),
+    ``stored_hits`` (blocks read from the ``store`` instead of the server)."""
 
     requests: int = 0
     bytes: int = 0
     over_read: int = 0
     kept_hits: int = 0
+    stored_hits: int = 0
+
+
+class BlockSource(Protocol):
+    """Blocks kept beyond this process (:class:`h5forge.read.block_cache.BlockStore`)."""
+
+    def get(self, k: int, size: int) -> bytes | None: ...
+
+    def put(self, k: int, blob: bytes) -> None: ...
 
 
 def coalesce(
@@ -92,6 +109,7 @@ class RemoteRanges:
         fetch: fetches ``[starts[i], ends[i])`` concurrently (fsspec ``cat_ranges``).
         size: the file's size (blocks are clipped to it).
         short: raises for a short read ``(offset, wanted, got)``.
+        store: blocks kept on local disk (see the module docstring); None: none.
     """
 
     def __init__(
@@ -104,6 +122,7 @@ class RemoteRanges:
         max_request: int = DEFAULT_MAX_REQUEST,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         keep_bytes: int = DEFAULT_KEEP_BYTES,
+        store: BlockSource | None = None,
     ) -> None:
         self.max_gap = check_size("max_gap", max_gap, 0)
         self.max_request = check_size("max_request", max_request, 1)
@@ -112,13 +131,16 @@ class RemoteRanges:
         self.stats = ReadStats()
         self._fetch, self._size, self._short = fetch, size, short
         self._kept: OrderedDict[int, bytes] = OrderedDict()  # block number -> its bytes
+        self.store = store
 
     def read(self, starts: list[int], ends: list[int]) -> list[memoryview]:
         """The bytes of each sorted, non-overlapping run ``[starts[i], ends[i])``."""
         B = self.block_bytes
+        runs = list(zip(starts, ends, strict=True))
+        local = self._from_store(runs)  # this batch's blocks read from the store
         held = [
-            all(k in self._kept for k in range(a // B, (b - 1) // B + 1))
-            for a, b in zip(starts, ends, strict=True)
+            all(k in self._kept or k in local for k in range(a // B, (b - 1) // B + 1))
+            for a, b in runs
         ]
         self.stats.kept_hits += sum(held)
         miss = [i for i, h in enumerate(held) if not h]
@@ -128,6 +150,10 @@ class RemoteRanges:
             max_gap=self.max_gap,
             max_request=self.max_request,
         )
+        touched = {k for s, e in plan for k in range(s // B, (e - 1) // B + 1)}
+        touched -= self._kept.keys() | local.keys()
+        # With a store, whole blocks while the batch's fit what a reader keeps.
+        every = self.store is not None and len(touched) * B <= self.keep_bytes
         whole: set[int] = set()
         segments: list[tuple[int, int]] = []
         for s, e in plan:
@@ -136,20 +162,22 @@ class RemoteRanges:
                 continue
             for k in range(s // B, (e - 1) // B + 1):
                 lo, hi = k * B, min((k + 1) * B, self._size)
-                if k not in self._kept and 2 * (min(e, hi) - max(s, lo)) >= hi - lo:
+                if k in touched and (every or 2 * (min(e, hi) - max(s, lo)) >= hi - lo):
                     whole.add(k)
             # What whole or kept blocks leave of the request (its head and tail).
             seg = s
             for k in range(s // B, (e - 1) // B + 1):
                 lo, hi = max(s, k * B), min(e, (k + 1) * B)
-                if k in whole or k in self._kept:
+                if k in whole or k in self._kept or k in local:
                     if seg < lo:
                         segments.append((seg, lo))
                     seg = hi
             if seg < e:
                 segments.append((seg, e))
         spans = [(k * B, min((k + 1) * B, self._size)) for k in sorted(whole)] + segments
-        fetched: list[tuple[int, int, bytes]] = []
+        fetched: list[tuple[int, int, bytes]] = [
+            (k * B, k * B + len(blob), blob) for k, blob in local.items()
+        ]
         if spans:
             blobs = self._fetch([a for a, _ in spans], [b for _, b in spans])
             for (a, b), blob in zip(spans, blobs, strict=True):
@@ -162,11 +190,31 @@ class RemoteRanges:
                 fetched.append((a, b, blob))
             wanted = sum(ends[i] - starts[i] for i in miss)
             self.stats.over_read += sum(b - a for a, b in spans) - wanted
-        out = [self._assemble(a, b, fetched) for a, b in zip(starts, ends, strict=True)]
+        out = [self._assemble(a, b, fetched) for a, b in runs]
         # Kept after assembling, so an eviction cannot drop a block this batch needs; the
         # whole blocks are the first ``len(whole)`` spans, in block order.
-        for k, (_, _, blob) in zip(sorted(whole), fetched, strict=False):
+        got = fetched[len(local) :]
+        for k, (_, _, blob) in zip(sorted(whole), got, strict=False):
             self._keep(k, blob)
+            if self.store is not None:
+                self.store.put(k, blob)
+        for k, blob in local.items():
+            self._keep(k, blob)
+        return out
+
+    def _from_store(self, runs: list[tuple[int, int]]) -> dict[int, bytes]:
+        """The blocks of ``runs`` that are not kept in memory but in the store."""
+        if self.store is None:
+            return {}
+        B, out = self.block_bytes, {}
+        for a, b in runs:
+            for k in range(a // B, (b - 1) // B + 1):
+                if k in self._kept or k in out:
+                    continue
+                blob = self.store.get(k, min((k + 1) * B, self._size) - k * B)
+                if blob is not None:
+                    out[k] = blob
+                    self.stats.stored_hits += 1
         return out
 
     def _assemble(self, a: int, b: int, fetched: list[tuple[int, int, bytes]]) -> memoryview:

@@ -14,6 +14,7 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.structure import FIX
+from h5forge.asset.target_layout import check_target_layout
 from h5forge.errors import IntegrityError
 
 __all__ = ["check_declared"]
@@ -49,7 +50,8 @@ def check_declared(h5: h5py.File, header: fmt.Header, *, file_size: int, where: 
     cannot be stored in it (HDF5 would hand back fill values, allocated in full). ``/classes``
     must have ``num_classes`` names, the quarantine lists ``num_quarantined`` entries, and
     ``/images`` the storage's shape, type, chunking and channel count. No chunk may be larger
-    than the file either (HDF5 inflates whole chunks to read any row of one).
+    than the file either (HDF5 inflates whole chunks to read any row of one). Then the target
+    columns of a version 2 file (:mod:`h5forge.asset.target_layout`).
 
     Raises:
         IntegrityError: naming the dataset, what it declares and what was expected.
@@ -83,6 +85,7 @@ def check_declared(h5: h5py.File, header: fmt.Header, *, file_size: int, where: 
             f"{where}: /split_names has {splits} names, expected 1..256 (/splits is uint8); {FIX}"
         )
     _check_images(h5, header, size, where)
+    check_target_layout(h5, header, file_size=size, where=where)
 
 
 def _dataset(h5: h5py.File, name: str, where: str) -> h5py.Dataset:

@@ -11,13 +11,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from h5forge.asset.coalesce import (
     DEFAULT_BLOCK_BYTES,
     DEFAULT_KEEP_BYTES,
     DEFAULT_MAX_GAP,
     DEFAULT_MAX_REQUEST,
+    BlockSource,
     ReadStats,
     RemoteRanges,
 )
@@ -35,7 +34,8 @@ class RangeReader:
 
     Create it in the process that reads (it holds a file descriptor or a filesystem client).
     ``size`` (the file's, when the caller knows it) saves a remote reader one request; the
-    other keywords tune remote reads (:class:`h5forge.asset.coalesce.RemoteRanges`).
+    other keywords tune remote reads (:class:`h5forge.asset.coalesce.RemoteRanges`; ``store``:
+    its blocks kept on local disk).
     """
 
     def __init__(
@@ -48,6 +48,7 @@ class RangeReader:
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         keep_bytes: int = DEFAULT_KEEP_BYTES,
         size: int | None = None,
+        store: BlockSource | None = None,
     ) -> None:
         self.url = url
         self._fs, self._path = url_to_fs(url, storage_options)
@@ -66,6 +67,7 @@ class RangeReader:
                 max_request=max_request,
                 block_bytes=block_bytes,
                 keep_bytes=keep_bytes,
+                store=store,
             )
 
     def _cat_ranges(self, starts: list[int], ends: list[int]) -> list[Any]:
@@ -98,33 +100,25 @@ class RangeReader:
         """
         if not len(ranges):
             return
-        arr = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
-        order = np.argsort(arr[:, 0], kind="stable")
-        starts, sizes = arr[order, 0], arr[order, 1]
-        # Runs of ranges that touch are read with one call; at most _IOV_MAX buffers each.
-        cut = np.flatnonzero(starts[1:] != starts[:-1] + sizes[:-1]) + 1
-        bounds = [0, *cut.tolist(), len(order)]
-        order_l, starts_l, sizes_l = order.tolist(), starts.tolist(), sizes.tolist()
-        runs = [
-            (lo, min(lo + _IOV_MAX, hi))
-            for a, hi in zip(bounds[:-1], bounds[1:], strict=True)
-            for lo in range(a, hi, _IOV_MAX)
-        ]
+        # Plain Python, not numpy: a batch holds tens of ranges, and numpy's fixed cost per
+        # call (~20 us) was most of the time of a read split over several files.
+        runs: list[tuple[int, int, list[int]]] = []  # (start, end, buffer indices in order)
+        for offset, size, i in sorted((int(o), int(n), i) for i, (o, n) in enumerate(ranges)):
+            if runs and runs[-1][1] == offset and len(runs[-1][2]) < _IOV_MAX:
+                runs[-1] = (runs[-1][0], offset + size, runs[-1][2])
+                runs[-1][2].append(i)
+            else:
+                runs.append((offset, offset + size, [i]))
         if self._fd is not None:
-            for lo, hi in runs:
-                self._preadv(
-                    [buffers[i] for i in order_l[lo:hi]], starts_l[lo], sum(sizes_l[lo:hi])
-                )
+            for start, end, members in runs:
+                self._preadv([buffers[i] for i in members], start, end - start)
             return
         assert self.remote is not None
-        run_starts = [starts_l[lo] for lo, _ in runs]
-        run_ends = [starts_l[hi - 1] + sizes_l[hi - 1] for _, hi in runs]
-        for (lo, hi), view in zip(runs, self.remote.read(run_starts, run_ends), strict=True):
-            pos = 0
-            for k in range(lo, hi):
-                n = sizes_l[k]
-                buffers[order_l[k]][:] = view[pos : pos + n]
-                pos += n
+        views = self.remote.read([r[0] for r in runs], [r[1] for r in runs])
+        for (start, _, members), view in zip(runs, views, strict=True):
+            for i in members:
+                at = int(ranges[i][0]) - start
+                buffers[i][:] = view[at : at + int(ranges[i][1])]
 
     def _preadv(self, buffers: list[memoryview], offset: int, want: int) -> None:
         """``preadv`` until every buffer is full (Linux caps one call at ~2 GiB)."""

@@ -16,6 +16,7 @@ from h5forge.options import (
     PACK_OPTIONS,
     OptionError,
     check_compression,
+    check_sources,
     format_size,
     option,
     parse_size,
@@ -70,6 +71,8 @@ def check_pack_options(values: Mapping[str, Any]) -> dict[str, Any]:
             check_compression(
                 values["compression"], values.get("compression_level"), fixed_size_decoded=fixed
             )
+        if "manifest" in values:
+            check_sources(*(values.get(k) for k in ("manifest", "coco", "masks", "columns")))
     except OptionError as e:
         raise usage_error(e) from e
     return checked
@@ -81,7 +84,15 @@ def pack_default(name: str) -> Any:
     return format_size(o.default) if o.kind == "size" else o.default
 
 
-_PY_TYPES = {"choice": str, "size": str, "path": str, "int": int, "float": float, "bool": bool}
+_PY_TYPES = {
+    "choice": str,
+    "size": str,
+    "path": str,
+    "columns": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+}
 
 
 def with_pack_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,7 +13,10 @@ the kernel cannot name (``path-too-long``); the walk (:mod:`h5forge.discover.fol
 iterative, so depth never exhausts the stack.
 
 Manifest: see :func:`discover`; reading its rows is :mod:`h5forge.discover.manifest`, checking
-them :mod:`h5forge.discover.rows`.
+them :mod:`h5forge.discover.rows`, its target columns :mod:`h5forge.discover.columns`. COCO
+instances: :mod:`h5forge.discover.coco`; a paired images/masks folder:
+:mod:`h5forge.discover.paired`. Rows whose targets break their column's rule are quarantined
+(:attr:`Catalog.rejected`), not errors.
 Every error names the manifest and the physical line, and names from it are shown escaped.
 
 Order is deterministic: by split (in ``SPLIT_NAMES`` order), then class, then relpath (code
@@ -23,16 +26,19 @@ point order); labels index the sorted class names.
 from __future__ import annotations
 
 import os
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from h5forge.discover.coco import coco_listing
+from h5forge.discover.columns import ColumnSpec, RowTargets, manifest_schema
 from h5forge.discover.folder import IMAGE_EXTENSIONS, SPLIT_NAMES, Found, scan_folder
-from h5forge.discover.manifest import read_rows
+from h5forge.discover.listing import UNLABELLED, Listing
+from h5forge.discover.manifest import JSONL_SUFFIXES, read_rows
+from h5forge.discover.paired import paired_listing
 from h5forge.discover.rows import check_file, check_label_range, check_path
 from h5forge.errors import EmptyDatasetError
 from h5forge.paths import MAX_DEPTH, resolve
-from h5forge.targets.schema import Schema
+from h5forge.targets.schema import Schema, TargetError
 from h5forge.text import printable
 
 __all__ = [
@@ -44,10 +50,6 @@ __all__ = [
     "Sample",
     "discover",
 ]
-
-#: The one class of a source that gives no image-level class (COCO, a segmentation folder):
-#: every sample has label 0, named this.
-UNLABELLED = "unlabelled"
 
 
 @dataclass(frozen=True)
@@ -106,12 +108,19 @@ class Catalog:
 
 
 def discover(
-    root: str | os.PathLike[str], *, manifest: str | os.PathLike[str] | None = None
+    root: str | os.PathLike[str],
+    *,
+    manifest: str | os.PathLike[str] | None = None,
+    coco: str | os.PathLike[str] | None = None,
+    masks: str | None = None,
+    columns: ColumnSpec | None = None,
 ) -> Catalog:
-    """Build the catalog of an ImageFolder tree or of a manifest.
+    """Build the catalog of an ImageFolder tree, a manifest, a COCO file or a paired folder.
 
-    A manifest is CSV with a header ``path,label[,split]`` (other columns are ignored) or JSONL
-    (``.jsonl``/``.ndjson``) with objects holding ``path``, ``label`` and optionally ``split``.
+    A manifest is CSV with a header ``path,label[,split]`` or JSONL (``.jsonl``/``.ndjson``)
+    with objects holding ``path``, ``label`` and optionally ``split``. Every other column is a
+    target column (:mod:`h5forge.discover.columns`: given by ``columns=``, else inferred);
+    ``label`` may then be left out, and every sample is of the class :data:`UNLABELLED`.
     Paths are POSIX, relative to the manifest's folder, and may not leave it, lexically or
     through symbolic links (the real target is checked); each must be a regular file (a FIFO or
     device is refused, never opened). Labels are class names (strings) or class indices: JSON
@@ -126,8 +135,15 @@ def discover(
 
     Args:
         root: the ImageFolder root; with ``manifest``, the folder a relative manifest path is
-            resolved against.
-        manifest: path of a CSV or JSONL manifest, or None for an ImageFolder.
+            resolved against; with ``coco``, the folder the images' ``file_name`` are relative
+            to; with ``masks``, the folder holding ``images/`` and the masks folder.
+        manifest: path of a CSV or JSONL manifest.
+        coco: path of a COCO instances JSON (relative to ``root`` or absolute): one ``boxes``
+            column (:mod:`h5forge.discover.coco`).
+        masks: name of the masks folder beside ``root/images``: one ``mask`` column
+            (:mod:`h5forge.discover.paired`).
+        columns: a manifest's target columns, ``{name: kind or Column}``; None infers them,
+            ``{}`` ignores every column but path, label and split.
 
     Returns:
         The catalog.
@@ -135,8 +151,9 @@ def discover(
     Raises:
         FileNotFoundError: ``root``, the manifest or a file it lists does not exist.
         NotADirectoryError: ``root`` is not a folder.
-        ValueError: mixed split/class top-level folders, or a malformed manifest line (the
-            message names the manifest, the line, the value and the rule).
+        ValueError: mixed split/class top-level folders, a malformed manifest line (the
+            message names the manifest, the line, the value and the rule), a malformed COCO
+            file, or two sources given at once.
         EmptyDatasetError: no image at all, or a class folder without an image.
     """
     base = Path(os.path.abspath(root))
@@ -147,36 +164,55 @@ def discover(
             f"dataset root {str(base)!r} is not a folder; give the folder "
             "that holds the class (or split) folders"
         )
+    given = [
+        n for n, v in (("manifest", manifest), ("coco", coco), ("masks", masks)) if v is not None
+    ]
+    if len(given) > 1:
+        raise ValueError(f"give one source, not {' and '.join(given)}")
+    if columns is not None and manifest is None:
+        raise ValueError("columns= describes a manifest's columns; give manifest= too")
     if manifest is not None:
-        return _from_manifest(base / manifest)
-    return _from_folder(base)
+        path = base / manifest
+        return _catalog(path.parent, _from_manifest(path, columns))
+    if coco is not None:
+        return _catalog(base, coco_listing(base, base / coco))
+    if masks is not None:
+        return _catalog(base, paired_listing(base, masks))
+    found, classes, splits, skipped = scan_folder(base)
+    return _catalog(base, Listing(found, classes, splits, skipped))
 
 
-def _from_folder(root: Path) -> Catalog:
-    found, classes, splits, skipped = scan_folder(root)
-    return _catalog(root, found, classes, splits, skipped)
-
-
-def _from_manifest(path: Path) -> Catalog:
+def _from_manifest(path: Path, columns: ColumnSpec | None) -> Listing:
     shown = printable(path)
     rows = read_rows(path)
     if not rows:
         raise EmptyDatasetError(f"manifest '{shown}' lists no sample")
     folder = path.parent
     folder_real = resolve(folder)
+    csv = path.suffix.lower() not in JSONL_SUFFIXES
+    schema = manifest_schema(shown, [(r[0], r[4]) for r in rows], columns, csv=csv)
     has_split = rows[0][3] is not None
-    by_index = all(isinstance(r[2], int) for r in rows)
-    if not by_index and any(isinstance(r[2], int) for r in rows):
+    labelled = rows[0][2] is not None
+    if not labelled and not schema:
+        raise ValueError(
+            f"manifest '{shown}' gives neither labels nor target columns; expected "
+            "path,label[,split] or target columns"
+        )
+    by_index = labelled and all(isinstance(r[2], int) for r in rows)
+    if labelled and not by_index and any(isinstance(r[2], int) for r in rows):
         raise ValueError(f"manifest '{shown}' mixes integer and string labels; use one kind")
     if by_index:
         check_label_range(shown, rows)
-    found: list[Found] = []
+    out = Listing([], (), ())
     seen: dict[str, int] = {}
     folders: dict[str, str] = {}  # relative folder -> real path
-    for line, rel, label, split in rows:
+    targets = RowTargets(schema, csv=csv, folder=folder, folder_real=folder_real, folders=folders)
+    for line, rel, label, split, extras in rows:
         where = f"{shown}:{line}"
         if (split is not None) != has_split:
             raise ValueError(f"{where}: give a split on every line or on none")
+        if (label is not None) != labelled:
+            raise ValueError(f"{where}: give a label on every line or on none")
         if split is not None and split not in SPLIT_NAMES:
             raise ValueError(f"{where}: split '{printable(split)}' is not one of {SPLIT_NAMES}")
         norm = check_path(where, rel)
@@ -187,30 +223,41 @@ def _from_manifest(path: Path) -> Catalog:
         seen[norm] = line
         full = folder / norm
         check_file(where, rel, norm, full, folder_real, folders)
-        found.append((split or "", str(label), norm, str(full)))
+        if schema:
+            try:
+                out.targets[norm] = targets(where, extras)
+            except TargetError as e:
+                out.rejected.append((norm, str(e)))
+                continue
+        out.found.append((split or "", str(label) if labelled else UNLABELLED, norm, str(full)))
+    if not out.found:
+        raise EmptyDatasetError(
+            f"manifest '{shown}': every row was quarantined; the first: {out.rejected[0][1]}"
+        )
     if by_index:
-        classes = tuple(str(i) for i in range(max(int(r[2]) for r in rows) + 1))
+        out.classes = tuple(str(i) for i in range(max(int(str(r[2])) for r in rows) + 1))
     else:
-        classes = tuple(sorted({cls for _, cls, _, _ in found}))
-    splits = tuple(s for s in SPLIT_NAMES if any(f[0] == s for f in found))
-    return _catalog(folder, found, classes, splits, Counter())
+        out.classes = tuple(sorted({cls for _, cls, _, _ in out.found}))
+    out.splits = tuple(s for s in SPLIT_NAMES if any(f[0] == s for f in out.found))
+    out.schema = schema
+    return out
 
 
-def _catalog(
-    root: Path,
-    found: list[Found],
-    classes: tuple[str, ...],
-    splits: tuple[str, ...],
-    skipped: Counter[str],
-) -> Catalog:
-    index = {c: i for i, c in enumerate(classes)}
+def _catalog(root: Path, listing: Listing) -> Catalog:
+    index = {c: i for i, c in enumerate(listing.classes)}
     order = {s: i for i, s in enumerate(("", *SPLIT_NAMES))}
-    found.sort(key=lambda f: (order[f[0]], index[f[1]], f[2]))
-    samples = tuple(Sample(path=p, relpath=rel, label=index[c], split=s) for s, c, rel, p in found)
+    found: list[Found] = sorted(listing.found, key=lambda f: (order[f[0]], index[f[1]], f[2]))
+    targets = listing.targets
+    samples = tuple(
+        Sample(path=p, relpath=rel, label=index[c], split=s, targets=targets.get(rel, ()))
+        for s, c, rel, p in found
+    )
     return Catalog(
         root=str(root),
         samples=samples,
-        classes=classes,
-        splits=splits,
-        skipped=dict(sorted(skipped.items())),
+        classes=listing.classes,
+        splits=listing.splits,
+        skipped=dict(sorted(listing.skipped.items())),
+        schema=listing.schema,
+        rejected=tuple(listing.rejected),
     )

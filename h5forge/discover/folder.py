@@ -18,7 +18,7 @@ from pathlib import Path
 from h5forge.errors import EmptyDatasetError
 from h5forge.paths import MAX_DEPTH, is_within, resolve
 
-__all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Found", "scan_folder"]
+__all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "Found", "scan_folder", "walk_images"]
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
@@ -66,7 +66,7 @@ def scan_folder(
             raise EmptyDatasetError(f"split folder {str(folder)!r} holds no class folder")
         for cls in class_names:
             before = skipped.copy()
-            files = _walk(folder / cls, skipped, root_real)
+            files = walk_images(folder / cls, skipped, root_real)
             if not files:
                 left_out = ", ".join(f"{n} {why}" for why, n in sorted((skipped - before).items()))
                 raise EmptyDatasetError(
@@ -117,8 +117,8 @@ def _real(path: str) -> str | None:
         return None
 
 
-def _walk(class_dir: Path, skipped: Counter[str], root_real: str) -> list[str]:
-    """Relative POSIX paths of the image files below ``class_dir``, following symlinks.
+def walk_images(class_dir: Path, skipped: Counter[str], root_real: str) -> list[str]:
+    """Relative POSIX paths of the image files below ``class_dir``, sorted, following links.
 
     Links are followed only while their real target stays inside ``root_real``. Iterative:
     a stack of ``(relative folder, depth)``, never recursion.

@@ -1,9 +1,12 @@
-"""The sample manifest: a CSV or JSONL file listing ``path,label[,split]``, read as untrusted input.
+"""The sample manifest: a CSV or JSONL file of ``path[,label][,split]`` and targets, untrusted.
 
 :func:`read_rows` reads a manifest line by line: strictly UTF-8 (a BOM is allowed), no NUL byte,
 each physical line and CSV field bounded, every CSV row as wide as its header, every JSON line an
-object. Every error names the manifest and the physical line (a quoted CSV field holding
-newlines does not shift the count); names from the file are shown escaped
+object. Columns other than ``path``, ``label`` and ``split`` come back as each row's
+``extras`` (CSV: the field text; JSONL: the JSON value); :mod:`h5forge.discover.columns` makes
+target columns of them. ``label`` may be absent when there are other columns. Every error
+names the manifest and the physical line (a quoted CSV field holding newlines does not shift the
+count); names from the file are shown escaped
 (:func:`h5forge.text.printable`). The rows' labels and paths are checked by
 :mod:`h5forge.discover.rows`, and :mod:`h5forge.discover.catalog` turns them into a
 :class:`~h5forge.discover.catalog.Catalog`.
@@ -22,6 +25,7 @@ from pathlib import Path
 from h5forge.text import printable
 
 __all__ = [
+    "JSONL_SUFFIXES",
     "LABEL_FLOOR",
     "MAX_LABEL_CHARS",
     "MAX_LINE_BYTES",
@@ -43,9 +47,12 @@ MAX_LABEL_CHARS = 1024
 # Integer labels must be below max(rows, LABEL_FLOOR): see check_label_range.
 LABEL_FLOOR = 1024
 _INT = re.compile(r"[0-9]+")
+#: Suffixes of a JSON Lines manifest; any other is read as CSV.
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
-# (line, path, label, split): ``line`` is the physical line the record starts on.
-ManifestRow = tuple[int, str, str | int, str | None]
+# (line, path, label, split, extras): ``line`` is the physical line the record starts on;
+# ``label`` is None when the manifest gives none; ``extras`` maps every other column to its value.
+ManifestRow = tuple[int, str, str | int | None, str | None, dict[str, object]]
 
 
 def read_rows(path: Path) -> list[ManifestRow]:
@@ -55,8 +62,9 @@ def read_rows(path: Path) -> list[ManifestRow]:
         path: the manifest; ``.jsonl``/``.ndjson`` is JSON Lines, anything else CSV.
 
     Returns:
-        One ``(line, path, label, split)`` per sample, in file order; ``line`` is the physical
-        line the record starts on, ``label`` an ``int`` when every label is a number.
+        One ``(line, path, label, split, extras)`` per sample, in file order; ``line`` is the
+        physical line the record starts on, ``label`` an ``int`` when every label is a number
+        (None without a label), ``extras`` the other columns' values.
 
     Raises:
         FileNotFoundError: the manifest does not exist.
@@ -75,9 +83,7 @@ def read_rows(path: Path) -> list[ManifestRow]:
             f"manifest '{shown}' is {st.st_size:,} bytes, over the limit of "
             f"{MAX_MANIFEST_BYTES:,}; split it or pack from an ImageFolder"
         )
-    return list(
-        _read_jsonl(path) if path.suffix.lower() in (".jsonl", ".ndjson") else _read_csv(path)
-    )
+    return list(_read_jsonl(path) if path.suffix.lower() in JSONL_SUFFIXES else _read_csv(path))
 
 
 def file_kind(mode: int) -> str:
@@ -152,6 +158,8 @@ def _read_csv(path: Path) -> Iterator[ManifestRow]:
         if header is None:
             header = fields
             missing = {"path", "label"} - set(header)
+            if missing == {"label"} and set(header) - {"path", "split"}:
+                missing = set()  # target columns without a class: every sample is unlabelled
             if missing:
                 raise ValueError(
                     f"{shown}:{start}: header {[printable(h) for h in header]} "
@@ -171,9 +179,15 @@ def _read_csv(path: Path) -> Iterator[ManifestRow]:
     if header is None:
         return
     at = {name: header.index(name) for name in ("path", "label", "split") if name in header}
-    labels = [fields[at["label"]] for _, fields in records]
-    digits = all(_INT.fullmatch(label) for label in labels)
+    extra = [(i, name) for i, name in enumerate(header) if name not in at]
+    labels = [fields[at["label"]] if "label" in at else None for _, fields in records]
+    digits = all(label is not None and _INT.fullmatch(label) for label in labels)
     for (line, fields), label in zip(records, labels, strict=True):
+        split = fields[at["split"]] if "split" in at else None
+        extras: dict[str, object] = {name: fields[i] for i, name in extra}
+        if label is None:
+            yield line, fields[at["path"]], None, split, extras
+            continue
         if not label:
             raise ValueError(f"{shown}:{line}: empty label")
         if len(label) > MAX_LABEL_CHARS:
@@ -181,8 +195,7 @@ def _read_csv(path: Path) -> Iterator[ManifestRow]:
                 f"{shown}:{line}: label is {len(label):,} characters, over the "
                 f"limit of {MAX_LABEL_CHARS:,}"
             )
-        split = fields[at["split"]] if "split" in at else None
-        yield line, fields[at["path"]], int(label) if digits else label, split
+        yield line, fields[at["path"]], int(label) if digits else label, split, extras
 
 
 def _csv_error(shown: str, line: int, message: str) -> str:
@@ -211,7 +224,7 @@ def _read_jsonl(path: Path) -> Iterator[ManifestRow]:
         if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
             raise ValueError(f"{shown}:{line}: expected an object with a string 'path'")
         label = obj.get("label")
-        if (
+        if label is not None and (
             isinstance(label, bool)
             or not isinstance(label, (int, str))
             or label == ""
@@ -231,4 +244,5 @@ def _read_jsonl(path: Path) -> Iterator[ManifestRow]:
             raise ValueError(
                 f"{shown}:{line}: split {printable(repr(split), limit=60)} must be a string"
             )
-        yield line, obj["path"], label, split
+        extras = {k: v for k, v in obj.items() if k not in ("path", "label", "split")}
+        yield line, obj["path"], label, split, extras

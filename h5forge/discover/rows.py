@@ -29,7 +29,7 @@ def check_label_range(shown: str, rows: list[ManifestRow]) -> None:
     the row count, so a small manifest can keep the indices of a 1,000-class dataset.
     """
     bound = max(len(rows), LABEL_FLOOR)
-    for line, _, label, _ in rows:
+    for line, _, label, *_ in rows:
         if isinstance(label, int) and label >= bound:
             raise ValueError(
                 f"{shown}:{line}: label {printable(label, limit=40)} is out of range: a manifest "
@@ -39,17 +39,16 @@ def check_label_range(shown: str, rows: list[ManifestRow]) -> None:
             )
 
 
-def check_path(where: str, rel: str) -> str:
-    """Return the normalised POSIX form of a manifest path.
+def check_path(where: str, rel: str, *, folder: str = "the manifest's folder") -> str:
+    """Return the normalised POSIX form of a manifest path (``folder``: what it is relative to,
+    in words, for the messages).
 
     Raises:
         ValueError: ``rel`` is empty, holds a NUL byte, is over :data:`MAX_PATH_BYTES`, is
             absolute or leaves the folder lexically; ``where`` (``FILE:LINE``) starts the message.
     """
     if not rel:
-        raise ValueError(
-            f"{where}: empty path; give the image's path relative to the manifest's folder"
-        )
+        raise ValueError(f"{where}: empty path; give the image's path relative to {folder}")
     if "\x00" in rel:
         raise ValueError(f"{where}: path '{printable(rel)}' contains a NUL byte")
     size = len(rel.encode("utf-8", "surrogateescape"))
@@ -61,14 +60,20 @@ def check_path(where: str, rel: str) -> str:
     norm = os.path.normpath(rel).replace(os.sep, "/")
     if os.path.isabs(rel) or norm == ".." or norm.startswith("../"):
         raise ValueError(
-            f"{where}: path '{printable(rel)}' must be relative to the manifest's "
-            "folder and stay inside it"
+            f"{where}: path '{printable(rel)}' must be relative to {folder} and stay inside it"
         )
     return norm
 
 
 def check_file(
-    where: str, rel: str, norm: str, full: Path, folder_real: str, folders: dict[str, str]
+    where: str,
+    rel: str,
+    norm: str,
+    full: Path,
+    folder_real: str,
+    folders: dict[str, str],
+    *,
+    folder: str = "the manifest's folder",
 ) -> None:
     """Check that ``full`` is a regular file whose real path (links resolved) is in the folder.
 
@@ -80,6 +85,7 @@ def check_file(
         folder_real: the manifest folder's real path.
         folders: a cache of the real path of each parent folder seen, shared across rows, so
             a plain file costs one ``lstat``.
+        folder: the folder in words, for the messages.
 
     Raises:
         ValueError: the real path leaves the folder, needs more than :data:`MAX_LINKS` links,
@@ -107,7 +113,7 @@ def check_file(
     if not is_within(folder_real, real):
         raise ValueError(
             f"{where}: path '{printable(rel)}' is a symbolic link (or passes through one) to "
-            f"'{printable(real)}', outside the manifest's folder '{printable(folder_real)}'; "
+            f"'{printable(real)}', outside {folder} '{printable(folder_real)}'; "
             "copy the file in, or put the manifest in a folder that holds both"
         )
     try:

@@ -8,12 +8,13 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from h5forge.discover.catalog import Catalog
 from h5forge.errors import EmptyDatasetError, TooManyBadImagesError
 from h5forge.options import option
 from h5forge.pack.commit import check_output
 from h5forge.pack.config import PackConfig
 
-__all__ = ["check_bad_fraction", "check_every_class", "check_pack"]
+__all__ = ["check_bad_fraction", "check_every_class", "check_pack", "check_quarantine"]
 
 
 def check_pack(
@@ -72,3 +73,22 @@ def check_every_class(present: Collection[int], classes: Sequence[str], where: s
                 f"class {name!r} has no readable image in {where}: every file of it was "
                 "quarantined; fix the files or remove the class folder"
             )
+
+
+def check_quarantine(
+    catalog: Catalog,
+    kept: Sequence[int],
+    bad: Sequence[tuple[str, str]],
+    max_bad_fraction: float,
+    every_class: bool,
+) -> list[tuple[str, str]]:
+    """A pack's quarantine: the catalog's rejected rows, then ``bad`` (quarantined while
+    packing), checked against ``max_bad_fraction`` (of every input, rejected ones included)
+    and, with ``every_class``, that no class lost all its samples (``kept``: catalog indices).
+    """
+    bad = [*catalog.rejected, *bad]
+    check_bad_fraction(len(catalog.samples) + len(catalog.rejected), bad, max_bad_fraction)
+    if every_class:
+        present = {catalog.samples[i].label for i in kept}
+        check_every_class(present, catalog.classes, catalog.root)
+    return bad

@@ -26,9 +26,9 @@ from h5forge.output_lock import OutputLock
 from h5forge.pack.bar import PackProgress
 from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import CopiedCheck, CopiedMismatch, StoredRun
+from h5forge.pack.targets import PackTargets
 from h5forge.preprocess.images import Processed, Quarantined
 from h5forge.scale.kernel_copy import RangeCopy
-from h5forge.targets.store import TargetSink
 
 __all__ = ["Sink"]
 
@@ -114,7 +114,7 @@ class Sink:
         results: Iterator[Processed | Quarantined | StoredRun],
         catalog: Catalog,
         bar: PackProgress,
-        targets: TargetSink | None = None,
+        targets: PackTargets | None = None,
     ) -> tuple[list[int], list[tuple[str, str]]]:
         """Store every processed sample of ``results`` (in catalog order), advancing ``bar``;
         with ``targets``, each sample's target values into it.
@@ -138,8 +138,7 @@ class Sink:
             else:
                 self.add(r)
                 if targets is not None:
-                    assert r.targets is not None, "a schema's samples carry their targets"
-                    targets.add(r.targets)
+                    targets.add(catalog.samples[r.index].targets, r.targets)
                 kept.append(r.index)
                 done += 1
             bar.advance(done)

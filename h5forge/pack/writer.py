@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,45 +22,23 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.placement import Head
 from h5forge.discover.catalog import Catalog, Sample, discover
+from h5forge.discover.columns import ColumnSpec
 from h5forge.pack.attrs import pack_attrs
 from h5forge.pack.bar import PackProgress
-from h5forge.pack.checks import check_bad_fraction, check_every_class, check_pack
+from h5forge.pack.checks import check_pack, check_quarantine
 from h5forge.pack.commit import Staged, staged
 from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import CopiedMismatch
+from h5forge.pack.result import PackResult
 from h5forge.pack.reuse import Reuse, SampleSource
 from h5forge.pack.sink import Sink
-from h5forge.pack.targets import open_target_sink
+from h5forge.pack.targets import PackTargets
+from h5forge.targets.schema import parse_columns
 
 __all__ = ["PackResult", "pack", "pack_slice"]
 
 _HOW = "(CLI: --overwrite) "
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PackResult:
-    """What :func:`pack` wrote.
-
-    Attributes:
-        path: the sealed file.
-        counts: ``split -> class name -> number of samples`` ('' is the split of unsplit data).
-        quarantined: ``(relative path, reason)`` of every input that was not packed.
-        seconds: wall time of the whole pack, verification included.
-        reused, reuse_mismatched: samples taken from ``reuse``; those failing their digest.
-    """
-
-    path: str
-    num_samples: int
-    num_quarantined: int
-    num_classes: int
-    classes: tuple[str, ...]
-    quarantined: tuple[tuple[str, str], ...]
-    bytes: int
-    seconds: float
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    reused: int = 0
-    reuse_mismatched: int = 0
 
 
 def pack(
@@ -71,6 +49,9 @@ def pack(
     workers: int | None = None,
     max_bad_fraction: float = 0.01,
     manifest: str | os.PathLike[str] | None = None,
+    coco: str | os.PathLike[str] | None = None,
+    masks: str | None = None,
+    columns: ColumnSpec | str | None = None,
     source_url: str = "",
     source_sha256: str = "",
     lineage: Mapping[str, str] | None = None,
@@ -89,7 +70,11 @@ def pack(
             224x224, uncompressed.
         workers: preprocessing processes; default: CPU count.
         max_bad_fraction: fail when more than this fraction of inputs is quarantined.
-        manifest: CSV/JSONL listing the images (when ``src`` is a folder).
+        manifest, coco, masks, columns: the source layout when ``src`` is a folder: a CSV/JSONL
+            listing, a COCO instances JSON, or the masks folder beside ``images/``; and a
+            manifest's target columns (``{name: kind}``, or the ``NAME=KIND,...`` text of
+            :func:`h5forge.targets.schema.parse_columns`); see
+            :func:`h5forge.discover.catalog.discover`.
         source_url, source_sha256, lineage: root attributes (redact the URL; lineage: optional).
         progress: show a progress bar on the terminal.
         on_progress: called with ``(done, total)`` after each input.
@@ -109,7 +94,12 @@ def pack(
     t0 = time.perf_counter()
     config = PackConfig() if config is None else config
     out_path, filters = check_pack(config, out, workers, max_bad_fraction, overwrite, _HOW)
-    catalog = src if isinstance(src, Catalog) else discover(src, manifest=manifest)
+    spec = parse_columns(columns) if isinstance(columns, str) else columns
+    catalog = (
+        src
+        if isinstance(src, Catalog)
+        else discover(src, manifest=manifest, coco=coco, masks=masks, columns=spec)
+    )
     damaged: frozenset[str] = frozenset()  # copied, then found not to match: packed anew
     while True:
         reuse = reuse and replace(reuse, unchanged=reuse.unchanged - damaged)
@@ -189,7 +179,7 @@ def _pack(
     copies = source.copies  # then every sample is checked from the file before the seal
     try:
         with staged(out_path, overwrite=overwrite, how=_HOW, check_digests=not copies) as stage:
-            samples, bad = _write(
+            samples, bad, stats = _write(
                 source,
                 stage,
                 config,
@@ -214,6 +204,7 @@ def _pack(
         counts=counts,
         reused=source.reused,
         reuse_mismatched=source.mismatched,
+        target_stats=stats,
     )
 
 
@@ -227,16 +218,16 @@ def _write(
     bar: PackProgress,
     max_bad_fraction: float,
     every_class: bool,
-) -> tuple[list[Sample], list[tuple[str, str]]]:
-    """Preprocess every input into ``stage.partial`` and flush it; return the packed samples
-    and the quarantined ``(path, reason)``."""
+) -> tuple[list[Sample], list[tuple[str, str]], dict[str, dict[str, object]]]:
+    """Preprocess every input into ``stage.partial`` and flush it; return the packed samples,
+    the quarantined ``(path, reason)`` and the target statistics."""
     catalog = source.catalog
     split_names = list(catalog.splits) or [""]
     lock = stage.lock
     with contextlib.ExitStack() as stack:
         sink = Sink(config, filters, stage.partial + ".blob", lock)
         stack.callback(sink.close)
-        targets = open_target_sink(source.schema, stage.partial, lock) if source.schema else None
+        targets = PackTargets(source.schema, stage.partial, lock) if source.schema else None
         if targets is not None:
             stack.callback(targets.close)
 
@@ -268,11 +259,7 @@ def _write(
             close = getattr(results, "close", None)
             if close is not None:
                 close()
-        bad = [*catalog.rejected, *bad]  # quarantined while discovering, then while packing
-        check_bad_fraction(len(catalog.samples) + len(catalog.rejected), bad, max_bad_fraction)
-        if every_class:
-            present = {catalog.samples[i].label for i in kept}
-            check_every_class(present, catalog.classes, catalog.root)
+        bad = check_quarantine(catalog, kept, bad, max_bad_fraction, every_class)
         if sink.storage == "blob":  # sizes are known only now: the file starts here
             lock.discard_one(stage.partial)  # the placeholder; HDF5 creates the name anew
             h5, index = head(len(kept))
@@ -291,8 +278,8 @@ def _write(
             shapes=np.asarray(sink.shapes, np.uint32).reshape(len(samples), 3),
         )
         if targets is not None:
-            targets.write(h5)  # after /images, see h5forge.targets.store
+            targets.sink.write(h5)  # after /images, see h5forge.targets.store
         h5.flush()
         if sink.copying:  # the seal skips its digest pass: every sample is checked here
             sink.check_written(byte_ranges, [s.relpath for s in samples], stage.partial)
-    return samples, bad
+    return samples, bad, ({} if targets is None else targets.stats.as_dict())

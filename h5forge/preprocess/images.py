@@ -198,11 +198,11 @@ def process_file(
         return Quarantined(index, path, f"corrupt image: {e}")
     stored = None
     if schema:  # "original" bytes were not resized: the geometry is EXIF only, as read back
-        from h5forge.targets.schema import TargetError
+        from h5forge.targets.schema import TargetError, check_value
         from h5forge.targets.store import encode_targets
 
-        values = dict(zip((c.name for c in schema), targets, strict=True))
-        try:
+        try:  # checked again: a catalog built by hand is not one discover() checked
+            values = {c.name: check_value(c, v) for c, v in zip(schema, targets, strict=True)}
             stored = encode_targets(
                 schema, values, geometry, read=_read_bytes, max_pixels=cfg.max_image_pixels
             )

@@ -16,9 +16,9 @@ jobs on the machine) reads it with ``pread`` like a local file.
   a download holds the entry's lock file (:func:`h5forge.locks.lock_file`), writes a fresh
   exclusive temp name and renames it into place, so concurrent workers and jobs download once
   and never see half a file. Nothing is followed through a link: a planted symlink is refused.
-- **Bounded**: ``limit_bytes`` for all entries; the least recently used ones are removed (under
-  the folder's lock) before a download that would pass it. An asset larger than the limit is
-  read remotely, uncached.
+- **Bounded**: ``limit_bytes`` for all entries, blocks included; the least recently used are
+  removed (under the folder's lock) before a download that would pass it. An asset larger
+  than the limit is read remotely, its blocks kept (:mod:`h5forge.read.block_cache`).
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ import logging
 import os
 import secrets
 import stat
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import IntegrityError
-from h5forge.files import create_exclusive, is_ours, make_marked_dir, remove_tree, replace_file
+from h5forge.files import create_exclusive, is_ours, make_marked_dir, replace_file
 from h5forge.hashing import sha256_file
-from h5forge.locks import folder_lock, lock_file
+from h5forge.locks import lock_file
 from h5forge.publish.manifest import load_manifest, manifest_url
+from h5forge.read.block_cache import ENTRY_KIND, evict_cache
 from h5forge.redact import canonical_url, redact_url
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned"]
@@ -47,7 +47,7 @@ __all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned"]
 log = logging.getLogger("h5forge.read.cache")
 
 DEFAULT_CACHE_LIMIT = 50 << 30
-_KIND = "read-cache"
+_KIND = ENTRY_KIND
 _ASSET, _RECORD = "asset.h5", "entry.json"
 _CHUNK = 8 << 20
 _RECORD_MAX = 64 << 10
@@ -180,7 +180,7 @@ class FileCache:
             found = self._valid(entry, want, size)
             if found is not None:
                 return found
-            self._evict(size, keep=entry)
+            evict_cache(self.root, self.limit_bytes, size, keep=entry)
             return self._download(fs, path, shown, entry, want, size)
 
     # --- entries -------------------------------------------------------------------------------
@@ -274,26 +274,3 @@ class FileCache:
         replace_file(os.path.join(entry, _RECORD), json.dumps(record).encode())
         self._touch(entry)
         return Pinned(os.path.join(entry, _ASSET), want, tuple(_identity(st)))
-
-    def _evict(self, incoming: int, keep: str) -> None:
-        """Remove least recently used entries until ``incoming`` more bytes fit the limit."""
-        with folder_lock(self.root):
-            entries = []
-            with os.scandir(self.root) as it:
-                for e in it:
-                    if e.is_symlink() or not e.is_dir(follow_symlinks=False) or e.path == keep:
-                        continue
-                    if not is_ours(e.path, _KIND):  # not ours: never counted, never removed
-                        continue
-                    found = _lstat(os.path.join(e.path, _ASSET))
-                    asset = found.st_size if found is not None else 0
-                    entries.append((e.stat(follow_symlinks=False).st_mtime_ns, asset, e.path))
-            total = sum(a for _, a, _ in entries)
-            for _, asset, path in sorted(entries):
-                if total + incoming <= self.limit_bytes:
-                    break
-                # A reader holding the copy open keeps reading it (POSIX); new ones refetch.
-                with lock_file(path + ".lock", target=f"the cache entry {path}"):
-                    remove_tree(path)
-                total -= asset
-                log.info("evicted %s (%d bytes) from the cache at %s", path, asset, time.ctime())

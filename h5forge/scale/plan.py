@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from h5forge.discover.catalog import Catalog, Sample
 from h5forge.errors import EmptyDatasetError
 
-__all__ = ["ShardSpec", "plan_shards", "shard_catalog", "shard_url"]
+__all__ = [
+    "ShardSpec",
+    "plan_shards",
+    "refuse_targets",
+    "shard_catalog",
+    "shard_url",
+]
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,22 @@ def _slice(catalog: Catalog, spec: ShardSpec) -> tuple[Sample, ...]:
     return samples
 
 
+def refuse_targets(catalog: Catalog) -> None:
+    """Refuse a catalog with target columns: shards and their merge carry images, labels and
+    paths only (format version 1).
+
+    Raises:
+        ValueError: naming the columns and the option to change.
+    """
+    if catalog.schema:
+        names = [c.name for c in catalog.schema]
+        raise ValueError(
+            f"the catalog of {catalog.root} has target columns {names}; a sharded build "
+            "(executor='dask') does not carry target columns yet: build it with "
+            "executor='local' (one pack, h5forge.pack.writer.pack)"
+        )
+
+
 def plan_shards(
     catalog: Catalog, *, samples_per_shard: int | None = None, bytes_per_shard: int | None = None
 ) -> list[ShardSpec]:
@@ -127,9 +149,11 @@ def plan_shards(
         The shards in order; together they cover every sample exactly once.
 
     Raises:
-        ValueError: neither limit given, or one below 1.
+        ValueError: neither limit given, or one below 1; the catalog has target columns
+            (:func:`refuse_targets`).
         EmptyDatasetError: the catalog has no samples.
     """
+    refuse_targets(catalog)
     limits = {"samples_per_shard": samples_per_shard, "bytes_per_shard": bytes_per_shard}
     for name, value in limits.items():
         if value is not None and (

@@ -32,7 +32,7 @@ from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack_slice
 from h5forge.publish.manifest import MANIFEST_SUFFIX, read_manifest
 from h5forge.publish.storage import publish
-from h5forge.scale.plan import ShardSpec, shard_catalog, shard_url
+from h5forge.scale.plan import ShardSpec, refuse_targets, shard_catalog, shard_url
 
 __all__ = ["SHARD_KIND", "ShardResult", "find_done_shards", "pack_shard", "remove_shards"]
 
@@ -93,10 +93,12 @@ def pack_shard(
         tmp_dir: local scratch folder for the shard before upload; default the system's.
 
     Raises:
-        ValueError: ``spec`` does not fit the catalog, or an invalid option.
+        ValueError: ``spec`` does not fit the catalog, it has target columns, or an invalid
+            option.
         ChecksumError: the upload read back differently (the bad object is deleted).
     """
     t0 = time.perf_counter()
+    refuse_targets(catalog)
     sub = shard_catalog(catalog, spec)  # ValueError before any work when spec does not fit
     if processes != 1 and multiprocessing.current_process().daemon:
         raise ValueError(

@@ -29,7 +29,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 __all__ = [
     "KINDS",
@@ -43,6 +43,7 @@ __all__ = [
     "Schema",
     "TargetError",
     "check_value",
+    "parse_columns",
     "parse_schema",
     "schema_json",
 ]
@@ -169,6 +170,34 @@ def parse_schema(text: str, *, where: str) -> Schema:
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"{where}: targets_json is not a valid target schema: {e}") from None
     return schema
+
+
+def parse_columns(text: str) -> dict[str, Kind]:
+    """Parse the ``--columns`` grammar: ``NAME=KIND[,NAME=KIND...]`` (a manifest's target
+    columns), or ``none`` (no target column: every column but path, label and split ignored).
+
+    Raises:
+        ValueError: not that grammar, an invalid name, an unknown kind or a repeated name.
+    """
+    if text.strip().lower() == "none":
+        return {}
+    out: dict[str, Kind] = {}
+    for part in text.split(","):
+        name, eq, kind = (x.strip() for x in part.partition("="))
+        if not eq or not name or not kind:
+            raise ValueError(
+                f"columns {text!r} is not NAME=KIND[,NAME=KIND...] (e.g. tags=multilabel,"
+                f"caption=text) or none; kinds: {', '.join(KINDS)}"
+            )
+        if kind not in KINDS:
+            raise ValueError(f"columns: kind {kind!r} of {name!r} is not one of {KINDS}")
+        if name in out:
+            raise ValueError(f"columns: {name!r} is given twice")
+        out[name] = cast(Kind, kind)
+        Column(name, out[name], dtype="float64" if kind == "number" else None)  # name rules
+    if len(out) > MAX_COLUMNS:
+        raise ValueError(f"columns: {len(out)} columns, more than {MAX_COLUMNS}")
+    return out
 
 
 def check_value(column: Column, value: object) -> object:

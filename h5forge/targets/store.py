@@ -54,11 +54,14 @@ _COPY = 64 << 20
 @dataclass(frozen=True)
 class StoredTargets:
     """One sample's targets, ready to store: per column (schema order) its bytes and, for a
-    mask, its ``(H, W)``; ``dropped``: boxes that lost all area to the crop."""
+    mask, its ``(H, W)`` and the count of its pixels per class id (256 ints, for the build
+    report, made where the mask was decoded); ``dropped``: boxes that lost all area to the
+    crop."""
 
     data: tuple[bytes, ...]
     shapes: tuple[tuple[int, int] | None, ...]
     dropped: int = 0
+    histograms: tuple[np.ndarray | None, ...] = ()
 
 
 def load_mask(raw: bytes, max_pixels: int) -> Image.Image:
@@ -116,12 +119,13 @@ def encode_targets(
     """
     data: list[bytes] = []
     shapes: list[tuple[int, int] | None] = []
+    histograms: list[np.ndarray | None] = []
     dropped = 0
     for c in schema:
         if c.name not in values:
             raise TargetError(f"bad target: column {c.name!r} has no value")
         v = values[c.name]
-        shape = None
+        shape, hist = None, None
         if c.kind == "multilabel":
             blob = np.asarray(v, np.int32).tobytes()
         elif c.kind == "boxes":
@@ -137,6 +141,7 @@ def encode_targets(
             except ValueError as e:
                 raise TargetError(f"bad target: {e}") from None
             shape = (int(arr.shape[0]), int(arr.shape[1]))
+            hist = np.bincount(arr.ravel(), minlength=256)
             if c.encoding == "png":
                 buf = io.BytesIO()
                 Image.fromarray(arr).save(buf, format="PNG")
@@ -149,7 +154,8 @@ def encode_targets(
             blob = np.asarray([v], np.dtype(c.dtype)).tobytes()
         data.append(blob)
         shapes.append(shape)
-    return StoredTargets(tuple(data), tuple(shapes), dropped)
+        histograms.append(hist)
+    return StoredTargets(tuple(data), tuple(shapes), dropped, tuple(histograms))
 
 
 def decode_value(c: Column, data: bytes | memoryview, shape: Sequence[int] | None) -> Any:

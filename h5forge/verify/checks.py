@@ -5,7 +5,8 @@ wrong with a file (sample index, expected and actual). The checks, in order: wha
 open refuses (:func:`h5forge.asset.index.load_index`, :func:`~h5forge.asset.index.check_index`),
 labels and the attribute digests (:mod:`h5forge.verify.metadata`), byte ranges against the HDF5
 layout (:mod:`h5forge.verify.layout`), then every chosen sample's digest and the whole-file
-sha256 in one pass (:mod:`h5forge.verify.digests`). The writer's own check before sealing
+sha256 in one pass (:mod:`h5forge.verify.digests`), and their target columns
+(:mod:`h5forge.verify.targets`). The writer's own check before sealing
 (:func:`verify_unsealed`) skips the file hash and hashes samples on every CPU.
 """
 
@@ -28,6 +29,7 @@ from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.verify.digests import check_samples
 from h5forge.verify.layout import check_layout
 from h5forge.verify.metadata import check_metadata
+from h5forge.verify.targets import check_targets
 
 __all__ = ["VerifyReport", "verify", "verify_unsealed"]
 
@@ -80,6 +82,8 @@ def _verify(
         )
         if not check_digests:  # the caller checked every sample's bytes as it wrote them
             chosen = []
+        if not fails:  # the target columns of the same samples (format version 2)
+            check_targets(h5, idx.header, chosen, fails, decode=thorough, max_pixels=max_pixels)
         if fails:
             raise IntegrityError(f"{url} failed verification", fails)
         images = h5[fmt.IMAGES]

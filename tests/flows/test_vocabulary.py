@@ -106,6 +106,14 @@ def _cases(valid: bool) -> list[dict[str, Any]]:
                 if valid
                 else [{"size": (7, 7)}, {"size": (8, 4097)}, {"size": (0, 10)}]
             )
+        elif o.kind == "columns":
+            cases.extend(
+                [{"manifest": "labels.jsonl", o.name: "tags=multilabel,caption=text"}]
+                if valid
+                else [{o.name: "tags=video"}, {o.name: "x"}, {o.name: "caption=text"}]
+            )
+        elif not valid and o.name == "coco":  # one source layout at a time
+            cases += [{"manifest": "a.csv", "coco": "b.json"}, {"coco": "b.json", "masks": "m"}]
         elif valid and o.kind == "bool":
             cases.append({o.name: True})
         elif valid and o.kind == "path":

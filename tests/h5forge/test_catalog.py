@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -637,3 +638,25 @@ def test_bom_and_crlf_manifests(tmp_path: Path) -> None:
     _write(root, "m.csv", b"\xef\xbb\xbfpath,label\r\nimgs/1.jpg,a\r\nimgs/missing.png,b\r\n")
     with pytest.raises(FileNotFoundError, match=r"m\.csv:3: file 'imgs/missing\.png'"):
         discover(root, manifest="m.csv")
+
+
+def test_extra_columns_become_targets_and_columns_empty_ignores_them(tmp_path: Path) -> None:
+    """Before target columns a manifest's extra columns were ignored; ``columns={}`` still does
+    that, giving the catalog of the same manifest without them."""
+    root = _manifest_tree(tmp_path)
+    (root / "with.csv").write_text("path,label,split,extra\nimgs/2.png,dog,val,z\n")
+    (root / "without.csv").write_text("path,label,split\nimgs/2.png,dog,val\n")
+    plain = discover(root, manifest="without.csv")
+    assert (plain.schema, plain.rejected, plain.samples[0].targets) == ((), (), ())
+    assert discover(root, manifest="with.csv", columns={}) == plain
+    extra = discover(root, manifest="with.csv")
+    assert [(c.name, c.kind) for c in extra.schema] == [("extra", "text")]
+    assert extra.samples[0].targets == ("z",)
+    assert extra.samples == tuple(dataclasses.replace(s, targets=("z",)) for s in plain.samples)
+
+
+def test_an_image_folder_has_no_targets(image_folder: Path) -> None:
+    cat = discover(image_folder)
+    assert cat.schema == ()
+    assert cat.rejected == ()
+    assert {s.targets for s in cat.samples} == {()}

@@ -1,0 +1,215 @@
+"""COCO instances JSON: the images it lists, each with its boxes, read as untrusted input.
+
+``discover(images_root, coco="annotations/instances_train.json")``: every entry of ``images``
+(``id``, ``file_name`` relative to ``images_root``, checked like a manifest path) is a sample of
+the class :data:`~h5forge.discover.listing.UNLABELLED` with one target column ``boxes`` (kind
+boxes): each annotation's ``bbox`` ``[x, y, w, h]`` becomes XYXY ``(x, y, x + w, y + h)``, its
+class the index of its category's name among the sorted category names, ``iscrowd`` kept (0 when
+absent). An image without annotations has no boxes. Segmentation polygons and RLE are ignored.
+
+Quarantined (:attr:`~h5forge.discover.catalog.Catalog.rejected`), the rest kept: an image whose
+file is missing (``missing image: ...``), or one of whose annotations names an unknown category,
+has a malformed ``bbox`` or breaks the boxes rule (NaN, negative size: the
+:func:`~h5forge.targets.schema.check_value` reason). An annotation of an image id the file does
+not list is counted (``annotation-unknown-image``). Refused with a ``ValueError`` naming the
+file: not JSON, not an object with the lists ``images`` and ``categories``, an entry of the wrong
+shape, a repeated id, name or file, a path that leaves ``images_root`` (links included) or is
+not a regular file, or a bound passed: :data:`MAX_COCO_BYTES`, :data:`MAX_COCO_IMAGES`,
+:data:`MAX_COCO_ANNOTATIONS`, ``MAX_CLASSES`` categories.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from h5forge.discover.listing import UNLABELLED, Listing
+from h5forge.discover.manifest import MAX_LABEL_CHARS, MAX_MANIFEST_ROWS, file_kind
+from h5forge.discover.rows import check_file, check_path
+from h5forge.errors import EmptyDatasetError
+from h5forge.paths import resolve
+from h5forge.targets.schema import MAX_CLASSES, Column, TargetError, check_value
+from h5forge.text import printable
+
+__all__ = ["MAX_COCO_ANNOTATIONS", "MAX_COCO_BYTES", "MAX_COCO_IMAGES", "coco_listing"]
+
+# COCO 2017's train instances are 448 MB, 118k images and 860k annotations.
+MAX_COCO_BYTES = 2**30
+MAX_COCO_IMAGES = MAX_MANIFEST_ROWS
+MAX_COCO_ANNOTATIONS = 5 * MAX_MANIFEST_ROWS
+
+Box = tuple[object, ...]
+_ROOT = "the images root"
+
+
+def coco_listing(root: Path, path: Path) -> Listing:
+    """The samples of the COCO instances file ``path``, images relative to ``root``.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: see the module docstring.
+        EmptyDatasetError: no image is left.
+    """
+    shown = printable(path)
+    data = _load(path, shown)
+    classes, category = _categories(data["categories"], shown)
+    column = Column("boxes", "boxes", classes=classes)
+    images = data["images"]
+    if len(images) > MAX_COCO_IMAGES:
+        raise ValueError(f"COCO '{shown}': {len(images):,} images, over {MAX_COCO_IMAGES:,}")
+    ids: dict[int, int] = {}
+    for i, image in enumerate(images):
+        if (
+            not isinstance(image, dict)
+            or not _is_int(image.get("id"))
+            or not isinstance(image.get("file_name"), str)
+        ):
+            raise ValueError(
+                f"COCO '{shown}': images[{i}] is {printable(repr(image), limit=80)}, expected an "
+                "object with an integer 'id' and a string 'file_name'"
+            )
+        if image["id"] in ids:
+            raise ValueError(f"COCO '{shown}': images[{i}] repeats id {image['id']}")
+        ids[image["id"]] = i
+    boxes, problems, unknown = _annotations(data.get("annotations", []), shown, ids, category)
+    out = Listing([], (UNLABELLED,), (), schema=(column,))
+    if unknown:
+        out.skipped["annotation-unknown-image"] = unknown
+    root_real = resolve(root)
+    folders: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    for i, image in enumerate(images):
+        rel = image["file_name"]
+        where = f"COCO '{shown}': images[{i}]"
+        norm = check_path(where, rel, folder=_ROOT)
+        if norm in seen:
+            raise ValueError(f"{where}: file '{printable(rel)}' is already images[{seen[norm]}]")
+        seen[norm] = i
+        full = root / norm
+        try:
+            check_file(where, rel, norm, full, root_real, folders, folder=_ROOT)
+        except FileNotFoundError as e:
+            out.rejected.append((norm, f"missing image: {e}"))
+            continue
+        try:
+            if i in problems:
+                raise TargetError(problems[i])
+            value = check_value(column, boxes.get(i, []))
+        except TargetError as e:
+            out.rejected.append((norm, f"{e} ({where})"))
+            continue
+        out.found.append(("", UNLABELLED, norm, str(full)))
+        out.targets[norm] = (value,)
+    if not out.found:
+        first = f"; the first quarantined: {out.rejected[0][1]}" if out.rejected else ""
+        raise EmptyDatasetError(f"COCO '{shown}' leaves no image{first}")
+    return out
+
+
+def _load(path: Path, shown: str) -> dict[str, Any]:
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"COCO file '{shown}' does not exist") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"COCO file '{shown}' is {file_kind(st.st_mode)}, not a regular file")
+    if st.st_size > MAX_COCO_BYTES:
+        raise ValueError(
+            f"COCO file '{shown}' is {st.st_size:,} bytes, over the limit of "
+            f"{MAX_COCO_BYTES:,}; split it"
+        )
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(MAX_COCO_BYTES + 1))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError too
+        raise ValueError(
+            f"COCO file '{shown}' is not JSON ({type(e).__name__}: {printable(e, limit=120)})"
+        ) from None
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("images"), list)
+        or not isinstance(data.get("categories"), list)
+        or not isinstance(data.get("annotations", []), list)
+    ):
+        raise ValueError(
+            f"COCO file '{shown}' is not COCO instances: expected an object with the lists "
+            "'images', 'categories' and 'annotations'"
+        )
+    return data
+
+
+def _categories(raw: list[object], shown: str) -> tuple[tuple[str, ...], dict[int, int]]:
+    """Sorted category names and category id -> class index."""
+    if len(raw) > MAX_CLASSES:
+        raise ValueError(f"COCO '{shown}': {len(raw):,} categories, over {MAX_CLASSES:,}")
+    names: dict[int, str] = {}
+    for j, c in enumerate(raw):
+        name = c.get("name") if isinstance(c, dict) else None
+        if (
+            not isinstance(c, dict)
+            or not _is_int(c.get("id"))
+            or not isinstance(name, str)
+            or not 0 < len(name) <= MAX_LABEL_CHARS
+        ):
+            raise ValueError(
+                f"COCO '{shown}': categories[{j}] is {printable(repr(c), limit=80)}, expected an "
+                f"object with an integer 'id' and a 'name' of 1..{MAX_LABEL_CHARS} characters"
+            )
+        if c["id"] in names:
+            raise ValueError(f"COCO '{shown}': categories[{j}] repeats id {c['id']}")
+        names[c["id"]] = name
+    classes = tuple(sorted(set(names.values())))
+    if len(classes) != len(names):
+        raise ValueError(f"COCO '{shown}': two categories share a name; names must be distinct")
+    index = {name: k for k, name in enumerate(classes)}
+    return classes, {cid: index[name] for cid, name in names.items()}
+
+
+def _annotations(
+    raw: list[object], shown: str, ids: dict[int, int], category: dict[int, int]
+) -> tuple[dict[int, list[Box]], dict[int, str], int]:
+    """Boxes by image position, the first problem by image position, annotations of no image."""
+    if len(raw) > MAX_COCO_ANNOTATIONS:
+        raise ValueError(f"COCO '{shown}': {len(raw):,} annotations, over {MAX_COCO_ANNOTATIONS:,}")
+    boxes: dict[int, list[Box]] = {}
+    problems: dict[int, str] = {}
+    unknown = 0
+    for j, a in enumerate(raw):
+        if not isinstance(a, dict) or not _is_int(a.get("image_id")):
+            raise ValueError(
+                f"COCO '{shown}': annotations[{j}] is {printable(repr(a), limit=80)}, expected an "
+                "object with an integer 'image_id'"
+            )
+        i = ids.get(a["image_id"])
+        if i is None:
+            unknown += 1
+            continue
+        where = f"bad target: column 'boxes': annotations[{j}]"
+        bbox, crowd, cid = a.get("bbox"), a.get("iscrowd", 0), a.get("category_id")
+        if not _is_int(cid) or cid not in category:
+            problems.setdefault(
+                i,
+                f"{where} has category_id {printable(repr(cid), limit=40)}, "
+                "not one of the file's categories",
+            )
+        elif (
+            not isinstance(bbox, list)
+            or len(bbox) != 4
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in bbox)
+        ):
+            problems.setdefault(
+                i, f"{where}: bbox {printable(repr(bbox), limit=60)} is not [x, y, w, h]"
+            )
+        elif crowd not in (0, 1):
+            problems.setdefault(i, f"{where}: iscrowd {printable(repr(crowd), limit=20)}, not 0/1")
+        else:
+            x, y, w, h = bbox
+            boxes.setdefault(i, []).append((x, y, x + w, y + h, category[cid], int(crowd)))
+    return boxes, problems, unknown
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)

@@ -1,0 +1,167 @@
+"""Blocks of a remote asset kept on local disk (h5forge.read.block_cache) under RemoteRanges:
+over moto's S3 on loopback, requests counted at the server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from h5forge.asset.ranges import RangeReader
+from h5forge.demo import write_image_folder
+from h5forge.files import make_marked_dir
+from h5forge.pack.config import PackConfig
+from h5forge.pack.writer import PackResult, pack
+from h5forge.preprocess.config import ImageConfig
+from h5forge.publish.storage import publish
+from h5forge.read.block_cache import ENTRY_KIND, BlockStore
+from h5forge.read.state import open_state
+from tests.fixtures.servers import S3RequestLog
+
+BLOCK = 64 << 10
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> PackResult:
+    root = tmp_path_factory.mktemp("blocks_src")
+    write_image_folder(root, classes=("a", "b"), per_class=30, seed=5, size=(40, 40))
+    return pack(
+        root,
+        tmp_path_factory.mktemp("blocks") / "decoded.h5",
+        config=PackConfig(ImageConfig(resize="resize", size=(32, 32))),
+        workers=1,
+    )
+
+
+def _ranges(path: str, rows: list[int]) -> list[tuple[int, int]]:
+    st = open_state(path, None, False, 10**8)
+    try:
+        return [tuple(int(v) for v in st.index.byte_ranges[r]) for r in rows]  # type: ignore[misc]
+    finally:
+        st.close()
+
+
+def _read(reader: RangeReader, ranges: list[tuple[int, int]]) -> list[bytes]:
+    bufs = [bytearray(n) for _, n in ranges]
+    reader.read_into(ranges, [memoryview(b) for b in bufs])
+    return [bytes(b) for b in bufs]
+
+
+@pytest.fixture
+def published(packed: PackResult, s3_bucket: str, s3_storage_options: dict[str, Any]) -> str:
+    url = f"s3://{s3_bucket}/blocks.h5"
+    publish(packed.path, url, storage_options=s3_storage_options)
+    return url
+
+
+def _reader(url: str, options: dict[str, Any], store: BlockStore) -> RangeReader:
+    return RangeReader(url, options, block_bytes=BLOCK, keep_bytes=16 * BLOCK, store=store)
+
+
+def test_a_second_reader_reads_stored_blocks_without_a_request(
+    packed: PackResult,
+    published: str,
+    s3_storage_options: dict[str, Any],
+    s3_requests: S3RequestLog,
+    tmp_path: Path,
+) -> None:
+    raw = Path(packed.path).read_bytes()
+    ranges = _ranges(packed.path, list(range(0, 60, 2)))
+    want = [raw[o : o + n] for o, n in ranges]
+    first = _reader(published, s3_storage_options, BlockStore(str(tmp_path), "k1", 1 << 30, BLOCK))
+    assert _read(first, ranges) == want
+    assert first.stats.requests >= 1
+    s3_requests.clear()
+    # A new process's reader (a worker, the next epoch, another job): from disk, no request.
+    again = BlockStore(str(tmp_path), "k1", 1 << 30, BLOCK)
+    second = _reader(published, s3_storage_options, again)
+    assert _read(second, ranges) == want
+    assert second.stats.requests == 0
+    assert [r for r in s3_requests() if r.method == "GET" and r.path.endswith("/blocks.h5")] == []
+    assert again.hits == second.stats.stored_hits > 0
+    # Another asset identity (a republished asset) never sees these blocks.
+    other = _reader(published, s3_storage_options, BlockStore(str(tmp_path), "k2", 1 << 30, BLOCK))
+    assert _read(other, ranges) == want
+    assert other.stats.requests >= 1
+
+
+def test_a_damaged_block_is_fetched_again_never_returned(
+    packed: PackResult, published: str, s3_storage_options: dict[str, Any], tmp_path: Path
+) -> None:
+    raw = Path(packed.path).read_bytes()
+    ranges = _ranges(packed.path, [3, 4, 5])
+    store = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
+    _read(_reader(published, s3_storage_options, store), ranges)
+    blocks = sorted(Path(store.entry).glob("*.blk"))
+    assert blocks
+    for path in blocks:  # a flipped byte in each, one truncated, one replaced by a link
+        data = bytearray(path.read_bytes())
+        data[len(data) // 3] ^= 0xFF
+        path.write_bytes(bytes(data))
+    blocks[0].write_bytes(blocks[0].read_bytes()[:100])
+    fresh = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
+    reader = _reader(published, s3_storage_options, fresh)
+    assert _read(reader, ranges) == [raw[o : o + n] for o, n in ranges]
+    assert fresh.hits == 0
+    assert reader.stats.requests >= 1
+    # ... and the refetched blocks are stored intact again
+    third = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
+    assert _read(_reader(published, s3_storage_options, third), ranges) == [
+        raw[o : o + n] for o, n in ranges
+    ]
+    assert third.hits > 0
+
+
+def test_a_planted_link_is_not_followed(
+    packed: PackResult, published: str, s3_storage_options: dict[str, Any], tmp_path: Path
+) -> None:
+    raw = Path(packed.path).read_bytes()
+    ranges = _ranges(packed.path, [7])
+    store = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
+    _read(_reader(published, s3_storage_options, store), ranges)
+    blk = sorted(Path(store.entry).glob("*.blk"))[0]
+    secret = tmp_path / "secret"
+    secret.write_bytes(blk.read_bytes())  # even a copy of the right bytes, behind a link
+    blk.unlink()
+    os.symlink(secret, blk)
+    fresh = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
+    assert _read(_reader(published, s3_storage_options, fresh), ranges) == [
+        raw[o : o + n] for o, n in ranges
+    ]
+    assert fresh.hits == 0
+
+
+def test_blocks_are_evicted_least_recently_used_within_the_limit(tmp_path: Path) -> None:
+    limit = 10 * 1024
+    other = make_marked_dir(tmp_path / "whole", ENTRY_KIND)  # a whole-file entry counts too
+    (other / "asset.h5").write_bytes(b"x" * 4096)
+    (tmp_path / "not-ours").mkdir()
+    (tmp_path / "not-ours" / "big").write_bytes(b"y" * 50_000)  # never counted, never removed
+    writer = BlockStore(str(tmp_path), "k", 1 << 30, 1024)
+    blobs = {k: np.random.default_rng(k).bytes(1000) for k in range(8)}
+    for k, blob in blobs.items():
+        writer.put(k, blob)
+        os.utime(
+            os.path.join(writer.entry, f"{k:010d}.blk"),
+            ns=(10**18 + k * 10**9,) * 2,
+        )
+    store = BlockStore(str(tmp_path), "k", limit, 1024)
+    assert store.get(0, 1000) == blobs[0]  # used last: kept by the LRU order
+    store.evict()
+    kept = {k for k in blobs if store.get(k, 1000) is not None}
+    total = sum(f.stat().st_size for f in Path(store.entry).glob("*.blk")) + 4096
+    assert total <= limit
+    assert 0 in kept
+    assert 1 not in kept  # the least recently used went first
+    assert (tmp_path / "not-ours" / "big").exists()
+    assert (other / "asset.h5").exists()
+    # Putting past a tenth of the limit evicts by itself: the cache never grows past it, and
+    # the whole-file entry, now the least recently used, goes too.
+    for k in range(8, 40):
+        store.put(k, np.random.default_rng(k).bytes(1000))
+    assert sum(f.stat().st_size for f in Path(store.entry).glob("*.blk")) <= limit
+    assert not other.exists()
+    assert {k for k in range(8, 40) if store.get(k, 1000) is not None} >= {38, 39}
