@@ -19,11 +19,11 @@ from h5forge.asset import format as fmt
 from h5forge.asset.index import check_index, load_index
 from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.asset.ranges import RangeReader
+from h5forge.asset.target_layout import file_schema, image_sizes
 from h5forge.errors import IntegrityError
 from h5forge.read.cache import FileCache
 from h5forge.read.target_reads import TargetReads
 from h5forge.read.targets import CLASS, select
-from h5forge.targets.schema import parse_schema
 
 __all__ = ["ProcessState", "open_state"]
 
@@ -87,20 +87,13 @@ class ProcessState:
             self.index = load_index(h5, where=url)
             check_index(self.index, h5.id.get_filesize(), where=url, max_pixels=max_pixels)
             self.digests = _digests(h5, url) if want_digests else None
-            schema = self.index.header.targets_json
-            self.selection = select(
-                target,
-                parse_schema(schema, where=url) if schema else (),
-                where=url,
-                multilabel=multilabel,
-            )
+            schema = file_schema(self.index.header, where=url)
+            self.selection = select(target, schema, where=url, multilabel=multilabel)
             if self.selection.columns:
                 self.targets = TargetReads(
                     h5,
                     self.selection.columns,
-                    num_samples=self.index.header.num_samples,
-                    file_size=h5.id.get_filesize(),
-                    image_hw=_image_hw(self.index),
+                    image_hw=image_sizes(h5, self.index.header),
                     want_digests=want_digests,
                     where=url,
                 )
@@ -149,14 +142,6 @@ class ProcessState:
                     f"the file records {want}; the file is corrupt — re-fetch it or run "
                     "`h5forge verify`"
                 )
-
-
-def _image_hw(index: Any) -> np.ndarray:
-    """``(N, 2)`` (H, W) of every stored image."""
-    if index.image_shape is not None:
-        hw = np.asarray(index.image_shape[:2], np.int64)
-        return np.broadcast_to(hw, (index.header.num_samples, 2))
-    return np.asarray(index.shapes[:, :2], np.int64)
 
 
 def open_state(

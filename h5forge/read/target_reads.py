@@ -1,11 +1,8 @@
 """The target columns one process reads: their small index, checked at open, and each sample's
 value read by byte range beside its image.
 
-A file someone else wrote is untrusted, so :class:`TargetReads` checks, before any sample is
-read, what :class:`h5forge.targets.columns.Columns` relies on: datasets of the declared shapes
-and dtypes, ``values`` contiguous and unfiltered (one byte range per sample), offsets from 0
-to ``len(values)`` without going back, every range inside the file and within the column's
-bounds, masks of their image's size. Each value read is checked again as it is decoded (class
+A file someone else wrote is untrusted: its layout is checked at open, with its index
+(:mod:`h5forge.asset.target_layout`), and each value read is checked as it is decoded (class
 indices, finite boxes, UTF-8), and with ``verify_reads`` against its column's ``digests``: a
 damaged file is an :class:`~h5forge.errors.IntegrityError` naming the column and the sample,
 never a wrong target.
@@ -27,9 +24,9 @@ import numpy as np
 
 from h5forge.asset.open import H5_DAMAGE
 from h5forge.errors import IntegrityError
-from h5forge.read.target_checks import VALUES, bad_row, check_column, damaged
+from h5forge.read.target_checks import VALUES, bad_row, damaged
 from h5forge.targets.columns import Columns
-from h5forge.targets.schema import MAX_BOXES, MAX_TEXT_BYTES, Column
+from h5forge.targets.schema import Column
 from h5forge.targets.store import GROUP, decode_value
 
 __all__ = ["RESIDENT_BYTES", "TargetReads"]
@@ -41,17 +38,21 @@ RESIDENT_BYTES = 8 << 20
 class TargetReads:
     """The columns ``columns`` of an open file, ready to be read by byte range.
 
+    The file's layout was checked when its index was loaded
+    (:func:`h5forge.asset.target_layout.check_target_layout`: the datasets, offsets, ranges
+    inside the file, the bounds, masks of their image's size), so here only the small index
+    of each column is kept: its byte ranges, mask shapes, and ``digests`` for
+    ``verify_reads``.
+
     Args:
         h5: the open file (only read here; nothing is kept open).
         columns: the columns to read (from the file's schema).
-        num_samples: the file's sample count.
-        file_size: its size in bytes.
-        image_hw: ``(N, 2)`` (H, W) of each stored image (a mask must be of its size).
+        image_hw: ``(N, 2)`` (H, W) of each stored image (a box's canvas).
         want_digests: load each column's ``digests`` for ``verify_reads``.
         where: the file, for messages.
 
     Raises:
-        IntegrityError: a column's datasets break the layout (the message says which).
+        IntegrityError: HDF5 cannot read a column's index.
     """
 
     def __init__(
@@ -59,8 +60,6 @@ class TargetReads:
         h5: h5py.File,
         columns: Sequence[Column],
         *,
-        num_samples: int,
-        file_size: int,
         image_hw: np.ndarray,
         want_digests: bool,
         where: str,
@@ -73,64 +72,22 @@ class TargetReads:
         self.digests: dict[str, np.ndarray] = {}
         self.resident: dict[str, tuple[memoryview, int]] = {}  # values' bytes, file offset
         try:
-            for c in self.columns:
-                check_column(h5, c, num_samples, where=where)
             cols = Columns(h5, self.columns)
             for c in self.columns:
-                self._load(h5, cols, c, num_samples, file_size, image_hw, want_digests)
-        except IntegrityError:
-            raise
+                at = f"{GROUP}/{c.name}"
+                ranges = self.ranges[c.name] = cols.ranges(c.name).astype(np.int64)
+                if c.kind == "mask":
+                    self.shapes[c.name] = cols.shapes[c.name].astype(np.int64)
+                values = h5[f"{at}/values"]
+                counts = ranges[:, 1]
+                if c.kind != "mask" and values.nbytes <= RESIDENT_BYTES and counts.any():
+                    base = int(ranges[counts > 0, 0].min())
+                    blob = np.ascontiguousarray(values[()]).reshape(-1).view(np.uint8)
+                    self.resident[c.name] = (blob.data, base)
+                if want_digests:
+                    self.digests[c.name] = h5[f"{at}/digests"][()]
         except H5_DAMAGE as e:
             raise damaged(where, f"/{GROUP} cannot be read ({type(e).__name__}: {e})") from e
-
-    def _load(
-        self,
-        h5: h5py.File,
-        cols: Columns,
-        c: Column,
-        n: int,
-        file_size: int,
-        image_hw: np.ndarray,
-        want_digests: bool,
-    ) -> None:
-        at = f"/{GROUP}/{c.name}"
-        if c.kind != "number":
-            off = h5[f"{at}/offsets"][()]
-            if n and (off[0] != 0 or (np.diff(off.astype(np.int64)) < 0).any()):
-                raise damaged(self.where, f"{at}/offsets go back or do not start at 0")
-            if int(off[-1]) != h5[f"{at}/values"].shape[0]:
-                raise damaged(self.where, f"{at}/offsets end at {int(off[-1])}, not len(values)")
-        ranges = cols.ranges(c.name).astype(np.int64)
-        if n and int((ranges[:, 0] + ranges[:, 1]).max()) > file_size:
-            raise damaged(self.where, f"{at}/values lie beyond the end of the file")
-        counts = ranges[:, 1]
-        bound = {"boxes": MAX_BOXES * 24, "text": MAX_TEXT_BYTES}.get(c.kind)
-        if c.kind == "multilabel":
-            bound = 4 * len(c.classes)
-        if bound is not None and n and int(counts.max()) > bound:
-            k = int(np.argmax(counts))
-            raise damaged(self.where, f"{at}[{k}] holds {int(counts[k])} bytes, over {bound}")
-        if c.kind == "mask":
-            shapes = cols.shapes[c.name].astype(np.int64)
-            bad = np.flatnonzero((shapes != image_hw).any(axis=1))
-            if len(bad):
-                k = int(bad[0])
-                raise damaged(
-                    self.where,
-                    f"{at}/shapes[{k}] is {shapes[k].tolist()}, its image is "
-                    f"{image_hw[k].tolist()} (H, W)",
-                )
-            if c.encoding == "raw" and (counts != shapes[:, 0] * shapes[:, 1]).any():
-                raise damaged(self.where, f"{at}: a raw mask's bytes differ from H x W")
-            self.shapes[c.name] = shapes
-        self.ranges[c.name] = ranges
-        values = h5[f"{at}/values"]
-        if c.kind != "mask" and values.size * values.dtype.itemsize <= RESIDENT_BYTES and n:
-            base = int(ranges[:, 0][counts > 0].min()) if counts.any() else 0
-            blob = np.ascontiguousarray(values[()]).reshape(-1).view(np.uint8)
-            self.resident[c.name] = (blob.data, base)
-        if want_digests:
-            self.digests[c.name] = h5[f"{at}/digests"][()]
 
     def wanted(
         self, rows: Sequence[int], into: dict[str, np.ndarray] | None = None

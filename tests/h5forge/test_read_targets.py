@@ -1,5 +1,5 @@
 """The reader's ``target=``: resolving it against a schema, the values it hands out, their
-batches, and the column index checked before any value is read (h5forge.read.targets,
+batches, damaged values, DataLoader workers and remote reads (h5forge.read.targets,
 h5forge.read.target_reads)."""
 
 from __future__ import annotations
@@ -83,14 +83,12 @@ def _write(path: Path, schema: tuple[Column, ...] = SCHEMA) -> Path:
     return path
 
 
-def _reads(path: Path, schema=SCHEMA, *, digests: bool = False, hw=(H, W)) -> TargetReads:
+def _reads(path: Path, schema=SCHEMA, *, digests: bool = False) -> TargetReads:
     with h5py.File(path, "r") as h5:
         return TargetReads(
             h5,
             schema,
-            num_samples=len(RAWS),
-            file_size=path.stat().st_size,
-            image_hw=np.broadcast_to(np.asarray(hw, np.int64), (len(RAWS), 2)),
+            image_hw=np.broadcast_to(np.asarray((H, W), np.int64), (len(RAWS), 2)),
             want_digests=digests,
             where=str(path),
         )
@@ -221,50 +219,8 @@ def test_batches_stack_fixed_values_and_list_variable_ones(tmp_path):
     assert [tuple(m.shape) for m in mixed] == [(4, 5), (5, 4)]
 
 
-# --------------------------------------------------------------------------- hostile columns
-
-
-def _edit(path: Path, name: str, data: np.ndarray | None = None, **create) -> None:
-    with h5py.File(path, "r+") as h5:
-        old = h5[name]
-        data = old[()] if data is None else data
-        del h5[name]
-        h5.create_dataset(name, data=data, **create)
-
-
-@pytest.mark.parametrize(
-    ("edit", "message"),
-    [
-        (
-            lambda p: _edit(p, "targets/caption/offsets", np.asarray([0, 5, 3, 1006], np.uint64)),
-            "offsets go back",
-        ),
-        (
-            lambda p: _edit(p, "targets/caption/offsets", np.asarray([0, 4, 4, 9], np.uint64)),
-            "offsets end at 9, not len",
-        ),
-        (
-            lambda p: _edit(p, "targets/objects/values", chunks=(1, 6)),
-            "not stored contiguous and unfiltered",
-        ),
-        (lambda p: _edit(p, "targets/tags/values", None, dtype=np.int64), "missing or not int32"),
-        (
-            lambda p: _edit(p, "targets/seg/shapes", np.asarray([[H, W]] * 2, np.uint32)),
-            r"has shape \(2, 2\), expected \(3, 2\)",
-        ),
-    ],
-)
-def test_a_damaged_column_index_is_refused_before_any_read(tmp_path, edit, message):
-    path = _write(tmp_path / "t.h5")
-    edit(path)
-    with pytest.raises(IntegrityError, match=message):
-        _reads(path)
-
-
-def test_a_mask_of_another_size_than_its_image_is_refused(tmp_path):
-    path = _write(tmp_path / "t.h5")
-    with pytest.raises(IntegrityError, match=r"shapes\[0\] is \[30, 40\], its image is \[40, 30\]"):
-        _reads(path, hw=(W, H))
+# --------------------------------------------------------------------------- damaged values
+# (a damaged layout is refused at open: asset.target_layout, test_hostile_targets.py)
 
 
 @pytest.mark.parametrize(
