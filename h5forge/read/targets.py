@@ -24,9 +24,11 @@ for, the image a ``tv_tensors.Image`` (C x H x W), so ``torchvision.transforms.v
 ``(image, target)`` as is (flips, crops, ``SanitizeBoundingBoxes``). Without torchvision they
 are plain tensors of the same shapes.
 
-Batches (the loader's collate): fixed-size values stack — ``class`` and ``number`` as a
-``(B,)`` tensor, multi-hot ``(B, C)``, masks of one size ``(B, H, W)``; variable-length ones
-are lists of B — boxes dicts, index lists, text, masks of differing sizes.
+Batches (``loader()``, ``read_batch``): fixed-size values stack — ``class`` and ``number`` as a
+``(B,)`` tensor (int64, or float64 for a float column), multi-hot ``(B, C)``, masks of one size
+``(B, H, W)`` (a plain tensor, like the batch's images); variable-length ones are lists of B —
+boxes dicts (each a ``BoundingBoxes`` with torchvision), index lists, text, masks of differing
+sizes. With a list ``target``, a batch's second item is a dict of these.
 """
 
 from __future__ import annotations

@@ -25,9 +25,19 @@ def _object_pixels(image: torch.Tensor) -> torch.Tensor:
     return (image.as_subclass(torch.Tensor) == want).all(dim=0)
 
 
-def _flip_and_crop() -> v2.Compose:
+def _crowd_too(sample: tuple) -> tuple:
+    """SanitizeBoundingBoxes' labels_getter: drop a removed box's ``iscrowd`` with its label
+    (its default keeps only ``labels`` in step with the boxes)."""
+    return sample[1]["labels"], sample[1]["iscrowd"]
+
+
+def _flip_and_crop(size: tuple[int, int] = CROP) -> v2.Compose:
     return v2.Compose(
-        [v2.RandomHorizontalFlip(p=1.0), v2.RandomCrop(CROP), v2.SanitizeBoundingBoxes()]
+        [
+            v2.RandomHorizontalFlip(p=1.0),
+            v2.RandomCrop(size),
+            v2.SanitizeBoundingBoxes(labels_getter=_crowd_too),
+        ]
     )
 
 
@@ -55,14 +65,16 @@ def test_detection_sample_through_flip_and_crop_keeps_boxes_on_the_object(scenes
     assert target["boxes"].format == tv_tensors.BoundingBoxFormat.XYXY
     assert tuple(target["boxes"].canvas_size) == (H, W)
     torch.manual_seed(0)
-    transform = _flip_and_crop()
-    kept = 0
-    for i in range(len(ds)):
-        image, target = transform(*ds[i])
-        assert tuple(image.shape) == (3, *CROP)
-        kept += _check_boxes_on_object(image, target)
-        assert [raws[i]["objects"][0][4]] * len(target["labels"]) == target["labels"].tolist()
-    assert kept  # the crop left some objects in view: the check was not vacuous
+    kept, total = 0, 0
+    for size in (CROP, (16, 16)):  # the small crop loses some objects, the large one keeps them
+        transform = _flip_and_crop(size)
+        for i in range(len(ds)):
+            image, target = transform(*ds[i])
+            assert tuple(image.shape) == (3, *size)
+            kept += _check_boxes_on_object(image, target)
+            total += len(raws[i]["objects"])
+            assert [raws[i]["objects"][0][4]] * len(target["labels"]) == target["labels"].tolist()
+    assert 0 < kept < total  # some boxes kept, some removed: neither check was vacuous
 
 
 def test_mask_sample_through_the_same_flip_stays_aligned(scenes):
