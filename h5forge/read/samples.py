@@ -26,6 +26,7 @@ __all__ = ["Extra", "fill", "read_batch", "read_images", "read_with_targets"]
 #: that lie close together are fetched with one request.
 Extra = tuple[list[tuple[int, int]], list[memoryview]]
 _NO_EXTRA: Extra = ([], [])
+_ROUND = 256 << 10  # the target regions of a batch take a multiple of this
 
 
 def fill(st: ProcessState, rows: list[int], view: memoryview, extra: Extra = _NO_EXTRA) -> None:
@@ -57,7 +58,10 @@ def read_batch(st: ProcessState, rows: list[int], *, slot: bool, shared: bool) -
     sizes = {
         name: -(-int(np.prod(shape)) * dt.itemsize // 8) * 8 for name, (shape, dt) in plan.items()
     }
-    batch = Batch(n, idx.image_shape, slot=slot, shared=shared, extra=sum(sizes.values()))
+    # Rounded up: boxes vary in size from batch to batch, and a slot too small by a few bytes
+    # would be made anew (faulting in all its pages) instead of reused.
+    spare = -(-sum(sizes.values()) // _ROUND) * _ROUND
+    batch = Batch(n, idx.image_shape, slot=slot, shared=shared, extra=spare)
     try:
         extra: Extra = _NO_EXTRA
         bufs: dict[str, list[memoryview]] = {}
