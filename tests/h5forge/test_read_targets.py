@@ -405,3 +405,33 @@ def test_a_damaged_box_in_a_batch_names_its_sample(scenes, tmp_path):
         ds.read_batch([1, 3])
     with pytest.raises(IntegrityError, match=r"/targets/objects\[3\] holds the box \[nan"):
         ds[3]
+
+
+def _flip_and_shout(image, target):
+    """A joint transform: mirror the image, its mask and boxes; upper-case the caption."""
+    w = image.shape[-1]
+    boxes = dict(target["objects"])
+    b = boxes["boxes"].clone()
+    b[:, 0], b[:, 2] = w - boxes["boxes"][:, 2], w - boxes["boxes"][:, 0]
+    boxes["boxes"] = b
+    flipped = {
+        "objects": boxes,
+        "seg": target["seg"].flip(-1),
+        "caption": target["caption"].upper(),
+    }
+    return image.flip(-1), flipped
+
+
+def test_transforms_see_image_and_target_together(scenes):
+    path, raws = scenes
+    target = ["boxes", "mask", "text"]
+    plain = H5ImageDataset(path, target=target)
+    ds = H5ImageDataset(path, target=target, transforms=_flip_and_shout)
+    images, batch = next(iter(ds.loader(3, num_workers=1, multiprocessing_context="fork")))
+    for k in range(3):
+        image, want = plain[k]
+        assert torch.equal(images[k], image.flip(-1))
+        assert torch.equal(batch["seg"][k], torch.as_tensor(want["seg"]).flip(-1))
+        assert batch["caption"][k] == raws[k]["caption"].upper()
+        x1, _, x2, _ = raws[k]["objects"][0][:4]
+        assert batch["objects"][k]["boxes"][0, [0, 2]].tolist() == [64 - x2, 64 - x1]
