@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from h5forge.read.collate import check_one_size
 from h5forge.read.ragged import Ragged, unpack
 from h5forge.read.tv import tv_tensors
 from h5forge.targets.schema import KINDS, MAX_COLUMNS, Column
@@ -98,17 +99,8 @@ class Selection:
             return hot
         if kind == "multilabel:indices":
             return torch.from_numpy(value)
-        if kind == "boxes":
-            t = torch.from_numpy(value)
-            xyxy = t[:, :4].contiguous()
-            boxes: Any = xyxy
-            if tv is not None:
-                boxes = tv.BoundingBoxes(xyxy, format="XYXY", canvas_size=canvas)
-            return {
-                "boxes": boxes,
-                "labels": t[:, 4].to(torch.int64),
-                "iscrowd": t[:, 5].to(torch.uint8),
-            }
+        if kind == "boxes":  # a batch of one
+            return unpack("boxes", torch.from_numpy(value), [len(value)], [canvas])[0]
         if kind == "mask":
             mask = torch.from_numpy(value)
             return mask if tv is None else tv.Mask(mask)
@@ -119,8 +111,6 @@ class Selection:
         tensors; of one size, else a ValueError saying what to do), the targets collated.
         """
         from torch.utils.data import default_collate
-
-        from h5forge.read.collate import check_one_size
 
         images = [image for image, _ in items]
         check_one_size(images, url=url)
