@@ -441,3 +441,16 @@ def test_transforms_see_image_and_target_together(scenes):
         assert batch["caption"][k] == raws[k]["caption"].upper()
         x1, _, x2, _ = raws[k]["objects"][0][:4]
         assert batch["objects"][k]["boxes"][0, [0, 2]].tolist() == [64 - x2, 64 - x1]
+
+
+@pytest.mark.slow
+def test_index_lists_from_workers_are_lists_of_int64(scenes):
+    path, raws = scenes
+    ds = H5ImageDataset(path, target="tags", multilabel="indices")
+    got = [
+        t.tolist()
+        for _, tags in ds.loader(4, num_workers=1, multiprocessing_context="fork")
+        for t in tags
+        if t.dtype == torch.int64
+    ]
+    assert got == [list(r["tags"]) for r in raws]
