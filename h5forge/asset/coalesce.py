@@ -67,7 +67,10 @@ class ReadStats:
 
 
 class BlockSource(Protocol):
-    """Blocks kept beyond this process (:class:`h5forge.read.block_cache.BlockStore`)."""
+    """Blocks kept beyond this process (:class:`h5forge.read.block_cache.BlockStore`), of
+    ``block_bytes`` each: the reader's block size when it has a store."""
+
+    block_bytes: int
 
     def get(self, k: int, size: int) -> bytes | None: ...
 
@@ -109,7 +112,8 @@ class RemoteRanges:
         fetch: fetches ``[starts[i], ends[i])`` concurrently (fsspec ``cat_ranges``).
         size: the file's size (blocks are clipped to it).
         short: raises for a short read ``(offset, wanted, got)``.
-        store: blocks kept on local disk (see the module docstring); None: none.
+        store: blocks kept on local disk (see the module docstring; its ``block_bytes`` is
+            then the block size); None: none.
     """
 
     def __init__(
@@ -126,7 +130,9 @@ class RemoteRanges:
     ) -> None:
         self.max_gap = check_size("max_gap", max_gap, 0)
         self.max_request = check_size("max_request", max_request, 1)
-        self.block_bytes = check_size("block_bytes", block_bytes, 1)
+        self.block_bytes = check_size(
+            "block_bytes", block_bytes if store is None else store.block_bytes, 1
+        )
         self.keep_bytes = check_size("keep_bytes", keep_bytes, 0)
         self.stats = ReadStats()
         self._fetch, self._size, self._short = fetch, size, short

@@ -33,13 +33,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from h5forge.asset.coalesce import DEFAULT_BLOCK_BYTES
 from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import IntegrityError
 from h5forge.files import create_exclusive, is_ours, make_marked_dir, replace_file
 from h5forge.hashing import sha256_file
 from h5forge.locks import lock_file
 from h5forge.publish.manifest import load_manifest, manifest_url
-from h5forge.read.block_cache import ENTRY_KIND, evict_cache
+from h5forge.read.block_cache import ENTRY_KIND, BlockStore, evict_cache
 from h5forge.redact import canonical_url, redact_url
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned"]
@@ -88,6 +89,10 @@ class FileCache:
     pins: dict[tuple[str, str], Pinned | None] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # Assets larger than the limit, read remotely with their blocks kept (pickled as well).
+    stores: dict[tuple[str, str], BlockStore] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         limit = self.limit_bytes
@@ -117,7 +122,8 @@ class FileCache:
         self, url: str, storage_options: dict[str, Any] | None, sha256: str = ""
     ) -> Pinned | None:
         """The validated local copy of ``url``, downloaded on a miss; None when the asset is
-        local already or larger than the limit (then read it remotely).
+        local already or larger than the limit (then read it remotely, its blocks kept in
+        :meth:`block_store`).
 
         Costs three requests on a hit (the object's size and ETag; its manifest's HEAD and GET)
         the first time; later calls on this object or its pickled copies (DataLoader workers)
@@ -132,7 +138,9 @@ class FileCache:
             ValueError: no manifest and no ``sha256``: nothing to validate a copy against.
             UnsafePathError: the entry's name in ``cache_dir`` is taken by something not ours.
         """
-        known = self.pins.get(key := (canonical_url(url), sha256))
+        if (key := (canonical_url(url), sha256)) in self.stores:
+            return None  # too large: its blocks are kept instead (block_store)
+        known = self.pins.get(key)
         if known is not None:
             st = _lstat(known.path)
             if st is not None and list(known.stat) == _identity(st):
@@ -146,6 +154,11 @@ class FileCache:
             return None
         self.pins[key] = found = self._check(fs, path, url, sha256)
         return found
+
+    def block_store(self, url: str, sha256: str = "") -> BlockStore | None:
+        """Where the blocks of ``url`` are kept when :meth:`local_copy` found it larger than
+        the limit (:mod:`h5forge.read.block_cache`); None otherwise."""
+        return self.stores.get((canonical_url(url), sha256))
 
     def _check(self, fs: Any, path: str, url: str, sha256: str) -> Pinned | None:
         """:meth:`local_copy` asking the server: the object's identity, its manifest."""
@@ -167,11 +180,18 @@ class FileCache:
                 f"{shown} has {size} bytes, its manifest records {manifest['bytes']}; the "
                 "asset is being republished or its manifest is stale — retry once it is done"
             )
-        if size > self.limit_bytes:
-            log.info("%s (%d bytes) is larger than the cache limit; read remotely", shown, size)
-            return None
         tag = str(info.get("ETag") or info.get("etag") or info.get("mtime") or "")
         key = hashlib.sha256(f"{canonical_url(url)}\n{want}\n{size}\n{tag}".encode()).hexdigest()
+        if size > self.limit_bytes:
+            log.info(
+                "%s (%d bytes) is larger than the cache limit; its blocks are kept", shown, size
+            )
+            # A small cache keeps smaller blocks, so that a good number of them fit.
+            block = min(DEFAULT_BLOCK_BYTES, max(16 << 10, self.limit_bytes // 16))
+            self.stores[(canonical_url(url), sha256)] = BlockStore(
+                self.root, key, self.limit_bytes, block
+            )
+            return None
         entry = os.path.join(self.root, key[:32])
         found = self._valid(entry, want, size)
         if found is not None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from h5forge.asset import format as fmt
+from h5forge.asset.coalesce import BlockSource
 from h5forge.asset.index import check_index, load_index
 from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.asset.ranges import RangeReader
@@ -77,6 +78,7 @@ class ProcessState:
         max_pixels: int,
         target: object = CLASS,
         multilabel: str = "multihot",
+        store: BlockSource | None = None,
     ):
         self.pid = os.getpid()
         self.url = url
@@ -104,7 +106,9 @@ class ProcessState:
         if self.index.filtered:
             self.images = self.opened.h5[fmt.IMAGES]  # compressed: reads go through HDF5
             if self.targets is not None:  # target values are never filtered: by byte range
-                self.reader = RangeReader(url, storage_options, size=h5.id.get_filesize())
+                self.reader = RangeReader(
+                    url, storage_options, size=h5.id.get_filesize(), store=store
+                )
                 if not _same_file(h5, self.reader):
                     self.reader.close()
                     self.opened.close()
@@ -112,7 +116,7 @@ class ProcessState:
         else:
             try:
                 size = self.opened.h5.id.get_filesize()  # checked against the object's size
-                self.reader = RangeReader(url, storage_options, size=size)
+                self.reader = RangeReader(url, storage_options, size=size, store=store)
                 if not _same_file(self.opened.h5, self.reader):
                     self.reader.close()
                     raise _Replaced(url)
@@ -158,7 +162,8 @@ def open_state(
     file while it was being opened.
 
     With ``cache``, a remote ``url`` is read from its validated local copy
-    (:meth:`h5forge.read.cache.FileCache.local_copy`, ``sha256`` the pinned version's), and the
+    (:meth:`h5forge.read.cache.FileCache.local_copy`, ``sha256`` the pinned version's; one
+    larger than the cache's limit is read remotely with its blocks kept there), and the
     copy opened must be the inode that was validated (an eviction or refetch in between opens
     it again). ``url`` is still the one messages name.
 
@@ -169,8 +174,9 @@ def open_state(
         pinned = cache.local_copy(url, storage_options, sha256) if cache is not None else None
         try:
             if pinned is None:
+                store = cache.block_store(url, sha256) if cache is not None else None
                 return ProcessState(
-                    url, storage_options, want_digests, max_pixels, target, multilabel
+                    url, storage_options, want_digests, max_pixels, target, multilabel, store
                 )
             st = ProcessState(pinned.path, None, want_digests, max_pixels, target, multilabel)
         except _Replaced:

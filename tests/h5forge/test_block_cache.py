@@ -165,3 +165,37 @@ def test_blocks_are_evicted_least_recently_used_within_the_limit(tmp_path: Path)
     assert sum(f.stat().st_size for f in Path(store.entry).glob("*.blk")) <= limit
     assert not other.exists()
     assert {k for k in range(8, 40) if store.get(k, 1000) is not None} >= {38, 39}
+
+
+def test_a_dataset_over_an_asset_larger_than_the_cache_keeps_its_blocks(
+    packed: PackResult,
+    published: str,
+    s3_storage_options: dict[str, Any],
+    s3_requests: S3RequestLog,
+    tmp_path: Path,
+) -> None:
+    from h5forge.read.dataset import H5ImageDataset
+
+    limit = packed.bytes // 2  # no whole-file copy fits: blocks are kept instead (16 KiB)
+    local = H5ImageDataset(packed.path)
+    rows = list(range(20))  # a third of the file: its blocks fit the limit
+    want = [bytes(local[i][0].numpy().tobytes()) for i in rows]
+    for epoch in range(2):
+        ds = H5ImageDataset(
+            published, storage_options=s3_storage_options, cache_dir=tmp_path, cache_limit=limit
+        )
+        ds.read_batch([59])  # opened in this process (its head read)
+        s3_requests.clear()
+        images, _ = ds.read_batch(rows)
+        got = [bytes(images[i].contiguous().numpy().tobytes()) for i in range(len(rows))]
+        assert got == want, epoch
+        reads = [r for r in s3_requests() if r.method == "GET" and r.path.endswith("/blocks.h5")]
+        if epoch == 0:
+            assert reads  # from the server, and kept
+        else:  # a new dataset (a new job) reads every sample from the kept blocks
+            assert reads == [], reads
+    store = ds.cache.block_store(published)  # type: ignore[union-attr]
+    assert store is not None
+    assert not list(tmp_path.glob("*/asset.h5"))  # no whole-file copy was made
+    kept = sum(f.stat().st_size for f in tmp_path.glob("blocks-*/*.blk"))
+    assert 0 < kept <= limit
