@@ -114,6 +114,8 @@ class BlockStore:
         cache that cannot be written: the read goes on uncached."""
         if len(blob) > self.block_bytes:
             raise ValueError(f"block {k} is {len(blob)} bytes, more than {self.block_bytes}")
+        if len(blob) + _DIGEST > self.limit_bytes:  # would be evicted at once: not written
+            return
         try:
             self._ensure()
             replace_file(self._path(k), blob + hashlib.sha256(blob).digest(), 0o600)

@@ -135,7 +135,8 @@ def test_limit_evicts_the_least_recently_used(
     (second,) = _entries(tmp_path)
     assert second != first
     assert content(ds_b[i] for i in range(len(ds_b))) == _truth(b.path)
-    # An asset larger than the whole limit is read remotely, and nothing is cached.
+    # An asset larger than the whole limit is read remotely, and nothing is cached (not even
+    # a block: none fits in 1 KiB).
     s3_requests.clear()
     small = H5ImageDataset(f"s3://{s3_bucket}/a.h5", **{**opts, "cache_limit": 1024})
     assert content(small[i] for i in range(len(small))) == _truth(a.path)
