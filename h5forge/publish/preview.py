@@ -15,6 +15,7 @@ from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import PreviewPublishError
 from h5forge.files import replace_file
 from h5forge.messages import describe_os_error
+from h5forge.publish.overlay import draw_targets
 from h5forge.publish.storage import PublishResult, put_file
 from h5forge.redact import redact_url
 
@@ -28,7 +29,8 @@ _LABEL_H = 14
 def render_preview(
     url: str, *, n: int = 16, tile: int = 96, storage_options: dict[str, Any] | None = None
 ) -> Image.Image:
-    """Render ``n`` evenly spaced samples of the file as a grid, each captioned with its class.
+    """Render ``n`` evenly spaced samples of the file as a grid, each captioned with its class,
+    with its boxes and masks drawn on (:func:`h5forge.publish.overlay.draw_targets`).
 
     Raises:
         ValueError: ``n`` or ``tile`` is not positive.
@@ -38,6 +40,11 @@ def render_preview(
     if n < 1 or tile < 8:
         raise ValueError(f"n={n} must be >= 1 and tile={tile} >= 8")
     ds = H5ImageDataset(url, storage_options=storage_options)
+    schema = ds.schema
+    drawn = [c.name for c in schema if c.kind in ("boxes", "mask")]
+    if drawn:  # read them with the images, and draw them on (at the stored size)
+        ds.close()
+        ds = H5ImageDataset(url, storage_options=storage_options, target=["class", *drawn])
     try:
         count = min(n, len(ds))
         picks = np.linspace(0, len(ds) - 1, count).round().astype(int).tolist() if count else []
@@ -45,13 +52,16 @@ def render_preview(
         rows = max(1, math.ceil(count / cols))
         grid = Image.new("RGB", (cols * tile, rows * (tile + _LABEL_H)), "white")
         draw = ImageDraw.Draw(grid)
-        for k, (img, label) in enumerate(ds.__getitems__(picks)):
-            arr = img.permute(1, 2, 0).numpy()
+        for k, (img, target) in enumerate(ds.__getitems__(picks)):
+            arr = np.asarray(img.permute(1, 2, 0))
             pic = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr).convert("RGB")
+            label = target["class"] if drawn else target
+            if drawn:
+                pic = draw_targets(pic, target, schema)
             pic.thumbnail((tile, tile))
             x, y = (k % cols) * tile, (k // cols) * (tile + _LABEL_H)
             grid.paste(pic, (x + (tile - pic.width) // 2, y + (tile - pic.height) // 2))
-            draw.text((x + 2, y + tile), ds.classes[label][:16], fill="black")
+            draw.text((x + 2, y + tile), ds.classes[int(label)][:16], fill="black")
         return grid
     finally:
         ds.close()

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 
 from h5forge.asset import format as fmt
 from h5forge.asset.index import AssetIndex
+from h5forge.asset.target_layout import file_schema
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import collate as _collate
 from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
@@ -25,6 +26,7 @@ from h5forge.read.samples import read_batch, read_images, read_with_targets
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
 from h5forge.read.version import hint_versions, pin_version
+from h5forge.targets.schema import Column
 
 __all__ = ["H5ImageDataset"]
 
@@ -186,6 +188,11 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         self._open()
         assert self._indices is not None
         return len(self._indices)
+
+    @property
+    def schema(self) -> tuple[Column, ...]:
+        """The file's target columns (:mod:`h5forge.targets.schema`); ``()`` for version 1."""
+        return file_schema(self._open().index.header, where=self.url)
 
     @property
     def targets(self) -> list[int]:

@@ -37,3 +37,33 @@ def test_a_mask_of_another_size_is_not_drawn_and_images_without_targets_pass():
     out = draw_targets(pic, {"mask": np.ones((4, 4), np.uint8)}, SCHEMA)
     assert np.array_equal(np.asarray(out), np.asarray(pic))
     assert np.array_equal(np.asarray(draw_targets(pic, {}, ())), np.asarray(pic))
+
+
+def test_the_preview_of_a_segmentation_asset_tints_each_mask_and_nothing_else(tmp_path):
+    from h5forge.pack.config import PackConfig
+    from h5forge.pack.writer import pack
+    from h5forge.preprocess.config import ImageConfig
+    from h5forge.publish.preview import render_preview
+    from h5forge.read.dataset import H5ImageDataset
+    from tests.fixtures.targets_data import write_paired_folder
+
+    seg = write_paired_folder(tmp_path / "seg", splits=(), per_split=4, value=3)
+    out = tmp_path / "seg.h5"
+    pack(
+        seg.root,
+        out,
+        masks="masks",
+        workers=1,
+        config=PackConfig(ImageConfig(resize="resize", size=(32, 32))),
+    )
+    grid = np.asarray(render_preview(str(out), n=4, tile=32))
+    ds = H5ImageDataset(str(out), target=["mask"])
+    for k in range(4):  # a 2 x 2 grid of 32 x 32 tiles (plus a caption row under each)
+        image, target = ds[k]
+        image = np.asarray(image.permute(1, 2, 0))
+        mask = np.asarray(target["mask"]) == 3
+        y, x = (k // 2) * (32 + 14), (k % 2) * 32
+        tile = grid[y : y + 32, x : x + 32]
+        assert mask.any()
+        assert np.array_equal(tile[~mask], image[~mask])  # the image, where there is no mask
+        assert (tile[mask] != image[mask]).any(axis=1).mean() > 0.9  # tinted where there is
