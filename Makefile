@@ -24,8 +24,12 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/h5forge demo
 
+# The whole suite: the main tests in .venv, then tests/vision in .venv-vision (below), even
+# when the first part fails, so one run reports both.
 test: install
-	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest
+	status=0; PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest || status=$$?; \
+	$(MAKE) --no-print-directory test-vision || { [ $$status -ne 0 ] || status=1; }; \
+	[ $$status -eq 0 ] || { echo "make test: failed (exit $$status)"; exit $$status; }
 
 # One format and one lint for the whole tree; CI runs this before the tests.
 lint: install
