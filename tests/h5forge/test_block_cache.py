@@ -199,3 +199,43 @@ def test_a_dataset_over_an_asset_larger_than_the_cache_keeps_its_blocks(
     assert not list(tmp_path.glob("*/asset.h5"))  # no whole-file copy was made
     kept = sum(f.stat().st_size for f in tmp_path.glob("blocks-*/*.blk"))
     assert 0 < kept <= limit
+
+
+@pytest.mark.slow
+def test_loader_workers_share_the_kept_blocks(
+    packed: PackResult,
+    published: str,
+    s3_storage_options: dict[str, Any],
+    s3_requests: S3RequestLog,
+    tmp_path: Path,
+) -> None:
+    from h5forge.read.dataset import H5ImageDataset
+
+    rows = list(range(20))
+    want = sorted(bytes(H5ImageDataset(packed.path)[i][0].numpy().tobytes()) for i in rows)
+    counts = []
+    for _ in range(2):  # two jobs, one after the other, each with 2 spawned workers
+        ds = H5ImageDataset(
+            published,
+            storage_options=s3_storage_options,
+            cache_dir=tmp_path,
+            cache_limit=packed.bytes // 2,
+        )
+        s3_requests.clear()
+        loader = ds.loader(5, sampler=rows, num_workers=2, multiprocessing_context="spawn")
+        got = sorted(
+            bytes(image.contiguous().numpy().tobytes()) for images, _ in loader for image in images
+        )
+        assert got == want
+        counts.append(
+            sum(
+                1
+                for r in s3_requests()
+                if r.method == "GET"
+                and r.path.endswith("/blocks.h5")
+                and r.range
+                and not r.range.startswith("bytes=0-")
+            )
+        )
+    assert counts[0] > 0  # the first job fetched them
+    assert counts[1] == 0, counts  # the second job's workers read every block from disk
