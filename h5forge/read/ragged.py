@@ -46,8 +46,12 @@ def unpack(
     boxes = torch.split(rows[:, :4].contiguous(), counts)  # copies, as the next two
     labels = torch.split(rows[:, 4].to(torch.int64), counts)
     crowd = torch.split(rows[:, 5].to(torch.uint8), counts)
-    out = []
-    for b, y, c, hw in zip(boxes, labels, crowd, canvas, strict=True):
-        box: Any = b if tv is None else tv.BoundingBoxes(b, format="XYXY", canvas_size=hw)
-        out.append({"boxes": box, "labels": y, "iscrowd": c})
-    return out
+    if tv is None:
+        return [
+            {"boxes": b, "labels": y, "iscrowd": c}
+            for b, y, c in zip(boxes, labels, crowd, strict=True)
+        ]
+    return [
+        {"boxes": tv.BoundingBoxes(b, format="XYXY", canvas_size=hw), "labels": y, "iscrowd": c}
+        for b, y, c, hw in zip(boxes, labels, crowd, canvas, strict=True)
+    ]
