@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from h5forge.errors import IntegrityError
+from h5forge.targets.rules import bad_boxes, bad_labels
 from h5forge.targets.schema import Column
 
 __all__ = ["VALUES", "bad_row", "damaged"]
@@ -29,16 +30,7 @@ def bad_row(c: Column, value: Any) -> int | None:
     if c.kind not in ("multilabel", "boxes") or not len(value):
         return None
     if c.kind == "multilabel":
-        bad = (value < 0) | (value >= len(c.classes))
+        bad = bad_labels(value, len(c.classes))
     else:
-        cls, crowd = value[:, 4], value[:, 5]
-        bad = (
-            ~np.isfinite(value[:, :4]).all(axis=1)
-            | (value[:, 2] < value[:, 0])
-            | (value[:, 3] < value[:, 1])
-            | (cls < 0)
-            | (cls >= len(c.classes))
-            | (cls != np.floor(cls))
-            | ((crowd != 0) & (crowd != 1))
-        )
+        bad = bad_boxes(value, len(c.classes))
     return int(np.argmax(bad)) if bad.any() else None

@@ -20,6 +20,7 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.target_layout import file_schema, image_sizes
+from h5forge.targets.rules import bad_boxes, bad_labels
 from h5forge.targets.schema import Column, TargetError
 from h5forge.targets.store import load_mask
 
@@ -98,22 +99,16 @@ def _problem(
     """What is wrong with one sample's (digest-checked) bytes, or ``""``."""
     if c.kind == "multilabel":
         v = np.frombuffer(blob, "<i4")
-        if len(v) and (v.min() < 0 or v.max() >= len(c.classes) or (np.diff(v) <= 0).any()):
+        if len(v) and (bad_labels(v, len(c.classes)).any() or (np.diff(v) <= 0).any()):
             return (
                 f"class indices {v.tolist()[:10]} not sorted, distinct, in 0..{len(c.classes) - 1}"
             )
     elif c.kind == "boxes":
-        b = np.frombuffer(blob, "<f4").reshape(-1, 6).astype(np.float64)
+        b = np.frombuffer(blob, "<f4").reshape(-1, 6)
         h, w = int(size[0]), int(size[1])
-        ok = (
-            np.isfinite(b).all(axis=1)
-            & (b[:, 0] >= 0) & (b[:, 1] >= 0) & (b[:, 0] <= b[:, 2]) & (b[:, 1] <= b[:, 3])
-            & (b[:, 2] <= w) & (b[:, 3] <= h)
-            & (b[:, 4] == np.floor(b[:, 4])) & (b[:, 4] >= 0) & (b[:, 4] < len(c.classes))
-            & np.isin(b[:, 5], (0.0, 1.0))
-        )  # fmt: skip
-        if not ok.all():
-            j = int(np.flatnonzero(~ok)[0])
+        bad = bad_boxes(b, len(c.classes), (h, w))
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
             return (
                 f"box {j} {b[j].tolist()} is not finite XYXY inside the {w} x {h} image with a "
                 f"class in 0..{len(c.classes) - 1} and iscrowd 0 or 1"
