@@ -73,7 +73,7 @@ def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--batches", type=int, default=100, help="batches per timed round")
+    p.add_argument("--batches", type=int, default=500, help="batches per timed round")
     args = p.parse_args()
     from h5forge.discover.catalog import discover
     from h5forge.pack.config import PackConfig
