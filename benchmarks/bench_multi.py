@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import math
 import shutil
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from benchmarks._common import image_root, parser, start_report, table, tree_cpu, verdict
+from benchmarks._common import epoch_rounds, image_root, parser, start_report, table, verdict
 
 PARTS = 8
 
@@ -108,21 +106,8 @@ def main() -> None:
         }
         for feed in feeds.values():  # start the workers, open the files
             _epoch(feed)
-        rates: dict[str, list[float]] = {name: [] for name in feeds}
-        cpu: dict[str, list[float]] = {name: [] for name in feeds}
-        for r in range(args.repeat):
-            names = list(feeds) if r % 2 == 0 else list(feeds)[::-1]
-            for name in names:
-                c0, t0 = tree_cpu(), time.perf_counter()
-                n = _epoch(feeds[name])
-                rates[name].append(n / (time.perf_counter() - t0))
-                cpu[name].append((tree_cpu() - c0) / n)
-                print(
-                    f"  {name}: {rates[name][-1]:,.0f} img/s, {cpu[name][-1] * 1e3:.3f} CPU ms/img",
-                    flush=True,
-                )
+        rates, cost = epoch_rounds(feeds, _epoch, args.repeat)
         best = {name: max(r) for name, r in rates.items()}
-        cost = {name: statistics.median(c) for name, c in cpu.items()}
         report.add(
             f"Input: {what}, decoded at 224 into {len(parts)} shard files, and their "
             "byte-copy merge as the one asset; the mixing's sources are the same set packed "

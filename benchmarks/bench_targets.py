@@ -21,9 +21,7 @@ best kept; CPU per image (this process and its workers) beside it.
 from __future__ import annotations
 
 import shutil
-import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,7 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import DataLoader, RandomSampler
 
-from benchmarks._common import image_root, parser, start_report, table, tree_cpu, verdict
+from benchmarks._common import epoch_rounds, image_root, parser, start_report, table, verdict
 
 
 def _epoch(loader: DataLoader[Any]) -> int:
@@ -106,21 +104,8 @@ def main() -> None:
         }
         for feed in feeds.values():  # start the workers, open the files
             _epoch(feed)
-        rates: dict[str, list[float]] = {name: [] for name in feeds}
-        cpu: dict[str, list[float]] = {name: [] for name in feeds}
-        for r in range(args.repeat):
-            names = list(feeds) if r % 2 == 0 else list(feeds)[::-1]
-            for name in names:
-                c0, t0 = tree_cpu(), time.perf_counter()
-                n = _epoch(feeds[name])
-                rates[name].append(n / (time.perf_counter() - t0))
-                cpu[name].append((tree_cpu() - c0) / n)
-                print(
-                    f"  {name}: {rates[name][-1]:,.0f} img/s, {cpu[name][-1] * 1e3:.3f} CPU ms/img",
-                    flush=True,
-                )
+        rates, cost = epoch_rounds(feeds, _epoch, args.repeat)
         best = {name: max(r) for name, r in rates.items()}
-        cost = {name: statistics.median(c) for name, c in cpu.items()}
         sizes = {name: Path(f).stat().st_size for name, f in (("v1", v1), ("v2", v2))}
         report.add(
             f"Input: {what}, decoded at 224 (v1 {sizes['v1'] / 2**20:,.0f} MiB, v2 with masks "
