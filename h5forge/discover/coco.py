@@ -21,13 +21,11 @@ not a regular file, or a bound passed: :data:`MAX_COCO_BYTES`, :data:`MAX_COCO_I
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from h5forge.discover.listing import UNLABELLED, Listing
-from h5forge.discover.manifest import MAX_LABEL_CHARS, MAX_MANIFEST_ROWS, file_kind
+from h5forge.discover.manifest import MAX_LABEL_CHARS, MAX_MANIFEST_ROWS, check_listing_file
 from h5forge.discover.rows import check_file, check_path
 from h5forge.errors import EmptyDatasetError
 from h5forge.paths import resolve
@@ -110,17 +108,7 @@ def coco_listing(root: Path, path: Path) -> Listing:
 
 
 def _load(path: Path, shown: str) -> dict[str, Any]:
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"COCO file '{shown}' does not exist") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"COCO file '{shown}' is {file_kind(st.st_mode)}, not a regular file")
-    if st.st_size > MAX_COCO_BYTES:
-        raise ValueError(
-            f"COCO file '{shown}' is {st.st_size:,} bytes, over the limit of "
-            f"{MAX_COCO_BYTES:,}; split it"
-        )
+    check_listing_file(path, f"COCO file '{shown}'", MAX_COCO_BYTES, "split it")
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read(MAX_COCO_BYTES + 1))

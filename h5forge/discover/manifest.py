@@ -25,6 +25,7 @@ from pathlib import Path
 from h5forge.text import printable
 
 __all__ = [
+    "check_listing_file",
     "JSONL_SUFFIXES",
     "LABEL_FLOOR",
     "MAX_LABEL_CHARS",
@@ -71,19 +72,31 @@ def read_rows(path: Path) -> list[ManifestRow]:
         ValueError: it is not a regular file, is over a bound, or a line is malformed; the
             message names the manifest and the line.
     """
-    shown = printable(path)
+    check_listing_file(
+        path,
+        f"manifest '{printable(path)}'",
+        MAX_MANIFEST_BYTES,
+        "split it or pack from an ImageFolder",
+    )
+    return list(_read_jsonl(path) if path.suffix.lower() in JSONL_SUFFIXES else _read_csv(path))
+
+
+def check_listing_file(path: Path, shown: str, limit: int, fix: str) -> None:
+    """Refuse a listing (a manifest, a COCO file) that is missing, not a regular file (a FIFO
+    would block the read; never opened) or over ``limit`` bytes (by ``stat``, before reading).
+
+    Raises:
+        FileNotFoundError, ValueError: the message starts with ``shown``; ``fix`` ends the
+            one for a file over the limit.
+    """
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"manifest '{shown}' does not exist") from None
+        raise FileNotFoundError(f"{shown} does not exist") from None
     if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"manifest '{shown}' is {file_kind(st.st_mode)}, not a regular file")
-    if st.st_size > MAX_MANIFEST_BYTES:
-        raise ValueError(
-            f"manifest '{shown}' is {st.st_size:,} bytes, over the limit of "
-            f"{MAX_MANIFEST_BYTES:,}; split it or pack from an ImageFolder"
-        )
-    return list(_read_jsonl(path) if path.suffix.lower() in JSONL_SUFFIXES else _read_csv(path))
+        raise ValueError(f"{shown} is {file_kind(st.st_mode)}, not a regular file")
+    if st.st_size > limit:
+        raise ValueError(f"{shown} is {st.st_size:,} bytes, over the limit of {limit:,}; {fix}")
 
 
 def file_kind(mode: int) -> str:
