@@ -239,3 +239,46 @@ def test_loader_workers_share_the_kept_blocks(
         )
     assert counts[0] > 0  # the first job fetched them
     assert counts[1] == 0, counts  # the second job's workers read every block from disk
+
+
+_FULL_DISK = """
+import hashlib, json, os, sys
+from h5forge.read.block_cache import BlockStore
+root = sys.argv[1]
+store = BlockStore(root, "k", 1 << 30, 65536)
+blobs = {k: hashlib.sha256(str(k).encode()).digest() * 1875 for k in range(12)}  # 60,000 B
+for k, blob in blobs.items():
+    store.put(k, blob)  # the disk fills up after a few: never raises
+fresh = BlockStore(root, "k", 1 << 30, 65536)
+got = {k: fresh.get(k, len(blob)) for k, blob in blobs.items()}
+names = sorted(os.listdir(fresh.entry))
+print(json.dumps({"kept": [k for k, g in got.items() if g is not None],
+                  "right": all(g is None or g == blobs[k] for k, g in got.items()),
+                  "files": names}))
+"""
+
+
+def test_a_full_disk_keeps_what_fits_and_never_a_torn_block(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.fixtures.mounts import in_mounts
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    r = subprocess.run(
+        in_mounts([sys.executable, "-c", _FULL_DISK, str(cache)], [(cache, "tmpfs:262144")]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["right"]  # every block served is the one written
+    assert 0 < len(out["kept"]) < 12  # some fitted, the rest were refused by the disk
+    blocks = [f for f in out["files"] if f.endswith(".blk")]
+    assert len(blocks) == len(out["kept"])  # no torn block left behind ...
+    assert set(out["files"]) - set(blocks) == {".h5forge-marker"}  # ... nor a temporary one
+    assert "cannot keep block" in r.stderr  # said, not raised
