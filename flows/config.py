@@ -87,6 +87,7 @@ class BuildConfig(BaseModel):
     # with `h5forge pack` and `h5forge build`; the validators below check them with its rules.
     manifest: Annotated[str | None, pack_field("manifest")] = pack_default("manifest")
     coco: Annotated[str | None, pack_field("coco")] = pack_default("coco")
+    coco_masks: Annotated[bool, pack_field("coco_masks")] = pack_default("coco_masks")
     masks: Annotated[str | None, pack_field("masks")] = pack_default("masks")
     columns: Annotated[str | None, pack_field("columns")] = pack_default("columns")
     layout: Annotated[Layout, pack_field("layout")] = pack_default("layout")
@@ -229,11 +230,11 @@ class BuildConfig(BaseModel):
         # Checked also when resize='none' ignores it: a value is valid or not, whatever else
         # is set (as on the command line).
         check_size((self.size, self.width or self.size), self.resize)
-        check_sources(self.manifest, self.coco, self.masks, self.columns)
+        check_sources(self.manifest, self.coco, self.masks, self.columns, self.coco_masks)
         if self.executor == "dask":
             local_only = [
                 name
-                for name in ("manifest", "coco", "masks", "columns", "fletcher32")
+                for name in ("manifest", "coco", "coco_masks", "masks", "columns", "fletcher32")
                 if getattr(self, name)
             ]
             if local_only:
@@ -255,6 +256,7 @@ class BuildConfig(BaseModel):
             "coco": self.coco,
             "masks": self.masks,
             "columns": columns,
+            "coco_masks": self.coco_masks,
         }
 
     def pack_config(self) -> PackConfig:

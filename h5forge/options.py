@@ -29,6 +29,7 @@ from h5forge.option_spec import (
     format_size,
     parse_size,
 )
+from h5forge.source_options import check_sources
 
 __all__ = [
     "CODEC_LEVELS",
@@ -129,6 +130,14 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         help="COCO instances JSON: images with boxes (relative to the source root)",
         description="A COCO instances JSON, relative to the source's root (the folder of its "
         "file_names) or absolute: each image with its boxes, as a 'boxes' column.",
+    ),
+    PackOption(
+        "coco_masks",
+        "bool",
+        False,
+        help="with --coco: draw each image's polygons and RLE as a 'segmentation' mask",
+        description="With coco: also draw each image's segmentation (polygons, RLE) as a "
+        "'segmentation' mask column: 1 + class index, 255 crowd, 0 background.",
     ),
     PackOption(
         "masks",
@@ -277,19 +286,6 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
 )
 
 _BY_NAME = {o.name: o for o in PACK_OPTIONS}
-
-
-def check_sources(manifest: object, coco: object, masks: object, columns: object) -> None:
-    """Refuse two source layouts at once, or ``columns`` without a manifest (``OptionError``)."""
-    given = [(n, v) for n, v in (("manifest", manifest), ("coco", coco), ("masks", masks)) if v]
-    if len(given) > 1:
-        raise OptionError(
-            given[1][0],
-            f"{' and '.join(f'{n}={v!r}' for n, v in given)} name two source layouts; give "
-            "one of manifest (a CSV/JSONL), coco (a COCO instances JSON) or masks (a folder)",
-        )
-    if columns is not None and columns != "" and not manifest:
-        raise OptionError("columns", f"columns={columns!r} describes a manifest; give manifest")
 
 
 def option(name: str) -> PackOption:

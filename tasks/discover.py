@@ -23,6 +23,7 @@ def discover_samples(
     manifest: str | None = None,
     coco: str | None = None,
     masks: str | None = None,
+    coco_masks: bool = False,
     columns: ColumnSpec | None = None,
 ) -> Catalog:
     """Catalog ``root`` (see :func:`h5forge.discover.catalog.discover`: an ImageFolder, or the
@@ -32,7 +33,9 @@ def discover_samples(
     Raises:
         EmptyDatasetError: the source holds no image at all.
     """
-    cat = discover(root, manifest=manifest, coco=coco, masks=masks, columns=columns)
+    cat = discover(
+        root, manifest=manifest, coco=coco, masks=masks, columns=columns, coco_masks=coco_masks
+    )
     if not cat.samples:
         raise EmptyDatasetError(
             f"{root} holds no images (skipped: {dict(cat.skipped) or 'nothing'}); expected "

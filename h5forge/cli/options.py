@@ -72,7 +72,8 @@ def check_pack_options(values: Mapping[str, Any]) -> dict[str, Any]:
                 values["compression"], values.get("compression_level"), fixed_size_decoded=fixed
             )
         if "manifest" in values:
-            check_sources(*(values.get(k) for k in ("manifest", "coco", "masks", "columns")))
+            names = ("manifest", "coco", "masks", "columns", "coco_masks")
+            check_sources(*(values.get(k) for k in names))
     except OptionError as e:
         raise usage_error(e) from e
     return checked

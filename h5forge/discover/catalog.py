@@ -114,6 +114,7 @@ def discover(
     coco: str | os.PathLike[str] | None = None,
     masks: str | None = None,
     columns: ColumnSpec | None = None,
+    coco_masks: bool = False,
 ) -> Catalog:
     """Build the catalog of an ImageFolder tree, a manifest, a COCO file or a paired folder.
 
@@ -144,6 +145,8 @@ def discover(
             (:mod:`h5forge.discover.paired`).
         columns: a manifest's target columns, ``{name: kind or Column}``; None infers them,
             ``{}`` ignores every column but path, label and split.
+        coco_masks: with ``coco``, a second column ``segmentation`` (kind mask) drawn from
+            the annotations' polygons and RLE (:mod:`h5forge.discover.coco_masks`).
 
     Returns:
         The catalog.
@@ -171,11 +174,13 @@ def discover(
         raise ValueError(f"give one source, not {' and '.join(given)}")
     if columns is not None and manifest is None:
         raise ValueError("columns= describes a manifest's columns; give manifest= too")
+    if coco_masks and coco is None:
+        raise ValueError("coco_masks=True draws a COCO file's masks; give coco= too")
     if manifest is not None:
         path = base / manifest
         return _catalog(path.parent, _from_manifest(path, columns))
     if coco is not None:
-        return _catalog(base, coco_listing(base, base / coco))
+        return _catalog(base, coco_listing(base, base / coco, masks=coco_masks))
     if masks is not None:
         return _catalog(base, paired_listing(base, masks))
     found, classes, splits, skipped = scan_folder(base)

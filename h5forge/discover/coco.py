@@ -5,7 +5,9 @@
 the class :data:`~h5forge.discover.listing.UNLABELLED` with one target column ``boxes`` (kind
 boxes): each annotation's ``bbox`` ``[x, y, w, h]`` becomes XYXY ``(x, y, x + w, y + h)``, its
 class the index of its category's name among the sorted category names, ``iscrowd`` kept (0 when
-absent). An image without annotations has no boxes. Segmentation polygons and RLE are ignored.
+absent). An image without annotations has no boxes. With ``masks`` (``coco_masks=True``), a
+second column ``segmentation`` (kind mask) is drawn from the annotations' polygons and RLE
+(:mod:`h5forge.discover.coco_masks`); without, segmentations are ignored.
 
 Quarantined (:attr:`~h5forge.discover.catalog.Catalog.rejected`), the rest kept: an image whose
 file is missing (``missing image: ...``), or one of whose annotations names an unknown category,
@@ -24,12 +26,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from h5forge.discover.coco_masks import CROWD, MAX_MASK_CLASSES, WHERE, drawn, shape_of
 from h5forge.discover.listing import UNLABELLED, Listing
 from h5forge.discover.manifest import MAX_LABEL_CHARS, MAX_MANIFEST_ROWS, check_listing_file
 from h5forge.discover.rows import check_file, check_path
 from h5forge.errors import EmptyDatasetError
 from h5forge.paths import resolve
 from h5forge.targets.schema import MAX_CLASSES, Column, TargetError, check_value
+from h5forge.targets.shapes import Drawn, Shape
 from h5forge.text import printable
 
 __all__ = ["MAX_COCO_ANNOTATIONS", "MAX_COCO_BYTES", "MAX_COCO_IMAGES", "coco_listing"]
@@ -43,18 +47,27 @@ Box = tuple[object, ...]
 _ROOT = "the images root"
 
 
-def coco_listing(root: Path, path: Path) -> Listing:
-    """The samples of the COCO instances file ``path``, images relative to ``root``.
+def coco_listing(root: Path, path: Path, *, masks: bool = False) -> Listing:
+    """The samples of the COCO instances file ``path``, images relative to ``root``; with
+    ``masks``, each with its segmentation mask too.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: see the module docstring.
+        ValueError: see the module docstring; with ``masks``, more than
+            :data:`~h5forge.discover.coco_masks.MAX_MASK_CLASSES` categories.
         EmptyDatasetError: no image is left.
     """
     shown = printable(path)
     data = _load(path, shown)
     classes, category = _categories(data["categories"], shown)
+    if masks and len(classes) > MAX_MASK_CLASSES:
+        raise ValueError(
+            f"COCO '{shown}': {len(classes):,} categories, more than the {MAX_MASK_CLASSES} a "
+            "uint8 segmentation mask can tell apart (1..254; 255 is crowd); pack without "
+            "coco_masks, or merge categories"
+        )
     column = Column("boxes", "boxes", classes=classes)
+    schema = (column, Column("segmentation", "mask")) if masks else (column,)
     images = data["images"]
     if len(images) > MAX_COCO_IMAGES:
         raise ValueError(f"COCO '{shown}': {len(images):,} images, over {MAX_COCO_IMAGES:,}")
@@ -72,8 +85,11 @@ def coco_listing(root: Path, path: Path) -> Listing:
         if image["id"] in ids:
             raise ValueError(f"COCO '{shown}': images[{i}] repeats id {image['id']}")
         ids[image["id"]] = i
-    boxes, problems, unknown = _annotations(data.get("annotations", []), shown, ids, category)
-    out = Listing([], (UNLABELLED,), (), schema=(column,))
+    sizes = _sizes(images) if masks else None
+    boxes, shapes, problems, unknown = _annotations(
+        data.get("annotations", []), shown, ids, category, sizes
+    )
+    out = Listing([], (UNLABELLED,), (), schema=schema)
     if unknown:
         out.skipped["annotation-unknown-image"] = unknown
     root_real = resolve(root)
@@ -96,11 +112,12 @@ def coco_listing(root: Path, path: Path) -> Listing:
             if i in problems:
                 raise TargetError(problems[i])
             value = check_value(column, boxes.get(i, []))
+            values = (value,) if sizes is None else (value, _mask(sizes, i, shapes))
         except TargetError as e:
             out.rejected.append((norm, f"{e} ({where})"))
             continue
         out.found.append(("", UNLABELLED, norm, str(full)))
-        out.targets[norm] = (value,)
+        out.targets[norm] = values
     if not out.found:
         first = f"; the first quarantined: {out.rejected[0][1]}" if out.rejected else ""
         raise EmptyDatasetError(f"COCO '{shown}' leaves no image{first}")
@@ -156,13 +173,37 @@ def _categories(raw: list[object], shown: str) -> tuple[tuple[str, ...], dict[in
     return classes, {cid: index[name] for cid, name in names.items()}
 
 
+def _sizes(images: list[Any]) -> dict[int, tuple[int, int] | None]:
+    """Each image's (width, height) by position; None where the file gives none."""
+    out: dict[int, tuple[int, int] | None] = {}
+    for i, image in enumerate(images):
+        w, h = image.get("width"), image.get("height")
+        out[i] = (w, h) if _is_int(w) and _is_int(h) and w > 0 and h > 0 else None
+    return out
+
+
+def _mask(
+    sizes: dict[int, tuple[int, int] | None], i: int, shapes: dict[int, list[Shape]]
+) -> Drawn:
+    size = sizes[i]
+    if size is None:
+        raise TargetError(f"{WHERE}: the image has no integer width and height, its mask's size")
+    return drawn(size, shapes.get(i, []), WHERE)
+
+
 def _annotations(
-    raw: list[object], shown: str, ids: dict[int, int], category: dict[int, int]
-) -> tuple[dict[int, list[Box]], dict[int, str], int]:
-    """Boxes by image position, the first problem by image position, annotations of no image."""
+    raw: list[object],
+    shown: str,
+    ids: dict[int, int],
+    category: dict[int, int],
+    sizes: dict[int, tuple[int, int] | None] | None,
+) -> tuple[dict[int, list[Box]], dict[int, list[Shape]], dict[int, str], int]:
+    """Boxes and (with ``sizes``, the images' sizes) mask shapes by image position, the first
+    problem by image position, annotations of no image."""
     if len(raw) > MAX_COCO_ANNOTATIONS:
         raise ValueError(f"COCO '{shown}': {len(raw):,} annotations, over {MAX_COCO_ANNOTATIONS:,}")
     boxes: dict[int, list[Box]] = {}
+    shapes: dict[int, list[Shape]] = {}
     problems: dict[int, str] = {}
     unknown = 0
     for j, a in enumerate(raw):
@@ -196,7 +237,19 @@ def _annotations(
         else:
             x, y, w, h = bbox
             boxes.setdefault(i, []).append((x, y, x + w, y + h, category[cid], int(crowd)))
-    return boxes, problems, unknown
+            size = None if sizes is None else sizes[i]
+            if size is not None:
+                value = CROWD if crowd else 1 + category[cid]
+                try:
+                    shape = shape_of(
+                        a.get("segmentation"), value, size, f"{WHERE}: annotations[{j}]"
+                    )
+                except TargetError as e:
+                    problems.setdefault(i, str(e))
+                    continue
+                if shape is not None:
+                    shapes.setdefault(i, []).append(shape)
+    return boxes, shapes, problems, unknown
 
 
 def _is_int(v: object) -> bool:

@@ -51,6 +51,7 @@ def pack(
     manifest: str | os.PathLike[str] | None = None,
     coco: str | os.PathLike[str] | None = None,
     masks: str | None = None,
+    coco_masks: bool = False,
     columns: ColumnSpec | str | None = None,
     source_url: str = "",
     source_sha256: str = "",
@@ -98,7 +99,9 @@ def pack(
     catalog = (
         src
         if isinstance(src, Catalog)
-        else discover(src, manifest=manifest, coco=coco, masks=masks, columns=spec)
+        else discover(
+            src, manifest=manifest, coco=coco, masks=masks, columns=spec, coco_masks=coco_masks
+        )
     )
     damaged: frozenset[str] = frozenset()  # copied, then found not to match: packed anew
     while True:

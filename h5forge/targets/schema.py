@@ -12,7 +12,8 @@ kind           raw value
 ``boxes``      a tuple of ``(x1, y1, x2, y2, class index, iscrowd)``: finite floats, ``x1 <= x2``,
                ``y1 <= y2``, in the pixel grid of the source file (before EXIF orientation),
                class an index into ``Column.classes``, iscrowd 0 or 1
-``mask``       the absolute local path of a mask image (pixel values are class ids 0..255)
+``mask``       the absolute local path of a mask image (pixel values are class ids 0..255), or
+               a :class:`~h5forge.targets.shapes.Drawn` (shapes to draw: COCO segmentations)
 ``text``       a ``str`` of at most :data:`MAX_TEXT_BYTES` UTF-8 bytes, without NUL
 ``number``     an ``int`` (``dtype="int64"``) or a finite ``float`` (``dtype="float64"``)
 =============  ==============================================================================
@@ -30,6 +31,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
+
+from h5forge.targets.shapes import Drawn
 
 __all__ = [
     "KINDS",
@@ -223,6 +226,8 @@ def check_value(column: Column, value: object) -> object:
     if kind == "boxes":
         return _check_boxes(column, value, where)
     if kind == "mask":
+        if isinstance(value, Drawn):  # shapes to draw (COCO segmentations), checked when made
+            return value
         if not isinstance(value, str) or not value:
             raise TargetError(f"{where}: expected the path of a mask image, got {_short(value)}")
         return value

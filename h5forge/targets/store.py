@@ -29,8 +29,10 @@ import numpy as np
 from PIL import Image
 
 from h5forge.preprocess import normalise as norm
+from h5forge.targets.drawn import draw
 from h5forge.targets.geometry import Geometry, move_boxes, move_mask
 from h5forge.targets.schema import Column, TargetError
+from h5forge.targets.shapes import Drawn
 
 __all__ = [
     "GROUP",
@@ -110,7 +112,8 @@ def encode_targets(
         schema: the columns (``encoding`` of a mask column set: ``raw`` or ``png``).
         values: column name -> raw value (:func:`h5forge.targets.schema.check_value`).
         g: what was done to the image.
-        read: reads a mask file's bytes (local path).
+        read: reads a mask file's bytes (local path); a :class:`~h5forge.targets.drawn.Drawn`
+            mask is drawn instead.
         max_pixels: most pixels a mask may have.
 
     Raises:
@@ -133,11 +136,12 @@ def encode_targets(
             blob, dropped = moved.boxes.tobytes(), dropped + moved.dropped
         elif c.kind == "mask":
             try:
-                raw = read(str(v))
+                mask = draw(v, max_pixels) if isinstance(v, Drawn) else None
+                raw = read(str(v)) if mask is None else b""
             except OSError as e:
                 raise TargetError(f"bad target: mask unreadable: {e.strerror or e}") from None
             try:
-                arr = move_mask(load_mask(raw, max_pixels), g)
+                arr = move_mask(mask if mask is not None else load_mask(raw, max_pixels), g)
             except ValueError as e:
                 raise TargetError(f"bad target: {e}") from None
             shape = (int(arr.shape[0]), int(arr.shape[1]))

@@ -26,7 +26,7 @@ def _report(state: Any) -> str:
     return str(report.data)
 
 
-def test_a_coco_source_builds_reports_its_boxes_and_reads_them_back(
+def test_a_coco_source_builds_reports_its_boxes_and_masks_and_reads_them_back(
     prefect_harness: str, fetch_cache: Path, tmp_path: Path
 ) -> None:
     coco = write_coco_dataset(tmp_path / "coco", images=12, unannotated=2)
@@ -35,6 +35,7 @@ def test_a_coco_source_builds_reports_its_boxes_and_reads_them_back(
         source=str(coco.root),
         destination=str(dest),
         coco="annotations/instances.json",
+        coco_masks=True,
         resize="none",
         size=224,
         smoke_workers=0,
@@ -43,6 +44,10 @@ def test_a_coco_source_builds_reports_its_boxes_and_reads_them_back(
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary.num_samples == 12
+    masks = H5ImageDataset(str(dest), target="segmentation")
+    for i in range(len(masks)):  # drawn from the triangles: each of its image's size
+        image, mask = masks[i]
+        assert tuple(mask.shape) == tuple(image.shape[1:])
     report = _report(state)
     assert "## Targets" in report
     total = sum(len(b) for b in coco.boxes.values())
@@ -81,6 +86,8 @@ def test_a_segmentation_folder_builds_with_its_masks(
 def test_the_form_refuses_two_layouts_and_targets_on_dask_before_any_work() -> None:
     with pytest.raises(ValidationError, match="name two source layouts"):
         BuildConfig(source="/d", destination="/o.h5", manifest="m.csv", masks="masks")
+    with pytest.raises(ValidationError, match="give coco"):
+        BuildConfig(source="/d", destination="/o.h5", coco_masks=True)
     with pytest.raises(ValidationError, match="apply to executor='local' only"):
         BuildConfig(
             source="/d",

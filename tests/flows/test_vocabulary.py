@@ -114,6 +114,8 @@ def _cases(valid: bool) -> list[dict[str, Any]]:
             )
         elif not valid and o.name == "coco":  # one source layout at a time
             cases += [{"manifest": "a.csv", "coco": "b.json"}, {"coco": "b.json", "masks": "m"}]
+        elif o.name == "coco_masks":  # with a COCO file only
+            cases.append({"coco": "b.json", o.name: True} if valid else {o.name: True})
         elif valid and o.kind == "bool":
             cases.append({o.name: True})
         elif valid and o.kind == "path":

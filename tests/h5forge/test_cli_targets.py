@@ -63,6 +63,23 @@ def test_pack_coco_stores_every_image_with_its_boxes(tmp_path: Path) -> None:
             assert got[:, 5].tolist() == [float(b[5]) for b in coco.boxes[path]]
 
 
+def test_pack_coco_masks_draws_a_segmentation_mask_per_image(tmp_path: Path) -> None:
+    coco = write_coco_dataset(tmp_path / "src", images=4, unannotated=1)
+    out = tmp_path / "coco.h5"
+    args = ["--coco", "annotations/instances.json", "--coco-masks", "--workers", "1"]
+    r = _cli("pack", str(coco.root), str(out), *args, "--resize", "none", "--size", "none")
+    assert r.returncode == 0, r.stderr
+    kinds, h5, cols = _columns(out)
+    with h5:
+        assert kinds == {"boxes": "boxes", "segmentation": "mask"}
+        paths = h5["paths"].asstr()[()].tolist()
+        for i, path in enumerate(paths):
+            mask = cols.get("segmentation", i)
+            assert mask.shape == coco.sizes[path][::-1]  # (H, W) of the image
+            # the fixture's annotations are triangles: painted where an annotation lies
+            assert bool(mask.any()) == bool(coco.boxes[path])
+
+
 def test_pack_masks_stores_a_mask_per_image(tmp_path: Path) -> None:
     seg = write_paired_folder(tmp_path / "seg", splits=(), per_split=4)
     out = tmp_path / "seg.h5"
@@ -121,6 +138,7 @@ def test_two_layouts_or_bad_columns_are_refused_before_any_work(tmp_path: Path) 
         (["--manifest", "a.csv", "--coco", "b.json"], "name two source layouts"),
         (["--columns", "tags=video"], "kind 'video'"),
         (["--columns", "tags=multilabel"], "describes a manifest"),
+        (["--coco-masks"], "give coco"),
     ):
         r = _cli("pack", str(tmp_path / "nowhere"), str(tmp_path / "o.h5"), *args)
         assert r.returncode == 2, (args, r.stderr)

@@ -1,0 +1,104 @@
+"""A mask drawn from shapes instead of read from a file: COCO segmentations (polygons, RLE).
+
+:class:`~h5forge.targets.shapes.Drawn` is the raw value of a ``mask`` column whose source
+gives shapes, not mask images (:mod:`h5forge.discover.coco_masks`): the image's size and, in
+paint order, each shape with the pixel value it paints. The pack draws it (:func:`draw`, in
+the worker that decodes the image) into an ``L`` image of that size, which then takes the
+image's geometry like a mask file would (:func:`h5forge.targets.geometry.move_mask`).
+
+Shapes, as COCO writes them (coordinates in pixels of the image as stored):
+
+* ``polygon``: one or more polygons ``[x1, y1, x2, y2, ...]``, filled with Pillow's
+  ``ImageDraw.polygon`` (edge pixels may differ from pycocotools' rasteriser by one);
+* ``rle``: a run-length encoding of the whole image, column-major, runs alternating from
+  0 — uncompressed (a list of counts) or compressed (COCO's ASCII string, 6 bits a character).
+
+Bounded by what the source can justify: :data:`MAX_POINTS` polygon points an image, and a
+drawing budget of :data:`MAX_DRAWN_PIXELS` (each polygon costs its bounding box, each RLE the
+whole image), so no annotation file makes a worker draw for minutes. A shape that breaks a rule
+is a :class:`~h5forge.targets.schema.TargetError` (the image is quarantined with the reason).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from h5forge.targets.schema import TargetError
+from h5forge.targets.shapes import Drawn
+
+__all__ = ["MAX_DRAWN_PIXELS", "MAX_POINTS", "decode_rle", "draw"]
+
+#: Polygon points an image's shapes may have in all (COCO's densest image has ~10k).
+MAX_POINTS = 1 << 20
+#: Pixels an image's shapes may cost to draw: a polygon its bounding box, an RLE the image.
+MAX_DRAWN_PIXELS = 1 << 30
+
+
+def draw(d: Drawn, max_pixels: int) -> Image.Image:
+    """The mask ``d`` as an ``L`` image of its size.
+
+    Raises:
+        TargetError: the mask has more than ``max_pixels`` pixels, or an RLE does not decode
+            to the image's size.
+    """
+    w, h = d.size
+    if w * h > max_pixels:
+        raise TargetError(
+            f"bad target: mask too large: {w} x {h} is over the limit of {max_pixels:,} pixels"
+        )
+    img = Image.new("L", (w, h), 0)
+    pen = ImageDraw.Draw(img)
+    for s in d.shapes:
+        if s.kind == "polygon":
+            xy = np.frombuffer(s.data, np.float32).reshape(-1, 2).astype(np.float64)
+            at = 0
+            for n in s.sizes:
+                pen.polygon([tuple(p) for p in xy[at : at + n].tolist()], fill=s.value)
+                at += n
+            continue
+        counts = (
+            np.frombuffer(s.data, np.uint32).astype(np.int64)
+            if s.sizes == (0,)
+            else decode_rle(s.data.decode("ascii"))
+        )
+        if counts.min(initial=0) < 0 or int(counts.sum()) != w * h:
+            raise TargetError(
+                f"bad target: an RLE mask's runs cover {int(counts.sum()):,} pixels (some "
+                f"negative: {bool(counts.min(initial=0) < 0)}), the image {w} x {h} = {w * h:,}"
+            )
+        runs = np.repeat((np.arange(len(counts)) % 2 * 255).astype(np.uint8), counts)
+        on = Image.fromarray(np.ascontiguousarray(runs.reshape(w, h).T))
+        img.paste(s.value, mask=on)
+    return img
+
+
+def decode_rle(text: str) -> np.ndarray:
+    """The counts of COCO's compressed RLE string: each count in 5-bit groups, low first, a
+    character each (``chr(48 + group)``, bit 6 set while more follow, bit 5 of the last the
+    sign); from the third count on, each is a difference from the count two before.
+
+    Raises:
+        TargetError: a character out of the alphabet, or the string ends inside a count.
+    """
+    counts: list[int] = []
+    x = k = 0
+    for ch in text:
+        c = ord(ch) - 48
+        if not 0 <= c < 64:
+            raise TargetError(f"bad target: RLE string holds {ch!r}, outside COCO's alphabet")
+        x |= (c & 0x1F) << (5 * k)
+        k += 1
+        if c & 0x20:
+            if k == 8:  # 40 bits: no image has that many pixels
+                raise TargetError("bad target: RLE string holds a count of over 40 bits")
+            continue
+        if c & 0x10:
+            x -= 1 << (5 * k)
+        if len(counts) > 2:
+            x += counts[-2]
+        counts.append(x)
+        x = k = 0
+    if k:
+        raise TargetError("bad target: RLE string ends inside a count")
+    return np.asarray(counts, np.int64)
