@@ -12,7 +12,7 @@ Each image needs its ``width`` and ``height`` in the file (the mask's size: a ma
 size than the image file is quarantined when packed). A malformed segmentation — a polygon of
 odd length, of fewer than 3 points or of non-finite numbers, an RLE whose ``size`` is not the
 image's, counts that are not non-negative integers, a string out of COCO's alphabet — or
-shapes over :data:`~h5forge.targets.drawn.MAX_POINTS` or the drawing budget quarantine the
+shapes over :data:`~h5forge.targets.shapes.MAX_POINTS` or the drawing budget quarantine the
 image with the reason.
 """
 
@@ -22,14 +22,14 @@ import math
 
 import numpy as np
 
-from h5forge.targets.drawn import MAX_DRAWN_PIXELS, MAX_POINTS
 from h5forge.targets.schema import TargetError
-from h5forge.targets.shapes import Drawn, Shape
+from h5forge.targets.shapes import MAX_DRAWN_PIXELS, Drawn, Shape
 from h5forge.text import printable
 
-__all__ = ["CROWD", "MAX_MASK_CLASSES", "WHERE", "drawn", "shape_of"]
+__all__ = ["CROWD", "MAX_COORDINATE", "MAX_MASK_CLASSES", "WHERE", "drawn", "shape_of"]
 
 CROWD = 255
+MAX_COORDINATE = 1 << 24  # a polygon coordinate, in pixels: beyond any image, within float32
 MAX_MASK_CLASSES = CROWD - 1  # values 1..254
 WHERE = "bad target: column 'segmentation'"
 
@@ -58,14 +58,22 @@ def shape_of(seg: object, value: int, size: tuple[int, int], where: str) -> Shap
                 "polygons [x1, y1, x2, y2, ...] of 3 points or more"
             )
         flat = [float(v) for p in polygons for v in p]
-        if not all(math.isfinite(v) for v in flat):
-            raise TargetError(f"{where}: a polygon holds NaN or an infinite coordinate")
+        if not all(math.isfinite(v) and abs(v) <= MAX_COORDINATE for v in flat):
+            raise TargetError(
+                f"{where}: a polygon holds NaN, an infinite coordinate or one beyond "
+                f"+-{MAX_COORDINATE:,}"
+            )
         data = np.asarray(flat, np.float32).tobytes()
         return Shape(value, "polygon", data, tuple(len(p) // 2 for p in polygons))
     if not isinstance(seg, dict) or seg.get("size") != [h, w]:
         raise TargetError(
             f"{where}: segmentation {printable(repr(seg), limit=60)} is neither polygons nor "
             f"an RLE of the image's size [{h}, {w}]"
+        )
+    if w * h > MAX_DRAWN_PIXELS:
+        raise TargetError(
+            f"{where}: an RLE of a {w} x {h} image, over the drawing limit of "
+            f"{MAX_DRAWN_PIXELS:,} pixels"
         )
     counts = seg.get("counts")
     if isinstance(counts, str) and counts.isascii() and len(counts) <= 8 * (w * h + 1):
@@ -83,19 +91,14 @@ def shape_of(seg: object, value: int, size: tuple[int, int], where: str) -> Shap
 
 
 def drawn(size: tuple[int, int], shapes: list[Shape], where: str) -> Drawn:
-    """An image's mask value, its shapes within the bounds.
+    """An image's mask value, its shapes within the bounds (:meth:`Drawn.problem`).
 
     Raises:
-        TargetError: over :data:`MAX_POINTS` points, or the drawing budget.
+        TargetError: over :data:`~h5forge.targets.shapes.MAX_POINTS` points, or the
+            drawing budget.
     """
-    w, h = size
-    points = sum(sum(s.sizes) for s in shapes if s.kind == "polygon")
-    if points > MAX_POINTS:
-        raise TargetError(f"{where}: {points:,} polygon points, over the limit of {MAX_POINTS:,}")
-    cost = sum(s.cost(w, h) for s in shapes)
-    if cost > MAX_DRAWN_PIXELS:
-        raise TargetError(
-            f"{where}: drawing its {len(shapes):,} shapes would touch {cost:,} pixels, over "
-            f"the limit of {MAX_DRAWN_PIXELS:,}"
-        )
-    return Drawn((w, h), tuple(shapes))
+    value = Drawn(size, tuple(shapes))
+    bad = value.problem()
+    if bad is not None:
+        raise TargetError(f"{where}: {bad}")
+    return value

@@ -13,10 +13,11 @@ Shapes, as COCO writes them (coordinates in pixels of the image as stored):
 * ``rle``: a run-length encoding of the whole image, column-major, runs alternating from
   0 — uncompressed (a list of counts) or compressed (COCO's ASCII string, 6 bits a character).
 
-Bounded by what the source can justify: :data:`MAX_POINTS` polygon points an image, and a
-drawing budget of :data:`MAX_DRAWN_PIXELS` (each polygon costs its bounding box, each RLE the
-whole image), so no annotation file makes a worker draw for minutes. A shape that breaks a rule
-is a :class:`~h5forge.targets.schema.TargetError` (the image is quarantined with the reason).
+Bounded by what the source can justify (:meth:`~h5forge.targets.shapes.Drawn.problem`): at
+most ``MAX_POINTS`` polygon points an image, and a drawing budget of ``MAX_DRAWN_PIXELS``
+(each polygon costs its bounding box, each RLE the whole image), so no annotation file makes a
+worker draw for minutes. A shape that breaks a rule is a
+:class:`~h5forge.targets.schema.TargetError` (the image is quarantined with the reason).
 """
 
 from __future__ import annotations
@@ -27,12 +28,7 @@ from PIL import Image, ImageDraw
 from h5forge.targets.schema import TargetError
 from h5forge.targets.shapes import Drawn
 
-__all__ = ["MAX_DRAWN_PIXELS", "MAX_POINTS", "decode_rle", "draw"]
-
-#: Polygon points an image's shapes may have in all (COCO's densest image has ~10k).
-MAX_POINTS = 1 << 20
-#: Pixels an image's shapes may cost to draw: a polygon its bounding box, an RLE the image.
-MAX_DRAWN_PIXELS = 1 << 30
+__all__ = ["decode_rle", "draw"]
 
 
 def draw(d: Drawn, max_pixels: int) -> Image.Image:

@@ -226,7 +226,10 @@ def check_value(column: Column, value: object) -> object:
     if kind == "boxes":
         return _check_boxes(column, value, where)
     if kind == "mask":
-        if isinstance(value, Drawn):  # shapes to draw (COCO segmentations), checked when made
+        if isinstance(value, Drawn):  # shapes to draw (COCO segmentations)
+            problem = value.problem()
+            if problem is not None:
+                raise TargetError(f"{where}: {problem}")
             return value
         if not isinstance(value, str) or not value:
             raise TargetError(f"{where}: expected the path of a mask image, got {_short(value)}")

@@ -19,9 +19,9 @@ from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.read.dataset import H5ImageDataset
-from h5forge.targets.drawn import MAX_DRAWN_PIXELS, MAX_POINTS, decode_rle, draw
-from h5forge.targets.schema import TargetError
-from h5forge.targets.shapes import Drawn, Shape
+from h5forge.targets.drawn import decode_rle, draw
+from h5forge.targets.schema import Column, TargetError, check_value
+from h5forge.targets.shapes import MAX_DRAWN_PIXELS, MAX_POINTS, Drawn, Shape
 from tests.fixtures.targets_data import CocoWritten, write_coco_dataset
 
 ANN = "annotations/instances.json"
@@ -188,6 +188,14 @@ def _edited(w: CocoWritten, change) -> CocoWritten:  # type: ignore[no-untyped-d
         (lambda a, im: a.update(segmentation=[[1, 2, 3]]), "not a list of polygons"),
         (lambda a, im: a.update(segmentation=[[1, 2, 3, 4, 5, 6, 7]]), "not a list of polygons"),
         (lambda a, im: a.update(segmentation=[[1, 2, float("nan"), 4, 5, 6]]), "NaN"),
+        (lambda a, im: a.update(segmentation=[[1, 2, 1e39, 4, 5, 6]]), "beyond"),  # float32 inf
+        (
+            lambda a, im: (
+                im.update(width=100_000, height=100_000),
+                a.update(segmentation={"size": [100_000, 100_000], "counts": [5_000_000_000]}),
+            ),
+            "over the drawing limit",
+        ),
         (lambda a, im: a.update(segmentation=[["1", 2, 3, 4, 5, 6]]), "not a list of polygons"),
         (lambda a, im: a.update(segmentation={"size": [1, 1], "counts": [1]}), "image's size"),
         (
@@ -244,11 +252,21 @@ def test_a_mask_whose_size_is_not_the_image_s_is_quarantined_by_the_pack(tmp_pat
 def test_bounds_on_points_pixels_and_classes(tmp_path: Path) -> None:
     tiny = np.zeros(6, np.float32).tobytes()
     with pytest.raises(TargetError, match="polygon points"):
-        drawn((10, 10), [Shape(1, "polygon", tiny, (MAX_POINTS + 1,))], "w")
+        dense = np.zeros(2 * (MAX_POINTS + 1), np.float32).tobytes()
+        drawn((10, 10), [Shape(1, "polygon", dense, (MAX_POINTS + 1,))], "w")
     whole = np.asarray([0, 0, 2000, 0, 2000, 2000], np.float32).tobytes()
     shapes = [Shape(1, "polygon", whole, (3,))] * (MAX_DRAWN_PIXELS // (2001 * 2001) + 1)
     with pytest.raises(TargetError, match="would touch"):
         drawn((2000, 2000), shapes, "w")
+    for hand_made, why in (  # a catalog built by hand is checked again before drawing
+        (Drawn((4, 4), (Shape(300, "rle", b"", ()),)), "outside 0..255"),
+        (Drawn((4, 4), (Shape(1, "polygon", tiny, (2,)),)), "fewer than 3 points"),
+        (Drawn((4, 4), (Shape(1, "polygon", tiny[:20], (3,)),)), "do not match"),
+        (Drawn((4, 4), (Shape(1, "circle", b"", ()),)), "neither a polygon"),
+        (Drawn((0, 4), ()), "0 x 4"),
+    ):
+        with pytest.raises(TargetError, match=why):
+            check_value(Column("segmentation", "mask"), hand_made)
     with pytest.raises(TargetError, match="mask too large"):
         draw(Drawn((100, 100), ()), 9_999)
     many = {i: f"c{i:03d}" for i in range(MAX_MASK_CLASSES + 1)}
