@@ -3,15 +3,18 @@
 Array storage (decoded pixels of one size) writes each sample as one chunk of ``/images`` as
 it arrives; unfiltered chunks are allocated when ``/images`` is created, so the runs of chunks
 an incremental pack reuses are copied into them file to file (:mod:`h5forge.pack.copied`).
-Blob storage (encoded bytes, or ``resize='none'``) spools the bytes (reused ones copied file to
-file too), since ``/images`` can only be created once the packed count and sizes are known, and
-copies them behind the head at the end, in the kernel (``copy_file_range``).
+Blob storage (encoded bytes, or ``resize='none'``) spools the bytes of the samples it
+preprocesses, since ``/images`` can only be created once the packed count and sizes are known,
+and copies them behind the head at the end, in the kernel (``copy_file_range``). The runs an
+incremental pack reuses never go through the spool: they are recorded where they will lie, and
+copied at the end straight from the previous file, so a reused byte is written once.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import h5py
@@ -61,6 +64,12 @@ class Sink:
         self._dst: np.ndarray | None = None  # file offset of every chunk, allocated at creation
         self._copied: list[bool] = []  # per row: taken from the previous version
         self._checked: list[bool] = []  # per row: its check from the new file is under way
+        # Blob: what finish() copies behind the head, in order: ("spool", spool offset, blob
+        # offset, bytes) or ("run", StoredRun on a descriptor of its own, blob offset).
+        self._plan: list[tuple[Any, ...]] = []
+        self._spooled = 0  # bytes written to the spool
+        self._stored = 0  # bytes of every sample so far: the next one's blob offset
+        self._held: dict[int, int] = {}  # a previous file's descriptor -> our duplicate of it
         if self.storage == "array":
             assert image.size is not None
             self._shape = (*image.size, 1 if image.mode == "L" else 3)
@@ -77,6 +86,9 @@ class Sink:
             self._spool.close()
         if self._copies is not None:
             self._copies.close()
+        for fd in self._held.values():
+            os.close(fd)
+        self._held.clear()
 
     @property
     def copying(self) -> bool:
@@ -158,15 +170,14 @@ class Sink:
             dst, fd = self._dst[j : j + k], self.images.file.id.get_vfd_handle()
             self._copies.copy(run, fd, dst)
             self._copies.check(range(j, j + k), dst, sizes, run.digests, writeback=fd)
-        else:
-            assert self._spool is not None
-            self._spool.flush()
-            pos = sum(self.lengths)
-            self._copies.copy(run, self._spool.fileno(), pos + np.cumsum(sizes) - sizes)
-            self._spool.seek(pos + int(sizes.sum()))
+        else:  # copied in finish(): the previous file's descriptor closes before that
+            if run.fd not in self._held:
+                self._held[run.fd] = os.dup(run.fd)
+            self._plan.append(("run", replace(run, fd=self._held[run.fd]), self._stored))
         self.digests += [bytes(d) for d in run.digests]
         self.shapes += [tuple(int(x) for x in shape) for shape in run.shapes]  # type: ignore[misc]
         self.lengths += sizes.tolist()
+        self._stored += int(sizes.sum())
         self._copied += [True] * k
         self._checked += [self.storage == "array"] * k
 
@@ -212,9 +223,17 @@ class Sink:
         else:
             assert self._spool is not None
             self._spool.write(r.data)
+            at, n = self._stored, len(r.data)
+            last = self._plan[-1] if self._plan else None
+            if last is not None and last[0] == "spool" and last[2] + last[3] == at:
+                self._plan[-1] = ("spool", last[1], last[2], last[3] + n)
+            else:
+                self._plan.append(("spool", self._spooled, at, n))
+            self._spooled += n
         self.digests.append(r.digest)
         self.shapes.append(tuple(r.shape))  # type: ignore[arg-type]
         self.lengths.append(len(r.data))
+        self._stored += len(r.data)
         self._copied.append(False)
         self._checked.append(False)
 
@@ -237,6 +256,14 @@ class Sink:
         total, base = int(offsets[-1]), images.id.get_offset() or 0
         with self._spool as f:
             f.flush()
-            if total:  # allocated at creation: HDF5 caches no raw data of it, none goes stale
-                RangeCopy()(f.fileno(), images.file.id.get_vfd_handle(), 0, base, total)
+            out = images.file.id.get_vfd_handle()
+            copy = RangeCopy()
+            # /images is allocated at creation: HDF5 caches no raw data of it, none goes stale
+            for step in self._plan if total else ():
+                if step[0] == "spool":
+                    copy(f.fileno(), out, step[1], base + step[2], step[3])
+                else:
+                    run, at = step[1], base + step[2]
+                    assert self._copies is not None, "runs come with copy_into()"
+                    self._copies.copy(run, out, at + np.cumsum(run.sizes) - run.sizes)
         return np.stack([offsets[:-1] + np.uint64(base), np.diff(offsets)], axis=1), offsets

@@ -282,8 +282,9 @@ def test_reused_bytes_span_several_read_batches(tmp_path: Path) -> None:
 def test_reused_bytes_move_in_runs_not_one_by_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config_name: str
 ) -> None:
-    """Unfiltered bytes go file to file (into chunks, or onto the blob's spool): one
-    ``copy_file_range`` per stretch back to back in both files, not one per sample."""
+    """Unfiltered bytes go file to file (into chunks, or into the blob behind the head): one
+    ``copy_file_range`` per stretch back to back in both files, not one per sample, and each
+    byte of the new file is copied once (a reused one never through the blob's spool)."""
     if not hasattr(os, "copy_file_range"):
         pytest.skip("no os.copy_file_range on this platform")
     config = CONFIGS[config_name]
@@ -295,12 +296,14 @@ def test_reused_bytes_move_in_runs_not_one_by_one(
     _replace(new, tmp_path)  # breaks the catalog's stretch of reused samples in two
     unchanged = unchanged_paths(before, _tokens(new))
     calls: list[int] = []  # bytes asked for, per call reading the previous file
+    moved: list[int] = []  # bytes copied, per call, from any file
     real, previous_inode = os.copy_file_range, Path(previous.path).stat().st_ino
 
     def counted(src: int, dst: int, count: int, *args: int) -> int:
         if os.fstat(src).st_ino == previous_inode:
             calls.append(count)
-        return real(src, dst, count, *args)
+        moved.append(real(src, dst, count, *args))
+        return moved[-1]
 
     monkeypatch.setattr(os, "copy_file_range", counted)
     _, inc = _both(new, previous.path, config, unchanged, tmp_path)
@@ -310,4 +313,13 @@ def test_reused_bytes_move_in_runs_not_one_by_one(
     assert inc.reused == 23
     # 23 samples in at most 3 stretches (split by the replaced file and the quarantined one)
     assert 1 <= len(calls) <= 3
-    assert sum(calls) == sum(size for p, size in zip(paths, sizes, strict=True) if p in unchanged)
+    reused = sum(size for p, size in zip(paths, sizes, strict=True) if p in unchanged)
+    assert sum(calls) == reused
+    with h5py.File(inc.path, "r") as h5:
+        stored = int(h5[fmt.BYTE_RANGES][:, 1].sum())
+    # The full rebuild (packed first by _both) copies a blob's spool behind the head, all of
+    # it; the incremental one, array: the preprocessed chunks are written by HDF5, only the
+    # reused ones copied; blob: the reused bytes straight from the previous file and the
+    # preprocessed ones from the spool, each byte once.
+    blob = config_name == "blob"
+    assert sum(moved) == (stored if blob else 0) + (stored if blob else reused)
