@@ -236,7 +236,12 @@ def _annotations(
             problems.setdefault(i, f"{where}: iscrowd {printable(repr(crowd), limit=20)}, not 0/1")
         else:
             x, y, w, h = bbox
-            boxes.setdefault(i, []).append((x, y, x + w, y + h, category[cid], int(crowd)))
+            try:
+                corner = (x + w, y + h)
+            except OverflowError:  # an integer of hundreds of digits beside a float
+                problems.setdefault(i, f"{where}: bbox holds a number too large for a float")
+                continue
+            boxes.setdefault(i, []).append((x, y, *corner, category[cid], int(crowd)))
             size = None if sizes is None else sizes[i]
             if size is not None:
                 value = CROWD if crowd else 1 + category[cid]

@@ -18,18 +18,15 @@ image with the reason.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from h5forge.targets.schema import TargetError
-from h5forge.targets.shapes import MAX_DRAWN_PIXELS, Drawn, Shape
+from h5forge.targets.shapes import MAX_COORDINATE, MAX_DRAWN_PIXELS, MAX_RLE_CHARS, Drawn, Shape
 from h5forge.text import printable
 
-__all__ = ["CROWD", "MAX_COORDINATE", "MAX_MASK_CLASSES", "WHERE", "drawn", "shape_of"]
+__all__ = ["CROWD", "MAX_MASK_CLASSES", "WHERE", "drawn", "shape_of"]
 
 CROWD = 255
-MAX_COORDINATE = 1 << 24  # a polygon coordinate, in pixels: beyond any image, within float32
 MAX_MASK_CLASSES = CROWD - 1  # values 1..254
 WHERE = "bad target: column 'segmentation'"
 
@@ -57,13 +54,13 @@ def shape_of(seg: object, value: int, size: tuple[int, int], where: str) -> Shap
                 f"{where}: segmentation {printable(repr(seg), limit=60)} is not a list of "
                 "polygons [x1, y1, x2, y2, ...] of 3 points or more"
             )
-        flat = [float(v) for p in polygons for v in p]
-        if not all(math.isfinite(v) and abs(v) <= MAX_COORDINATE for v in flat):
+        # Compared before float(): an integer of 400 digits does not convert; NaN fails too.
+        if not all(abs(v) <= MAX_COORDINATE for p in polygons for v in p):
             raise TargetError(
                 f"{where}: a polygon holds NaN, an infinite coordinate or one beyond "
                 f"+-{MAX_COORDINATE:,}"
             )
-        data = np.asarray(flat, np.float32).tobytes()
+        data = np.asarray([float(v) for p in polygons for v in p], np.float32).tobytes()
         return Shape(value, "polygon", data, tuple(len(p) // 2 for p in polygons))
     if not isinstance(seg, dict) or seg.get("size") != [h, w]:
         raise TargetError(
@@ -76,7 +73,11 @@ def shape_of(seg: object, value: int, size: tuple[int, int], where: str) -> Shap
             f"{MAX_DRAWN_PIXELS:,} pixels"
         )
     counts = seg.get("counts")
-    if isinstance(counts, str) and counts.isascii() and len(counts) <= 8 * (w * h + 1):
+    if (
+        isinstance(counts, str)
+        and counts.isascii()
+        and len(counts) <= min(8 * (w * h + 1), MAX_RLE_CHARS)
+    ):
         return Shape(value, "rle", counts.encode("ascii"), ())
     if (
         isinstance(counts, list)
@@ -86,7 +87,8 @@ def shape_of(seg: object, value: int, size: tuple[int, int], where: str) -> Shap
         return Shape(value, "rle", np.asarray(counts, np.uint32).tobytes(), (0,))
     raise TargetError(
         f"{where}: RLE counts {printable(repr(counts), limit=60)} are neither COCO's string "
-        f"nor a list of run lengths 0..{w * h}"
+        f"(ASCII, at most {min(8 * (w * h + 1), MAX_RLE_CHARS):,} characters) nor a list of "
+        f"run lengths 0..{w * h}"
     )
 
 

@@ -35,9 +35,13 @@ def draw(d: Drawn, max_pixels: int) -> Image.Image:
     """The mask ``d`` as an ``L`` image of its size.
 
     Raises:
-        TargetError: the mask has more than ``max_pixels`` pixels, or an RLE does not decode
-            to the image's size.
+        TargetError: the mask has more than ``max_pixels`` pixels, breaks a bound
+            (:meth:`~h5forge.targets.shapes.Drawn.problem`), or an RLE does not decode to the
+            image's size.
     """
+    bad = d.problem()
+    if bad is not None:
+        raise TargetError(f"bad target: {bad}")
     w, h = d.size
     if w * h > max_pixels:
         raise TargetError(
@@ -56,7 +60,7 @@ def draw(d: Drawn, max_pixels: int) -> Image.Image:
         counts = (
             np.frombuffer(s.data, np.uint32).astype(np.int64)
             if s.sizes == (0,)
-            else decode_rle(s.data.decode("ascii"))
+            else decode_rle(s.data)
         )
         if counts.min(initial=0) < 0 or int(counts.sum()) != w * h:
             raise TargetError(
@@ -69,32 +73,35 @@ def draw(d: Drawn, max_pixels: int) -> Image.Image:
     return img
 
 
-def decode_rle(text: str) -> np.ndarray:
-    """The counts of COCO's compressed RLE string: each count in 5-bit groups, low first, a
-    character each (``chr(48 + group)``, bit 6 set while more follow, bit 5 of the last the
-    sign); from the third count on, each is a difference from the count two before.
+def decode_rle(text: bytes) -> np.ndarray:
+    """The counts of COCO's compressed RLE string (ASCII bytes): each count in 5-bit groups,
+    low first, a character each (``chr(48 + group)``, bit 6 set while more follow, bit 5 of the
+    last the sign); from the fourth count on, each is a difference from the count two before.
+    Decoded with whole-array operations (the string is at most
+    :data:`~h5forge.targets.shapes.MAX_RLE_CHARS`).
 
     Raises:
-        TargetError: a character out of the alphabet, or the string ends inside a count.
+        TargetError: a character out of the alphabet, a count of over 40 bits, or the string
+            ends inside a count.
     """
-    counts: list[int] = []
-    x = k = 0
-    for ch in text:
-        c = ord(ch) - 48
-        if not 0 <= c < 64:
-            raise TargetError(f"bad target: RLE string holds {ch!r}, outside COCO's alphabet")
-        x |= (c & 0x1F) << (5 * k)
-        k += 1
-        if c & 0x20:
-            if k == 8:  # 40 bits: no image has that many pixels
-                raise TargetError("bad target: RLE string holds a count of over 40 bits")
-            continue
-        if c & 0x10:
-            x -= 1 << (5 * k)
-        if len(counts) > 2:
-            x += counts[-2]
-        counts.append(x)
-        x = k = 0
-    if k:
-        raise TargetError("bad target: RLE string ends inside a count")
-    return np.asarray(counts, np.int64)
+    c = np.frombuffer(text, np.uint8).astype(np.int64) - 48
+    if ((c < 0) | (c >= 64)).any():
+        raise TargetError("bad target: an RLE string holds a character outside COCO's alphabet")
+    if not len(c):
+        return np.zeros(0, np.int64)
+    more = (c & 0x20) != 0
+    if more[-1]:
+        raise TargetError("bad target: an RLE string ends inside a count")
+    ends = np.flatnonzero(~more)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    chars = ends - starts + 1
+    if chars.max() > 8:  # 40 bits: no image has that many pixels
+        raise TargetError("bad target: an RLE string holds a count of over 40 bits")
+    shift = 5 * (np.arange(len(c)) - np.repeat(starts, chars))
+    x = np.add.reduceat((c & 0x1F) << shift, starts)
+    negative = (c[ends] & 0x10) != 0
+    x[negative] -= np.left_shift(1, 5 * chars[negative])
+    counts = x.copy()  # counts[m] = x[m] + counts[m - 2] for m > 2
+    counts[1::2] = np.cumsum(x[1::2])
+    counts[2::2] = np.cumsum(x[2::2])
+    return counts

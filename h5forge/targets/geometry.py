@@ -19,7 +19,7 @@ from PIL import Image
 
 from h5forge.preprocess.normalise import TRANSPOSE, Plan
 
-__all__ = ["Geometry", "move_boxes", "move_mask"]
+__all__ = ["Geometry", "check_mask_size", "move_boxes", "move_mask"]
 
 
 class Geometry:
@@ -101,17 +101,26 @@ def move_boxes(boxes: object, g: Geometry) -> Moved:
     return Moved(b[keep].astype(np.float32), int((~keep).sum()))
 
 
+def check_mask_size(size: tuple[int, int], g: Geometry) -> None:
+    """Refuse a mask whose (width, height) ``size`` is not the source file's.
+
+    Raises:
+        ValueError: the message gives both sizes.
+    """
+    if tuple(size) != tuple(g.file_size):
+        raise ValueError(
+            f"mask of another size: {size[0]} x {size[1]}, the image is "
+            f"{g.file_size[0]} x {g.file_size[1]}"
+        )
+
+
 def move_mask(mask: Image.Image, g: Geometry) -> np.ndarray:
     """Apply ``g`` to a mask of the source file's size; ``(H, W) uint8`` of the stored size.
 
     Raises:
         ValueError: the mask is not of the source file's size (the message gives both).
     """
-    if mask.size != g.file_size:
-        raise ValueError(
-            f"mask of another size: {mask.size[0]} x {mask.size[1]}, the image is "
-            f"{g.file_size[0]} x {g.file_size[1]}"
-        )
+    check_mask_size(mask.size, g)
     if g.orientation != 1:
         mask = mask.transpose(TRANSPOSE[g.orientation])
     if g.plan is not None:

@@ -271,7 +271,10 @@ def _check_boxes(column: Column, value: object, where: str) -> tuple[tuple[float
             )
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in box):
             raise TargetError(f"{where}: box {j} holds a value that is not a number")
-        x1, y1, x2, y2, cls, crowd = (float(v) for v in box)
+        try:
+            x1, y1, x2, y2, cls, crowd = (float(v) for v in box)
+        except OverflowError:  # an integer of hundreds of digits
+            raise TargetError(f"{where}: box {j} holds a number too large for a float") from None
         if not all(math.isfinite(v) for v in (x1, y1, x2, y2)):
             raise TargetError(f"{where}: box {j} has a coordinate that is not finite (NaN/inf)")
         if x2 < x1 or y2 < y1:

@@ -30,7 +30,7 @@ from PIL import Image
 
 from h5forge.preprocess import normalise as norm
 from h5forge.targets.drawn import draw
-from h5forge.targets.geometry import Geometry, move_boxes, move_mask
+from h5forge.targets.geometry import Geometry, check_mask_size, move_boxes, move_mask
 from h5forge.targets.schema import Column, TargetError
 from h5forge.targets.shapes import Drawn
 
@@ -98,6 +98,21 @@ def load_mask(raw: bytes, max_pixels: int) -> Image.Image:
     )
 
 
+def _mask_image(
+    v: object, g: Geometry, read: Callable[[str], bytes], max_pixels: int
+) -> Image.Image:
+    """A mask column's raw value as an image: drawn (its size checked first: drawing costs
+    what the size says), or a mask file read and opened."""
+    if isinstance(v, Drawn):
+        check_mask_size(v.size, g)
+        return draw(v, max_pixels)
+    try:
+        raw = read(str(v))
+    except OSError as e:
+        raise TargetError(f"bad target: mask unreadable: {e.strerror or e}") from None
+    return load_mask(raw, max_pixels)
+
+
 def encode_targets(
     schema: Sequence[Column],
     values: Mapping[str, object],
@@ -136,13 +151,10 @@ def encode_targets(
             blob, dropped = moved.boxes.tobytes(), dropped + moved.dropped
         elif c.kind == "mask":
             try:
-                mask = draw(v, max_pixels) if isinstance(v, Drawn) else None
-                raw = read(str(v)) if mask is None else b""
-            except OSError as e:
-                raise TargetError(f"bad target: mask unreadable: {e.strerror or e}") from None
-            try:
-                arr = move_mask(mask if mask is not None else load_mask(raw, max_pixels), g)
-            except ValueError as e:
+                arr = move_mask(_mask_image(v, g, read, max_pixels), g)
+            except TargetError:
+                raise
+            except ValueError as e:  # a mask of another size
                 raise TargetError(f"bad target: {e}") from None
             shape = (int(arr.shape[0]), int(arr.shape[1]))
             hist = np.bincount(arr.ravel(), minlength=256)

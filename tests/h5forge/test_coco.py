@@ -71,6 +71,7 @@ def _ann(data: dict, i: int) -> dict:  # type: ignore[type-arg]
     [
         (lambda d: _ann(d, 0)["bbox"].__setitem__(0, math.nan), 0, "not finite"),
         (lambda d: _ann(d, 3)["bbox"].__setitem__(2, -5.0), 1, "negative size"),
+        (lambda d: _ann(d, 0)["bbox"].__setitem__(1, 10**400), 0, "too large for a float"),
         (lambda d: _ann(d, 1).__setitem__("category_id", 999), 0, "category_id 999, not one"),
         (lambda d: _ann(d, 0).__setitem__("bbox", [1, 2, 3]), 0, "is not [x, y, w, h]"),
         (lambda d: _ann(d, 0).__setitem__("bbox", "1,2,3,4"), 0, "is not [x, y, w, h]"),

@@ -52,7 +52,7 @@ def test_compressed_rle_decodes_as_pycocotools_encodes(seed: int) -> None:
     mask = _blob(rng, max(h, 4), max(w, 4)) if seed else np.ones((h, w), np.uint8)
     h, w = mask.shape
     encoded = coco_mask.encode(np.asfortranarray(mask))
-    counts = decode_rle(encoded["counts"].decode("ascii"))
+    counts = decode_rle(encoded["counts"])
     assert counts.tolist() == _runs(mask)
     shape = Shape(7, "rle", encoded["counts"], ())
     got = np.asarray(draw(Drawn((w, h), (shape,)), 1 << 20))
@@ -189,6 +189,13 @@ def _edited(w: CocoWritten, change) -> CocoWritten:  # type: ignore[no-untyped-d
         (lambda a, im: a.update(segmentation=[[1, 2, 3, 4, 5, 6, 7]]), "not a list of polygons"),
         (lambda a, im: a.update(segmentation=[[1, 2, float("nan"), 4, 5, 6]]), "NaN"),
         (lambda a, im: a.update(segmentation=[[1, 2, 1e39, 4, 5, 6]]), "beyond"),  # float32 inf
+        (lambda a, im: a.update(segmentation=[[10**309, 2, 3, 4, 5, 6]]), "beyond"),  # no float
+        (
+            lambda a, im: a.update(
+                segmentation={"size": [im["height"], im["width"]], "counts": "0" * (1 << 22)}
+            ),
+            "at most",
+        ),
         (
             lambda a, im: (
                 im.update(width=100_000, height=100_000),
@@ -231,7 +238,7 @@ def test_hostile_segmentations_quarantine_the_image(tmp_path: Path, change, reas
         ("0", "runs cover"),  # one run of 0 pixels
         ("a\x7f", "outside COCO's alphabet"),
         ("a", "ends inside a count"),  # 'a' = 49 | continuation bit: the count never ends
-        ("o" * 9, "over 40 bits"),
+        ("o" * 8 + "0", "over 40 bits"),
     ],
 )
 def test_a_bad_rle_string_is_a_quarantine_reason_when_drawn(counts: str, reason: str) -> None:
@@ -242,7 +249,16 @@ def test_a_bad_rle_string_is_a_quarantine_reason_when_drawn(counts: str, reason:
 
 def test_a_mask_whose_size_is_not_the_image_s_is_quarantined_by_the_pack(tmp_path: Path) -> None:
     w = write_coco_dataset(tmp_path / "coco", images=3, unannotated=0)
-    _edited(w, lambda data: data["images"][1].update(width=data["images"][1]["width"] + 1))
+
+    def wider(data: dict[str, Any]) -> None:
+        im = data["images"][1]
+        im["width"] += 1
+        # an RLE whose runs do not cover the declared size: had it been drawn before its
+        # size was compared with the file, the reason would be the runs, not the size
+        (a, *_) = [a for a in data["annotations"] if a["image_id"] == im["id"]]
+        a["segmentation"] = {"size": [im["height"], im["width"]], "counts": [1, 2]}
+
+    _edited(w, wider)
     result = pack(w.root, tmp_path / "out.h5", coco=ANN, coco_masks=True, max_bad_fraction=0.5)
     ((path, why),) = result.quarantined
     assert path == w.data["images"][1]["file_name"]
@@ -251,19 +267,41 @@ def test_a_mask_whose_size_is_not_the_image_s_is_quarantined_by_the_pack(tmp_pat
 
 def test_bounds_on_points_pixels_and_classes(tmp_path: Path) -> None:
     tiny = np.zeros(6, np.float32).tobytes()
+    dense = np.zeros(2 * (MAX_POINTS + 1), np.float32).tobytes()
     with pytest.raises(TargetError, match="polygon points"):
-        dense = np.zeros(2 * (MAX_POINTS + 1), np.float32).tobytes()
         drawn((10, 10), [Shape(1, "polygon", dense, (MAX_POINTS + 1,))], "w")
     whole = np.asarray([0, 0, 2000, 0, 2000, 2000], np.float32).tobytes()
     shapes = [Shape(1, "polygon", whole, (3,))] * (MAX_DRAWN_PIXELS // (2001 * 2001) + 1)
-    with pytest.raises(TargetError, match="would touch"):
+    with pytest.raises(TargetError, match="would cost"):
         drawn((2000, 2000), shapes, "w")
+    # Pillow fills row by row, visiting every edge on each row: a zigzag of few pixels but
+    # many points across all the rows costs rows x points, and is refused by that
+    zigzag = np.zeros((200_000, 2), np.float32)
+    zigzag[:, 0] = np.linspace(0, 1, len(zigzag))
+    zigzag[1::2, 1] = 479
+    one = Shape(1, "polygon", zigzag.tobytes(), (len(zigzag),))
+    assert one.cost(640, 480) > MAX_DRAWN_PIXELS > 2 * 480  # the box alone is 2 x 480
+    with pytest.raises(TargetError, match="would cost"):
+        drawn((640, 480), [one], "w")
+    # decoding a compressed RLE costs per character, whatever the image's size
+    long = [Shape(1, "rle", b"1" * (2 << 20), ())] * 3
+    with pytest.raises(TargetError, match="would cost"):
+        drawn((100, 100), long, "w")
+    drawn((100, 100), long[:1], "w")  # one of them is within the budget
+    far = np.asarray([0, 0, 2.0**31, 0, 0, 4], np.float32).tobytes()  # Pillow would wrap it
     for hand_made, why in (  # a catalog built by hand is checked again before drawing
-        (Drawn((4, 4), (Shape(300, "rle", b"", ()),)), "outside 0..255"),
+        (Drawn((4, 4), (Shape(300, "rle", b"", ()),)), "not an integer 0..255"),
         (Drawn((4, 4), (Shape(1, "polygon", tiny, (2,)),)), "fewer than 3 points"),
         (Drawn((4, 4), (Shape(1, "polygon", tiny[:20], (3,)),)), "do not match"),
         (Drawn((4, 4), (Shape(1, "circle", b"", ()),)), "neither a polygon"),
-        (Drawn((0, 4), ()), "0 x 4"),
+        (Drawn((0, 4), ()), "of size"),
+        (Drawn((4.0, 4), ()), "of size"),  # type: ignore[arg-type]
+        (Drawn((4, 4), [Shape(1, "rle", b"", ())]), "not a tuple of Shape"),  # type: ignore[arg-type]
+        (Drawn((4, 4), (Shape(True, "rle", b"", ()),)), "not an integer 0..255"),
+        (Drawn((4, 4), (Shape(1, "rle", "01", ()),)), "not bytes"),  # type: ignore[arg-type]
+        (Drawn((4, 4), (Shape(1, "rle", b"\xff1", ()),)), "not ASCII"),
+        (Drawn((4, 4), (Shape(1, "polygon", tiny, [3]),)), "not bytes with a tuple"),  # type: ignore[arg-type]
+        (Drawn((4, 4), (Shape(1, "polygon", far, (3,)),)), "beyond"),
     ):
         with pytest.raises(TargetError, match=why):
             check_value(Column("segmentation", "mask"), hand_made)
