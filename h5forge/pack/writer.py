@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -284,5 +285,10 @@ def _write(
             targets.sink.write(h5)  # after /images, see h5forge.targets.store
         h5.flush()
         if sink.copying:  # the seal skips its digest pass: every sample is checked here
-            sink.check_written(byte_ranges, [s.relpath for s in samples], stage.partial)
+            # The disk takes the file while its bytes are hashed from the page cache; the
+            # seal's own fsync then finds little left.
+            with ThreadPoolExecutor(1, thread_name_prefix="h5forge-fsync") as pool:
+                synced = pool.submit(os.fsync, h5.id.get_vfd_handle())
+                sink.check_written(byte_ranges, [s.relpath for s in samples], stage.partial)
+                synced.result()
     return samples, bad, ({} if targets is None else targets.stats.as_dict())
