@@ -5,14 +5,15 @@ sample into Python: :class:`StoredRun` names a stretch of samples whose stored b
 from the previous file as they are, and :class:`CopiedCheck` moves each run of them that lies
 back to back in both files with one ``os.copy_file_range`` (in the kernel; ``pread``/``pwrite``
 where it cannot, :class:`~h5forge.scale.kernel_copy.RangeCopy`): into the chunks ``/images``
-allocated at creation (array storage), or into the blob's spool. Array chunks are checked
+allocated at creation (array storage), or into the blob behind the head once it is made (blob
+storage: straight from the previous file, never through the spool). Array chunks are checked
 while the next run is copied: helper threads read the run just copied back from the NEW file
 and compare each sample's sha256 with the digest the previous version recorded
 (:func:`~h5forge.verify.digests.hash_local_ranges`, every usable CPU; hashlib releases the GIL),
 then start its writeback to disk, so the fsync before the seal finds little left to do. Once the
 file is flushed, every sample not yet checked (preprocessed ones, the blob) is checked the same
-way: each sample of the file is hashed exactly once, from the bytes the file holds, and the
-seal skips its own digest pass.
+way, while the file is fsynced: each sample of the file is hashed exactly once, from the
+bytes the file holds, and the seal skips its own digest pass.
 """
 
 from __future__ import annotations
