@@ -3,8 +3,13 @@ move the boxes and the mask with the object's pixels."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 v2 = pytest.importorskip(
     "torchvision.transforms.v2",
@@ -12,9 +17,12 @@ v2 = pytest.importorskip(
 )
 from torchvision import tv_tensors  # noqa: E402
 
+from h5forge.pack.config import PackConfig  # noqa: E402
+from h5forge.pack.writer import pack  # noqa: E402
+from h5forge.preprocess.config import ImageConfig  # noqa: E402
 from h5forge.read.dataset import H5ImageDataset  # noqa: E402
 from tests.vision.conftest import H, W  # noqa: E402
-from tests.vision.scenes import OBJECT  # noqa: E402
+from tests.vision.scenes import OBJECT, rect  # noqa: E402
 
 CROP = (40, 44)
 
@@ -109,3 +117,62 @@ def test_transforms_run_in_loader_workers_and_batch_as_lists(scenes):
             _check_boxes_on_object(images[k], boxes)
             seen += 1
     assert seen == len(ds)
+
+
+def _coco_scenes(root: Path, n: int) -> Path:
+    """``n`` PNG scenes (the dark image, one OBJECT rectangle) and a COCO instances file with
+    each rectangle as its bbox and as a polygon through its corner pixels' centres-left-top
+    (Pillow fills a polygon's edges too: corners a..b-1 cover pixels a..b-1 exactly)."""
+    images, annotations = [], []
+    for i in range(n):
+        x1, y1, x2, y2 = rect(i, (W, H))
+        pixels = np.full((H, W, 3), 10, np.uint8)
+        pixels[y1:y2, x1:x2] = OBJECT
+        name = f"img/{i:03d}.png"
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(root / name)
+        images.append({"id": i, "file_name": name, "width": W, "height": H})
+        corners = [x1, y1, x2 - 1, y1, x2 - 1, y2 - 1, x1, y2 - 1]
+        annotations.append(
+            {
+                "id": i + 1,
+                "image_id": i,
+                "category_id": 3,
+                "bbox": [x1, y1, x2 - x1, y2 - y1],
+                "iscrowd": 0,
+                "segmentation": [corners],
+            }
+        )
+    data = {"images": images, "annotations": annotations, "categories": [{"id": 3, "name": "cat"}]}
+    (root / "instances.json").write_text(json.dumps(data), encoding="utf-8")
+    return root
+
+
+def test_coco_boxes_and_drawn_masks_through_flip_and_crop_stay_on_the_object(tmp_path):
+    """A COCO source with ``coco_masks``: the drawn ``segmentation`` mask is a
+    ``tv_tensors.Mask`` that the same flip and crop keep on the object, with its boxes."""
+    root = _coco_scenes(tmp_path / "coco", 6)
+    out = tmp_path / "coco.h5"
+    config = PackConfig(ImageConfig(resize="none", size=None))
+    pack(root, out, coco="instances.json", coco_masks=True, config=config, workers=1)
+    ds = H5ImageDataset(out, target=["boxes", "segmentation"])
+    image, target = ds[0]
+    assert isinstance(target["segmentation"], tv_tensors.Mask)
+    seg = target["segmentation"].as_subclass(torch.Tensor)
+    assert torch.equal(seg == 1, _object_pixels(image))  # 1 + the class index of "cat"
+    torch.manual_seed(2)
+    transform = v2.Compose(
+        [
+            v2.RandomHorizontalFlip(p=1.0),
+            v2.RandomCrop(CROP),
+            v2.SanitizeBoundingBoxes(labels_getter=lambda s: _crowd_too((s[0], s[1]["boxes"]))),
+        ]
+    )
+    kept = 0
+    for i in range(len(ds)):
+        image, target = transform(*ds[i])
+        mask = target["segmentation"]
+        assert isinstance(mask, tv_tensors.Mask)
+        assert torch.equal(mask.as_subclass(torch.Tensor) != 0, _object_pixels(image))
+        kept += _check_boxes_on_object(image, target["boxes"])
+    assert kept > 0
