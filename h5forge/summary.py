@@ -9,6 +9,7 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.index import check_index, check_labels, load_index
 from h5forge.asset.open import open_h5, url_to_fs
+from h5forge.asset.target_layout import file_schema
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 
 __all__ = ["summarize"]
@@ -34,7 +35,8 @@ def summarize(
 
     Returns:
         ``attributes`` (root attributes), ``bytes``, ``counts`` (split -> class -> n),
-        ``quarantined`` (first ``max_quarantined`` (path, reason) pairs), ``image_shape``.
+        ``quarantined`` (first ``max_quarantined`` (path, reason) pairs), ``image_shape``,
+        ``targets`` (the target columns, as ``targets_json`` records them; ``[]``: version 1).
 
     Raises:
         IntegrityError: the file refers outside itself, declares sizes it cannot hold, or has
@@ -58,6 +60,7 @@ def summarize(
         q_paths = h5[fmt.QUARANTINE_PATHS].asstr()[:max_quarantined].tolist()
         q_reasons = h5[fmt.QUARANTINE_REASONS].asstr()[:max_quarantined].tolist()
         images = h5[fmt.IMAGES]
+        schema = file_schema(idx.header, where=url)
         return {
             "url": url,
             "bytes": int(fs.size(path)),
@@ -71,5 +74,6 @@ def summarize(
                 "compression": images.compression,
             },
             "counts": counts,
+            "targets": [c.to_dict() for c in schema],
             "quarantined": [list(p) for p in zip(q_paths, q_reasons, strict=True)],
         }

@@ -57,6 +57,13 @@ def format_summary(info: Mapping[str, Any]) -> str:
             f"source:       {printable(get('source_url'))}"
             + (f" (sha256 {printable(get('source_sha256'))})" if get("source_sha256") else "")
         )
+    targets = info.get("targets") or []
+    if targets:
+        from h5forge.discover.report import describe_columns
+        from h5forge.targets.schema import Column
+
+        words = describe_columns([Column(**c) for c in targets])
+        lines.append(f"targets:      {printable(words)}")
     lines.append("counts:")
     for split, per_class in sorted(counts.items()):
         total = sum(per_class.values())

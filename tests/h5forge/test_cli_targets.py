@@ -78,6 +78,14 @@ def test_pack_coco_masks_draws_a_segmentation_mask_per_image(tmp_path: Path) -> 
             assert mask.shape == coco.sizes[path][::-1]  # (H, W) of the image
             # the fixture's annotations are triangles: painted where an annotation lies
             assert bool(mask.any()) == bool(coco.boxes[path])
+    shown = _cli("inspect", str(out))
+    assert shown.returncode == 0, shown.stderr
+    assert "targets:      boxes (boxes, 3 classes), segmentation (mask, raw)" in shown.stdout
+    listed = json.loads(_cli("inspect", str(out), "--json").stdout)["targets"]
+    assert [(c["name"], c["kind"]) for c in listed] == [
+        ("boxes", "boxes"),
+        ("segmentation", "mask"),
+    ]
 
 
 def test_pack_masks_stores_a_mask_per_image(tmp_path: Path) -> None:
