@@ -22,19 +22,21 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from h5forge.asset.open import url_to_fs
 from h5forge.redact import redact_url
+from h5forge.targets.schema import Column
 
 __all__ = [
     "MANIFEST_FORMAT",
     "MAX_ASSETS",
     "MAX_MANIFEST_BYTES",
     "AssetSource",
+    "check_same_targets",
     "parse_sources",
     "read_asset_manifest",
     "union_classes",
@@ -200,6 +202,28 @@ def union_classes(
         lut = np.array([pos[c] for c in classes], dtype=np.int64)
         maps.append(None if np.array_equal(lut, np.arange(len(lut))) else lut)
     return order, maps
+
+
+def check_same_targets(assets: Sequence[tuple[str, Sequence[Column]]]) -> None:
+    """Refuse assets whose target columns differ (names, kinds, classes, dtypes; a mask may
+    be raw in one and PNG in another): read as one, a target must mean one thing.
+
+    Raises:
+        ValueError: names the first asset that differs from the first one, and both schemas.
+    """
+    (first_url, first), *rest = assets
+    plain = [replace(c, encoding="") for c in first]
+    for url, schema in rest:
+        if [replace(c, encoding="") for c in schema] != plain:
+            raise ValueError(
+                f"{url} has the target columns {_words(schema)}, {first_url} has "
+                f"{_words(first)}: read as one, the assets need the same columns (names, "
+                "kinds and classes); pack them with one schema, or read them one by one"
+            )
+
+
+def _words(schema: Sequence[Column]) -> str:
+    return "[" + ", ".join(f"{c.name} ({c.kind})" for c in schema) + "]" if schema else "none"
 
 
 def _disagree(what: str) -> None:

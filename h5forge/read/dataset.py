@@ -194,6 +194,11 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         """The file's target columns (:mod:`h5forge.targets.schema`); ``()`` for version 1."""
         return file_schema(self._open().index.header, where=self.url)
 
+    def collate(self, items: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
+        """Samples ``(image, target)`` (of this file's ``target=``) batched as
+        :meth:`read_batch` batches them: :meth:`h5forge.read.targets.Selection.batch`."""
+        return self._open().selection.batch(items, url=self.url)
+
     @property
     def targets(self) -> list[int]:
         """Label of every sample, like torchvision's ImageFolder."""

@@ -20,11 +20,18 @@ from h5forge.errors import IntegrityError
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
 from h5forge.read import collate as _collate
-from h5forge.read.asset_list import AssetSource, parse_sources, read_asset_manifest, union_classes
+from h5forge.read.asset_list import (
+    AssetSource,
+    check_same_targets,
+    parse_sources,
+    read_asset_manifest,
+    union_classes,
+)
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.loader import BatchLoading
 from h5forge.read.mixing import select_subset
 from h5forge.read.state import ProcessState, open_state
+from h5forge.read.targets import CLASS
 from h5forge.redact import redact_url
 
 __all__ = ["H5MultiDataset"]
@@ -56,14 +63,18 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         remap: when the assets' class sets differ, build their union (order of first
             appearance) and renumber the labels of the assets that need it, instead of
             refusing. ``classes`` and ``class_to_idx`` always state the mapping used.
+        target: as for :class:`~h5forge.read.dataset.H5ImageDataset` (``"class"``, a column,
+            a kind or a list; ``multilabel`` too): other than ``"class"``, every asset must
+            have the same target columns, and batches are read sample by sample.
         transform: applied to each ``uint8`` C x H x W tensor.
-        target_transform: applied to each label (after any remap).
+        target_transform: applied to each label (after any remap), or target.
         storage_options, verify_reads, max_pixels: as for
             :class:`~h5forge.read.dataset.H5ImageDataset`, for every asset.
 
     Raises:
         ValueError: a malformed list, manifest or subset; a missing split; class sets that
-            disagree (the message names both assets) without ``remap``.
+            disagree (the message names both assets) without ``remap``; ``target`` naming
+            columns of assets whose target columns differ.
         FileNotFoundError, IntegrityError: as an asset's H5ImageDataset raises them.
 
     Attributes:
@@ -81,6 +92,8 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         subset: Sequence[int] | float | None = None,
         seed: int = 0,
         remap: bool = False,
+        target: str | Sequence[str] = CLASS,
+        multilabel: str = "multihot",
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -99,6 +112,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             self.name = f"{len(found)} assets ({redact_url(found[0].url)}, ...)"
         self.sources: list[AssetSource] = found
         self.transform, self.target_transform = transform, target_transform
+        self.target = list(target) if isinstance(target, (list, tuple)) else target
         self._handles: _Handles | None = None
         self._orphans: list[_Handles] = []
         self.datasets = [
@@ -106,6 +120,8 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
                 s.url,
                 version=s.version,
                 split=split,
+                target=target,
+                multilabel=multilabel,
                 transform=transform,
                 storage_options=storage_options,
                 verify_reads=verify_reads,
@@ -117,6 +133,8 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             [(d.url, d.classes) for d in self.datasets], remap=remap
         )
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        if self.target != CLASS:
+            check_same_targets([(d.url, d.schema) for d in self.datasets])
         self._sizes = np.array([len(d) for d in self.datasets], dtype=np.int64)
         self.cumulative_sizes = np.cumsum(self._sizes)
         self._starts = self.cumulative_sizes - self._sizes
@@ -203,7 +221,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
     def _read_direct(self, asset: np.ndarray, local: np.ndarray, *, slot: bool) -> Any:
         """The batch read straight into one :class:`~h5forge.read.batches.Batch`; None when
         a transform is set or an asset's samples are not fixed-size, decoded and unfiltered."""
-        if self.transform is not None or self.target_transform is not None:
+        if self.transform is not None or self.target_transform is not None or self.target != CLASS:
             return None
         order = np.argsort(asset, kind="stable")  # positions grouped by asset, in batch order
         cuts = np.flatnonzero(np.diff(asset[order])) + 1
@@ -246,7 +264,9 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             lut = self._maps[a]
             items = self.datasets[a].__getitems__(local[at].tolist())
             for p, (image, label) in zip(at.tolist(), items, strict=True):
-                if lut is not None:
+                if lut is not None and isinstance(label, dict) and CLASS in label:
+                    label = {**label, CLASS: int(lut[label[CLASS]])}
+                elif lut is not None and self.target == CLASS:
                     label = int(lut[label])
                 if self.target_transform is not None:
                     label = self.target_transform(label)
@@ -270,4 +290,6 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         if direct is not None:
             return direct
         slot = use_slots and get_worker_info() is not None
+        if self.target != CLASS:  # batched alike by every asset (the same columns)
+            return self.datasets[0].collate(self.__getitems__(indices))
         return _collate.collate(self.__getitems__(indices), slot=slot, url=self.name)
