@@ -59,8 +59,8 @@ def format_summary(info: Mapping[str, Any]) -> str:
         )
     targets = info.get("targets") or []
     if targets:
-        from h5forge.discover.report import describe_columns
         from h5forge.targets.schema import Column
+        from h5forge.targets.words import describe_columns
 
         words = describe_columns([Column(**c) for c in targets])
         lines.append(f"targets:      {printable(words)}")

@@ -30,6 +30,7 @@ import numpy as np
 from h5forge.asset.open import url_to_fs
 from h5forge.redact import redact_url
 from h5forge.targets.schema import Column
+from h5forge.targets.words import describe_columns
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -214,16 +215,15 @@ def check_same_targets(assets: Sequence[tuple[str, Sequence[Column]]]) -> None:
     (first_url, first), *rest = assets
     plain = [replace(c, encoding="") for c in first]
     for url, schema in rest:
-        if [replace(c, encoding="") for c in schema] != plain:
+        mine = [replace(c, encoding="") for c in schema]
+        if mine != plain:
+            ours, theirs = describe_columns(mine) or "none", describe_columns(plain) or "none"
+            names = " (the class names differ)" if ours == theirs else ""
             raise ValueError(
-                f"{url} has the target columns {_words(schema)}, {first_url} has "
-                f"{_words(first)}: read as one, the assets need the same columns (names, "
-                "kinds and classes); pack them with one schema, or read them one by one"
+                f"{url} has the target columns {ours}, {first_url} has {theirs}{names}: read "
+                "as one, the assets need the same columns (names, kinds and classes); pack "
+                "them with one schema, or read them one by one"
             )
-
-
-def _words(schema: Sequence[Column]) -> str:
-    return "[" + ", ".join(f"{c.name} ({c.kind})" for c in schema) + "]" if schema else "none"
 
 
 def _disagree(what: str) -> None:
