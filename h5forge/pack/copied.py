@@ -127,7 +127,7 @@ class CopiedCheck:
         self._batch, self._batch_bytes, self._batch_writeback = [], 0, None
 
     def _run(self, ranges: list[tuple[int, int, int]], writeback: int | None) -> None:
-        hash_local_ranges(self.path, ranges, self._on_sample, _ignore)
+        hash_local_ranges(self.path, ranges, self._on_sample, _ignore, mapped=True)
         if writeback is not None:
             self._writeback(writeback)
 

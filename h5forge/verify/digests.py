@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 from collections import deque
 from collections.abc import Callable
@@ -132,10 +133,18 @@ def hash_local_ranges(
     ranges: list[tuple[int, int, int]],
     on_sample: OnSample,
     on_bytes: Callable[[int], None],
+    *,
+    mapped: bool = False,
 ) -> None:
     """Hash ``ranges`` (``(i, offset, size)``) of a local file on every usable CPU, each thread
     reading a contiguous part of it; ``on_sample(i, sha256, None)`` is called from those
-    threads once per range read. A range past the end of the file is never reported."""
+    threads once per range read. A range past the end of the file is never reported.
+
+    ``mapped`` hashes the page cache's pages in place through a read-only ``mmap`` instead
+    of copying them out with ``preadv`` (a third less CPU): only for a file this process
+    created and holds, as a pack's own file before its seal, since a mapped file that another
+    process shortens meanwhile kills the reader with ``SIGBUS`` where ``preadv`` reads short.
+    """
     ranges = sorted(ranges, key=lambda r: r[1])
     threads = max(1, min(usable_cpus(), 8, len(ranges)))
     total = sum(r[2] for r in ranges)
@@ -154,13 +163,37 @@ def hash_local_ranges(
         fd = os.open(path, os.O_RDONLY)
         try:
             start, stop = group[0][1], group[-1][1] + group[-1][2]
-            _scan(lambda view, pos: os.preadv(fd, [view], pos), start, stop, hasher, on_bytes)
+            if mapped:
+                _scan_mapped(fd, start, stop, hasher, on_bytes)
+            else:
+                _scan(lambda view, pos: os.preadv(fd, [view], pos), start, stop, hasher, on_bytes)
         finally:
             os.close(fd)
 
     with ThreadPoolExecutor(threads) as pool:
         for done in [pool.submit(run, g) for g in groups]:
             done.result()
+
+
+def _scan_mapped(
+    fd: int, start: int, stop: int, hasher: _Hasher, on_bytes: Callable[[int], None]
+) -> None:
+    """:func:`_scan` of ``[start, stop)`` of ``fd`` through a read-only mapping of it (up to
+    the file's end), block by block."""
+    stop = min(stop, os.fstat(fd).st_size)
+    base = start - start % mmap.ALLOCATIONGRANULARITY
+    if stop <= start:
+        return
+    mapping = mmap.mmap(fd, stop - base, prot=mmap.PROT_READ, offset=base)
+    try:
+        with memoryview(mapping) as whole:
+            for pos in range(start, stop, _BLOCK):
+                end = min(pos + _BLOCK, stop)
+                with whole[pos - base : end - base] as view:
+                    hasher.feed(pos, view)
+                on_bytes(end - pos)
+    finally:
+        mapping.close()
 
 
 def check_samples(

@@ -116,3 +116,36 @@ def test_sampled_verify_checks_a_seeded_subset(packed_decoded: PackResult) -> No
     assert a.checked_samples == b.checked_samples == round(packed_decoded.num_samples * 0.25)
     with pytest.raises(ValueError, match="sample_fraction"):
         verify(packed_decoded.path, sample_fraction=0)
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_hash_local_ranges_hashes_each_range_once(tmp_path: Path, mapped: bool) -> None:
+    """Both ways of reading (preadv, or the writer's mapping of its own file) give each
+    range's sha256 of the file's bytes, ranges across the 8 MiB read blocks included; a
+    range that runs past the end of the file is never reported."""
+    import random
+
+    from h5forge.verify.digests import hash_local_ranges
+
+    rng = random.Random(7)
+    data = rng.randbytes(20 << 20)
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data)
+    ranges, at = [], 4099  # not page aligned
+    while at < len(data) - (3 << 20):
+        size = rng.randrange(1, 3 << 20)
+        ranges.append((len(ranges), at, size))
+        at += size + rng.randrange(0, 5000)
+    ranges.append((len(ranges), len(data) - 10, 11))  # one byte past the end
+    got: dict[int, bytes] = {}
+    seen = [0]
+    hash_local_ranges(
+        str(path),
+        list(reversed(ranges)),
+        lambda i, digest, _: got.__setitem__(i, digest),
+        lambda n: seen.__setitem__(0, seen[0] + n),
+        mapped=mapped,
+    )
+    want = {i: hashlib.sha256(data[o : o + n]).digest() for i, o, n in ranges[:-1]}
+    assert got == want
+    assert seen[0] >= sum(n for _, _, n in ranges[:-1])
