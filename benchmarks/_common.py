@@ -88,11 +88,18 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def interleave(variants: dict[str, Callable[[], Any]], repeat: int) -> dict[str, list[float]]:
-    """Run every variant ``repeat`` times, round-robin, so drift in load hits all alike."""
+def interleave(
+    variants: dict[str, Callable[[], Any]],
+    repeat: int,
+    before: Callable[[str], None] | None = None,
+) -> dict[str, list[float]]:
+    """Run every variant ``repeat`` times, round-robin, so drift in load hits all alike;
+    ``before(name)``, untimed, ahead of each run."""
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(repeat):
         for name, fn in variants.items():
+            if before is not None:
+                before(name)
             seconds, _ = timed(fn)
             times[name].append(seconds)
             print(f"  {name}: {seconds:.3f} s", flush=True)
