@@ -38,6 +38,7 @@ __all__ = [
     "SlotRef",
     "acquire",
     "make_batch",
+    "mapped",
     "shared_tensor",
     "views",
 ]
@@ -217,18 +218,22 @@ def _free(mapping: mmap.mmap) -> None:
         mapping[0] = 0
 
 
-def _rebuild(
-    dup: Any, capacity: int, nbytes: int, layout: tuple[tuple[int, ...], int, int], *targets: Any
-) -> list[Any]:
+def mapped(dup: Any, capacity: int, nbytes: int) -> torch.Tensor:
+    """A worker's slot (``dup``: its descriptor) as a flat uint8 tensor, until no view is left."""
     fd = dup.detach()
     try:
         mapping = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED)
     finally:
         os.close(fd)
     array = np.frombuffer(mapping, np.uint8, nbytes, _HEADER)
-    # Runs when torch drops the buffer: no tensor of this batch is left, the slot is free.
-    weakref.finalize(array, _free, mapping)
-    flat = torch.frombuffer(array, dtype=torch.uint8)
+    weakref.finalize(array, _free, mapping)  # torch dropped the buffer: the slot is free
+    return torch.frombuffer(array, dtype=torch.uint8)
+
+
+def _rebuild(
+    dup: Any, capacity: int, nbytes: int, layout: tuple[tuple[int, ...], int, int], *targets: Any
+) -> list[Any]:
+    flat = mapped(dup, capacity, nbytes)
     images, labels = views(flat, layout)
     return [images, _unplaced(targets[0], flat) if targets else labels]
 

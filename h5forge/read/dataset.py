@@ -23,6 +23,7 @@ from h5forge.read import collate as _collate
 from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
 from h5forge.read.loader import BatchLoading
 from h5forge.read.samples import read_batch, read_images, read_with_targets
+from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
 from h5forge.read.version import hint_versions, pin_version
@@ -213,7 +214,8 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         raise AttributeError(name)
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
-        return self.__getitems__([i])[0]
+        image, target = self.__getitems__([i])[0]
+        return plain(image), target
 
     def _rows(self, indices: Sequence[int]) -> list[int]:
         """File rows of dataset indices (negative ones count from the end)."""

@@ -30,6 +30,7 @@ from h5forge.read.asset_list import (
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.loader import BatchLoading
 from h5forge.read.mixing import select_subset
+from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
 from h5forge.redact import redact_url
@@ -254,7 +255,8 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
 
     # --- torch Dataset protocol --------------------------------------------------------------
     def __getitem__(self, i: int) -> tuple[Any, Any]:
-        return self.__getitems__([i])[0]
+        image, target = self.__getitems__([i])[0]
+        return plain(image), target
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
         asset, local = self.locate(indices)

@@ -17,6 +17,7 @@ import torch
 
 from h5forge.errors import IntegrityError
 from h5forge.read.batches import Batch
+from h5forge.read.stacked import batch_images
 from h5forge.read.state import ProcessState
 
 __all__ = ["Extra", "fill", "read_batch", "read_images", "read_with_targets"]
@@ -126,7 +127,7 @@ def read_images(
         # The whole batch lands in one array.
         batch = np.empty((len(rows), *idx.image_shape), np.uint8)
         fill(st, rows, batch.data.cast("B"), extra)
-        return list(torch.from_numpy(batch).permute(0, 3, 1, 2).unbind(0))
+        return batch_images(batch)  # default_collate stacks them in a reused slot
     arrays = _read_arrays(st, rows, max_pixels=max_pixels, extra=extra)
     return (torch.from_numpy(a).permute(2, 0, 1) for a in arrays)
 
