@@ -174,3 +174,23 @@ class JpegFolderTensor(JpegFolder):
         with Image.open(self.files[i]) as im:
             arr = np.array(im.convert("RGB"))
         return resize_crop_tensor(_chw(arr)), self.labels[i]
+
+
+class PlainImages(Dataset[tuple[torch.Tensor, Any]]):
+    """An ``H5ImageDataset`` whose ``__getitems__`` hands out plain tensors: what
+    ``default_collate`` makes of its batches with torch's own stack, into new shared memory
+    (h5forge's images otherwise go into a worker's reused slot, :mod:`h5forge.read.stacked`)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, Any]]:
+        return [
+            (image.as_subclass(torch.Tensor), y) for image, y in self.dataset.__getitems__(indices)
+        ]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, Any]:
+        return self.__getitems__([i])[0]

@@ -112,21 +112,36 @@ def _worker_peaks(
         "persistent_workers": True,
         "generator": torch.Generator().manual_seed(0),
     }
+    import psutil
+
     loader = ds.loader(64, **options) if batches else DataLoader(ds, batch_size=64, **options)
-    it = iter(loader)
-    pids = [w.pid for w in it._workers]  # type: ignore[attr-defined]
+    me = psutil.Process()
+    before = {c.pid for c in me.children()}
+    workers: dict[int, bool] = {}  # pid -> a DataLoader worker (not multiprocessing's helpers)
     peaks = [0, 0, 0]
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            for pid in pids:
-                for k, value in enumerate(_proc_memory(pid)):
-                    peaks[k] = max(peaks[k], value)
+            for child in me.children():
+                if child.pid in before:
+                    continue
+                if child.pid not in workers:
+                    try:
+                        line = " ".join(child.cmdline())
+                        workers[child.pid] = not any(
+                            helper in line for helper in ("resource_tracker", "forkserver")
+                        )
+                    except psutil.Error:
+                        continue
+                if workers[child.pid]:
+                    for k, value in enumerate(_proc_memory(child.pid)):
+                        peaks[k] = max(peaks[k], value)
             stop.wait(0.02)
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
+    it = iter(loader)
     try:
         for _ in it:
             pass
