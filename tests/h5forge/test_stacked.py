@@ -24,17 +24,17 @@ def _expected(ds: H5ImageDataset, order: list[int]) -> tuple[torch.Tensor, torch
     return torch.stack([image for image, _ in items]), torch.tensor([y for _, y in items])
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", None])
 def test_standard_loader_batches_equal_torchs_stack(
-    packed_decoded: PackResult, method: str
+    packed_decoded: PackResult, method: str | None
 ) -> None:
     """Every batch is the contiguous N x C x H x W tensor torch's stack makes; dropped as
     they arrive, batches keep coming from the workers' slots (not torch's shared memory):
-    the main process frees each slot when it lets go of the batch."""
+    the main process frees each slot when it lets go of the batch. Without workers (None),
+    torch stacks them."""
     ds = H5ImageDataset(packed_decoded.path)
-    loader = DataLoader(
-        ds, batch_size=2, num_workers=2, multiprocessing_context=method, persistent_workers=True
-    )
+    workers = {} if method is None else {"num_workers": 2, "multiprocessing_context": method}
+    loader = DataLoader(ds, batch_size=2, persistent_workers=method is not None, **workers)
     for _epoch in range(2):
         for k, (images, labels) in enumerate(loader):
             want_images, want_labels = _expected(ds, [2 * k, 2 * k + 1])
