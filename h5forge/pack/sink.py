@@ -1,8 +1,10 @@
 """Where a pack's processed samples go, in order: chunk by chunk, or spooled for the blob.
 
 Array storage (decoded pixels of one size) writes each sample as one chunk of ``/images`` as
-it arrives; unfiltered chunks are allocated when ``/images`` is created, so the runs of chunks
-an incremental pack reuses are copied into them file to file (:mod:`h5forge.pack.copied`).
+it arrives; unfiltered chunks are allocated when ``/images`` is created, so the chunks of
+consecutive samples are written together, in large writes (:mod:`h5forge.pack.chunk_writes`),
+and the runs of chunks an incremental pack reuses are copied into them file to file
+(:mod:`h5forge.pack.copied`).
 Blob storage (encoded bytes, or ``resize='none'``) spools the bytes of the samples it
 preprocesses, since ``/images`` can only be created once the packed count and sizes are known,
 and copies them behind the head at the end, in the kernel (``copy_file_range``). The runs an
@@ -27,6 +29,7 @@ from h5forge.discover.catalog import Catalog
 from h5forge.errors import IntegrityError
 from h5forge.output_lock import OutputLock
 from h5forge.pack.bar import PackProgress
+from h5forge.pack.chunk_writes import ChunkWriter
 from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import CopiedCheck, CopiedMismatch, StoredRun
 from h5forge.pack.targets import PackTargets
@@ -62,6 +65,7 @@ class Sink:
         self._direct = not self.filters
         self._copies: CopiedCheck | None = None
         self._dst: np.ndarray | None = None  # file offset of every chunk, allocated at creation
+        self._writer: ChunkWriter | None = None  # consecutive chunks, written together
         self._copied: list[bool] = []  # per row: taken from the previous version
         self._checked: list[bool] = []  # per row: its check from the new file is under way
         # Blob: what finish() copies behind the head, in order: ("spool", spool offset, blob
@@ -101,9 +105,7 @@ class Sink:
         ``path``, the file being packed, by :meth:`check_written`."""
         assert self._direct, "unfiltered storage"
         if self.storage == "array":
-            assert self.images is not None, "the head first"
-            self._dst = chunk_ranges(self.images, self.images.shape[0])[:, 0]
-            assert (self._dst >= 0).all(), "/images is allocated at creation"
+            self._chunks()
         self._copies = CopiedCheck(path)
 
     def images_kwargs(self, total: int) -> dict[str, Any]:
@@ -217,7 +219,7 @@ class Sink:
             if tuple(r.shape) != self._shape:
                 raise AssertionError(f"sample {r.index}: shape {r.shape} != {self._shape}")
             if self._direct:
-                self.images.id.write_direct_chunk((j, 0, 0, 0), r.data)
+                self._chunk_writer().write(int(self._chunks()[j]), r.data)
             else:
                 self.images[j] = np.frombuffer(r.data, np.uint8).reshape(self._shape)
         else:
@@ -237,11 +239,27 @@ class Sink:
         self._copied.append(False)
         self._checked.append(False)
 
+    def _chunks(self) -> np.ndarray:
+        """The file offset of every chunk of ``/images`` (unfiltered: allocated at creation)."""
+        if self._dst is None:
+            assert self.images is not None, "the head first"
+            self._dst = chunk_ranges(self.images, self.images.shape[0])[:, 0]
+            assert (self._dst >= 0).all(), "/images is allocated at creation"
+        return self._dst
+
+    def _chunk_writer(self) -> ChunkWriter:
+        if self._writer is None:
+            assert self.images is not None
+            self._writer = ChunkWriter(self.images.file.id.get_vfd_handle())
+        return self._writer
+
     def finish(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Lay out the image bytes for good; return ``byte_ranges`` and (blob) ``offsets``."""
         n = len(self.digests)
         images = self.images
         assert images is not None
+        if self._writer is not None:
+            self._writer.flush()
         if self.storage == "array":
             images.resize(n, axis=0)
             ranges = chunk_ranges(images, n)
