@@ -96,6 +96,7 @@ def main() -> None:
         "--no-variants", action="store_true", help="skip the one-off encoded and compressed packs"
     )
     args = p.parse_args()
+    from h5forge.pack.config import PackConfig
     from h5forge.pack.writer import pack
     from h5forge.preprocess.config import ImageConfig
 
@@ -196,8 +197,12 @@ def main() -> None:
         for name, kwargs in variants:
             path = tmp / "variant.h5"
             seconds, _ = timed(
-                lambda kw=kwargs, path=path: pack(  # type: ignore[misc]
-                    root, path, workers=args.workers, overwrite=True, **kw
+                lambda kw=kwargs, path=path: pack(
+                    root,
+                    path,
+                    config=PackConfig(**kw),  # type: ignore[arg-type]
+                    workers=args.workers,
+                    overwrite=True,
                 )
             )
             rows.append(
