@@ -4,10 +4,11 @@ A pack stores its samples in order into chunks allocated back to back at creatio
 chunks of consecutive samples are consecutive bytes of the file. Written one chunk per system
 call (HDF5's direct chunk write: one ``pwrite`` of 147 KiB at 224 x 224 x 3), they leave the
 file in the page cache as small folios, and reading a sample back from the page cache (the
-smoke load, a verify, training on the machine that packed) then costs nearly twice what it
-costs from a file written in large writes (14 vs 7.5 us per 224 x 224 x 3 sample on the
-machine of benchmarks/RESULTS.md, Linux 6.18). :class:`ChunkWriter` gathers the chunks of
-consecutive samples and writes each stretch of up to 8 MiB with one ``pwrite``.
+smoke load, a verify, training on the machine that packed) then costs more than it costs from
+a file written in larger writes: 11-15 us per 224 x 224 x 3 sample against 8-10 us after 1 MiB
+writes (7.5-8.5 us after 8 MiB writes, whose larger folios cost the pack itself time to
+allocate), on the machine of benchmarks/RESULTS.md, Linux 6.18. :class:`ChunkWriter` gathers
+the chunks of consecutive samples and writes each stretch of up to 1 MiB with one ``pwrite``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from h5forge.scale.kernel_copy import pwrite_all
 
 __all__ = ["ChunkWriter"]
 
-_LIMIT = 8 << 20  # bytes gathered before a write
+_LIMIT = 1 << 20  # bytes gathered before a write
 
 
 class ChunkWriter:
