@@ -176,3 +176,29 @@ def test_coco_boxes_and_drawn_masks_through_flip_and_crop_stay_on_the_object(tmp
         assert torch.equal(mask.as_subclass(torch.Tensor) != 0, _object_pixels(image))
         kept += _check_boxes_on_object(image, target["boxes"])
     assert kept > 0
+
+
+def test_standard_dataloader_images_are_pure_tensors_to_v2(scenes):
+    """The images ``__getitems__`` returns (h5forge.read.stacked.BatchImage) are pure tensors to
+    transforms.v2, which returns plain tensors; through the standard DataLoader the batches are
+    torch's stack of the same transform applied to ``ds[i]``."""
+    from torch.utils.data import DataLoader
+
+    path, _ = scenes
+    tf = v2.Compose([v2.RandomHorizontalFlip(1.0), v2.CenterCrop(CROP)])
+    raw = H5ImageDataset(path)
+    image = raw.__getitems__([0, 1])[0][0]
+    assert type(image).__name__ == "BatchImage"
+    out = tf(image)
+    assert type(out) is torch.Tensor
+    assert torch.equal(out, tf(raw[0][0]))
+    loader = DataLoader(
+        H5ImageDataset(path, transform=tf),
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context="fork",
+    )
+    for k, (images, labels) in enumerate(loader):
+        assert type(images) is torch.Tensor
+        assert torch.equal(images, torch.stack([tf(raw[i][0]) for i in range(4 * k, 4 * k + 4)]))
+        assert labels.tolist() == [raw[i][1] for i in range(4 * k, 4 * k + 4)]
