@@ -51,7 +51,7 @@ class BatchImage(_Plain):
     """A C x H x W uint8 image of a batch read by ``__getitems__`` (see the module docstring);
     a plain tensor to every operation."""
 
-    _h5forge_read: tuple[_Read, int]
+    _h5forge_read: tuple[np.ndarray, int]  # the N x H x W x C pixels read, and which one
 
 
 class SlotImages(_Plain):
@@ -61,13 +61,6 @@ class SlotImages(_Plain):
     once no tensor here uses it."""
 
     _h5forge_slot: _Sending
-
-
-class _Read:
-    """One ``__getitems__`` read: its N x H x W x C pixels."""
-
-    def __init__(self, pixels: np.ndarray) -> None:
-        self.pixels = pixels
 
 
 class _Sending:
@@ -83,11 +76,10 @@ class _Sending:
 
 def batch_images(pixels: np.ndarray) -> list[BatchImage]:
     """The images of a batch's N x H x W x C uint8 ``pixels``, as C x H x W views."""
-    read = _Read(pixels)
     out: list[BatchImage] = []
     for k, view in enumerate(torch.from_numpy(pixels).permute(0, 3, 1, 2).unbind(0)):
         image = view.as_subclass(BatchImage)
-        image._h5forge_read = (read, k)
+        image._h5forge_read = (pixels, k)
         out.append(image)
     return out
 
@@ -97,17 +89,17 @@ def plain(value: Any) -> Any:
     return value.as_subclass(torch.Tensor) if isinstance(value, BatchImage) else value
 
 
-def _whole(batch: list[Any]) -> _Read | None:
-    """The read whose every image ``batch`` is, in order; else None."""
+def _whole(batch: list[Any]) -> np.ndarray | None:
+    """The pixels read whose every image ``batch`` is, in order; else None."""
     first = getattr(batch[0], "_h5forge_read", None)
-    if first is None or len(batch) != len(first[0].pixels):
+    if first is None or len(batch) != len(first[0]):
         return None
-    read = first[0]
+    pixels = first[0]
     for k, image in enumerate(batch):
         got = getattr(image, "_h5forge_read", None)
-        if got is None or got[0] is not read or got[1] != k:
+        if got is None or got[0] is not pixels or got[1] != k:
             return None
-    return read
+    return pixels
 
 
 def stack_images(batch: list[Any], *, collate_fn_map: Any = None) -> torch.Tensor:
@@ -115,16 +107,16 @@ def stack_images(batch: list[Any], *, collate_fn_map: Any = None) -> torch.Tenso
     from torch.utils.data import get_worker_info
     from torch.utils.data._utils.collate import collate_tensor_fn
 
-    read = _whole(batch) if get_worker_info() is not None else None
-    got = None if read is None else acquire(read.pixels.nbytes)
-    if read is None or got is None:
+    pixels = _whole(batch) if get_worker_info() is not None else None
+    got = None if pixels is None else acquire(pixels.nbytes)
+    if pixels is None or got is None:
         return collate_tensor_fn([plain(t) for t in batch], collate_fn_map=collate_fn_map)
     array, ref = got
     sending = _Sending(ref)
     weakref.finalize(array, sending.unsent)  # when no tensor here uses the slot's memory
-    n, h, w, c = read.pixels.shape
+    n, h, w, c = pixels.shape
     out = torch.from_numpy(array).view(n, c, h, w)
-    out.copy_(torch.from_numpy(read.pixels).permute(0, 3, 1, 2))
+    out.copy_(torch.from_numpy(pixels).permute(0, 3, 1, 2))
     stacked = out.as_subclass(SlotImages)
     stacked._h5forge_slot = sending
     return stacked

@@ -181,9 +181,9 @@ def _scan_mapped(
     """:func:`_scan` of ``[start, stop)`` of ``fd`` through a read-only mapping of it (up to
     the file's end), block by block."""
     stop = min(stop, os.fstat(fd).st_size)
-    base = start - start % mmap.ALLOCATIONGRANULARITY
     if stop <= start:
         return
+    base = start - start % mmap.ALLOCATIONGRANULARITY
     mapping = mmap.mmap(fd, stop - base, prot=mmap.PROT_READ, offset=base)
     try:
         with memoryview(mapping) as whole:
