@@ -13,14 +13,14 @@ A slot is reused only after the main process let go of the batch: the first byte
 is a busy flag, set by the worker when it fills the slot and cleared by a ``weakref.finalize``
 on the buffer the tensors were made from. torch keeps that buffer alive as long as any tensor
 or view of the batch lives, so the flag clears only when no tensor can see the slot any more.
-A worker whose slots are all still held (a consumer that keeps many batches) falls back to a
-fresh shared-memory tensor per batch, as torch would do, so correctness never depends on the
-consumer.
+A worker whose slots are all held (a consumer that keeps many batches) falls back to a fresh
+shared-memory tensor per batch, as torch does, so correctness never depends on the consumer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import weakref
@@ -206,8 +206,8 @@ def make_batch(
 
 
 def _region(flat: torch.Tensor, at: int, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
-    size = int(np.prod(shape)) * dtype.itemsize
-    return flat[at : at + size].view(_TORCH[dtype.str[1:]]).view(*shape)
+    end = at + math.prod(shape) * dtype.itemsize
+    return flat[at:end].view(_TORCH[dtype.str[1:]]).view(*shape)
 
 
 _TORCH = {"u1": torch.uint8, "i4": torch.int32, "f4": torch.float32}
@@ -243,7 +243,7 @@ def views(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(images N x C x H x W channels-last, labels int64)`` over one flat uint8 buffer."""
     shape, label_at, n = layout
-    pixels = int(np.prod(shape))
+    pixels = math.prod(shape)
     images = flat[:pixels].view(*shape).permute(0, 3, 1, 2)
     return images, flat[label_at : label_at + 8 * n].view(torch.int64)
 
@@ -258,7 +258,7 @@ class Batch:
     def __init__(
         self, n: int, hwc: tuple[int, ...], *, slot: bool, shared: bool, extra: int = 0
     ) -> None:
-        label_at = -(-n * int(np.prod(hwc)) // 8) * 8  # int64 labels start 8-byte aligned
+        label_at = -(-n * int(math.prod(hwc)) // 8) * 8  # int64 labels start 8-byte aligned
         self.layout = ((n, *hwc), label_at, n)
         self._extra_at = nbytes = label_at + 8 * n
         nbytes += extra

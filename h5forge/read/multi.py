@@ -9,6 +9,7 @@ asset's share with one ``read_into``; others through ``__getitems__``. Mixing: `
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -238,7 +239,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             assert self._handles is not None
             flat = local + self._starts[asset]
             view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
-            size = int(np.prod(hwc))
+            size = int(math.prod(hwc))
             bufs = [view[p * size : (p + 1) * size] for p in range(len(asset))]
             ranges = self._handles.ranges[flat].tolist()
             for g, (st, file_rows, _) in zip(groups, states, strict=True):

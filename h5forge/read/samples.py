@@ -9,6 +9,7 @@ read (:meth:`h5forge.read.state.ProcessState.check`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -39,7 +40,7 @@ def fill(st: ProcessState, rows: list[int], view: memoryview, extra: Extra = _NO
     idx = st.index
     assert st.reader is not None
     assert idx.image_shape is not None
-    size = int(np.prod(idx.image_shape))
+    size = int(math.prod(idx.image_shape))
     bufs = [view[k * size : (k + 1) * size] for k in range(len(rows))]
     st.reader.read_into(idx.byte_ranges[rows].tolist() + extra[0], bufs + extra[1])
     st.check(bufs, rows)
@@ -57,7 +58,7 @@ def read_batch(st: ProcessState, rows: list[int], *, slot: bool, shared: bool) -
     n, (h, w) = len(rows), idx.image_shape[:2]
     plan = {} if st.targets is None else st.targets.regions(rows, (h, w))
     sizes = {
-        name: -(-int(np.prod(shape)) * dt.itemsize // 8) * 8 for name, (shape, dt) in plan.items()
+        name: -(-int(math.prod(shape)) * dt.itemsize // 8) * 8 for name, (shape, dt) in plan.items()
     }
     # Rounded up: boxes vary in size from batch to batch, and a slot too small by a few bytes
     # would be made anew (faulting in all its pages) instead of reused.

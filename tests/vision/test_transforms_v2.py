@@ -202,3 +202,31 @@ def test_standard_dataloader_images_are_pure_tensors_to_v2(scenes):
         assert type(images) is torch.Tensor
         assert torch.equal(images, torch.stack([tf(raw[i][0]) for i in range(4 * k, 4 * k + 4)]))
         assert labels.tolist() == [raw[i][1] for i in range(4 * k, 4 * k + 4)]
+
+
+def test_loader_boxes_are_what_the_public_constructor_makes(scenes):
+    """A loader batch's boxes are made with ``BoundingBoxes._wrap`` (the pinned torchvision
+    passes the one-time comparison); each equals, in type, attributes and values, the box the
+    public constructor makes of the same rows and canvas, and ``ds[i]``'s box."""
+    from h5forge.read.tv import xyxy_boxes
+
+    assert xyxy_boxes().__name__ == "wrapped"
+    path, _ = scenes
+    ds = H5ImageDataset(path, target="boxes")
+    loader = ds.loader(4, num_workers=1, multiprocessing_context="fork")
+    seen = 0
+    for _, targets in loader:
+        for t in targets:
+            box = t["boxes"]
+            hw = tuple(box.canvas_size)
+            public = tv_tensors.BoundingBoxes(
+                box.as_subclass(torch.Tensor).clone(), format="XYXY", canvas_size=hw
+            )
+            assert type(box) is type(public)
+            assert box.__dict__ == public.__dict__
+            one = ds[seen][1]["boxes"]
+            assert torch.equal(box, public)
+            assert torch.equal(box, one)
+            assert one.__dict__ == public.__dict__
+            seen += 1
+    assert seen == len(ds)
