@@ -4,7 +4,7 @@ The photo set is packed once, decoded at 224, as 8 shard files (``pack_slice`` o
 ``plan_shards``); the **one asset** is those 8 merged byte for byte (``merge_shards``), so every
 reader serves the very same pixels. All read through ``loader()`` (2 workers, batch 64,
 persistent workers, one ``read_batch`` per batch), a timed round being one epoch of
-``--batches`` random batches; rounds are interleaved, the order reversed every other round,
+``--batches`` random batches; rounds are interleaved, the order rotated each round,
 the best kept. CPU per image (this process and its workers, from /proc) is reported beside
 it: on a shared machine it moves much less than the rate.
 

@@ -48,6 +48,9 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             sample). Values, ``tv_tensors`` and batching: :mod:`h5forge.read.targets`.
         multilabel: a multilabel column as a ``"multihot"`` float32 vector or as
             ``"indices"``, its class indices.
+        iscrowd: a boxes target's dicts hold ``"iscrowd"`` (``(M,) uint8``) besides
+            ``"boxes"`` and ``"labels"`` (COCO evaluation needs it; training does not, and
+            each key is one more tensor per sample).
         transform: applied to the ``uint8`` C x H x W tensor.
         target_transform: applied to the target (the integer label by default).
         transforms: applied to ``(image, target)`` after those two, returning the pair: e.g. a
@@ -86,6 +89,7 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         split: str | None = None,
         target: str | Sequence[str] = CLASS,
         multilabel: str = "multihot",
+        iscrowd: bool = False,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
         transforms: Callable[[Any, Any], tuple[Any, Any]] | None = None,
@@ -103,6 +107,7 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         self.split = split
         self.target = list(target) if isinstance(target, (list, tuple)) else target
         self.multilabel = multilabel
+        self.iscrowd = iscrowd
         self.transform = transform
         self.target_transform = target_transform
         self.transforms = transforms
@@ -125,6 +130,7 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             "split",
             "target",
             "multilabel",
+            "iscrowd",
             "transform",
             "target_transform",
             "transforms",
@@ -158,6 +164,7 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             self.version,
             self.target,
             self.multilabel,
+            self.iscrowd,
         )
         if self._indices is None:
             self._select(st.index)

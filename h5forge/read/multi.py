@@ -66,8 +66,9 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             appearance) and renumber the labels of the assets that need it, instead of
             refusing. ``classes`` and ``class_to_idx`` always state the mapping used.
         target: as for :class:`~h5forge.read.dataset.H5ImageDataset` (``"class"``, a column,
-            a kind or a list; ``multilabel`` too): other than ``"class"``, every asset must
-            have the same target columns, and batches are read sample by sample.
+            a kind or a list; ``multilabel`` and ``iscrowd`` too): other than ``"class"``,
+            every asset must have the same target columns, and batches are read sample by
+            sample.
         transform: applied to each ``uint8`` C x H x W tensor.
         target_transform: applied to each label (after any remap), or target.
         storage_options, verify_reads, max_pixels: as for
@@ -96,6 +97,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         remap: bool = False,
         target: str | Sequence[str] = CLASS,
         multilabel: str = "multihot",
+        iscrowd: bool = False,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -124,6 +126,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
                 split=split,
                 target=target,
                 multilabel=multilabel,
+                iscrowd=iscrowd,
                 transform=transform,
                 storage_options=storage_options,
                 verify_reads=verify_reads,

@@ -20,8 +20,9 @@ __all__ = ["Ragged", "unpack"]
 
 
 class Ragged:
-    """``kind`` ``"boxes"`` (``rows`` ``(sum M, 6) float32``; ``canvas`` each sample's (H, W))
-    or ``"indices"`` (``rows`` ``(sum k,) int32``); ``counts``: rows per sample."""
+    """``kind`` ``"boxes"`` or ``"boxes+iscrowd"`` (``rows`` ``(sum M, 6) float32``; ``canvas``
+    each sample's (H, W); the second also gives each sample's ``iscrowd``) or ``"indices"``
+    (``rows`` ``(sum k,) int32``); ``counts``: rows per sample."""
 
     def __init__(
         self,
@@ -47,13 +48,19 @@ def unpack(
     # (~5 us of a 64-sample batch's ~85, all spent in the training process)
     boxes = rows[:, :4].contiguous().split_with_sizes(counts)  # copies, as the next two
     labels = rows[:, 4].to(torch.int64).split_with_sizes(counts)
-    crowd = rows[:, 5].to(torch.uint8).split_with_sizes(counts)
-    if make is None:
+    if kind == "boxes+iscrowd":
+        crowd = rows[:, 5].to(torch.uint8).split_with_sizes(counts)
+        if make is None:
+            return [
+                {"boxes": b, "labels": y, "iscrowd": c}
+                for b, y, c in zip(boxes, labels, crowd, strict=True)
+            ]
         return [
-            {"boxes": b, "labels": y, "iscrowd": c}
-            for b, y, c in zip(boxes, labels, crowd, strict=True)
+            {"boxes": make(b, hw), "labels": y, "iscrowd": c}
+            for b, y, c, hw in zip(boxes, labels, crowd, canvas, strict=True)
         ]
+    if make is None:
+        return [{"boxes": b, "labels": y} for b, y in zip(boxes, labels, strict=True)]
     return [
-        {"boxes": make(b, hw), "labels": y, "iscrowd": c}
-        for b, y, c, hw in zip(boxes, labels, crowd, canvas, strict=True)
+        {"boxes": make(b, hw), "labels": y} for b, y, hw in zip(boxes, labels, canvas, strict=True)
     ]

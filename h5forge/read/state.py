@@ -79,6 +79,7 @@ class ProcessState:
         target: object = CLASS,
         multilabel: str = "multihot",
         store: BlockSource | None = None,
+        iscrowd: bool = False,
     ):
         self.pid = os.getpid()
         self.url = url
@@ -90,7 +91,9 @@ class ProcessState:
             check_index(self.index, h5.id.get_filesize(), where=url, max_pixels=max_pixels)
             self.digests = _digests(h5, url) if want_digests else None
             schema = file_schema(self.index.header, where=url)
-            self.selection = select(target, schema, where=url, multilabel=multilabel)
+            self.selection = select(
+                target, schema, where=url, multilabel=multilabel, iscrowd=iscrowd
+            )
             if self.selection.columns:
                 self.targets = TargetReads(
                     h5,
@@ -157,6 +160,7 @@ def open_state(
     sha256: str = "",
     target: object = CLASS,
     multilabel: str = "multihot",
+    iscrowd: bool = False,
 ) -> ProcessState:
     """This process's :class:`ProcessState` for ``url``, opened again if a publish replaced the
     file while it was being opened.
@@ -176,9 +180,18 @@ def open_state(
             if pinned is None:
                 store = cache.block_store(url, sha256) if cache is not None else None
                 return ProcessState(
-                    url, storage_options, want_digests, max_pixels, target, multilabel, store
+                    url,
+                    storage_options,
+                    want_digests,
+                    max_pixels,
+                    target,
+                    multilabel,
+                    store,
+                    iscrowd,
                 )
-            st = ProcessState(pinned.path, None, want_digests, max_pixels, target, multilabel)
+            st = ProcessState(
+                pinned.path, None, want_digests, max_pixels, target, multilabel, None, iscrowd
+            )
         except _Replaced:
             continue
         except FileNotFoundError:

@@ -16,6 +16,7 @@ more than its bytes). Masks, and larger columns, are read by range with their im
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,13 +112,16 @@ class TargetReads:
             held = self.resident.get(c.name)
             if held is not None:  # sliced from memory
                 blob, base = held
-                if target is not None:  # one gather of every row's bytes
-                    starts, counts = spans[:, 0] - base, spans[:, 1]
+                if target is not None:  # one gather of every row (a box, a label index)
+                    # the layout check made every range whole rows from the values' start
+                    unit = target.dtype.itemsize * math.prod(target.shape[1:])
+                    held_rows = np.frombuffer(blob, target.dtype).reshape(-1, *target.shape[1:])
+                    starts, counts = (spans[:, 0] - base) // unit, spans[:, 1] // unit
                     ends = np.cumsum(counts)
                     at = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(
                         ends - counts - starts, counts
                     )
-                    target.reshape(-1).view(np.uint8)[:] = np.frombuffer(blob, np.uint8)[at]
+                    np.take(held_rows, at, axis=0, out=target)
                     if c.name not in self.digests:
                         continue
                 bufs[c.name] = [blob[a - base : a - base + n] for a, n in spans.tolist()]

@@ -12,7 +12,10 @@ column of that kind; a name wins over a kind word), or a list of those, which gi
                 what ``BCEWithLogitsLoss`` takes) or ``(k,) int64`` sorted class indices
                 (``multilabel="indices"``)
 ``boxes``       ``{"boxes": (M, 4) float32 XYXY, absolute pixels of the stored image,
-                "labels": (M,) int64, "iscrowd": (M,) uint8}`` (torchvision's detection dict)
+                "labels": (M,) int64}`` (the dict torchvision's detection models train on),
+                with ``"iscrowd": (M,) uint8`` too when ``iscrowd=True`` (COCO evaluation;
+                like the keys of torchvision's ``wrap_dataset_for_transforms_v2``, whose
+                default gives boxes and labels and the other keys on request)
 ``mask``        ``(H, W) uint8`` class ids, the image's size
 ``text``        ``str``
 ``number``      ``int`` or ``float`` (the column's dtype)
@@ -60,12 +63,14 @@ class Selection:
         columns: the columns to read (every key but ``"class"``), schema objects.
         as_dict: a list was asked for: each target is a dict keyed by ``keys``.
         multilabel: ``"multihot"`` or ``"indices"``.
+        iscrowd: boxes dicts hold ``"iscrowd"`` too.
     """
 
     keys: tuple[str, ...]
     columns: tuple[Column, ...]
     as_dict: bool
     multilabel: str = "multihot"
+    iscrowd: bool = False
 
     @property
     def spatial(self) -> bool:
@@ -77,6 +82,11 @@ class Selection:
             return CLASS
         kind: str = next(c.kind for c in self.columns if c.name == key)
         return f"multilabel:{self.multilabel}" if kind == "multilabel" else kind
+
+    @property
+    def _boxes(self) -> str:
+        """The :class:`~h5forge.read.ragged.Ragged` kind of this selection's boxes."""
+        return "boxes+iscrowd" if self.iscrowd else "boxes"
 
     def image(self, image: torch.Tensor) -> Any:
         """The image as this selection hands it out."""
@@ -100,7 +110,7 @@ class Selection:
         if kind == "multilabel:indices":
             return torch.from_numpy(value)
         if kind == "boxes":  # a batch of one
-            return unpack("boxes", torch.from_numpy(value), [len(value)], [canvas])[0]
+            return unpack(self._boxes, torch.from_numpy(value), [len(value)], [canvas])[0]
         if kind == "mask":
             mask = torch.from_numpy(value)
             return mask if tv is None else tv.Mask(mask)
@@ -148,7 +158,7 @@ class Selection:
                 out[key] = hot
             elif kind in ("multilabel:indices", "boxes"):
                 rows, counts = value  # a region of the batch's memory
-                name = "boxes" if kind == "boxes" else "indices"
+                name = self._boxes if kind == "boxes" else "indices"
                 out[key] = (
                     Ragged(name, rows, counts, canvas)
                     if in_worker
@@ -189,7 +199,12 @@ def _describe(schema: Sequence[Column]) -> str:
 
 
 def select(
-    target: object, schema: Sequence[Column], *, where: str, multilabel: str = "multihot"
+    target: object,
+    schema: Sequence[Column],
+    *,
+    where: str,
+    multilabel: str = "multihot",
+    iscrowd: bool = False,
 ) -> Selection:
     """Resolve ``target`` (see the module docstring) against a file's schema.
 
@@ -197,10 +212,12 @@ def select(
         ValueError: ``target`` is not a word, a name or a list of them, names no column of
             the file (the message lists the file's columns), names a kind with no or several
             columns, or repeats one; a target other than ``"class"`` asked of a file without
-            target columns.
+            target columns; ``multilabel`` or ``iscrowd`` of another value or type.
     """
     if multilabel not in MULTILABEL_FORMS:
         raise ValueError(f"multilabel={multilabel!r} must be one of {MULTILABEL_FORMS}")
+    if not isinstance(iscrowd, bool):
+        raise ValueError(f"iscrowd={iscrowd!r:.100} must be True or False")
     as_dict = isinstance(target, (list, tuple))
     asked = list(target) if isinstance(target, (list, tuple)) else [target]
     if not asked or len(asked) > MAX_COLUMNS + 1 or any(not isinstance(a, str) for a in asked):
@@ -239,4 +256,4 @@ def select(
     if len(set(keys)) != len(keys):
         raise ValueError(f"target={target!r}: asks for a column twice (as {keys})")
     columns = tuple(by_name[k] for k in keys if k != CLASS)
-    return Selection(tuple(keys), columns, as_dict, multilabel)
+    return Selection(tuple(keys), columns, as_dict, multilabel, iscrowd)

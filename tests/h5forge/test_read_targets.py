@@ -25,6 +25,7 @@ from h5forge.read.targets import select
 from h5forge.targets.geometry import Geometry
 from h5forge.targets.schema import Column
 from h5forge.targets.store import TargetSink, encode_targets
+from tests.fixtures.targets_data import write_coco_dataset
 from tests.vision.scenes import TAGS as SCENE_TAGS
 from tests.vision.scenes import write_scenes
 
@@ -148,9 +149,11 @@ def test_a_name_wins_over_a_kind_word():
     assert sel.columns == (named_like_a_kind,)
 
 
-def test_multilabel_form_is_checked():
+def test_multilabel_form_and_iscrowd_are_checked():
     with pytest.raises(ValueError, match="multilabel='onehot' must be one of"):
         select("tags", SCHEMA, where="f.h5", multilabel="onehot")
+    with pytest.raises(ValueError, match="iscrowd='yes' must be True or False"):
+        select("boxes", SCHEMA, where="f.h5", iscrowd="yes")  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- reads and values
@@ -176,8 +179,11 @@ def test_targets_as_torch_values(tmp_path):
     path = _write(tmp_path / "t.h5")
     reads = _reads(path)
     values = _read_values(path, reads, [0, 2])
-    sel = select(["class", "tags", "boxes", "mask", "text", "number"], SCHEMA, where="f")
+    asked = ["class", "tags", "boxes", "mask", "text", "number"]
+    sel = select(asked, SCHEMA, where="f", iscrowd=True)
     t0, t2 = (sel.target(7, v, (H, W)) for v in values)
+    plain = select(asked, SCHEMA, where="f").target(7, values[1], (H, W))["objects"]
+    assert sorted(plain) == ["boxes", "labels"]  # iscrowd only on request
     assert t0["class"] == 7
     assert t0["tags"].dtype == torch.float32
     assert t0["tags"].tolist() == [1.0, 0.0, 1.0]
@@ -272,8 +278,9 @@ def scenes(request, tmp_path_factory) -> tuple[Path, list[dict[str, object]]]:
     return out, raws
 
 
-def _check_target(target: dict, raw: dict) -> None:
-    """What the reader handed out is what the source said (the pack kept the geometry)."""
+def _check_target(target: dict, raw: dict, *, iscrowd: bool) -> None:
+    """What the reader handed out is what the source said (the pack kept the geometry);
+    boxes dicts hold ``iscrowd`` exactly when it was asked for."""
     assert target["class"] == 0
     hot = torch.zeros(len(SCENE_TAGS))
     hot[list(raw["tags"])] = 1
@@ -281,7 +288,10 @@ def _check_target(target: dict, raw: dict) -> None:
     boxes = target["objects"]
     assert boxes["boxes"].tolist() == [list(map(float, b[:4])) for b in raw["objects"]]
     assert boxes["labels"].tolist() == [b[4] for b in raw["objects"]]
-    assert boxes["iscrowd"].tolist() == [b[5] for b in raw["objects"]]
+    keys = ["boxes", "iscrowd", "labels"] if iscrowd else ["boxes", "labels"]
+    assert sorted(boxes) == keys
+    if iscrowd:
+        assert boxes["iscrowd"].tolist() == [b[5] for b in raw["objects"]]
     want_mask = torch.from_numpy(np.array(Image.open(raw["seg"])))
     assert torch.equal(torch.as_tensor(target["seg"]), want_mask)
     assert target["caption"] == raw["caption"]
@@ -290,11 +300,13 @@ def _check_target(target: dict, raw: dict) -> None:
 
 def test_every_kind_round_trips_through_the_dataset(scenes):
     path, raws = scenes
-    ds = H5ImageDataset(path, target=ALL, verify_reads=True)
+    ds = H5ImageDataset(path, target=ALL, verify_reads=True, iscrowd=True)
+    plain = H5ImageDataset(path, target=ALL)
     for i, raw in enumerate(raws):
         image, target = ds[i]
         assert tuple(image.shape) == (3, 48, 64)
-        _check_target(target, raw)
+        _check_target(target, raw, iscrowd=True)
+        _check_target(plain[i][1], raw, iscrowd=False)
     assert H5ImageDataset(path)[2][1] == 0  # target="class": the label, as in version 1
     assert ds.read_batch([1, 4])[1]["caption"] == [raws[1]["caption"], raws[4]["caption"]]
 
@@ -310,10 +322,10 @@ def test_unknown_target_and_version_1_file_are_refused_in_the_constructor(scenes
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_loader_workers_batch_fixed_targets_and_list_variable_ones(scenes, method):
+@pytest.mark.parametrize(("method", "iscrowd"), [("fork", True), ("spawn", False)])
+def test_loader_workers_batch_fixed_targets_and_list_variable_ones(scenes, method, iscrowd):
     path, raws = scenes
-    ds = H5ImageDataset(path, target=ALL)
+    ds = H5ImageDataset(path, target=ALL, iscrowd=iscrowd)
     loader = ds.loader(4, num_workers=2, multiprocessing_context=method)
     seen = 0
     for images, targets in loader:
@@ -328,7 +340,7 @@ def test_loader_workers_batch_fixed_targets_and_list_variable_ones(scenes, metho
         for k in range(b):
             one = {key: value[k] for key, value in targets.items()}
             one["class"], one["score"] = int(one["class"]), float(one["score"])
-            _check_target(one, raws[seen])
+            _check_target(one, raws[seen], iscrowd=iscrowd)
             assert torch.equal(images[k], ds[seen][0])
             seen += 1
     assert seen == len(raws)
@@ -377,10 +389,10 @@ def test_remote_reads_cost_at_most_one_request_per_column(
         assert torch.equal(targets["seg"], truth.read_batch(rows)[1]["seg"])
 
 
-@pytest.mark.parametrize("multilabel", ["multihot", "indices"])
-def test_a_batch_read_at_once_equals_its_samples(scenes, multilabel):
+@pytest.mark.parametrize(("multilabel", "iscrowd"), [("multihot", False), ("indices", True)])
+def test_a_batch_read_at_once_equals_its_samples(scenes, multilabel, iscrowd):
     path, _ = scenes
-    ds = H5ImageDataset(path, target=ALL, multilabel=multilabel)
+    ds = H5ImageDataset(path, target=ALL, multilabel=multilabel, iscrowd=iscrowd)
     rows = [4, 0, 5, 2]
     images, batch = ds.read_batch(rows)
     items = [ds[r] for r in rows]
@@ -391,10 +403,37 @@ def test_a_batch_read_at_once_equals_its_samples(scenes, multilabel):
         assert batch["caption"][k] == one["caption"]
         assert torch.equal(batch["seg"][k], torch.as_tensor(one["seg"]))
         assert torch.equal(batch["tags"][k], one["tags"])
-        for key in ("boxes", "labels", "iscrowd"):
+        assert len(one["objects"]) == 2 + iscrowd
+        assert batch["objects"][k].keys() == one["objects"].keys()
+        for key in one["objects"]:
             got, want = batch["objects"][k][key], one["objects"][key]
             assert got.dtype == want.dtype
             assert torch.equal(torch.as_tensor(got), torch.as_tensor(want))
+
+
+def test_a_batch_gathers_each_sample_s_boxes_from_memory(tmp_path):
+    """COCO boxes (crowd ones among them, images without any): a batch of rows out of order
+    and repeated, gathered from the column held in memory, holds each row's own boxes,
+    labels and crowd flags, as the sample read alone does."""
+    coco = write_coco_dataset(tmp_path / "coco", images=8, boxes_per_image=3, unannotated=2)
+    config = PackConfig(ImageConfig(resize="resize", size=(32, 32)))
+    out = pack(coco.root, tmp_path / "coco.h5", coco="annotations/instances.json", config=config)
+    ds = H5ImageDataset(out.path, target="boxes", iscrowd=True)
+    reads = ds._open().targets
+    assert reads is not None
+    assert [c.kind for c in reads.columns] == ["boxes"]
+    assert reads.columns[0].name in reads.resident  # the path under test: held in memory
+    rows = [7, 0, 3, 3, 6, 1, 0]
+    _, batch = ds.read_batch(rows)
+    counts = [len(ds[r][1]["labels"]) for r in rows]
+    assert 0 in counts  # the unannotated images
+    assert max(counts) == 3
+    assert any(bool(ds[r][1]["iscrowd"].any()) for r in rows)
+    for got, r in zip(batch, rows, strict=True):
+        want = ds[r][1]
+        assert sorted(got) == ["boxes", "iscrowd", "labels"]
+        for key in want:
+            assert torch.equal(got[key], want[key]), (r, key)
 
 
 def test_a_damaged_box_in_a_batch_names_its_sample(scenes, tmp_path):

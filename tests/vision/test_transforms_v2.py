@@ -39,12 +39,15 @@ def _crowd_too(sample: tuple) -> tuple:
     return sample[1]["labels"], sample[1]["iscrowd"]
 
 
-def _flip_and_crop(size: tuple[int, int] = CROP) -> v2.Compose:
+def _flip_and_crop(size: tuple[int, int], *, iscrowd: bool) -> v2.Compose:
+    """With ``iscrowd`` the boxes dicts hold it and it goes with its box; without, the dict is
+    ``boxes`` and ``labels``, which SanitizeBoundingBoxes' default getter finds itself."""
+    sanitize = v2.SanitizeBoundingBoxes(labels_getter=_crowd_too) if iscrowd else None
     return v2.Compose(
         [
             v2.RandomHorizontalFlip(p=1.0),
             v2.RandomCrop(size),
-            v2.SanitizeBoundingBoxes(labels_getter=_crowd_too),
+            sanitize or v2.SanitizeBoundingBoxes(),
         ]
     )
 
@@ -54,7 +57,7 @@ def _check_boxes_on_object(image: torch.Tensor, target: dict) -> int:
     on = _object_pixels(image)
     ys, xs = torch.nonzero(on, as_tuple=True)
     boxes = target["boxes"]
-    assert len(boxes) == len(target["labels"]) == len(target["iscrowd"])
+    assert {len(target[key]) for key in target} == {len(boxes)}  # labels, iscrowd with them
     if not len(xs):  # cropped away: SanitizeBoundingBoxes removed its boxes
         assert len(boxes) == 0
         return 0
@@ -64,10 +67,12 @@ def _check_boxes_on_object(image: torch.Tensor, target: dict) -> int:
     return len(boxes)
 
 
-def test_detection_sample_through_flip_and_crop_keeps_boxes_on_the_object(scenes):
+@pytest.mark.parametrize("iscrowd", [False, True])
+def test_detection_sample_through_flip_and_crop_keeps_boxes_on_the_object(scenes, iscrowd):
     path, raws = scenes
-    ds = H5ImageDataset(path, target="boxes")
+    ds = H5ImageDataset(path, target="boxes", iscrowd=iscrowd)
     image, target = ds[0]
+    assert sorted(target) == (["boxes", "iscrowd", "labels"] if iscrowd else ["boxes", "labels"])
     assert isinstance(image, tv_tensors.Image)
     assert isinstance(target["boxes"], tv_tensors.BoundingBoxes)
     assert target["boxes"].format == tv_tensors.BoundingBoxFormat.XYXY
@@ -75,13 +80,16 @@ def test_detection_sample_through_flip_and_crop_keeps_boxes_on_the_object(scenes
     torch.manual_seed(0)
     kept, total = 0, 0
     for size in (CROP, (16, 16)):  # the small crop loses some objects, the large one keeps them
-        transform = _flip_and_crop(size)
+        transform = _flip_and_crop(size, iscrowd=iscrowd)
         for i in range(len(ds)):
             image, target = transform(*ds[i])
             assert tuple(image.shape) == (3, *size)
             kept += _check_boxes_on_object(image, target)
             total += len(raws[i]["objects"])
             assert [raws[i]["objects"][0][4]] * len(target["labels"]) == target["labels"].tolist()
+            if iscrowd:
+                crowd = [raws[i]["objects"][0][5]] * len(target["iscrowd"])
+                assert crowd == target["iscrowd"].tolist()
     assert 0 < kept < total  # some boxes kept, some removed: neither check was vacuous
 
 
@@ -155,7 +163,7 @@ def test_coco_boxes_and_drawn_masks_through_flip_and_crop_stay_on_the_object(tmp
     out = tmp_path / "coco.h5"
     config = PackConfig(ImageConfig(resize="none", size=None))
     pack(root, out, coco="instances.json", coco_masks=True, config=config, workers=1)
-    ds = H5ImageDataset(out, target=["boxes", "segmentation"])
+    ds = H5ImageDataset(out, target=["boxes", "segmentation"], iscrowd=True)
     image, target = ds[0]
     assert isinstance(target["segmentation"], tv_tensors.Mask)
     seg = target["segmentation"].as_subclass(torch.Tensor)
