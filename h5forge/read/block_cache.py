@@ -130,14 +130,17 @@ class BlockStore:
     def _ensure(self) -> None:
         if self._ready:
             return
-        if not os.path.lexists(self.entry):
-            with contextlib.suppress(FileExistsError):  # another worker made it first
-                make_marked_dir(self.entry, BLOCKS_KIND)
         if not is_ours(self.entry, BLOCKS_KIND):
-            raise ValueError(
-                f"{self.entry} is in cache_dir but was not made by h5forge's cache; remove it, "
-                "or use another cache_dir"
-            )
+            # Made, folder then marker, under the entry's lock: another worker may be between
+            # the two, so only what is found under the lock is refused.
+            with lock_file(self.entry + ".lock", target=f"the cache entry {self.entry}"):
+                if not os.path.lexists(self.entry):
+                    make_marked_dir(self.entry, BLOCKS_KIND)
+                if not is_ours(self.entry, BLOCKS_KIND):
+                    raise ValueError(
+                        f"{self.entry} is in cache_dir but was not made by h5forge's cache; "
+                        "remove it, or use another cache_dir"
+                    )
         self._ready = True
 
     def evict(self) -> None:

@@ -197,19 +197,23 @@ class FileCache:
         if found is not None:
             return found
         with lock_file(entry + ".lock", target=f"the cache entry of {shown}"):
-            found = self._valid(entry, want, size)
+            found = self._valid(entry, want, size, locked=True)
             if found is not None:
                 return found
             evict_cache(self.root, self.limit_bytes, size, keep=entry)
             return self._download(fs, path, shown, entry, want, size)
 
     # --- entries -------------------------------------------------------------------------------
-    def _valid(self, entry: str, want: str, size: int) -> Pinned | None:
+    def _valid(self, entry: str, want: str, size: int, *, locked: bool = False) -> Pinned | None:
         """The entry's copy if it is ours and unchanged since it was validated (or, if changed,
-        hashes to ``want`` again); a changed, mismatching entry is removed."""
+        hashes to ``want`` again); a changed, mismatching entry is removed. An entry not
+        marked as ours is refused only ``locked`` (under its lock, where a process makes the
+        folder and its marker); before that, None: it may be between the two."""
         if not os.path.lexists(entry):
             return None
         if not is_ours(entry, _KIND):
+            if not locked:
+                return None
             raise ValueError(
                 f"{entry} is in cache_dir but was not made by h5forge's cache (a link, or "
                 "someone else's folder); remove it, or use another cache_dir"

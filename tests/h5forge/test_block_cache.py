@@ -4,6 +4,7 @@ over moto's S3 on loopback, requests counted at the server."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,13 @@ import pytest
 
 from h5forge.asset.ranges import RangeReader
 from h5forge.demo import write_image_folder
-from h5forge.files import make_marked_dir
+from h5forge.files import make_marked_dir, mark
+from h5forge.locks import lock_file
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
-from h5forge.read.block_cache import ENTRY_KIND, BlockStore
+from h5forge.read.block_cache import BLOCKS_KIND, ENTRY_KIND, BlockStore
 from h5forge.read.state import open_state
 from tests.fixtures.servers import S3RequestLog
 
@@ -132,6 +134,31 @@ def test_a_planted_link_is_not_followed(
         raw[o : o + n] for o, n in ranges
     ]
     assert fresh.hits == 0
+
+
+def test_a_folder_another_worker_is_still_marking_is_waited_for(tmp_path: Path) -> None:
+    """A worker finding the blocks folder made but not yet marked (another worker between its
+    mkdir and its marker, under the entry's lock) waits for that lock and keeps its block
+    there, instead of taking the folder for someone else's."""
+    store = BlockStore(str(tmp_path), "k", 1 << 30, 1024)
+    made, go = threading.Event(), threading.Event()
+
+    def other_worker() -> None:
+        with lock_file(store.entry + ".lock"):
+            os.mkdir(store.entry)
+            made.set()
+            go.wait(30)  # the gap between its mkdir and its marker, held open by the test
+            mark(store.entry, BLOCKS_KIND)
+
+    other = threading.Thread(target=other_worker)
+    other.start()
+    assert made.wait(30)
+    threading.Timer(0.3, go.set).start()
+    blob = np.random.default_rng(0).bytes(1000)
+    store.put(0, blob)
+    other.join(30)
+    assert store.get(0, 1000) == blob
+    assert BlockStore(str(tmp_path), "k", 1 << 30, 1024).get(0, 1000) == blob
 
 
 def test_blocks_are_evicted_least_recently_used_within_the_limit(tmp_path: Path) -> None:

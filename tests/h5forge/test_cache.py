@@ -8,6 +8,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,13 @@ from typing import Any
 import pytest
 
 from h5forge.demo import write_image_folder
+from h5forge.files import mark, remove_tree
+from h5forge.locks import lock_file
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
+from h5forge.read.block_cache import ENTRY_KIND
 from h5forge.read.dataset import H5ImageDataset
 from tests.fixtures.remote_epoch import content, epoch
 from tests.fixtures.servers import S3RequestLog
@@ -210,6 +214,38 @@ def test_a_replaced_asset_is_not_served_from_the_cache(
     publish(two_assets[1].path, published, storage_options=s3_storage_options, overwrite=True)
     ds = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
     assert content(ds[i] for i in range(len(ds))) == _truth(two_assets[1].path)
+
+
+def test_an_entry_another_process_is_still_making_is_waited_for(
+    published: str,
+    two_assets: tuple[PackResult, PackResult],
+    s3_storage_options: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """An entry folder found made but not yet marked (another process between its mkdir and
+    its marker, under the entry's lock) is looked at again under that lock, not refused as
+    someone else's: the copy is then made in it and read."""
+    cache = tmp_path / "cache"
+    H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=cache)
+    (entry,) = _entries(cache)
+    remove_tree(entry)
+    made, go = threading.Event(), threading.Event()
+
+    def other_process() -> None:
+        with lock_file(f"{entry}.lock"):
+            entry.mkdir()
+            made.set()
+            go.wait(30)  # the gap between its mkdir and its marker, held open by the test
+            mark(entry, ENTRY_KIND)
+
+    other = threading.Thread(target=other_process)
+    other.start()
+    assert made.wait(30)
+    threading.Timer(0.3, go.set).start()
+    ds = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=cache)
+    other.join(30)
+    assert content(ds[i] for i in range(len(ds))) == _truth(two_assets[0].path)
+    assert (entry / "asset.h5").is_file()
 
 
 def test_planted_links_are_refused(
