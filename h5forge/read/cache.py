@@ -206,9 +206,8 @@ class FileCache:
     # --- entries -------------------------------------------------------------------------------
     def _valid(self, entry: str, want: str, size: int, *, locked: bool = False) -> Pinned | None:
         """The entry's copy if it is ours and unchanged since it was validated (or, if changed,
-        hashes to ``want`` again); a changed, mismatching entry is removed. An entry not
-        marked as ours is refused only ``locked`` (under its lock, where a process makes the
-        folder and its marker); before that, None: it may be between the two."""
+        hashes to ``want`` again); a changed, mismatching entry is removed. One not ours: refused
+        ``locked`` (under its lock, where folder and marker are made), else None (half made?)."""
         if not os.path.lexists(entry):
             return None
         if not is_ours(entry, _KIND):

@@ -66,9 +66,8 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             appearance) and renumber the labels of the assets that need it, instead of
             refusing. ``classes`` and ``class_to_idx`` always state the mapping used.
         target: as for :class:`~h5forge.read.dataset.H5ImageDataset` (``"class"``, a column,
-            a kind or a list; ``multilabel`` and ``iscrowd`` too): other than ``"class"``,
-            every asset must have the same target columns, and batches are read sample by
-            sample.
+            a kind or a list; ``multilabel``, ``iscrowd`` too): other than ``"class"``, all
+            assets must have the same target columns; batches are read sample by sample.
         transform: applied to each ``uint8`` C x H x W tensor.
         target_transform: applied to each label (after any remap), or target.
         storage_options, verify_reads, max_pixels: as for
@@ -76,8 +75,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
 
     Raises:
         ValueError: a malformed list, manifest or subset; a missing split; class sets that
-            disagree (the message names both assets) without ``remap``; ``target`` naming
-            columns of assets whose target columns differ.
+            disagree (naming both assets) without ``remap``; target columns that differ.
         FileNotFoundError, IntegrityError: as an asset's H5ImageDataset raises them.
 
     Attributes:

@@ -94,6 +94,7 @@ def test_pickles_as_url_and_options_only(packed_decoded: PackResult) -> None:
         "split",
         "target",
         "multilabel",
+        "iscrowd",
         "transform",
         "target_transform",
         "transforms",
