@@ -187,10 +187,10 @@ def open_state(
                     target,
                     multilabel,
                     store,
-                    iscrowd,
+                    iscrowd=iscrowd,
                 )
             st = ProcessState(
-                pinned.path, None, want_digests, max_pixels, target, multilabel, None, iscrowd
+                pinned.path, None, want_digests, max_pixels, target, multilabel, iscrowd=iscrowd
             )
         except _Replaced:
             continue
