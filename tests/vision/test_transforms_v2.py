@@ -42,12 +42,12 @@ def _crowd_too(sample: tuple) -> tuple:
 def _flip_and_crop(size: tuple[int, int], *, iscrowd: bool) -> v2.Compose:
     """With ``iscrowd`` the boxes dicts hold it and it goes with its box; without, the dict is
     ``boxes`` and ``labels``, which SanitizeBoundingBoxes' default getter finds itself."""
-    sanitize = v2.SanitizeBoundingBoxes(labels_getter=_crowd_too) if iscrowd else None
+    getter = _crowd_too if iscrowd else "default"
     return v2.Compose(
         [
             v2.RandomHorizontalFlip(p=1.0),
             v2.RandomCrop(size),
-            sanitize or v2.SanitizeBoundingBoxes(),
+            v2.SanitizeBoundingBoxes(labels_getter=getter),
         ]
     )
 
