@@ -14,8 +14,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	@echo "==> [3/4] installing $(TORCH_PIN) (the CPU build; the longest step)"
 	$(PY) -m pip install --progress-bar on "$(TORCH_PIN)"
-	@echo "==> [4/4] installing h5forge and its test extras (Prefect, h5py, moto, ...)"
-	$(PY) -m pip install --progress-bar on -e ".[test]"
+	@echo "==> [4/4] installing h5forge with all its extras (Prefect, h5py, moto, docs, ...)"
+	$(PY) -m pip install --progress-bar on -e ".[all]"
 	@echo "==> installed into $(VENV)"
 	touch $@
 
@@ -35,7 +35,7 @@ test: install
 lint: install
 	$(VENV)/bin/ruff format --check h5forge tasks flows deployments tests benchmarks
 	$(VENV)/bin/ruff check h5forge tasks flows deployments tests benchmarks
-	$(VENV)/bin/mypy h5forge tasks flows deployments
+	$(VENV)/bin/mypy h5forge
 
 # torchvision beside the project (tests/vision): it needs torch 2.14.1 (the CUDA build, ~5.5 GB;
 # torchvision's operators do not load beside the CPU torch of .venv), so it gets its own venv;

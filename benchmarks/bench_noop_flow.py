@@ -44,7 +44,7 @@ def main() -> None:
     from prefect import flow
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.build import BuildConfig, build_dataset
+    from h5forge.flows.build import BuildConfig, build_dataset
 
     imports = time.perf_counter() - t0
     try:

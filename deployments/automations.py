@@ -2,26 +2,26 @@
 
 Two custom events:
 
-``h5forge.verify.failed`` (:data:`tasks.verify.VERIFY_FAILED`)
+``h5forge.verify.failed`` (:data:`h5forge.tasks.verify.VERIFY_FAILED`)
     Emitted by the verify tasks when a check fails. Its resource id is the asset's key
-    (:func:`tasks.publish.asset_key`: credential-free; a local path becomes the ``file://`` URI
-    of its absolute path). :func:`pause_on_verify_failure` is the automation that answers it:
-    it pauses the deployment that publishes that asset (the nightly build), so a broken asset
-    is not rebuilt over and over until someone has looked. Resume the deployment in the UI
-    (or ``prefect deployment resume``) once it is fixed.
+    (:func:`h5forge.tasks.publish.asset_key`: credential-free; a local path becomes the
+    ``file://`` URI of its absolute path). :func:`pause_on_verify_failure` is the automation
+    that answers it: it pauses the deployment that publishes that asset (the nightly build), so
+    a broken asset is not rebuilt over and over until someone has looked. Resume the deployment
+    in the UI (or ``prefect deployment resume``) once it is fixed.
 
 ``h5forge.source.changed`` (:data:`SOURCE_CHANGED`)
     Emitted by whatever notices new data in a source (a bucket notification through a
     webhook, a cron job, :func:`emit_source_changed`). Its resource id is the source URL as the
     deployment's ``config.source`` spells it, credentials removed (:func:`source_resource_id`).
     The nightly deployment has a deployment trigger on it (``triggers:`` in ``prefect.yaml``,
-    :func:`source_changed_trigger` in :mod:`deployments.serve`): new data is built without
+    :func:`source_changed_trigger` in :mod:`h5forge.deployments.serve`): new data is built without
     waiting for the night.
 
 The pause automation is not owned by the deployment: ``prefect deploy`` and ``serve`` delete
 and recreate a deployment's own automations (its triggers) on every registration, and would
 drop it. :func:`ensure_automation` creates or updates it by name instead, so calling it at each
-start-up (:func:`deployments.serve.main` does) leaves exactly one.
+start-up (:func:`h5forge.deployments.serve.main` does) leaves exactly one.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from prefect.events.actions import PauseDeployment
 from prefect.events.schemas.automations import Posture
 
 from h5forge.redact import redact_url
-from tasks.publish import asset_key
-from tasks.verify import VERIFY_FAILED
+from h5forge.tasks.publish import asset_key
+from h5forge.tasks.verify import VERIFY_FAILED
 
 __all__ = [
     "SOURCE_CHANGED",
@@ -81,7 +81,7 @@ def pause_automation_name(deployment_name: str) -> str:
 
 
 def pause_on_verify_failure(*, deployment_id: UUID, deployment_name: str, asset: str) -> Automation:
-    """The automation: on :data:`~tasks.verify.VERIFY_FAILED` for ``asset``, pause the deployment.
+    """The automation: on :data:`~h5forge.tasks.verify.VERIFY_FAILED` for ``asset``, pause.
 
     Args:
         deployment_id: the deployment to pause (the one that publishes ``asset``).

@@ -3,10 +3,10 @@
 Its app is its own: the library's commands (``pack``, ``verify``, ``inspect`` of
 :data:`h5forge.cli.app.app`, which stays Prefect-free) are added to it unchanged, and ``build`` and
 ``demo`` are registered on it here, explicitly. Run it as ``h5forge`` or
-``python -m deployments.cli``.
+``python -m h5forge.deployments.cli``.
 
 ``build`` and ``demo`` run the ``build-h5-dataset`` flow in this process
-(:mod:`deployments.local_run`). With no ``PREFECT_API_URL`` set, a temporary local server is
+(:mod:`h5forge.deployments.local_run`). With no ``PREFECT_API_URL`` set, a temporary local server is
 started for the run and stopped at the end, so both work offline on a fresh machine.
 
 Exit codes (the table of :mod:`h5forge.cli.exits`): 0 success; 1 the build or an integrity check
@@ -20,19 +20,20 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
-from deployments.local_run import run_build
-from flows.version_fields import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S
 from h5forge.cli.app import app as library_app
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
 from h5forge.cli.options import check_pack_options, with_pack_options
 from h5forge.messages import describe_os_error
 from h5forge.options import OptionError
+from h5forge.publish.history import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S
 from h5forge.text import printable
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 __all__ = ["DEFAULT_DEMO_DEST", "app", "build", "demo", "main"]
 
@@ -44,6 +45,17 @@ class Executor(str, Enum):
 
     local = "local"
     dask = "dask"
+
+
+def _pipeline(command: str) -> None:
+    """Exit 2 naming the extra when the pipeline's dependencies are not installed."""
+    from h5forge.errors import MissingExtraError
+    from h5forge.extras import require
+
+    try:
+        require("prefect", feature=f"h5forge {command}")
+    except MissingExtraError as e:
+        raise usage_error(e) from e
 
 
 def _config_error(e: ValidationError) -> typer.Exit:
@@ -157,8 +169,12 @@ def build(
     pack_options: dict[str, Any] | None = None,
 ) -> None:
     """Run the build-h5-dataset flow: fetch, pack, verify, smoke-load and publish."""
+    _pipeline("build")
     # flows.config, not flows.build: validating must not import Prefect (seconds).
-    from flows.config import BuildConfig
+    from pydantic import ValidationError
+
+    from h5forge.deployments.local_run import run_build
+    from h5forge.flows.config import BuildConfig
 
     v = check_pack_options(pack_options or {})
     hw = v.pop("size")
@@ -198,8 +214,10 @@ def demo(
     debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
 ) -> None:
     """Generate the built-in demo dataset and run the whole build flow on it, offline."""
-    from flows.config import BuildConfig
+    _pipeline("demo")
     from h5forge.demo import make_demo_archive
+    from h5forge.deployments.local_run import run_build
+    from h5forge.flows.config import BuildConfig
     from h5forge.hashing import sha256_file
     from h5forge.preflight import check_destination
 

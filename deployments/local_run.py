@@ -1,7 +1,7 @@
 """Run the ``build-h5-dataset`` flow in this process for ``h5forge build`` and ``demo``.
 
 With no ``PREFECT_API_URL`` the run gets its own temporary server
-(:mod:`deployments.temporary_server`), started before Prefect is imported so that Prefect's
+(:mod:`h5forge.deployments.temporary_server`), started before Prefect is imported so that Prefect's
 settings see its URL. A failure becomes an exit code and one paragraph, without a traceback
 (``--debug`` shows it); the exit codes are the table of :mod:`h5forge.cli.exits`.
 """
@@ -16,13 +16,13 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
-from deployments.settings import cache_dir_from_env
-from deployments.temporary_server import (
+from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
+from h5forge.deployments.settings import cache_dir_from_env
+from h5forge.deployments.temporary_server import (
     STARTUP_SETTING,
     ServerStartError,
     start_temporary_server,
 )
-from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
 from h5forge.errors import DestinationExistsError, H5ForgeError, PreviewPublishError
 from h5forge.messages import describe_os_error, os_error_in
 from h5forge.redact import redact_text
@@ -88,13 +88,13 @@ def run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
     """Run the flow on ``config``; map failures to an exit code and one paragraph.
 
     Args:
-        config: a validated :class:`flows.config.BuildConfig`.
+        config: a validated :class:`h5forge.flows.config.BuildConfig`.
         cache_dir: the fetch cache; default ``$XDG_CACHE_HOME/h5forge`` (else the flow's own
             default, ``~/.cache/h5forge``).
         debug: let unexpected errors through with their traceback.
 
     Returns:
-        The flow's :class:`flows.build.BuildSummary`.
+        The flow's :class:`h5forge.flows.build.BuildSummary`.
 
     Raises:
         typer.Exit: the run failed (exit 1) or was refused (exit 2); the reason is printed.
@@ -111,7 +111,7 @@ def run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
 
 
 def _run_flow(config: Any, cache_dir: Path | None, debug: bool) -> Any:
-    from flows.build import build_dataset
+    from h5forge.flows.build import build_dataset
 
     if not debug:
         _quiet_console_tracebacks()

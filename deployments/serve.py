@@ -1,4 +1,4 @@
-"""Serve h5forge's deployments from one process: ``python -m deployments.serve``.
+"""Serve h5forge's deployments from one process: ``python -m h5forge.deployments.serve``.
 
 Serves the three deployments declared in ``deployments/prefect.yaml`` -- the on-demand build
 (the UI's run form), the nightly build and the nightly re-verify -- with one Prefect runner: no
@@ -20,7 +20,7 @@ Scheduling, as declared in ``prefect.yaml`` and kept here:
   leaves it waiting for events of another source.
 - At start-up, after registering the deployments, :func:`main` creates or updates the
   automation that pauses the nightly when its asset fails verification
-  (:func:`deployments.automations.pause_on_verify_failure`, via :func:`ensure_automations`).
+  (:func:`h5forge.deployments.automations.pause_on_verify_failure`, via :func:`ensure_automations`).
 
 Relative paths in the parameters resolve against the directory the command runs in (run it
 from the repository root). Environment, read when :func:`main` runs, never at import:
@@ -61,13 +61,13 @@ from prefect.schedules import Cron
 from prefect.settings import get_current_settings
 from pydantic import TypeAdapter
 
-from deployments.automations import (
+from h5forge.deployments.automations import (
     SOURCE_CHANGED,
     ensure_automation,
     pause_on_verify_failure,
     source_resource_id,
 )
-from deployments.settings import cache_dir_from_env
+from h5forge.deployments.settings import cache_dir_from_env
 
 __all__ = [
     "NIGHTLY",
@@ -152,7 +152,8 @@ def runner_deployments(
     """Turn the ``prefect.yaml`` deployment entries into deployments a runner can serve.
 
     Entrypoints become module paths (``flows/build.py:build_dataset`` ->
-    ``flows.build.build_dataset``), so the runner finds the flows from any working directory.
+    ``h5forge.flows.build.build_dataset``), so the runner finds the flows from any working
+    directory.
     Work pools are dropped: a served deployment runs in the serving process's runner.
     """
     options = ServeOptions() if options is None else options
@@ -167,7 +168,7 @@ def main() -> None:
         raise SystemExit(
             "PREFECT_API_URL is not set: start `prefect server start` and "
             "`export PREFECT_API_URL=http://127.0.0.1:4200/api` (or `prefect config set "
-            "PREFECT_API_URL=...`), then run `python -m deployments.serve` again"
+            "PREFECT_API_URL=...`), then run `python -m h5forge.deployments.serve` again"
         )
     options = options_from_env(os.environ)
     deployments = runner_deployments(options)

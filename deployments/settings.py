@@ -1,7 +1,7 @@
 """The environment's say in where h5forge's entry points keep their files.
 
-Read by the console script (:mod:`deployments.cli`) and the served deployments
-(:mod:`deployments.serve`) when they run, never at import; the flows take the result as a
+Read by the console script (:mod:`h5forge.deployments.cli`) and the served deployments
+(:mod:`h5forge.deployments.serve`) when they run, never at import; the flows take the result as a
 parameter (``build_dataset(config, cache_dir=...)``).
 """
 

@@ -6,7 +6,7 @@ smoke-load through DataLoader workers. A failure anywhere before it fails the ru
 published.
 
 With ``executor="dask"`` the pack stage cuts the dataset into shards, packs the ones not done
-yet as tasks on a Dask cluster (:mod:`flows.dask_stage`) and merges them into the work dir;
+yet as tasks on a Dask cluster (:mod:`h5forge.flows.dask_stage`) and merges them into the work dir;
 verify, smoke-load and publish then run unchanged. The shards are deleted once the asset is
 published, and kept after a failure so that a re-run packs only the missing ones.
 """
@@ -21,21 +21,20 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from flows.config import BuildConfig
-from flows.credentials import load_storage_options
-from flows.summary import BuildSummary, unchanged_summary
-from flows.urls import check_url
+from h5forge.flows.config import BuildConfig
+from h5forge.flows.credentials import load_storage_options
+from h5forge.flows.summary import BuildSummary, unchanged_summary
+from h5forge.flows.urls import check_url
 from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
 from h5forge.publish.lineage import Basis
 from h5forge.publish.preview import PREVIEW_SUFFIX, preview_url
 from h5forge.redact import redact_url
-from h5forge.workdir import work_dir
-from tasks.common import dataset_name
-from tasks.discover import discover_samples
-from tasks.fetch import fetch_task, source_dir
-from tasks.pack import pack_images
-from tasks.publish import (
+from h5forge.tasks.common import dataset_name
+from h5forge.tasks.discover import discover_samples
+from h5forge.tasks.fetch import fetch_task, source_dir
+from h5forge.tasks.pack import pack_images
+from h5forge.tasks.publish import (
     as_published,
     asset_key,
     check_source,
@@ -44,10 +43,11 @@ from tasks.publish import (
     publish_task,
     publish_version_task,
 )
-from tasks.report import render_report, write_report
-from tasks.shards import executor_section
-from tasks.smoke_load import smoke_load_file
-from tasks.verify import verify_file
+from h5forge.tasks.report import render_report, write_report
+from h5forge.tasks.shards import executor_section
+from h5forge.tasks.smoke_load import smoke_load_file
+from h5forge.tasks.verify import verify_file
+from h5forge.workdir import work_dir
 
 __all__ = ["DEFAULT_CACHE_DIR", "BuildConfig", "BuildSummary", "build_dataset", "check_url"]
 
@@ -124,7 +124,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
             reuse = find_reusable(basis, into=str(work), storage_options=options)
         sharded = None
         if config.executor == "dask":
-            from flows.dask_stage import pack_on_dask
+            from h5forge.flows.dask_stage import pack_on_dask
 
             sharded = pack_on_dask(
                 config,

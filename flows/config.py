@@ -11,10 +11,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from flows.dask_fields import DaskAddress, Executor, ShardBytes, ShardSize, Staging
-from flows.pack_fields import pack_default, pack_field
-from flows.urls import check_dask_address, check_url
-from flows.version_fields import (
+from h5forge.flows.dask_fields import DaskAddress, Executor, ShardBytes, ShardSize, Staging
+from h5forge.flows.pack_fields import pack_default, pack_field
+from h5forge.flows.urls import check_dask_address, check_url
+from h5forge.flows.version_fields import (
     DEFAULT_KEEP_VERSIONS,
     DEFAULT_MIN_AGE_S,
     KeepVersions,

@@ -1,6 +1,6 @@
 """The form fields of the dask executor: ``executor``, ``dask_address``, shards and staging.
 
-Their texts say what each does on a cluster; :class:`flows.config.BuildConfig` checks the
+Their texts say what each does on a cluster; :class:`h5forge.flows.config.BuildConfig` checks the
 combinations (``executor='dask'`` needs an address; the others apply to dask only).
 """
 

@@ -1,6 +1,6 @@
 """The pack stage of a Dask build: plan shards, pack the missing ones on the cluster, merge.
 
-:func:`flows.build.build_dataset` calls :func:`pack_on_dask` when ``config.executor`` is
+:func:`h5forge.flows.build.build_dataset` calls :func:`pack_on_dask` when ``config.executor`` is
 ``"dask"``. The shard tasks go to prefect-dask's ``DaskTaskRunner`` connected to the configured
 scheduler: they run on the cluster's workers, report to the same Prefect API, and show up as
 task runs of the build's flow run. Planning and the merge run in the flow's process; the merged
@@ -21,15 +21,15 @@ from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import PrefectFuture, as_completed
 
-from flows.config import BuildConfig
 from h5forge.discover.catalog import Catalog
+from h5forge.flows.config import BuildConfig
 from h5forge.pack.writer import PackResult
 from h5forge.redact import redact_url
 from h5forge.scale.plan import ShardSpec, shard_catalog, shard_url
 from h5forge.scale.shards import ShardResult
-from tasks.common import dataset_name
-from tasks.pack import artifact_key
-from tasks.shards import (
+from h5forge.tasks.common import dataset_name
+from h5forge.tasks.pack import artifact_key
+from h5forge.tasks.shards import (
     ShardPlan,
     ShardStats,
     merge_task,

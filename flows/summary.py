@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from flows.config import BuildConfig
+from h5forge.flows.config import BuildConfig
 from h5forge.publish.lineage import Basis
 from h5forge.publish.manifest import manifest_url
 from h5forge.publish.preview import preview_url
 from h5forge.publish.versions import KEY_HEX
 from h5forge.redact import redact_url
-from tasks.publish import asset_key
-from tasks.shards import ShardStats
+from h5forge.tasks.publish import asset_key
+from h5forge.tasks.shards import ShardStats
 
 __all__ = ["BuildSummary", "unchanged_summary"]
 

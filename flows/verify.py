@@ -13,10 +13,10 @@ from typing import Annotated, Any
 from prefect import flow, get_run_logger
 from pydantic import Field
 
-from flows.build import check_url
-from flows.credentials import load_storage_options
+from h5forge.flows.build import check_url
+from h5forge.flows.credentials import load_storage_options
 from h5forge.redact import redact_url
-from tasks.verify import check_manifest, load_manifest, resolve_asset, verify_file
+from h5forge.tasks.verify import check_manifest, load_manifest, resolve_asset, verify_file
 
 __all__ = ["verify_asset"]
 

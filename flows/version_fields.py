@@ -8,14 +8,9 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from h5forge.publish.history import check_retention
+from h5forge.publish.history import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S, check_retention
 
 __all__ = ["DEFAULT_KEEP_VERSIONS", "DEFAULT_MIN_AGE_S", "KeepVersions", "MinAgeS", "Versioned"]
-
-DEFAULT_KEEP_VERSIONS = 5
-#: One day: a training run that resolved ``latest`` up to a day ago still finds its version,
-#: however often the source-changed trigger builds.
-DEFAULT_MIN_AGE_S = 86_400.0
 
 
 def _keep(value: int) -> int:

@@ -24,7 +24,7 @@ from h5forge.errors import (
     UnsealedFileError,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "fetch": "h5forge.fetch.sources",

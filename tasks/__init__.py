@@ -8,7 +8,7 @@ functions, which tests call directly. Tasks return the library's own result type
 exchange paths, never arrays.
 
 The names below load on first use: DataLoader workers started with ``spawn`` import
-``tasks.fork`` and must not pay for importing Prefect and every stage.
+``h5forge.tasks.fork`` and must not pay for importing Prefect and every stage.
 """
 
 from __future__ import annotations
@@ -16,21 +16,32 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+if __name__ != "h5forge.tasks":  # a checkout's top-level folder, imported by its pre-0.2 name
+    raise ImportError(
+        f"h5forge's tasks are imported as h5forge.tasks since h5forge 0.2.0, "
+        f"not as {__name__} (e.g. `from h5forge.tasks.pack import pack_images`): a top-level"
+        " `tasks` package shadowed users' own"
+    )
+
+from h5forge.extras import require  # noqa: E402 - after the name check above
+
+require("prefect", feature="h5forge.tasks")
+
 _LAZY = {
-    "discover_samples": "tasks.discover",
-    "fetch_source": "tasks.fetch",
-    "fetch_task": "tasks.fetch",
-    "source_dir": "tasks.fetch",
-    "pack_images": "tasks.pack",
-    "asset_key": "tasks.publish",
-    "make_preview": "tasks.publish",
-    "publish_task": "tasks.publish",
-    "render_report": "tasks.report",
-    "write_report": "tasks.report",
-    "smoke_load_file": "tasks.smoke_load",
-    "check_manifest": "tasks.verify",
-    "load_manifest": "tasks.verify",
-    "verify_file": "tasks.verify",
+    "discover_samples": "h5forge.tasks.discover",
+    "fetch_source": "h5forge.tasks.fetch",
+    "fetch_task": "h5forge.tasks.fetch",
+    "source_dir": "h5forge.tasks.fetch",
+    "pack_images": "h5forge.tasks.pack",
+    "asset_key": "h5forge.tasks.publish",
+    "make_preview": "h5forge.tasks.publish",
+    "publish_task": "h5forge.tasks.publish",
+    "render_report": "h5forge.tasks.report",
+    "write_report": "h5forge.tasks.report",
+    "smoke_load_file": "h5forge.tasks.smoke_load",
+    "check_manifest": "h5forge.tasks.verify",
+    "load_manifest": "h5forge.tasks.verify",
+    "verify_file": "h5forge.tasks.verify",
 }
 
 __all__ = sorted(_LAZY)

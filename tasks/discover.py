@@ -9,7 +9,7 @@ from h5forge.discover.catalog import Catalog, discover
 from h5forge.discover.columns import ColumnSpec
 from h5forge.discover.report import describe
 from h5forge.errors import EmptyDatasetError
-from tasks.common import run_name
+from h5forge.tasks.common import run_name
 
 __all__ = ["discover_samples"]
 

@@ -19,13 +19,14 @@ from prefect.utilities.hashing import hash_objects
 
 from h5forge.fetch.sources import FetchResult, fetch
 from h5forge.redact import canonical_url
-from tasks.common import run_name, with_retries
+from h5forge.tasks.common import run_name, with_retries
 
 __all__ = ["fetch_source", "fetch_task", "source_dir"]
 
 _KEY_VERSION = "h5forge-fetch-v1"
 # The type of the cached result, named in its cache key: a record written while the task
-# returned another type (``tasks.fetch.FetchedSource``) reads back as a dict, so it must miss.
+# returned another type (``h5forge.tasks.fetch.FetchedSource``) reads back as a dict, so it
+# must miss.
 _RESULT_TYPE = "h5forge.fetch.sources.FetchResult"
 
 

@@ -25,7 +25,7 @@ from h5forge.errors import TooManyBadImagesError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.reuse import Reuse
 from h5forge.pack.writer import PackResult, pack
-from tasks.common import run_name
+from h5forge.tasks.common import run_name
 
 __all__ = ["artifact_key", "pack_images", "quarantine_table"]
 

@@ -32,7 +32,7 @@ from h5forge.publish.release import VersionResult, publish_version
 from h5forge.publish.storage import PublishResult, publish, put_file
 from h5forge.publish.versions import version_url
 from h5forge.redact import redact_url
-from tasks.common import dataset_name, retry_upload, run_name, with_retries
+from h5forge.tasks.common import dataset_name, retry_upload, run_name, with_retries
 
 __all__ = [
     "find_reusable",

@@ -16,8 +16,8 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from h5forge.pack.writer import PackResult
 from h5forge.publish.storage import PublishResult
 from h5forge.smoke.load import SmokeReport
-from tasks.common import run_name
-from tasks.pack import artifact_key
+from h5forge.tasks.common import run_name
+from h5forge.tasks.pack import artifact_key
 
 __all__ = ["render_report", "viewable_url", "write_report"]
 

@@ -26,12 +26,12 @@ from h5forge.scale.merge import merge_shards
 from h5forge.scale.plan import ShardSpec, plan_shards
 from h5forge.scale.shards import ShardResult, find_done_shards, pack_shard
 from h5forge.scale.shards import remove_shards as remove_shard_files
-from tasks.common import (
+from h5forge.tasks.common import (
     retry_upload,
     run_name,
     with_retries,
 )
-from tasks.pack import artifact_key, quarantine_table
+from h5forge.tasks.pack import artifact_key, quarantine_table
 
 __all__ = [
     "ShardPlan",

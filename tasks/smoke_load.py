@@ -8,8 +8,8 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from h5forge.smoke.load import SmokeReport, smoke_load
-from tasks.common import run_name
-from tasks.fork import forget_inherited_prefect_services
+from h5forge.tasks.common import run_name
+from h5forge.tasks.fork import forget_inherited_prefect_services
 
 __all__ = ["smoke_load_file"]
 

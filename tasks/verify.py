@@ -2,10 +2,10 @@
 
 A failed check emits the Prefect event :data:`VERIFY_FAILED` (``h5forge.verify.failed``) before
 the task fails with the :class:`~h5forge.errors.IntegrityError`: its resource is the asset's
-key (:func:`tasks.publish.asset_key`: credential-free, a local path as its absolute
+key (:func:`h5forge.tasks.publish.asset_key`: credential-free, a local path as its absolute
 ``file://`` URI, the key Prefect's asset events use), its payload the failures (at most
 :data:`MAX_EVENT_FAILURES` lines of at most :data:`MAX_EVENT_LINE` characters, each redacted).
-An automation (:mod:`deployments.automations`) pauses the nightly build on it.
+An automation (:mod:`h5forge.deployments.automations`) pauses the nightly build on it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from h5forge.errors import IntegrityError
 from h5forge.publish import manifest as manifests
 from h5forge.publish.versions import read_pointer
 from h5forge.redact import redact_text, redact_url
+from h5forge.tasks.common import run_name, with_retries
+from h5forge.tasks.publish import asset_key
 from h5forge.verify.checks import VerifyReport, verify
-from tasks.common import run_name, with_retries
-from tasks.publish import asset_key
 
 __all__ = [
     "resolve_asset",

@@ -5,6 +5,11 @@
 * no module imports an underscore name of another (``from h5forge.x import _y``, ``x._y``):
   what siblings share is public inside the package;
 * no environment read outside ``deployments/``;
+* imports point down the layers: ``h5forge.deployments`` -> ``h5forge.flows`` ->
+  ``h5forge.tasks`` -> the library (the rest of ``h5forge``), and the library imports neither
+  Prefect nor anything above it, so ``pip install h5forge`` without extras reads assets;
+* one top-level import name: ``flows/``, ``tasks/`` and ``deployments/`` are reached as
+  ``h5forge.flows`` (and so on) through links under ``h5forge/``;
 * every module of the project is under 300 lines.
 """
 
@@ -17,21 +22,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("h5forge", "tasks", "flows", "deployments")
+PACKAGES = ("h5forge",)
+#: The packages above the library, top first, each in its own folder of the repository.
+LAYERS = ("deployments", "flows", "tasks")
 MAX_LINES = 300
 
 
-def _modules(*packages: str) -> dict[str, Path]:
+def _modules() -> dict[str, Path]:
+    """Every module by its one import name (``flows/build.py`` is ``h5forge.flows.build``)."""
     found = {}
-    for package in packages:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+    for folder, prefix in [("h5forge", ()), *((layer, ("h5forge",)) for layer in LAYERS)]:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = (*prefix, *path.relative_to(ROOT).with_suffix("").parts)
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             found[name] = path
     return found
 
 
-MODULES = _modules(*PACKAGES)
+MODULES = _modules()
 
 
 def _tree(path: Path) -> ast.Module:
@@ -120,8 +128,47 @@ def test_cycle_finder_finds_a_circle_and_only_a_circle() -> None:
     assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
+def _layer(module: str) -> int:
+    """0 for the library, then 1 tasks, 2 flows, 3 deployments."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return len(LAYERS) - LAYERS.index(parts[1])
+    return 0
+
+
+def test_the_layer_folders_are_linked_into_the_one_import_name() -> None:
+    for layer in LAYERS:
+        link = ROOT / "h5forge" / layer
+        assert link.is_symlink(), f"h5forge/{layer} must link to ../{layer}"
+        assert link.resolve() == (ROOT / layer).resolve()
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down_the_layers(module: str) -> None:
+    up = []
+    for node in _imports(_tree(MODULES[module])):
+        for target, _ in _targets(module, node):
+            top = target.split(".")[0]
+            if top in LAYERS:
+                up.append(f"line {node.lineno}: imports {target} by its pre-0.2 name")
+            elif target in MODULES and _layer(target) > _layer(module):
+                up.append(f"line {node.lineno}: imports {target}, a layer above it")
+            elif top == "prefect" and _layer(module) == 0:
+                up.append(f"line {node.lineno}: the library imports Prefect")
+    assert not up, f"{MODULES[module].relative_to(ROOT)}: " + "; ".join(up)
+
+
+def test_the_layer_finder_sees_an_upward_import() -> None:
+    assert (
+        _layer("h5forge.deployments.cli")
+        > _layer("h5forge.flows.build")
+        > _layer("h5forge.tasks.pack")
+        > _layer("h5forge.pack.writer")
+    )
+
+
 def test_no_import_circle_in_the_library() -> None:
-    library = {m for m in MODULES if m.split(".")[0] == "h5forge"}
+    library = {m for m in MODULES if _layer(m) == 0}
     graph = {m: _edges(m) & library for m in library}
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
@@ -174,14 +221,16 @@ def _environment_reads(path: Path) -> Iterator[str]:
                     yield f"line {node.lineno}: from os import {alias.name}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if not m.startswith("deployments")))
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if not m.startswith("h5forge.deployments"))
+)
 def test_no_environment_read_outside_deployments(module: str) -> None:
     found = list(_environment_reads(MODULES[module]))
     assert not found, f"{MODULES[module].relative_to(ROOT)}: " + "; ".join(found)
 
 
 def test_environment_reads_are_found() -> None:
-    found = list(_environment_reads(MODULES["deployments.serve"]))
+    found = list(_environment_reads(MODULES["h5forge.deployments.serve"]))
     assert found, "deployments/serve.py reads the environment; the finder must see it"
 
 

@@ -5,8 +5,8 @@ integrity or run failure, 2 usage error; the table is in :mod:`h5forge.cli.exits
 
 The pack options come from :mod:`h5forge.options` (one name, type, default, bounds and help
 each), shared with ``build`` and the build form through :mod:`h5forge.cli.options`. The Prefect
-commands (``build``, ``demo``) live in the console script, :mod:`deployments.cli`, which adds
-this app's commands to its own.
+commands (``build``, ``demo``) live in the console script, :mod:`h5forge.deployments.cli`,
+which adds this app's commands to its own.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The image policy (:class:`~h5forge.preprocess.images.ImageConfig`), the HDF5 codec and its
 level, and the per-chunk checksum travel together from the build form
-(:meth:`flows.config.BuildConfig.pack_config`) or the command line to the writer, the shard
+(:meth:`h5forge.flows.config.BuildConfig.pack_config`) or the command line to the writer, the shard
 packer and the merge. The value validates itself when it is made (the rules and messages of
 :mod:`h5forge.options`), serialises itself (:meth:`PackConfig.to_json`, the ``config_json``
 root attribute of every file), reads itself back (:meth:`PackConfig.from_json`), hashes itself

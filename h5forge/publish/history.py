@@ -23,6 +23,8 @@ from h5forge.publish.versions import KEY_HEX, asset_base, read_pointer, version_
 from h5forge.redact import redact_url
 
 __all__ = [
+    "DEFAULT_KEEP_VERSIONS",
+    "DEFAULT_MIN_AGE_S",
     "MAX_VERSIONS",
     "VersionInfo",
     "VersionScan",
@@ -171,6 +173,13 @@ def list_versions(url: str, *, storage_options: dict[str, Any] | None = None) ->
         ValueError: ``BASE/v/`` holds more than 10,000 entries, or the pointer is not one.
     """
     return scan_versions(url, storage_options=storage_options).versions
+
+
+#: Versions a versioned build keeps by default.
+DEFAULT_KEEP_VERSIONS = 5
+#: One day: a training run that resolved ``latest`` up to a day ago still finds its version,
+#: however often the source-changed trigger builds.
+DEFAULT_MIN_AGE_S = 86_400.0
 
 
 def check_retention(keep_versions: int, min_age_s: float) -> None:

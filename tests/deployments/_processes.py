@@ -1,5 +1,5 @@
 """Process helpers for the deployment tests: a real Prefect server with its UI, a real
-``python -m deployments.serve`` runner, a real ``prefect worker``, all as subprocesses.
+``python -m h5forge.deployments.serve`` runner, a real ``prefect worker``, all as subprocesses.
 
 Every process runs in its own session and is torn down (SIGTERM, then SIGKILL) by the context
 manager that started it, even when the test fails; its output goes to a log file whose tail is
@@ -164,16 +164,18 @@ def prefect_server(workdir: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def served_deployments(api_url: str, workdir: Path, **env: str) -> Iterator[Path]:
-    """``python -m deployments.serve`` against ``api_url`` with schedules off; yields its log.
+    """``python -m h5forge.deployments.serve`` against ``api_url``, schedules off; yields its log.
 
     Enters the block once the runner has registered (or updated) every deployment and says it
     is serving them.
     """
     log = workdir / "serve.log"
     child_env = prefect_env(api_url, workdir / "serve-home", H5FORGE_SCHEDULES="off", **env)
-    with child_process([sys.executable, "-m", "deployments.serve"], env=child_env, log=log) as p:
+    with child_process(
+        [sys.executable, "-m", "h5forge.deployments.serve"], env=child_env, log=log
+    ) as p:
         wait_until(
             lambda: "being served" in log.read_text(encoding="utf-8", errors="replace"),
-            timeout=120, what="deployments.serve starting", proc=p, log=log,
+            timeout=120, what="h5forge.deployments.serve starting", proc=p, log=log,
         )  # fmt: skip
         yield log

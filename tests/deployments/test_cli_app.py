@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from deployments.cli import app
 from h5forge.cli.app import app as library_app
+from h5forge.deployments.cli import app
 
 
 def _names(cli: typer.Typer) -> set[str]:

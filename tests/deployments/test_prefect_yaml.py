@@ -14,7 +14,7 @@ import pytest
 from prefect.deployments import run_deployment
 from prefect.exceptions import PrefectHTTPStatusError
 
-from flows.build import BuildConfig
+from h5forge.flows.build import BuildConfig
 from tests.deployments._processes import (
     BUILD_FLOW,
     PREFECT,

@@ -15,16 +15,16 @@ from prefect.client.schemas.objects import ConcurrencyLimitStrategy
 from prefect.events.actions import PauseDeployment, RunDeployment
 from prefect.states import Completed, Pending
 
-from deployments.automations import (
+from h5forge.deployments.automations import (
     SOURCE_CHANGED,
     ensure_automation,
     pause_automation_name,
     pause_on_verify_failure,
 )
-from deployments.serve import NIGHTLY, ServeOptions, ensure_automations, load_specs
-from deployments.serve import runner_deployments as served
-from tasks.publish import asset_key
-from tasks.verify import VERIFY_FAILED
+from h5forge.deployments.serve import NIGHTLY, ServeOptions, ensure_automations, load_specs
+from h5forge.deployments.serve import runner_deployments as served
+from h5forge.tasks.publish import asset_key
+from h5forge.tasks.verify import VERIFY_FAILED
 
 pytestmark = pytest.mark.timeout(300)
 

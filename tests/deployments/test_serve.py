@@ -1,6 +1,6 @@
 """``deployments/serve.py``: the environment it reads, the deployments it builds from
-``prefect.yaml``, and a real ``python -m deployments.serve`` process running the nightly build
-and re-verify (their parameters overridden through the environment) to completion.
+``prefect.yaml``, and a real ``python -m h5forge.deployments.serve`` process running the nightly
+build and re-verify (their parameters overridden through the environment) to completion.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prefect.deployments import run_deployment
 
-from deployments.serve import (
+from h5forge.deployments.serve import (
     NIGHTLY,
     NIGHTLY_VERIFY,
     ON_DEMAND,
@@ -66,8 +66,8 @@ def test_runner_deployments_follow_prefect_yaml() -> None:
     served = {d.name: d for d in runner_deployments()}
 
     assert set(served) == set(specs) == {ON_DEMAND, NIGHTLY, NIGHTLY_VERIFY}
-    assert served[ON_DEMAND].entrypoint == "flows.build.build_dataset"
-    assert served[NIGHTLY_VERIFY].entrypoint == "flows.verify.verify_asset"
+    assert served[ON_DEMAND].entrypoint == "h5forge.flows.build.build_dataset"
+    assert served[NIGHTLY_VERIFY].entrypoint == "h5forge.flows.verify.verify_asset"
     for name, deployment in served.items():
         assert deployment.parameters == specs[name].get("parameters", {}), name
         assert deployment.work_pool_name is None, name  # served, not pooled
@@ -105,7 +105,7 @@ def test_load_specs_rejects_a_file_without_deployments(tmp_path: Path) -> None:
 
 def test_serve_refuses_to_start_without_an_api_url(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "deployments.serve"],
+        [sys.executable, "-m", "h5forge.deployments.serve"],
         cwd=REPO_ROOT, env=prefect_env(None, tmp_path), capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip

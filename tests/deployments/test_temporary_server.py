@@ -39,7 +39,7 @@ def _build(tmp_path: Path, **env_extra: str) -> subprocess.CompletedProcess[str]
         [
             sys.executable,
             "-m",
-            "deployments.cli",
+            "h5forge.deployments.cli",
             "build",
             str(src),
             str(tmp_path / "out" / "x.h5"),

@@ -1,7 +1,7 @@
 """The UI path, as a person uses it: a real ``prefect server start`` with its UI on loopback,
-``python -m deployments.serve`` against it, and headless Chromium (Debian's ``chromium`` driven
-by Playwright's Python package -- no browser download) filling the on-demand deployment's run
-form, submitting it, and watching the flow run reach Completed.
+``python -m h5forge.deployments.serve`` against it, and headless Chromium (Debian's
+``chromium`` driven by Playwright's Python package -- no browser download) filling the
+on-demand deployment's run form, submitting it, and watching the flow run reach Completed.
 
 Screenshots of every step are kept in ``test-artifacts/ui/`` at the repository root (gitignored).
 On failure the test prints what the browser saw (console errors, failed requests with their
@@ -29,7 +29,7 @@ from typing import Any, get_args
 import httpx
 import pytest
 
-from flows.build import BuildConfig
+from h5forge.flows.build import BuildConfig
 from tests.deployments._processes import (
     BUILD_FLOW,
     REPO_ROOT,

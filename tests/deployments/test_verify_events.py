@@ -1,5 +1,5 @@
-"""``tasks.verify``: a failed check emits ``h5forge.verify.failed`` (resource: the asset's key,
-payload: the failures) before it fails the task; a file that verifies emits nothing."""
+"""``h5forge.tasks.verify``: a failed check emits ``h5forge.verify.failed`` (resource: the
+asset's key, payload: the failures) before it fails the task; a file that verifies emits nothing."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from h5forge.errors import IntegrityError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
+from h5forge.tasks.publish import asset_key
+from h5forge.tasks.verify import VERIFY_FAILED, check_manifest, verify_file
 from h5forge.verify.checks import verify
-from tasks.publish import asset_key
-from tasks.verify import VERIFY_FAILED, check_manifest, verify_file
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -23,8 +23,8 @@ class Built:
     """A completed run of ``build-h5-dataset`` on the demo archive."""
 
     state: Any  # prefect State
-    summary: Any  # flows.build.BuildSummary
-    config: Any  # flows.build.BuildConfig
+    summary: Any  # h5forge.flows.build.BuildSummary
+    config: Any  # h5forge.flows.build.BuildConfig
     dest: Path
     cache_dir: Path
 
@@ -50,7 +50,7 @@ def built(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Built:
     """The demo built once with default settings (fork + spawn smoke-load) to a local path."""
-    from flows.build import BuildConfig, build_dataset
+    from h5forge.flows.build import BuildConfig, build_dataset
 
     dest = tmp_path_factory.mktemp("published") / "demo.h5"
     config = BuildConfig(

@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from flows.build import BuildConfig, build_dataset
 from h5forge.errors import IntegrityError, TooManyBadImagesError
+from h5forge.flows.build import BuildConfig, build_dataset
+from h5forge.tasks.publish import asset_key
 from h5forge.verify.checks import verify
-from tasks.publish import asset_key
 from tests.fixtures.damage import flip_sample_byte
 from tests.fixtures.prefect import asset_events, flow_run_artifacts, flow_run_task_runs
 
@@ -152,11 +152,11 @@ def _flip_first_sample_byte(task: Any, task_run: Any, state: Any) -> None:
 def test_a_failing_verify_fails_the_run_and_publishes_nothing(
     built: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import flows.build
-    from tasks.pack import pack_images
+    import h5forge.flows.build
+    from h5forge.tasks.pack import pack_images
 
     corrupting = pack_images.with_options(on_completion=[_flip_first_sample_byte])
-    monkeypatch.setattr(flows.build, "pack_images", corrupting)
+    monkeypatch.setattr(h5forge.flows.build, "pack_images", corrupting)
     out = tmp_path / "published"
     state = build_dataset(
         _config(built, out / "demo.h5"), cache_dir=str(built.cache_dir), return_state=True

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from flows.config import BuildConfig
+from h5forge.flows.config import BuildConfig
 from h5forge.pack.config import PackConfig
 from h5forge.preprocess.config import ImageConfig
 

@@ -38,7 +38,7 @@ def h5forge(
     read-only or tiny file system mounted for it (see tests/fixtures/mounts.py)."""
     command = _command()
     if python is not None:
-        command = [sys.executable, *python, "-m", "deployments.cli"]
+        command = [sys.executable, *python, "-m", "h5forge.deployments.cli"]
     command = [*command, *args]
     if mounts:
         command = in_mounts(command, mounts)
@@ -49,7 +49,7 @@ def h5forge(
 
 
 def _command() -> list[str]:
-    return [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "deployments.cli"]
+    return [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "h5forge.deployments.cli"]
 
 
 def _error_line(run: subprocess.CompletedProcess[str]) -> str:
@@ -174,7 +174,7 @@ def test_a_usage_error_exits_2_without_traceback(tmp_path: Path) -> None:
 def test_usage_errors_exit_2_before_any_work(args: list[str], message: str) -> None:
     from typer.testing import CliRunner
 
-    from deployments.cli import app
+    from h5forge.deployments.cli import app
 
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
@@ -198,7 +198,7 @@ def test_a_usage_error_is_found_without_importing_prefect(tmp_path: Path) -> Non
             for ln in run.stderr.splitlines()
             if ln.startswith("import time:")
         ]
-        assert "flows.config" in imported or args[3:] == ["--size", "0"]
+        assert "h5forge.flows.config" in imported or args[3:] == ["--size", "0"]
         assert not [m for m in imported if m.split(".")[0] == "prefect"], "prefect imported"
 
 

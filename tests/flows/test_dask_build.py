@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from flows.build import BuildConfig, BuildSummary, build_dataset
+from h5forge.flows.build import BuildConfig, BuildSummary, build_dataset
 from tests.fixtures.prefect import flow_run_artifacts, flow_run_task_runs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -177,7 +177,7 @@ def _wait_until_idle(cluster: Cluster, timeout: float = 60.0) -> None:
 
 _RUN_FLOW = """
 import sys
-from flows.build import BuildConfig, build_dataset
+from h5forge.flows.build import BuildConfig, build_dataset
 build_dataset(BuildConfig.model_validate_json(sys.argv[1]), cache_dir=sys.argv[2])
 """
 
@@ -291,7 +291,7 @@ def test_build_config_accepts_dask_addresses(address: str) -> None:
 def test_cli_build_takes_the_executor_options(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from deployments.cli import app
+    from h5forge.deployments.cli import app
 
     args = ["build", str(tmp_path), str(tmp_path / "out.h5"), "--executor", "dask"]
     missing = CliRunner().invoke(app, args)

@@ -15,9 +15,9 @@ import h5py
 import numpy as np
 import pytest
 
-from flows.build import BuildConfig, build_dataset
 from h5forge.asset import format as fmt
 from h5forge.demo import write_image_folder
+from h5forge.flows.build import BuildConfig, build_dataset
 from h5forge.pack.writer import pack
 from h5forge.publish.versions import read_pointer
 from tests.h5forge.test_incremental import CHANGES

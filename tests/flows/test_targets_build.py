@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from flows.build import BuildConfig, build_dataset
+from h5forge.flows.build import BuildConfig, build_dataset
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.verify.checks import verify
 from tests.fixtures.prefect import flow_run_artifacts

@@ -11,9 +11,9 @@ from typing import Any
 import h5py
 import pytest
 
-from flows.build import BuildConfig, build_dataset
-from flows.verify import verify_asset
 from h5forge.errors import IntegrityError
+from h5forge.flows.build import BuildConfig, build_dataset
+from h5forge.flows.verify import verify_asset
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import fsspec
 import h5py
 import pytest
 
-from flows.build import BuildConfig, build_dataset
 from h5forge.demo import write_image_folder
+from h5forge.flows.build import BuildConfig, build_dataset
 from h5forge.publish.lineage import read_sources
 from h5forge.publish.versions import read_pointer
 
@@ -182,7 +182,7 @@ def test_a_changed_source_is_built_incrementally_and_equals_a_full_build(
 def test_the_re_verify_flow_checks_the_version_the_pointer_names(
     prefect_harness: str, tmp_path: Path
 ) -> None:
-    from flows.verify import verify_asset
+    from h5forge.flows.verify import verify_asset
 
     src = _source(tmp_path / "src")
     dest = str(tmp_path / "pub" / "set.h5")

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from flows.build import BuildConfig, build_dataset
 from h5forge.demo import write_image_folder
+from h5forge.flows.build import BuildConfig, build_dataset
 from h5forge.publish.history import list_versions
 from h5forge.publish.versions import read_pointer
-from tasks.publish import asset_key
+from h5forge.tasks.publish import asset_key
 from tests.fixtures.prefect import asset_events
 
 GOOD: dict[str, Any] = {"source": "/data/flowers", "destination": "/assets/flowers.h5"}

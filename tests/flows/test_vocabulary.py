@@ -19,9 +19,9 @@ import typer.main
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from deployments.cli import app
-from flows.config import BuildConfig
 from h5forge.cli.options import pack_default
+from h5forge.deployments.cli import app
+from h5forge.flows.config import BuildConfig
 from h5forge.options import CODEC_LEVELS, PACK_OPTIONS, OptionError, format_size, option
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack

@@ -174,9 +174,9 @@ class Watched:
 
 
 def run_cli(args: list[str], env: dict[str, str], cwd: Path) -> Watched:
-    """Start ``python -m deployments.cli ARGS`` (the ``h5forge`` script) in its own group."""
+    """Start ``python -m h5forge.deployments.cli ARGS`` (the ``h5forge`` script), own group."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deployments.cli", *args],
+        [sys.executable, "-m", "h5forge.deployments.cli", *args],
         env=env,
         cwd=cwd,
         stdout=subprocess.PIPE,

@@ -335,7 +335,7 @@ def run_pack(root: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[
         [
             sys.executable,
             "-m",
-            "deployments.cli",
+            "h5forge.deployments.cli",
             "pack",
             str(root),
             str(out),

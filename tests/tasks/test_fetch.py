@@ -14,8 +14,8 @@ from h5forge.demo import write_image_folder
 from h5forge.errors import ChecksumError, UnsafeArchiveError
 from h5forge.fetch.sources import FetchResult
 from h5forge.hashing import sha256_file
-from tasks.common import retry_if_transient, retry_upload
-from tasks.fetch import _fetch_cache_key, fetch_source, fetch_task, source_dir
+from h5forge.tasks.common import retry_if_transient, retry_upload
+from h5forge.tasks.fetch import _fetch_cache_key, fetch_source, fetch_task, source_dir
 from tests.fixtures.prefect import flow_run_task_runs
 
 SHA = "ab" * 32

@@ -8,7 +8,7 @@ import pytest
 from prefect.assets import Asset
 
 from h5forge.publish.preview import preview_url
-from tasks.publish import asset_key
+from h5forge.tasks.publish import asset_key
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import pytest
 from h5forge.pack.writer import PackResult
 from h5forge.publish.storage import PublishResult
 from h5forge.smoke.load import MethodReport, SmokeReport
-from tasks.pack import artifact_key
-from tasks.report import render_report, viewable_url
+from h5forge.tasks.pack import artifact_key
+from h5forge.tasks.report import render_report, viewable_url
 
 
 def _render(quarantined: int) -> str:

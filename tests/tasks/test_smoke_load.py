@@ -9,7 +9,7 @@ import threading
 import pytest
 from prefect import flow, task
 
-from tasks.fork import forget_inherited_prefect_services
+from h5forge.tasks.fork import forget_inherited_prefect_services
 
 
 def _child() -> None:
