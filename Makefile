@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 # The CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test lint bench clean test-vision
+.PHONY: install demo test lint bench clean test-vision dist-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "==> [1/4] creating $(VENV)"
@@ -37,6 +37,10 @@ lint: install
 	$(VENV)/bin/ruff check h5forge tasks flows deployments tests benchmarks
 	$(VENV)/bin/mypy h5forge
 
+# The wheel and sdist, installed into fresh venvs outside the checkout (CI runs this).
+dist-check: install
+	.ci/check-dist
+
 # torchvision beside the project (tests/vision): it needs torch 2.14.1 (the CUDA build, ~5.5 GB;
 # torchvision's operators do not load beside the CPU torch of .venv), so it gets its own venv;
 # .venv is never touched.
@@ -56,4 +60,4 @@ test-vision: $(VISION_VENV)/.installed
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(VISION_PY) -m pytest -q -p no:cacheprovider tests/vision
 
 clean:
-	rm -rf $(VENV) $(VISION_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VISION_VENV) build dist *.egg-info .pytest_cache

@@ -151,9 +151,8 @@ def runner_deployments(
 ) -> list[RunnerDeployment]:
     """Turn the ``prefect.yaml`` deployment entries into deployments a runner can serve.
 
-    Entrypoints become module paths (``flows/build.py:build_dataset`` ->
-    ``h5forge.flows.build.build_dataset``), so the runner finds the flows from any working
-    directory.
+    Entrypoints are module paths (``h5forge.flows.build:build_dataset``), so the runner finds
+    the flows from any working directory.
     Work pools are dropped: a served deployment runs in the serving process's runner.
     """
     options = ServeOptions() if options is None else options
@@ -272,13 +271,15 @@ def _apply_overrides(
 
 
 def _load_flow(entrypoint: str) -> Flow[..., Any]:
-    """Import the flow a ``prefect.yaml`` entrypoint (``path/to/file.py:function``) names."""
-    file_path, sep, attribute = entrypoint.partition(":")
-    if not sep or not file_path.endswith(".py"):
+    """Import the flow a ``prefect.yaml`` entrypoint (``package.module:function``) names."""
+    module_name, sep, attribute = entrypoint.partition(":")
+    if not sep or not module_name.startswith("h5forge.") or module_name.endswith(".py"):
         raise ValueError(
-            f"entrypoint {entrypoint!r} is not of the form 'package/module.py:flow_function'"
+            f"entrypoint {entrypoint!r} is not of the form 'h5forge.flows.module:flow_function' "
+            "(since h5forge 0.2.0 flows are named by module path, e.g. "
+            "'h5forge.flows.build:build_dataset', not 'flows/build.py:build_dataset')"
         )
-    module = importlib.import_module(Path(file_path).with_suffix("").as_posix().replace("/", "."))
+    module = importlib.import_module(module_name)
     flow = getattr(module, attribute)
     if not isinstance(flow, Flow):
         raise TypeError(

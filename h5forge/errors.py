@@ -22,6 +22,7 @@ __all__ = [
     "UnsafeArchiveError",
     "UnsafePathError",
     "UnsealedFileError",
+    "UnsupportedPlatformError",
 ]
 
 
@@ -77,6 +78,10 @@ class UnsafeArchiveError(H5ForgeError, ValueError):
 
 class MissingExtraError(H5ForgeError, ImportError):
     """An optional dependency is needed for the requested feature (message names the extra)."""
+
+
+class UnsupportedPlatformError(H5ForgeError, NotImplementedError):
+    """A Linux-only code path was reached on a platform without the system call it needs."""
 
 
 class DestinationExistsError(H5ForgeError, FileExistsError):

@@ -40,6 +40,7 @@ from h5forge.files import (
     record,
     same_file,
 )
+from h5forge.platforms import require_calls
 
 __all__ = [
     "LOCK_FORMAT",
@@ -57,11 +58,10 @@ LOCK_FORMAT = "h5forge-lock/1"
 
 def flock(fd: int, *, wait: bool = True) -> bool:
     """Take an exclusive ``flock`` on ``fd``; False when ``wait`` is False and someone else
-    holds it, or where ``flock`` does not exist (Windows: no turn-taking)."""
-    try:
-        import fcntl
-    except ImportError:
-        return False
+    holds it. Where ``flock`` does not exist (Windows) it raises rather than take no turns."""
+    require_calls("a lock that keeps two writers apart", "fcntl.flock")
+    import fcntl
+
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
@@ -133,11 +133,7 @@ def lock_file(
         UnsafePathError: the lock file is a symlink, a hard link, a folder or not a lock.
     """
     path = os.path.abspath(os.fspath(lock))
-    try:
-        import fcntl  # noqa: F401  # only whether it exists
-    except ImportError:  # no flock (Windows): no turn-taking
-        yield HeldLock(path, None, record("lock", LOCK_FORMAT), None)
-        return
+    require_calls("a lock that keeps two writers apart", "fcntl.flock")
     while True:
         fd = _open_lock(path)
         if not flock(fd, wait=wait):

@@ -10,7 +10,8 @@
   Prefect nor anything above it, so ``pip install h5forge`` without extras reads assets;
 * one top-level import name: ``flows/``, ``tasks/`` and ``deployments/`` are reached as
   ``h5forge.flows`` (and so on) through links under ``h5forge/``;
-* every module of the project is under 300 lines.
+* a module past about 500 lines says why it is one idea (:data:`LONG_MODULES`): size is a
+  hint to look, not a wall that splits an idea across files.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("h5forge",)
 #: The packages above the library, top first, each in its own folder of the repository.
 LAYERS = ("deployments", "flows", "tasks")
-MAX_LINES = 300
+#: About this many lines is a hint to look at a module; past it, a reason is recorded here.
+MAX_LINES = 500
+#: Modules longer than ``MAX_LINES``, each with why it is still one idea.
+LONG_MODULES: dict[str, str] = {}
 
 
 def _modules() -> dict[str, Path]:
@@ -235,6 +239,9 @@ def test_environment_reads_are_found() -> None:
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
-def test_module_is_under_300_lines(module: str) -> None:
+def test_a_long_module_says_why(module: str) -> None:
     lines = MODULES[module].read_text(encoding="utf-8").count("\n")
-    assert lines < MAX_LINES, f"{MODULES[module].relative_to(ROOT)} has {lines} lines"
+    assert lines < MAX_LINES or module in LONG_MODULES, (
+        f"{MODULES[module].relative_to(ROOT)} has {lines} lines: split it by idea, or record "
+        "in LONG_MODULES why it is one"
+    )

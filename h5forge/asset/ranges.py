@@ -22,6 +22,7 @@ from h5forge.asset.coalesce import (
 )
 from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import IntegrityError
+from h5forge.platforms import require_calls
 
 __all__ = ["RangeReader", "open_ranges"]
 
@@ -55,6 +56,7 @@ class RangeReader:
         self._fd: int | None = None
         self.remote: RemoteRanges | None = None
         if is_local(self._fs):
+            require_calls("batched local reads", "preadv")
             self._fd = os.open(self._path, os.O_RDONLY)
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)

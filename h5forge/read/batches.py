@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from h5forge.platforms import require_calls
 from h5forge.read.ragged import Ragged, unpack
 
 __all__ = [
@@ -55,6 +56,7 @@ def shared_tensor(nbytes: int) -> torch.Tensor:
 
 class _Slot:
     def __init__(self, capacity: int) -> None:
+        require_calls("loader()'s reusable batch slots", "memfd_create")
         self.fd = os.memfd_create("h5forge-batch", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, capacity)

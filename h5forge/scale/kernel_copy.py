@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from h5forge.platforms import require_calls
+
 __all__ = ["BLOCK", "RangeCopy", "pread_into", "pwrite_all", "runs", "writeback_starter"]
 
 BLOCK = 16 << 20  # bytes read and written per system call when copying through user space
@@ -61,6 +63,7 @@ class RangeCopy:
     """
 
     def __init__(self) -> None:
+        require_calls("copying stored samples", "preadv")
         self.kernel = hasattr(os, "copy_file_range")
         self._buf: bytearray | None = None
 

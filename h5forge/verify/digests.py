@@ -24,6 +24,7 @@ import numpy as np
 from h5forge.asset.index import AssetIndex
 from h5forge.asset.open import is_local, url_to_fs
 from h5forge.cpus import usable_cpus
+from h5forge.platforms import require_calls
 
 __all__ = ["OnSample", "check_samples", "hash_local_ranges"]
 
@@ -147,6 +148,7 @@ def hash_local_ranges(
     """
     ranges = sorted(ranges, key=lambda r: r[1])
     threads = max(1, min(usable_cpus(), 8, len(ranges)))
+    require_calls("hashing a file's samples", "preadv")
     total = sum(r[2] for r in ranges)
     groups: list[list[tuple[int, int, int]]] = [[]]
     acc = 0

@@ -75,6 +75,16 @@ def test_runner_deployments_follow_prefect_yaml() -> None:
         assert crons == [(s["cron"], True) for s in specs[name].get("schedules", [])], name
 
 
+@pytest.mark.parametrize(
+    "entrypoint", ["flows/build.py:build_dataset", "flows.build:build_dataset", "h5forge.flows"]
+)
+def test_a_pre_0_2_entrypoint_is_refused_naming_the_module_path(entrypoint: str) -> None:
+    spec = {**load_specs()[0], "entrypoint": entrypoint}
+    with pytest.raises(ValueError, match=r"'h5forge\.flows\.build:build_dataset'") as caught:
+        runner_deployments(specs=[spec])
+    assert repr(entrypoint) in str(caught.value)
+
+
 def test_runner_deployments_apply_options() -> None:
     options = ServeOptions(schedules=False, nightly_source="/src", nightly_destination="/out.h5")
     served = {d.name: d for d in runner_deployments(options)}
