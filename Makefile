@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 # The CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test lint bench clean test-vision dist-check
+.PHONY: install demo test lint bench clean test-vision dist-check docs docs-build
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "==> [1/4] creating $(VENV)"
@@ -36,6 +36,16 @@ lint: install
 	$(VENV)/bin/ruff format --check h5forge tasks flows deployments tests benchmarks
 	$(VENV)/bin/ruff check h5forge tasks flows deployments tests benchmarks
 	$(VENV)/bin/mypy h5forge
+
+# The documentation site (mkdocs.yml, docs/): `make docs` serves it at http://127.0.0.1:8000 and
+# rebuilds on every change; `make docs-build` builds it once with --strict (a broken link, a
+# missing page or a docstring mkdocstrings cannot read fails), into a folder removed afterwards.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+docs-build: install
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$tmp/site"
 
 # The wheel and sdist, installed into fresh venvs outside the checkout (CI runs this).
 dist-check: install

@@ -179,6 +179,13 @@ def test_the_required_examples_run() -> None:
     assert any("build_dataset" in e.code and '__name__ == "__main__"' in e.code for e in readme)
 
 
+def test_getting_started_shows_the_readmes_script() -> None:
+    """The README's script is shown again in Getting started; it runs once, from the README."""
+    readme = next(e for e in RUNNABLE if e.page.name == "README.md" and "build_dataset" in e.code)
+    page = [e.code for e in EXAMPLES if e.page.name == "getting-started.md"]
+    assert readme.code in page, "docs/getting-started.md must show the README's script as is"
+
+
 def test_extract_finds_markers_and_indented_blocks(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
