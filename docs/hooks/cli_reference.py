@@ -31,17 +31,18 @@ def cli_reference() -> str:
 
     root = typer.main.get_command(app)
     ctx = root.context_class(root, info_name="h5forge")
-    return "\n".join(_sections(root, ctx, level=2))
+    return "\n".join(command_sections(root, ctx, level=2))
 
 
 def _is_group(command: Any) -> bool:
     return hasattr(command, "list_commands")
 
 
-def _sections(command: Any, ctx: Any, *, level: int) -> list[str]:
+def command_sections(command: Any, ctx: Any, *, level: int) -> list[str]:
+    """The lines of ``command``'s section, then its sub-commands' (one level deeper)."""
     lines = [f"{'#' * level} `{ctx.command_path}`", ""]
     if command.help:
-        lines += [_text(command.help), ""]
+        lines += [_escape(_text(command.help)), ""]
     lines += ["```text", f"Usage: {ctx.command_path} {_usage(command, ctx)}", "```", ""]
     rows = [_row(p, ctx) for p in command.params if p.name != "help" and not p.hidden]
     rows = [row for row in rows if row]
@@ -53,7 +54,7 @@ def _sections(command: Any, ctx: Any, *, level: int) -> list[str]:
             if sub is None or sub.hidden:
                 continue
             sub_ctx = sub.context_class(sub, info_name=name, parent=ctx)
-            lines += _sections(sub, sub_ctx, level=level + 1 if level < 3 else level)
+            lines += command_sections(sub, sub_ctx, level=level + 1 if level < 3 else level)
     return lines
 
 
@@ -92,7 +93,13 @@ def _text(text: str) -> str:
     return "\n\n".join(p.strip() for p in paragraphs)
 
 
-def _cell(text: str) -> str:
-    for char in "|[]":
+def _escape(text: str) -> str:
+    """Help text as literal markdown: "<PATH>" is not a tag, "[a] [b]" not a link."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for char in "[]*":
         text = text.replace(char, "\\" + char)
-    return text.replace("\n", " ")
+    return text
+
+
+def _cell(text: str) -> str:
+    return _escape(text).replace("|", "\\|").replace("\n", " ")
