@@ -33,8 +33,8 @@ test: install
 
 # One format and one lint for the whole tree; CI runs this before the tests.
 lint: install
-	$(VENV)/bin/ruff format --check h5forge tasks flows deployments tests benchmarks
-	$(VENV)/bin/ruff check h5forge tasks flows deployments tests benchmarks
+	$(VENV)/bin/ruff format --check h5forge tasks flows deployments tests benchmarks docs/hooks
+	$(VENV)/bin/ruff check h5forge tasks flows deployments tests benchmarks docs/hooks
 	$(VENV)/bin/mypy h5forge
 
 # The documentation site (mkdocs.yml, docs/): `make docs` serves it at http://127.0.0.1:8000 and

@@ -205,6 +205,8 @@ def _marks(example: Example) -> list[pytest.MarkDecorator]:
     return [pytest.mark.slow] if "slow" in example.words else []
 
 
+# above the subprocess's own limit, so that a hung example still reports its output
+@pytest.mark.timeout(EXAMPLE_TIMEOUT_S + 120)
 @pytest.mark.parametrize("example", [pytest.param(e, id=e.id, marks=_marks(e)) for e in RUNNABLE])
 def test_example_runs(example: Example, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     extra: dict[str, str] = {}
@@ -215,16 +217,25 @@ def test_example_runs(example: Example, tmp_path: Path, request: pytest.FixtureR
     env.update(extra, PREFECT_SERVER_ANALYTICS_ENABLED="false")
     script = tmp_path / "example.py"
     script.write_text(example.code, encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=EXAMPLE_TIMEOUT_S,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=EXAMPLE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        output = _tail(e.stdout) + _tail(e.stderr)
+        pytest.fail(f"{example.id} ran past {EXAMPLE_TIMEOUT_S} s\n--- output\n{output}")
     assert done.returncode == 0, (
         f"{example.id} exited {done.returncode}\n--- stdout\n{done.stdout[-4000:]}"
         f"\n--- stderr\n{done.stderr[-6000:]}"
     )
+
+
+def _tail(output: str | bytes | None) -> str:
+    text = output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+    return text[-4000:]
