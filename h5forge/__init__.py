@@ -22,6 +22,7 @@ from h5forge.errors import (
     UnsafeArchiveError,
     UnsafePathError,
     UnsealedFileError,
+    UnsupportedPlatformError,
 )
 
 __version__ = "0.2.0"
@@ -73,6 +74,7 @@ __all__ = [
     "UnsafeArchiveError",
     "UnsafePathError",
     "UnsealedFileError",
+    "UnsupportedPlatformError",
     "__version__",
     *sorted(_LAZY),
 ]
