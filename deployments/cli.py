@@ -26,7 +26,8 @@ import typer
 
 from h5forge.cli.app import app as library_app
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
-from h5forge.cli.options import check_pack_options, with_pack_options
+from h5forge.cli.inputs import check_options, check_paths
+from h5forge.cli.options import with_pack_options
 from h5forge.messages import describe_os_error
 from h5forge.options import OptionError
 from h5forge.publish.history import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S
@@ -64,7 +65,8 @@ def _config_error(e: ValidationError) -> typer.Exit:
     for err in e.errors():
         cause = (err.get("ctx") or {}).get("error")
         if len(e.errors()) == 1 and (
-            isinstance(cause, OptionError) or (isinstance(cause, ValueError) and not err["loc"])
+            isinstance(cause, OptionError)
+            or (isinstance(cause, ValueError) and err["loc"] in ((), ("source",)))
         ):
             return usage_error(cause)  # the same line as `pack` gives for this value
         where = ".".join(str(p) for p in err["loc"]) or "config"
@@ -103,22 +105,6 @@ def _print_summary(summary: Any) -> None:
             f"shards:      {shards.total} on {shards.address}: {len(shards.packed)} packed, "
             f"{len(shards.skipped)} already done in {printable(shards.staging)}"
         )
-
-
-def _check_paths(config: Any) -> None:
-    """Before Prefect: a local source exists; a local destination can take the asset."""
-    from h5forge.preflight import check_destination, check_source, local_path
-
-    try:
-        check_source(config.source)
-        if local_path(config.destination) is not None:  # remote: the flow checks, with keys
-            check_destination(
-                config.destination,
-                source=config.source,
-                overwrite=config.overwrite or config.versioned,  # as the flow: never over one
-            )
-    except (OSError, ValueError) as e:
-        raise usage_error(e) from e
 
 
 @with_pack_options
@@ -176,7 +162,8 @@ def build(
     from h5forge.deployments.local_run import run_build
     from h5forge.flows.config import BuildConfig
 
-    v = check_pack_options(pack_options or {})
+    # The checks `pack` makes too, in the same order, with the same messages, before Prefect.
+    v = dict(check_options(pack_options or {}).values)
     hw = v.pop("size")
     sized = {} if hw is None else {"size": hw[0], "width": hw[1] if hw[1] != hw[0] else None}
     try:
@@ -202,7 +189,7 @@ def build(
         )
     except ValidationError as e:
         raise _config_error(e) from e
-    _check_paths(config)
+    check_paths(config.source, config.destination, replace=config.overwrite or versioned)
     _print_summary(run_build(config, cache_dir, debug))
 
 

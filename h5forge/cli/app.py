@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, run_guarded, usage_error
-from h5forge.cli.options import check_pack_options, with_pack_options
+from h5forge.cli.options import with_pack_options
 from h5forge.cli.summary import format_summary
 from h5forge.errors import IntegrityError
 from h5forge.text import printable
@@ -38,35 +38,40 @@ app = typer.Typer(
 @app.command()
 @with_pack_options
 def pack(
-    src: Annotated[Path, typer.Argument(help="dataset root: ImageFolder, or manifest's folder")],
-    out: Annotated[Path, typer.Argument(help="the .h5 file to write")],
+    src: Annotated[
+        str,
+        typer.Argument(
+            help="the local image folder to pack: class folders (ImageFolder: "
+            "[split/]class/image.jpg), or the folder a --manifest or --coco file refers to",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        str,
+        typer.Argument(
+            help="the local .h5 file to write (written as OUT.partial, renamed when sealed)",
+            show_default=False,
+        ),
+    ],
     pack_options: dict[str, Any],
 ) -> None:
     """Pack an image folder into a sealed HDF5 file (no Prefect)."""
-    from h5forge.pack.config import PackConfig
-    from h5forge.pack.writer import pack as do_pack
-    from h5forge.preflight import check_destination, check_source
-    from h5forge.preprocess.config import ImageConfig
+    from h5forge.cli.inputs import check_options, check_paths
+    from h5forge.preflight import local_path
 
-    v = check_pack_options(pack_options)
-    # The image policy, codec and checksums go to PackConfig, the rest (workers...) to pack().
-    image_fields = {f.name for f in dataclasses.fields(ImageConfig)} & v.keys()
-    codec_fields = {f.name for f in dataclasses.fields(PackConfig)} & v.keys()
-    image = run_guarded(ImageConfig, **{k: v[k] for k in image_fields})
-    config = run_guarded(PackConfig, image=image, **{k: v[k] for k in codec_fields})
-    try:  # before any work: the source is there, the output can be written and is not in it
-        check_source(str(src))
-        check_destination(str(out), source=str(src), overwrite=v["overwrite"])
-    except (OSError, ValueError) as e:
-        raise usage_error(e) from e
+    # The checks `build` makes too, in the same order, with the same messages.
+    checked = check_options(pack_options)
+    check_paths(src, out, replace=checked.values["overwrite"], local_only=True)
+    from h5forge.pack.writer import pack as do_pack  # h5py, Pillow: after the checks
+
     result = run_guarded(
         do_pack,
-        src,
-        out,
-        what=str(out),
-        config=config,
+        str(local_path(src)),
+        str(local_path(out)),
+        what=out,
+        config=checked.config,
         progress=True,
-        **{k: val for k, val in v.items() if k not in image_fields | codec_fields},
+        **checked.rest,
     )
     typer.echo(
         f"wrote {printable(result.path)}: {result.num_samples} samples, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -104,7 +105,15 @@ def with_pack_options(command: Callable[..., Any]) -> Callable[..., Any]:
     ``pack_options`` (name -> value as typed; ``size`` as text), and lists them in ``--help``
     after its own parameters.
     """
-    own = [p for name, p in inspect.signature(command).parameters.items() if name != "pack_options"]
+    # The command's own annotations evaluated in its module (they are strings under
+    # ``from __future__ import annotations``): the wrapper lives here, where they would not
+    # resolve, and Typer would drop their help.
+    hints = typing.get_type_hints(command, include_extras=True)
+    own = [
+        p.replace(annotation=hints.get(name, p.annotation))
+        for name, p in inspect.signature(command).parameters.items()
+        if name != "pack_options"
+    ]
     added = []
     for o in PACK_OPTIONS:
         kind: Any = _PY_TYPES[o.kind]
