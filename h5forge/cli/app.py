@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, run_guarded, usage_error
+from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, run_guarded
 from h5forge.cli.options import with_pack_options
 from h5forge.cli.summary import format_summary
 from h5forge.errors import IntegrityError
