@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from h5forge.cli.app import app as library_app
+from h5forge.cli.app import program_version
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
 from h5forge.cli.inputs import check_options, check_paths
 from h5forge.cli.options import with_pack_options
@@ -109,49 +110,116 @@ def _print_summary(summary: Any) -> None:
 
 @with_pack_options
 def build(
-    source: Annotated[str, typer.Argument(help="local folder/archive or fsspec URL of images")],
-    dest: Annotated[str, typer.Argument(help="where to publish the .h5 (path or fsspec URL)")],
-    sha256: Annotated[str | None, typer.Option(help="sha256 of the source archive")] = None,
-    credentials_block: Annotated[
-        str | None, typer.Option(help="Prefect Secret block holding fsspec storage_options as JSON")
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="the images: a local folder (class folders, [split/]class/image.jpg) or "
+            "archive (.tar.gz, .zip ...), or a URL fsspec reads, e.g. "
+            "https://host/data.tar.gz or s3://bucket/prefix/",
+            show_default=False,
+        ),
+    ],
+    dest: Annotated[
+        str,
+        typer.Argument(
+            help="where to publish the asset: a path or URL ending in .h5, e.g. "
+            "out/flowers.h5 or s3://bucket/flowers.h5; DEST.manifest.json and "
+            "DEST.preview.png go beside it (with --versioned, see there)",
+            show_default=False,
+        ),
+    ],
+    sha256: Annotated[
+        str | None,
+        typer.Option(
+            help="the sha256 (64 hex digits) the source archive must have; a download that "
+            "differs fails, and a pinned archive is fetched once and cached "
+            "(default: not checked)",
+        ),
     ] = None,
-    smoke_workers: Annotated[int, typer.Option(help="DataLoader workers in the smoke-load")] = 2,
-    smoke_batches: Annotated[int, typer.Option(help="batches per start method")] = 4,
+    credentials_block: Annotated[
+        str | None,
+        typer.Option(
+            help="name of a Prefect Secret block whose value is JSON fsspec storage_options "
+            '(e.g. {"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}) for '
+            "SOURCE and DEST (default: none, the environment's own credentials)",
+        ),
+    ] = None,
+    smoke_workers: Annotated[
+        int,
+        typer.Option(
+            help="DataLoader worker processes of the smoke-load, which reads the new asset "
+            "back as training will (0: read in this process)",
+        ),
+    ] = 2,
+    smoke_batches: Annotated[
+        int, typer.Option(help="batches the smoke-load reads per start method (fork, spawn)")
+    ] = 4,
     executor: Annotated[
         Executor,
-        typer.Option(help="local: process pool here; dask: shards on a Dask cluster, merged here"),
+        typer.Option(
+            help="where the images are packed: local, a process pool on this machine; dask, "
+            "shards packed on a Dask cluster (--dask-address), merged here",
+        ),
     ] = Executor.local,
     dask_address: Annotated[
-        str | None, typer.Option(help="executor dask: scheduler address, tcp://HOST:8786")
+        str | None,
+        typer.Option(
+            help="with --executor dask: the scheduler's address, e.g. tcp://scheduler:8786 "
+            "(what `dask scheduler` prints); default: none, required with dask",
+        ),
     ] = None,
-    shard_size: Annotated[int, typer.Option(help="executor dask: images per shard")] = 2000,
+    shard_size: Annotated[
+        int, typer.Option(help="with --executor dask: images per shard (one task on a worker)")
+    ] = 2000,
     shard_bytes: Annotated[
-        int | None, typer.Option(help="executor dask: also close a shard at this many source bytes")
+        int | None,
+        typer.Option(
+            help="with --executor dask: also close a shard once its source files reach this "
+            "many bytes, e.g. 67108864 (64 MiB) (default: no byte limit)",
+        ),
     ] = None,
     staging: Annotated[
         str | None,
         typer.Option(
-            help="executor dask: shard folder every worker reaches (shared path or bucket); "
-            "default a folder in the cache"
+            help="with --executor dask: the folder every worker reaches (a shared path or a "
+            "bucket URL) where shards are written (default: a folder in the fetch cache, "
+            "which only workers on this machine reach)",
         ),
     ] = None,
     cache_dir: Annotated[
-        Path | None, typer.Option(help="fetch cache (default ~/.cache/h5forge)")
+        Path | None,
+        typer.Option(
+            help="where fetched sources are kept between builds (default: "
+            "$XDG_CACHE_HOME/h5forge, else ~/.cache/h5forge)",
+        ),
     ] = None,
     versioned: Annotated[
         bool,
         typer.Option(
-            help="publish a new immutable version BASE/v/<sha>/NAME.h5 and move BASE.latest.json "
-            "to it; nothing when source and settings are unchanged; incremental otherwise"
+            help="publish a new immutable version BASE/v/<sha>/NAME.h5 of the asset DEST "
+            "names (BASE is DEST without .h5) and move BASE.latest.json to it; nothing when "
+            "source and settings are unchanged; incremental otherwise. Read it back as DEST "
+            "or BASE (verify, inspect, H5ImageDataset), with --version to pick one",
         ),
     ] = False,
     keep_versions: Annotated[
-        int, typer.Option(help="versioned: versions kept (>= 1)")
+        int,
+        typer.Option(
+            help="with --versioned: versions kept (>= 1); older ones are deleted once they "
+            "are also older than --min-age-s",
+        ),
     ] = DEFAULT_KEEP_VERSIONS,
     min_age_s: Annotated[
-        float, typer.Option(help="versioned: seconds a version is kept at least")
+        float,
+        typer.Option(
+            help="with --versioned: seconds a version is kept at least, whatever "
+            "--keep-versions says (86400 = one day), so readers that pinned it can finish",
+        ),
     ] = DEFAULT_MIN_AGE_S,
-    debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(help="on an unexpected error, show its Python traceback, not one line"),
+    ] = False,
     pack_options: dict[str, Any] | None = None,
 ) -> None:
     """Run the build-h5-dataset flow: fetch, pack, verify, smoke-load and publish."""
@@ -194,11 +262,24 @@ def build(
 
 
 def demo(
-    dest: Annotated[Path, typer.Argument(help="where to publish the demo .h5")] = DEFAULT_DEMO_DEST,
+    dest: Annotated[
+        Path,
+        typer.Argument(
+            help="where to publish the demo asset (.h5); the generated source archive goes "
+            "beside it, in NAME-source/",
+        ),
+    ] = DEFAULT_DEMO_DEST,
     cache_dir: Annotated[
-        Path | None, typer.Option(help="fetch cache (default ~/.cache/h5forge)")
+        Path | None,
+        typer.Option(
+            help="where fetched sources are kept between builds (default: "
+            "$XDG_CACHE_HOME/h5forge, else ~/.cache/h5forge)",
+        ),
     ] = None,
-    debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(help="on an unexpected error, show its Python traceback, not one line"),
+    ] = False,
 ) -> None:
     """Generate the built-in demo dataset and run the whole build flow on it, offline."""
     _pipeline("demo")
@@ -235,9 +316,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help=library_app.info.help,
 )
+app.callback()(program_version)  # `h5forge --version`
 app.command()(build)
 app.command()(demo)
-app.add_typer(library_app)  # no name: pack, verify and inspect become commands of this app
+# pack, verify, inspect, versions and diff become commands of this app, as they are (not
+# add_typer: the library app's own callback, its --version, would not carry over).
+app.registered_commands.extend(library_app.registered_commands)
 
 
 def main() -> None:

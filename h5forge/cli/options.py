@@ -23,7 +23,37 @@ from h5forge.options import (
     parse_size,
 )
 
-__all__ = ["check_pack_options", "pack_default", "pack_flag", "with_pack_options"]
+__all__ = [
+    "AssetName",
+    "AssetVersion",
+    "check_pack_options",
+    "pack_default",
+    "pack_flag",
+    "with_pack_options",
+]
+
+#: The FILE argument of the commands that read one asset (verify, inspect).
+AssetName = Annotated[
+    str,
+    typer.Argument(
+        help="the asset: a path or fsspec URL of a .h5 file, or the name it was built or "
+        "published to (DEST.h5, or its base DEST; see --version)",
+        show_default=False,
+    ),
+]
+#: ``--version``, the same in every command that reads an asset and as ``version=`` in
+#: Python (:func:`h5forge.read.version.resolve_asset`); not ``h5forge --version``.
+AssetVersion = Annotated[
+    str | None,
+    typer.Option(
+        "--version",
+        metavar="latest|SHA256",
+        help="which published version: latest, or the first 16-64 hex digits of its sha256 "
+        "(`h5forge versions` lists them); default: FILE itself, or the asset's latest "
+        "version when no file has that name",
+        show_default=False,
+    ),
+]
 
 _PANEL = "Pack options (the same in pack, build and the UI form)"
 
