@@ -22,6 +22,7 @@ from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import collate as _collate
 from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
 from h5forge.read.loader import BatchLoading
+from h5forge.read.provenance import SampleSources
 from h5forge.read.samples import read_batch, read_images, read_with_targets
 from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
@@ -31,8 +32,14 @@ from h5forge.targets.schema import Column
 
 __all__ = ["H5ImageDataset"]
 
+# What a DataLoader worker receives: where the file is and how to read it, never a handle.
+_PICKLED = tuple(
+    "url version split target multilabel iscrowd transform target_transform transforms "
+    "storage_options verify_reads max_pixels cache".split()
+)
 
-class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
+
+class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
     """Images and their targets (by default the class label) from an h5forge file.
 
     Args:
@@ -81,6 +88,11 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
 
     Attributes:
         url: the file read; version: its full sha256 ("" when opened by ``url`` alone).
+
+    Where each sample came from: ``ds.source_path(i)`` (its path in the source, e.g.
+    ``train/cat/001.jpg``), ``ds.sources`` (all of them), and ``ds.provenance`` (source URL
+    and sha256, build time, configuration, parent version, Prefect run: see
+    :mod:`h5forge.read.provenance`), read from the file when first asked for.
     """
 
     def __init__(
@@ -128,22 +140,7 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
 
     # --- pickling: URL and options only ------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        keep = (
-            "url",
-            "version",
-            "split",
-            "target",
-            "multilabel",
-            "iscrowd",
-            "transform",
-            "target_transform",
-            "transforms",
-            "storage_options",
-            "verify_reads",
-            "max_pixels",
-            "cache",
-        )
-        return {k: self.__dict__[k] for k in keep}
+        return {k: self.__dict__[k] for k in _PICKLED}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
