@@ -18,9 +18,8 @@ second, not the ~18 s of starting Prefect.
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -29,6 +28,26 @@ from h5forge.cli.app import program_version
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
 from h5forge.cli.inputs import check_options, check_paths
 from h5forge.cli.options import with_pack_options
+from h5forge.deployments.build_options import (
+    CacheDir,
+    CredentialsBlock,
+    DaskAddress,
+    Debug,
+    DemoDest,
+    Dest,
+    Executor,
+    ExecutorChoice,
+    KeepVersions,
+    MinAgeS,
+    Sha256,
+    ShardBytes,
+    ShardSize,
+    SmokeBatches,
+    SmokeWorkers,
+    Source,
+    Staging,
+    Versioned,
+)
 from h5forge.messages import describe_os_error
 from h5forge.options import OptionError
 from h5forge.publish.history import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S
@@ -40,13 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_DEMO_DEST", "app", "build", "demo", "main"]
 
 DEFAULT_DEMO_DEST = Path("h5forge-demo") / "demo.h5"
-
-
-class Executor(str, Enum):
-    """Where ``build`` packs: this machine's process pool, or shards on a Dask cluster."""
-
-    local = "local"
-    dask = "dask"
 
 
 def _pipeline(command: str) -> None:
@@ -110,116 +122,22 @@ def _print_summary(summary: Any) -> None:
 
 @with_pack_options
 def build(
-    source: Annotated[
-        str,
-        typer.Argument(
-            help="the images: a local folder (class folders, [split/]class/image.jpg) or "
-            "archive (.tar.gz, .zip ...), or a URL fsspec reads, e.g. "
-            "https://host/data.tar.gz or s3://bucket/prefix/",
-            show_default=False,
-        ),
-    ],
-    dest: Annotated[
-        str,
-        typer.Argument(
-            help="where to publish the asset: a path or URL ending in .h5, e.g. "
-            "out/flowers.h5 or s3://bucket/flowers.h5; DEST.manifest.json and "
-            "DEST.preview.png go beside it (with --versioned, see there)",
-            show_default=False,
-        ),
-    ],
-    sha256: Annotated[
-        str | None,
-        typer.Option(
-            help="the sha256 (64 hex digits) the source archive must have; a download that "
-            "differs fails, and a pinned archive is fetched once and cached "
-            "(default: not checked)",
-        ),
-    ] = None,
-    credentials_block: Annotated[
-        str | None,
-        typer.Option(
-            help="name of a Prefect Secret block whose value is JSON fsspec storage_options "
-            '(e.g. {"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}) for '
-            "SOURCE and DEST (default: none, the environment's own credentials)",
-        ),
-    ] = None,
-    smoke_workers: Annotated[
-        int,
-        typer.Option(
-            help="DataLoader worker processes of the smoke-load, which reads the new asset "
-            "back as training will (0: read in this process)",
-        ),
-    ] = 2,
-    smoke_batches: Annotated[
-        int, typer.Option(help="batches the smoke-load reads per start method (fork, spawn)")
-    ] = 4,
-    executor: Annotated[
-        Executor,
-        typer.Option(
-            help="where the images are packed: local, a process pool on this machine; dask, "
-            "shards packed on a Dask cluster (--dask-address), merged here",
-        ),
-    ] = Executor.local,
-    dask_address: Annotated[
-        str | None,
-        typer.Option(
-            help="with --executor dask: the scheduler's address, e.g. tcp://scheduler:8786 "
-            "(what `dask scheduler` prints); default: none, required with dask",
-        ),
-    ] = None,
-    shard_size: Annotated[
-        int, typer.Option(help="with --executor dask: images per shard (one task on a worker)")
-    ] = 2000,
-    shard_bytes: Annotated[
-        int | None,
-        typer.Option(
-            help="with --executor dask: also close a shard once its source files reach this "
-            "many bytes, e.g. 67108864 (64 MiB) (default: no byte limit)",
-        ),
-    ] = None,
-    staging: Annotated[
-        str | None,
-        typer.Option(
-            help="with --executor dask: the folder every worker reaches (a shared path or a "
-            "bucket URL) where shards are written (default: a folder in the fetch cache, "
-            "which only workers on this machine reach)",
-        ),
-    ] = None,
-    cache_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="where fetched sources are kept between builds (default: "
-            "$XDG_CACHE_HOME/h5forge, else ~/.cache/h5forge)",
-        ),
-    ] = None,
-    versioned: Annotated[
-        bool,
-        typer.Option(
-            help="publish a new immutable version BASE/v/<sha>/NAME.h5 of the asset DEST "
-            "names (BASE is DEST without .h5) and move BASE.latest.json to it; nothing when "
-            "source and settings are unchanged; incremental otherwise. Read it back as DEST "
-            "or BASE (verify, inspect, H5ImageDataset), with --version to pick one",
-        ),
-    ] = False,
-    keep_versions: Annotated[
-        int,
-        typer.Option(
-            help="with --versioned: versions kept (>= 1); older ones are deleted once they "
-            "are also older than --min-age-s",
-        ),
-    ] = DEFAULT_KEEP_VERSIONS,
-    min_age_s: Annotated[
-        float,
-        typer.Option(
-            help="with --versioned: seconds a version is kept at least, whatever "
-            "--keep-versions says (86400 = one day), so readers that pinned it can finish",
-        ),
-    ] = DEFAULT_MIN_AGE_S,
-    debug: Annotated[
-        bool,
-        typer.Option(help="on an unexpected error, show its Python traceback, not one line"),
-    ] = False,
+    source: Source,
+    dest: Dest,
+    sha256: Sha256 = None,
+    credentials_block: CredentialsBlock = None,
+    smoke_workers: SmokeWorkers = 2,
+    smoke_batches: SmokeBatches = 4,
+    executor: ExecutorChoice = Executor.local,
+    dask_address: DaskAddress = None,
+    shard_size: ShardSize = 2000,
+    shard_bytes: ShardBytes = None,
+    staging: Staging = None,
+    cache_dir: CacheDir = None,
+    versioned: Versioned = False,
+    keep_versions: KeepVersions = DEFAULT_KEEP_VERSIONS,
+    min_age_s: MinAgeS = DEFAULT_MIN_AGE_S,
+    debug: Debug = False,
     pack_options: dict[str, Any] | None = None,
 ) -> None:
     """Run the build-h5-dataset flow: fetch, pack, verify, smoke-load and publish."""
@@ -262,24 +180,9 @@ def build(
 
 
 def demo(
-    dest: Annotated[
-        Path,
-        typer.Argument(
-            help="where to publish the demo asset (.h5); the generated source archive goes "
-            "beside it, in NAME-source/",
-        ),
-    ] = DEFAULT_DEMO_DEST,
-    cache_dir: Annotated[
-        Path | None,
-        typer.Option(
-            help="where fetched sources are kept between builds (default: "
-            "$XDG_CACHE_HOME/h5forge, else ~/.cache/h5forge)",
-        ),
-    ] = None,
-    debug: Annotated[
-        bool,
-        typer.Option(help="on an unexpected error, show its Python traceback, not one line"),
-    ] = False,
+    dest: DemoDest = DEFAULT_DEMO_DEST,
+    cache_dir: CacheDir = None,
+    debug: Debug = False,
 ) -> None:
     """Generate the built-in demo dataset and run the whole build flow on it, offline."""
     _pipeline("demo")

@@ -128,8 +128,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "path",
         None,
         optional=True,
-        help="a COCO instances JSON (images with their boxes), relative to the source folder "
-        "(default: none)",
+        help="a COCO instances JSON, relative to the source folder (default: none)",
         description="A COCO instances JSON, relative to the source's root (the folder of its "
         "file_names) or absolute: each image with its boxes, as a 'boxes' column.",
     ),
@@ -231,8 +230,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "int",
         _DEFAULT_MAX_PIXELS,
         low=1,
-        help="quarantine (skip and list) images whose header declares more pixels than this, "
-        "a guard against decompression bombs",
+        help="quarantine images whose header declares more pixels (a decompression-bomb guard)",
         description="Images whose header declares more pixels than this are quarantined "
         "instead of decoded (Pillow's decompression-bomb limit by default).",
     ),
@@ -260,8 +258,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "fletcher32",
         "bool",
         False,
-        help="store an HDF5 Fletcher-32 checksum per chunk (decoded fixed-size images), so HDF5 "
-        "itself refuses a damaged chunk",
+        help="an HDF5 checksum per chunk of decoded fixed-size images: HDF5 refuses damage",
         description="Store an HDF5 Fletcher-32 checksum with every chunk of decoded "
         "fixed-size images, so HDF5 itself refuses a damaged chunk.",
     ),
@@ -281,8 +278,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         0.01,
         low=0.0,
         high=1.0,
-        help="fail when more than this fraction of the images cannot be decoded (0.01: 1%; they "
-        "are quarantined and listed)",
+        help="fail when more than this fraction of the images is undecodable (0.01: 1%)",
         description="Fail when more than this fraction of the images cannot be decoded (they "
         "are quarantined and listed in the report).",
     ),

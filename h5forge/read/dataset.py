@@ -33,10 +33,10 @@ from h5forge.targets.schema import Column
 __all__ = ["H5ImageDataset"]
 
 # What a DataLoader worker receives: where the file is and how to read it, never a handle.
-_PICKLED = tuple(
-    "url version split target multilabel iscrowd transform target_transform transforms "
-    "storage_options verify_reads max_pixels cache".split()
-)
+_PICKLED = (
+    "url", "version", "split", "target", "multilabel", "iscrowd", "transform",
+    "target_transform", "transforms", "storage_options", "verify_reads", "max_pixels", "cache",
+)  # fmt: skip
 
 
 class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
