@@ -18,6 +18,7 @@ import pytest
 
 from h5forge.demo import write_bad_files, write_image_folder
 from h5forge.publish.manifest import manifest_url
+from h5forge.publish.versions import read_pointer
 from h5forge.verify.checks import verify
 from tests.fixtures.mounts import in_mounts
 
@@ -104,6 +105,26 @@ def test_build_runs_the_flow_on_a_folder(
     assert run.returncode == 0, run.stderr[-3000:]
     assert "samples:     12 in 2 classes, 0 quarantined" in run.stdout
     assert verify(str(dest)).num_samples == 12
+
+
+def test_a_versioned_build_is_read_back_by_the_name_it_was_built_to(
+    prefect_harness: str, small_folder: Path, tmp_path: Path
+) -> None:
+    # Names round-trip: built with --versioned to DEST.h5 (no file of that name is written),
+    # verified and inspected as DEST.h5, as its base, and by --version.
+    dest = tmp_path / "out" / "small.h5"
+    args = ("--versioned", "--size", "32", "--smoke-workers", "0")
+    run = h5forge("build", str(small_folder), str(dest), *args, cwd=tmp_path, cache=tmp_path / "c")
+    assert run.returncode == 0, run.stderr[-3000:]
+    pointer = read_pointer(str(dest))
+    assert pointer is not None
+    assert not dest.exists()
+    base = str(dest)[: -len(".h5")]
+    for name, version in [(str(dest), []), (base, []), (base, ["--version", pointer.sha256[:16]])]:
+        for command in ("verify", "inspect"):
+            got = h5forge(command, name, *version, "--json", cwd=tmp_path, cache=tmp_path / "c")
+            assert got.returncode == 0, (command, name, got.stderr[-3000:])
+            assert json.loads(got.stdout)["version"] == pointer.sha256, (command, name)
 
 
 def test_build_failure_exits_1_with_one_paragraph_and_no_traceback(
