@@ -89,6 +89,16 @@ def test_version_picks_one_by_prefix_or_latest(
     assert first.url in run.stdout or first.sha256 in run.stdout
 
 
+def test_diff_resolves_names_and_versions_the_same_way(
+    published: tuple[Path, list[VersionResult]],
+) -> None:
+    dest, (first, latest) = published
+    base = str(dest)[: -len(".h5")]
+    for refs in ([first.url, str(dest)], [base, first.version, "latest"]):
+        got = _json("diff", *refs)
+        assert (got["a"], got["b"]) == (first.url, latest.url), refs
+
+
 def test_a_file_by_its_own_name_is_read_as_it_is(
     published: tuple[Path, list[VersionResult]],
 ) -> None:
