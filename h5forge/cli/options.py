@@ -77,7 +77,7 @@ def pack_flag(name: str) -> Any:
         return typer.Option(f"{o.flag}/--no-{o.flag[2:]}", help=o.help, rich_help_panel=_PANEL)
     if o.kind == "size":
         return typer.Option(o.flag, help=o.help, metavar="S|HxW|none", rich_help_panel=_PANEL)
-    shown = f" [{o.bounds}]" if o.kind in ("int", "float") else ""
+    shown = f" ({o.bounds})" if o.kind in ("int", "float") else ""
     return typer.Option(o.flag, help=o.help + shown, rich_help_panel=_PANEL)
 
 
