@@ -22,7 +22,18 @@ import h5forge
 from h5forge.deployments.cli import app
 
 _ROOT = typer.main.get_command(app)
-_COMMANDS: dict[str, Any] = dict(_ROOT.commands)  # type: ignore[attr-defined]
+
+
+def _walk(group: Any, path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every command under ``group`` by its words (``build``, ``server start``), groups too."""
+    found = {}
+    for name, command in getattr(group, "commands", {}).items():
+        found[" ".join((*path, name))] = command
+        found |= _walk(command, (*path, name))
+    return found
+
+
+_COMMANDS: dict[str, Any] = _walk(_ROOT)
 
 
 def _help(args: list[str]) -> tuple[str, dict[str, str]]:
@@ -56,7 +67,7 @@ def test_the_walk_covers_every_command() -> None:
 @pytest.mark.parametrize("name", sorted(_COMMANDS))
 def test_every_parameter_says_what_it_does_and_its_default(name: str) -> None:
     command = _COMMANDS[name]
-    text, rows = _help([name])
+    text, rows = _help(name.split())
     for p in [p for p in command.params if p.name != "help"]:
         about = f"{name} {'/'.join(p.opts)}"
         helptext = " ".join((getattr(p, "help", None) or "").split())
