@@ -12,8 +12,10 @@ started for the run and stopped at the end, so both work offline on a fresh mach
 Exit codes (the table of :mod:`h5forge.cli.exits`): 0 success; 1 the build or an integrity check
 failed; 2 usage error (bad option, a local source that is not there, a destination that exists
 without ``--overwrite``, is read-only, full or inside the source, unknown credentials block).
-Every argument is checked before Prefect is imported, so a usage error costs well under a
-second, not the ~18 s of starting Prefect.
+Every argument is checked before Prefect is imported, by the checks ``pack`` makes too
+(:mod:`h5forge.cli.inputs`), so a usage error costs well under a second, not the ~18 s of
+starting Prefect, and the same mistake gets the same line from both. ``h5forge --version``
+prints the program's version; ``--version`` after ``verify`` or ``inspect`` picks an asset's.
 """
 
 from __future__ import annotations
