@@ -43,8 +43,8 @@ class Executor(str, Enum):
 Source = Annotated[
     str,
     typer.Argument(
-        help="the images: a local folder (class folders: class/image.jpg or split/class/image.jpg) or "
-        "archive (.tar.gz, .zip ...), or a URL fsspec reads, e.g. "
+        help="the images: a local folder (class folders: class/image.jpg or "
+        "split/class/image.jpg) or archive (.tar.gz, .zip ...), or a URL fsspec reads, e.g. "
         "https://host/data.tar.gz or s3://bucket/prefix/",
         show_default=False,
     ),

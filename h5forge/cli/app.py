@@ -67,7 +67,8 @@ def pack(
         str,
         typer.Argument(
             help="the local image folder to pack: class folders (ImageFolder: "
-            "class/image.jpg or split/class/image.jpg), or the folder a --manifest or --coco file refers to",
+            "class/image.jpg or split/class/image.jpg), or the folder a --manifest or --coco "
+            "file refers to",
             show_default=False,
         ),
     ],
