@@ -60,6 +60,14 @@ def _verify_with_manifest(
     return report, target
 
 
+def _failed(resolved: dict[str, Any], e: BaseException) -> dict[str, Any]:
+    """The JSON document of a failed verification: ``error``, its first line, and
+    ``failures``, one per failed check (an IntegrityError lists them as "- " lines)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    listed = [ln[2:] for ln in lines[1:] if ln.startswith("- ")]
+    return {"ok": False, **resolved, "error": lines[0], "failures": listed or [" ".join(lines)]}
+
+
 def verify(
     file: AssetName,
     version: AssetVersion = None,
@@ -107,10 +115,11 @@ def verify(
     from h5forge.read.version import resolve_asset
     from h5forge.verify.checks import verify as do_verify
 
-    named = file
+    resolved = {"path": file, "version": version}  # the file once its name is resolved
 
     def check() -> tuple[Any, str | None, str]:
-        url, sha = resolve_asset(named, version)
+        url, sha = resolve_asset(file, version)
+        resolved.update(path=url, version=sha)
 
         def verify_file() -> Any:
             return do_verify(url, sample_fraction=sample_fraction, seed=seed, progress=not as_json)
@@ -124,10 +133,7 @@ def verify(
             return check()
         except (H5ForgeError, OSError, ValueError) as e:
             if as_json:  # a document on stdout; the error line and the exit code as ever
-                failed = {"ok": False, "path": named, "version": version, "error": str(e)}
-                lines = [ln for ln in str(e).splitlines() if ln.strip()]
-                document = {**failed, "failures": lines}
-                typer.echo(json.dumps(document, indent=2, ensure_ascii=True))
+                typer.echo(json.dumps(_failed(resolved, e), indent=2, ensure_ascii=True))
             raise
 
     report, checked, sha = run_guarded(check_reporting_failures, what=file)
