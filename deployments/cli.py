@@ -12,21 +12,44 @@ started for the run and stopped at the end, so both work offline on a fresh mach
 Exit codes (the table of :mod:`h5forge.cli.exits`): 0 success; 1 the build or an integrity check
 failed; 2 usage error (bad option, a local source that is not there, a destination that exists
 without ``--overwrite``, is read-only, full or inside the source, unknown credentials block).
-Every argument is checked before Prefect is imported, so a usage error costs well under a
-second, not the ~18 s of starting Prefect.
+Every argument is checked before Prefect is imported, by the checks ``pack`` makes too
+(:mod:`h5forge.cli.inputs`), so a usage error costs well under a second, not the ~18 s of
+starting Prefect, and the same mistake gets the same line from both. ``h5forge --version``
+prints the program's version; ``--version`` after ``verify`` or ``inspect`` picks an asset's.
 """
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from h5forge.cli.app import app as library_app
+from h5forge.cli.app import program_version
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
-from h5forge.cli.options import check_pack_options, with_pack_options
+from h5forge.cli.inputs import check_options, check_paths
+from h5forge.cli.options import with_pack_options
+from h5forge.deployments.build_options import (
+    CacheDir,
+    CredentialsBlock,
+    DaskAddress,
+    Debug,
+    DemoDest,
+    Dest,
+    Executor,
+    ExecutorChoice,
+    KeepVersions,
+    MinAgeS,
+    Sha256,
+    ShardBytes,
+    ShardSize,
+    SmokeBatches,
+    SmokeWorkers,
+    Source,
+    Staging,
+    Versioned,
+)
 from h5forge.messages import describe_os_error
 from h5forge.options import OptionError
 from h5forge.publish.history import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S
@@ -38,13 +61,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_DEMO_DEST", "app", "build", "demo", "main"]
 
 DEFAULT_DEMO_DEST = Path("h5forge-demo") / "demo.h5"
-
-
-class Executor(str, Enum):
-    """Where ``build`` packs: this machine's process pool, or shards on a Dask cluster."""
-
-    local = "local"
-    dask = "dask"
 
 
 def _pipeline(command: str) -> None:
@@ -64,7 +80,8 @@ def _config_error(e: ValidationError) -> typer.Exit:
     for err in e.errors():
         cause = (err.get("ctx") or {}).get("error")
         if len(e.errors()) == 1 and (
-            isinstance(cause, OptionError) or (isinstance(cause, ValueError) and not err["loc"])
+            isinstance(cause, OptionError)
+            or (isinstance(cause, ValueError) and err["loc"] in ((), ("source",)))
         ):
             return usage_error(cause)  # the same line as `pack` gives for this value
         where = ".".join(str(p) for p in err["loc"]) or "config"
@@ -105,67 +122,24 @@ def _print_summary(summary: Any) -> None:
         )
 
 
-def _check_paths(config: Any) -> None:
-    """Before Prefect: a local source exists; a local destination can take the asset."""
-    from h5forge.preflight import check_destination, check_source, local_path
-
-    try:
-        check_source(config.source)
-        if local_path(config.destination) is not None:  # remote: the flow checks, with keys
-            check_destination(
-                config.destination,
-                source=config.source,
-                overwrite=config.overwrite or config.versioned,  # as the flow: never over one
-            )
-    except (OSError, ValueError) as e:
-        raise usage_error(e) from e
-
-
 @with_pack_options
 def build(
-    source: Annotated[str, typer.Argument(help="local folder/archive or fsspec URL of images")],
-    dest: Annotated[str, typer.Argument(help="where to publish the .h5 (path or fsspec URL)")],
-    sha256: Annotated[str | None, typer.Option(help="sha256 of the source archive")] = None,
-    credentials_block: Annotated[
-        str | None, typer.Option(help="Prefect Secret block holding fsspec storage_options as JSON")
-    ] = None,
-    smoke_workers: Annotated[int, typer.Option(help="DataLoader workers in the smoke-load")] = 2,
-    smoke_batches: Annotated[int, typer.Option(help="batches per start method")] = 4,
-    executor: Annotated[
-        Executor,
-        typer.Option(help="local: process pool here; dask: shards on a Dask cluster, merged here"),
-    ] = Executor.local,
-    dask_address: Annotated[
-        str | None, typer.Option(help="executor dask: scheduler address, tcp://HOST:8786")
-    ] = None,
-    shard_size: Annotated[int, typer.Option(help="executor dask: images per shard")] = 2000,
-    shard_bytes: Annotated[
-        int | None, typer.Option(help="executor dask: also close a shard at this many source bytes")
-    ] = None,
-    staging: Annotated[
-        str | None,
-        typer.Option(
-            help="executor dask: shard folder every worker reaches (shared path or bucket); "
-            "default a folder in the cache"
-        ),
-    ] = None,
-    cache_dir: Annotated[
-        Path | None, typer.Option(help="fetch cache (default ~/.cache/h5forge)")
-    ] = None,
-    versioned: Annotated[
-        bool,
-        typer.Option(
-            help="publish a new immutable version BASE/v/<sha>/NAME.h5 and move BASE.latest.json "
-            "to it; nothing when source and settings are unchanged; incremental otherwise"
-        ),
-    ] = False,
-    keep_versions: Annotated[
-        int, typer.Option(help="versioned: versions kept (>= 1)")
-    ] = DEFAULT_KEEP_VERSIONS,
-    min_age_s: Annotated[
-        float, typer.Option(help="versioned: seconds a version is kept at least")
-    ] = DEFAULT_MIN_AGE_S,
-    debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
+    source: Source,
+    dest: Dest,
+    sha256: Sha256 = None,
+    credentials_block: CredentialsBlock = None,
+    smoke_workers: SmokeWorkers = 2,
+    smoke_batches: SmokeBatches = 4,
+    executor: ExecutorChoice = Executor.local,
+    dask_address: DaskAddress = None,
+    shard_size: ShardSize = 2000,
+    shard_bytes: ShardBytes = None,
+    staging: Staging = None,
+    cache_dir: CacheDir = None,
+    versioned: Versioned = False,
+    keep_versions: KeepVersions = DEFAULT_KEEP_VERSIONS,
+    min_age_s: MinAgeS = DEFAULT_MIN_AGE_S,
+    debug: Debug = False,
     pack_options: dict[str, Any] | None = None,
 ) -> None:
     """Run the build-h5-dataset flow: fetch, pack, verify, smoke-load and publish."""
@@ -176,7 +150,8 @@ def build(
     from h5forge.deployments.local_run import run_build
     from h5forge.flows.config import BuildConfig
 
-    v = check_pack_options(pack_options or {})
+    # The checks `pack` makes too, in the same order, with the same messages, before Prefect.
+    v = dict(check_options(pack_options or {}).values)
     hw = v.pop("size")
     sized = {} if hw is None else {"size": hw[0], "width": hw[1] if hw[1] != hw[0] else None}
     try:
@@ -202,16 +177,14 @@ def build(
         )
     except ValidationError as e:
         raise _config_error(e) from e
-    _check_paths(config)
+    check_paths(config.source, config.destination, replace=config.overwrite or versioned)
     _print_summary(run_build(config, cache_dir, debug))
 
 
 def demo(
-    dest: Annotated[Path, typer.Argument(help="where to publish the demo .h5")] = DEFAULT_DEMO_DEST,
-    cache_dir: Annotated[
-        Path | None, typer.Option(help="fetch cache (default ~/.cache/h5forge)")
-    ] = None,
-    debug: Annotated[bool, typer.Option(help="show tracebacks")] = False,
+    dest: DemoDest = DEFAULT_DEMO_DEST,
+    cache_dir: CacheDir = None,
+    debug: Debug = False,
 ) -> None:
     """Generate the built-in demo dataset and run the whole build flow on it, offline."""
     _pipeline("demo")
@@ -248,9 +221,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help=library_app.info.help,
 )
+app.callback()(program_version)  # `h5forge --version`
 app.command()(build)
 app.command()(demo)
-app.add_typer(library_app)  # no name: pack, verify and inspect become commands of this app
+# pack, verify, inspect, versions and diff become commands of this app, as they are (not
+# add_typer: the library app's own callback, its --version, would not carry over).
+app.registered_commands.extend(library_app.registered_commands)
 
 
 def main() -> None:

@@ -46,11 +46,13 @@ import copy
 import dataclasses
 import importlib
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import httpx
 import yaml
 from prefect import Flow, serve
 from prefect.automations import Automation
@@ -68,6 +70,7 @@ from h5forge.deployments.automations import (
     source_resource_id,
 )
 from h5forge.deployments.settings import cache_dir_from_env
+from h5forge.deployments.stopping import EXIT_INTERRUPTED, stop_within
 
 __all__ = [
     "NIGHTLY",
@@ -161,8 +164,14 @@ def runner_deployments(
 
 
 def main() -> None:
-    """Serve every deployment until interrupted (Ctrl-C pauses their schedules)."""
-    if not get_current_settings().api.url:
+    """Serve every deployment until interrupted.
+
+    The first Ctrl-C pauses their schedules and stops, exit 130; when the server does not
+    answer, within :data:`~h5forge.deployments.stopping.SHUTDOWN_GRACE_S` seconds, saying the
+    schedules were not paused (:mod:`h5forge.deployments.stopping`).
+    """
+    url = get_current_settings().api.url
+    if not url:
         # Without it Prefect would serve into a throwaway in-process server nobody can see.
         raise SystemExit(
             "PREFECT_API_URL is not set: start `prefect server start` and "
@@ -170,10 +179,27 @@ def main() -> None:
             "PREFECT_API_URL=...`), then run `python -m h5forge.deployments.serve` again"
         )
     options = options_from_env(os.environ)
-    deployments = runner_deployments(options)
-    ids = {d.name: _register(d) for d in deployments}  # serve() registers them again: upserts
-    ensure_automations(deployments, ids)
-    serve(*deployments)
+    with stop_within("h5forge serve") as interrupt:
+        try:
+            deployments = runner_deployments(options)
+            ids = {d.name: _register(d) for d in deployments}  # serve() upserts them again
+            ensure_automations(deployments, ids)
+            serve(*deployments)
+        except KeyboardInterrupt:  # before the runner took over: nothing to pause yet
+            pass
+        except httpx.TransportError as e:
+            if not interrupt.received.is_set():
+                raise SystemExit(
+                    f"h5forge serve: the Prefect server at {url} stopped answering ({e}); "
+                    "start it again, then serve again"
+                ) from None
+            print(
+                f"h5forge serve: stopped; the schedules were not paused: the Prefect server "
+                f"at {url} does not answer ({e})",
+                file=sys.stderr,
+            )
+    if interrupt.received.is_set():
+        raise SystemExit(EXIT_INTERRUPTED)
 
 
 def _register(deployment: RunnerDeployment) -> UUID:

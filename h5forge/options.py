@@ -117,7 +117,8 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "path",
         None,
         optional=True,
-        help="CSV/JSONL with path,label[,split], relative to the source root",
+        help="a CSV or JSONL file listing the images as path,label[,split], relative to the "
+        "source folder (default: none; the class folders are the labels)",
         description="A CSV (path,label[,split]) or JSONL manifest listing the images, as a "
         "path relative to the source's root (or absolute); empty for the ImageFolder layout "
         "[split/]class/image.jpg.",
@@ -127,7 +128,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "path",
         None,
         optional=True,
-        help="COCO instances JSON: images with boxes (relative to the source root)",
+        help="a COCO instances JSON, relative to the source folder (default: none)",
         description="A COCO instances JSON, relative to the source's root (the folder of its "
         "file_names) or absolute: each image with its boxes, as a 'boxes' column.",
     ),
@@ -144,7 +145,8 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "path",
         None,
         optional=True,
-        help="segmentation: the masks folder beside ROOT/images (same stems, .png)",
+        help="segmentation: the masks folder beside ROOT/images (same names, .png, class ids "
+        "as pixel values) (default: none)",
         description="Segmentation: the masks folder beside images/ in the source's root; "
         "images/a/b.jpg pairs with MASKS/a/b.png (class ids), stored as a 'mask' column.",
     ),
@@ -163,7 +165,8 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "choice",
         "decoded",
         choices=get_args(Layout),
-        help="decoded pixels or encoded bytes",
+        help="decoded: raw uint8 pixels, nothing to decode at read time (fastest); encoded: "
+        "the image files' bytes (smaller, decoded by the reader)",
         description="decoded: raw uint8 pixels, nothing to decode at read time (fastest). "
         "encoded: image file bytes (smaller, decoded by the reader).",
     ),
@@ -172,7 +175,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "choice",
         "original",
         choices=get_args(Encoding),
-        help="encoded layout only: keep the file bytes or re-encode",
+        help="with --layout encoded: keep each file's bytes (original) or re-encode them",
         description="encoded layout only: keep the original file bytes or re-encode.",
     ),
     PackOption(
@@ -181,7 +184,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         90,
         low=1,
         high=100,
-        help="jpeg/webp re-encode quality",
+        help="JPEG/WebP quality when re-encoding (--encoding jpeg or webp)",
         description="JPEG/WebP re-encode quality, 1-100 (encoded layout with encoding jpeg "
         "or webp).",
     ),
@@ -190,7 +193,8 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "choice",
         "shorter-side",
         choices=get_args(ResizePolicy),
-        help="resize policy",
+        help="none: keep each image's size; resize: stretch to --size; shorter-side: scale the "
+        "shorter side, then centre-crop to --size",
         description="none: keep each image's size; resize: to size x size; shorter-side: "
         "scale the shorter side to size, then centre-crop to size x size.",
     ),
@@ -198,7 +202,8 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "size",
         "size",
         (224, 224),
-        help=f"output size: S, HxW or none (with --resize none); {SIZE_MIN}..{SIZE_MAX}",
+        help="output size in pixels: S (square, e.g. 224), HxW (e.g. 224x256) or none (with "
+        f"--resize none); each side {SIZE_MIN}..{SIZE_MAX}",
         description="Output height and width in pixels.",
     ),
     PackOption(
@@ -217,7 +222,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "choice",
         "RGB",
         choices=get_args(Mode),
-        help="RGB or L (grayscale)",
+        help="RGB (3 channels) or L (grayscale, 1 channel)",
         description="RGB (3 channels) or L (grayscale, 1 channel).",
     ),
     PackOption(
@@ -225,7 +230,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "int",
         _DEFAULT_MAX_PIXELS,
         low=1,
-        help="quarantine images with more pixels than this (from the header)",
+        help="quarantine images whose header declares more pixels (a decompression-bomb guard)",
         description="Images whose header declares more pixels than this are quarantined "
         "instead of decoded (Pillow's decompression-bomb limit by default).",
     ),
@@ -234,7 +239,8 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "choice",
         "none",
         choices=get_args(Compression),
-        help="HDF5 filter on decoded fixed-size images",
+        help="HDF5 compression of decoded fixed-size images (photos gain 1.0-1.3x and lose most "
+        "read speed; blosc-lz4 and zstd need hdf5plugin)",
         description="HDF5 compression of decoded fixed-size images. Off by default: photos "
         "gain 1.0-1.3x and lose most of the read speed. blosc-lz4/zstd need hdf5plugin.",
     ),
@@ -245,14 +251,14 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         low=0,
         high=22,
         optional=True,
-        help=f"codec level ({_levels()})",
+        help=f"codec level ({_levels()}) (default: the codec's own)",
         description=f"Codec level ({_levels()}); empty for the codec's default.",
     ),
     PackOption(
         "fletcher32",
         "bool",
         False,
-        help="HDF5 checksum per chunk (decoded fixed-size images)",
+        help="an HDF5 checksum per chunk of decoded fixed-size images: HDF5 refuses damage",
         description="Store an HDF5 Fletcher-32 checksum with every chunk of decoded "
         "fixed-size images, so HDF5 itself refuses a damaged chunk.",
     ),
@@ -263,7 +269,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         low=1,
         high=1024,
         optional=True,
-        help="preprocessing processes (default: the CPU count)",
+        help="processes decoding and resizing images (default: the CPUs this process may use)",
         description="Preprocessing processes; empty for the CPU count.",
     ),
     PackOption(
@@ -272,7 +278,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         0.01,
         low=0.0,
         high=1.0,
-        help="fail when more than this fraction of the images is quarantined",
+        help="fail when more than this fraction of the images is undecodable (0.01: 1%)",
         description="Fail when more than this fraction of the images cannot be decoded (they "
         "are quarantined and listed in the report).",
     ),
@@ -280,7 +286,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "overwrite",
         "bool",
         False,
-        help="replace the output if it exists",
+        help="replace the destination (and its manifest) if it exists",
         description="Replace an existing asset at the destination.",
     ),
 )

@@ -1,8 +1,17 @@
-"""What the stage tasks share: run names that show the dataset, and when a retry is worth it."""
+"""What the stage tasks share: run names that show the dataset, and when a retry is worth it.
+
+One retry policy for every task (:func:`with_retries`): an error that a retry cannot fix fails
+the task at its first attempt (:data:`PERMANENT`: invalid arguments and options, an untrusted
+document refused, a checksum or integrity failure, an unsafe archive, a missing extra, a
+destination that exists, a path that is not there or not allowed, a host name that does not
+exist); anything else (network, timeouts, a flaky store, a full disk freed meanwhile) is
+retried with jittered exponential backoff. A test holds every task to it.
+"""
 
 from __future__ import annotations
 
 import posixpath
+import socket
 from typing import Any
 
 from prefect import runtime
@@ -14,9 +23,11 @@ from h5forge.errors import ChecksumError, H5ForgeError
 from h5forge.redact import redact_url
 
 __all__ = [
+    "PERMANENT",
     "RETRY_BACKOFF_S",
     "RETRY_JITTER",
     "dataset_name",
+    "is_transient",
     "retry_if_transient",
     "retry_upload",
     "run_name",
@@ -70,23 +81,40 @@ def run_name(stage: str) -> Any:
     return _name
 
 
-def retry_if_transient(task: Any, task_run: TaskRun, state: State[Any]) -> bool:
-    """Retry I/O failures (network, timeouts, a flaky store); not failures retrying cannot fix.
+#: Errors that fail the same way on every attempt. h5forge's own errors are all here
+#: (:class:`h5forge.errors.H5ForgeError`: IntegrityError, ChecksumError, UnsafeArchiveError,
+#: MissingExtraError, DestinationExistsError, ...), and so are ValueError (OptionError, a
+#: pydantic ValidationError, a refused document) and ImportError.
+PERMANENT: tuple[type[BaseException], ...] = (
+    H5ForgeError,
+    ValueError,
+    TypeError,
+    LookupError,
+    ImportError,
+    NotImplementedError,
+    FileNotFoundError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
+# The resolver's "no such host" (a typo), unlike EAI_AGAIN ("try again": DNS is down).
+_NO_SUCH_HOST = frozenset(
+    code for code in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None)) if code is not None
+)
 
-    h5forge's own errors (a checksum mismatch, an unsafe archive, a corrupt file), invalid
-    arguments and missing or forbidden paths fail the same way every time, so they fail fast.
-    """
-    exc = state.result(raise_on_failure=False)
-    permanent = (
-        H5ForgeError,
-        ValueError,
-        TypeError,
-        FileNotFoundError,
-        FileExistsError,
-        PermissionError,
-        NotImplementedError,
-    )
-    return not isinstance(exc, permanent)
+
+def is_transient(exc: BaseException | None) -> bool:
+    """Whether another attempt may succeed where ``exc`` failed (see :data:`PERMANENT`)."""
+    if isinstance(exc, socket.gaierror):
+        return exc.errno not in _NO_SUCH_HOST
+    return not isinstance(exc, PERMANENT)
+
+
+def retry_if_transient(task: Any, task_run: TaskRun, state: State[Any]) -> bool:
+    """Prefect's ``retry_condition_fn`` of :func:`with_retries`: retry I/O failures (network,
+    timeouts, a flaky store), never a failure retrying cannot fix (:func:`is_transient`)."""
+    return is_transient(state.result(raise_on_failure=False))
 
 
 def with_retries(retries: int = 3, condition: Any = None) -> dict[str, Any]:
@@ -107,4 +135,4 @@ def retry_upload(task: Any, task_run: TaskRun, state: State[Any]) -> bool:
     has deleted it, so uploading again is the fix.
     """
     exc = state.result(raise_on_failure=False)
-    return isinstance(exc, ChecksumError) or retry_if_transient(task, task_run, state)
+    return isinstance(exc, ChecksumError) or is_transient(exc)

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, run_guarded, usage_error
-from h5forge.cli.options import check_pack_options, with_pack_options
+from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, run_guarded
+from h5forge.cli.options import AssetName, AssetVersion, with_pack_options
 from h5forge.cli.summary import format_summary
-from h5forge.errors import IntegrityError
+from h5forge.cli.verify import verify
 from h5forge.text import printable
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "program_version"]
 
 app = typer.Typer(
     add_completion=False,
@@ -35,38 +34,70 @@ app = typer.Typer(
 )
 
 
+def _print_version(given: bool) -> None:
+    if given:
+        from h5forge import __version__
+
+        typer.echo(f"h5forge {__version__}")
+        raise typer.Exit()
+
+
+def program_version(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="print h5forge's version and exit (a command's own --version picks an "
+            "asset's version)",
+        ),
+    ] = False,
+) -> None:
+    """Turn image folders into verified HDF5 assets, and check them."""
+
+
+app.callback()(program_version)
+
+
 @app.command()
 @with_pack_options
 def pack(
-    src: Annotated[Path, typer.Argument(help="dataset root: ImageFolder, or manifest's folder")],
-    out: Annotated[Path, typer.Argument(help="the .h5 file to write")],
+    src: Annotated[
+        str,
+        typer.Argument(
+            help="the local image folder to pack: class folders (ImageFolder: "
+            "class/image.jpg or split/class/image.jpg), or the folder a --manifest or --coco "
+            "file refers to",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        str,
+        typer.Argument(
+            help="the local .h5 file to write (written as OUT.partial, renamed when sealed)",
+            show_default=False,
+        ),
+    ],
     pack_options: dict[str, Any],
 ) -> None:
     """Pack an image folder into a sealed HDF5 file (no Prefect)."""
-    from h5forge.pack.config import PackConfig
-    from h5forge.pack.writer import pack as do_pack
-    from h5forge.preflight import check_destination, check_source
-    from h5forge.preprocess.config import ImageConfig
+    from h5forge.cli.inputs import check_options, check_paths
+    from h5forge.preflight import local_path
 
-    v = check_pack_options(pack_options)
-    # The image policy, codec and checksums go to PackConfig, the rest (workers...) to pack().
-    image_fields = {f.name for f in dataclasses.fields(ImageConfig)} & v.keys()
-    codec_fields = {f.name for f in dataclasses.fields(PackConfig)} & v.keys()
-    image = run_guarded(ImageConfig, **{k: v[k] for k in image_fields})
-    config = run_guarded(PackConfig, image=image, **{k: v[k] for k in codec_fields})
-    try:  # before any work: the source is there, the output can be written and is not in it
-        check_source(str(src))
-        check_destination(str(out), source=str(src), overwrite=v["overwrite"])
-    except (OSError, ValueError) as e:
-        raise usage_error(e) from e
+    # The checks `build` makes too, in the same order, with the same messages.
+    checked = check_options(pack_options)
+    check_paths(src, out, replace=checked.values["overwrite"], local_only=True)
+    from h5forge.pack.writer import pack as do_pack  # h5py, Pillow: after the checks
+
     result = run_guarded(
         do_pack,
-        src,
-        out,
-        what=str(out),
-        config=config,
+        str(local_path(src)),
+        str(local_path(out)),
+        what=out,
+        config=checked.config,
         progress=True,
-        **{k: val for k, val in v.items() if k not in image_fields | codec_fields},
+        **checked.rest,
     )
     typer.echo(
         f"wrote {printable(result.path)}: {result.num_samples} samples, "
@@ -78,114 +109,37 @@ def pack(
         typer.echo(f"  quarantined {printable(path)}: {printable(reason)}")
 
 
-def _verify_with_manifest(
-    file: str, manifest_url: str | None, verify_file: Callable[[], Any]
-) -> tuple[Any, str | None]:
-    """Verify ``file`` with ``verify_file()``; then compare it with its manifest (the sidecar,
-    or ``manifest_url``).
-
-    Returns the report and the manifest URL checked (None when there is none beside the file).
-    A manifest that changed while the file was verified (a republish) is checked again.
-    """
-    from h5forge.publish.manifest import check_verified, read_manifest
-    from h5forge.publish.manifest import manifest_url as sidecar
-    from h5forge.summary import summarize
-
-    target = manifest_url or sidecar(file)
-
-    def load() -> dict[str, Any] | None:
-        try:
-            return read_manifest(target)
-        except FileNotFoundError:
-            if manifest_url is not None:  # named on the command line: it must be there
-                raise
-            return None
-        except ValueError as e:  # a manifest that is not one is a failed check, not usage
-            raise IntegrityError(str(e)) from e
-
-    manifest = run_guarded(load)
-    for _ in range(3):
-        report = verify_file()
-        latest = run_guarded(load)
-        if latest == manifest:
-            break
-        manifest = latest
-    if manifest is None:
-        return report, None
-    counts = run_guarded(summarize, file)["counts"] if "counts" in manifest else None
-    run_guarded(check_verified, file, manifest, report, counts=counts)
-    return report, target
-
-
-@app.command()
-def verify(
-    file: Annotated[str, typer.Argument(help="path or fsspec URL of the .h5 file")],
-    sample_fraction: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
-    seed: Annotated[int, typer.Option()] = 0,
-    manifest: Annotated[
-        str | None,
-        typer.Option(
-            help="the manifest to compare with (default: FILE.manifest.json when it exists)"
-        ),
-    ] = None,
-    no_manifest: Annotated[
-        bool, typer.Option("--no-manifest", help="do not compare with a manifest")
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
-) -> None:
-    """Verify structure, labels, byte ranges, digests, and the manifest; exit 1 on any failure.
-
-    When FILE.manifest.json is beside FILE (or --manifest names one), its sha256, size, counts
-    and format version must agree with the file.
-    """
-    if no_manifest and manifest is not None:
-        raise fail("--manifest and --no-manifest contradict each other; give one", EXIT_USAGE)
-    from h5forge.verify.checks import verify as do_verify
-
-    def verify_file() -> Any:
-        return run_guarded(
-            do_verify,
-            file,
-            what=file,
-            sample_fraction=sample_fraction,
-            seed=seed,
-            progress=not as_json,
-        )
-
-    if no_manifest:
-        report, checked = verify_file(), None
-    else:
-        report, checked = _verify_with_manifest(file, manifest, verify_file)
-    if as_json:
-        typer.echo(json.dumps({**report.__dict__, "manifest": checked}, indent=2))
-        return
-    against = (
-        f"; matches its manifest {printable(checked)}"
-        if checked
-        else "; no manifest checked" + ("" if no_manifest else " (none beside it)")
-    )
-    typer.echo(
-        f"OK {printable(report.path)}: {report.num_samples} samples, "
-        f"{report.num_classes} classes, {report.bytes:,} bytes, sha256 {report.sha256}, "
-        f"{report.checked_samples} digests checked in {report.seconds:.2f} s{against}"
-    )
+app.command()(verify)
 
 
 @app.command()
 def inspect(
-    file: Annotated[str, typer.Argument(help="path or fsspec URL of the .h5 file")],
-    preview: Annotated[Path | None, typer.Option(help="write a labelled grid PNG here")] = None,
-    n: Annotated[int, typer.Option(min=1, max=256, help="images in the preview")] = 16,
-    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    file: AssetName,
+    version: AssetVersion = None,
+    preview: Annotated[
+        Path | None,
+        typer.Option(
+            help="also write a labelled grid of the first --n images to this PNG file "
+            "(default: no preview)"
+        ),
+    ] = None,
+    n: Annotated[int, typer.Option(min=1, max=256, help="images in the preview grid")] = 16,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the summary as one JSON document")
+    ] = False,
 ) -> None:
     """Print a summary of the file (counts, layout, size, config); optionally a preview grid."""
+    from h5forge.read.version import resolve_asset
     from h5forge.summary import summarize
 
-    info = run_guarded(summarize, file, what=file)
+    file, sha = run_guarded(resolve_asset, file, version, what=file)
+    info = {**run_guarded(summarize, file, what=file), "version": sha}
     if as_json:
         # ASCII: names from the file reach the terminal as \u escapes, never as controls.
         typer.echo(json.dumps(info, indent=2, ensure_ascii=True))
     else:
+        if sha:
+            typer.echo(f"version:   {sha}")
         typer.echo(format_summary(info))
     if preview is not None:
         from h5forge.publish.preview import write_preview
@@ -196,8 +150,17 @@ def inspect(
 
 @app.command()
 def versions(
-    url: Annotated[str, typer.Argument(help="the asset: BASE or BASE.h5 (path or fsspec URL)")],
-    as_json: Annotated[bool, typer.Option("--json", help="print the versions as JSON")] = False,
+    url: Annotated[
+        str,
+        typer.Argument(
+            help="the asset: the name it was built to, DEST.h5, or its base DEST (a path or "
+            "fsspec URL, e.g. out/flowers.h5 or s3://bucket/flowers)",
+            show_default=False,
+        ),
+    ],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the versions as one JSON document")
+    ] = False,
 ) -> None:
     """List the published versions of an asset, oldest first; exit 1 when it has none."""
     from h5forge.publish.history import scan_versions
@@ -230,9 +193,16 @@ def versions(
 def diff(
     refs: Annotated[
         list[str],
-        typer.Argument(help="A B (two .h5 URLs) or BASE V1 V2 (an asset, two versions or latest)"),
+        typer.Argument(
+            help="A B: two .h5 files (paths or fsspec URLs); or BASE V1 V2: an asset (DEST.h5 "
+            "or its base) and two of its versions, each latest or a sha256 prefix of 16-64 "
+            "hex digits (see `h5forge versions`)",
+            show_default=False,
+        ),
     ],
-    as_json: Annotated[bool, typer.Option("--json", help="print the difference as JSON")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the difference as one JSON document")
+    ] = False,
 ) -> None:
     """Say what changed between two files or versions, from their indexes (no sample bytes)."""
     from h5forge.publish.diff import diff_files, resolve_pair

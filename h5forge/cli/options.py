@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -22,7 +23,37 @@ from h5forge.options import (
     parse_size,
 )
 
-__all__ = ["check_pack_options", "pack_default", "pack_flag", "with_pack_options"]
+__all__ = [
+    "AssetName",
+    "AssetVersion",
+    "check_pack_options",
+    "pack_default",
+    "pack_flag",
+    "with_pack_options",
+]
+
+#: The FILE argument of the commands that read one asset (verify, inspect).
+AssetName = Annotated[
+    str,
+    typer.Argument(
+        help="the asset: a path or fsspec URL of a .h5 file, or the name it was built or "
+        "published to (DEST.h5, or its base DEST; see --version)",
+        show_default=False,
+    ),
+]
+#: ``--version``, the same in every command that reads an asset and as ``version=`` in
+#: Python (:func:`h5forge.read.version.resolve_asset`); not ``h5forge --version``.
+AssetVersion = Annotated[
+    str | None,
+    typer.Option(
+        "--version",
+        metavar="latest|SHA256",
+        help="which published version: latest, or the first 16-64 hex digits of its sha256 "
+        "(`h5forge versions` lists them); default: FILE itself, or the asset's latest "
+        "version when no file has that name",
+        show_default=False,
+    ),
+]
 
 _PANEL = "Pack options (the same in pack, build and the UI form)"
 
@@ -46,7 +77,7 @@ def pack_flag(name: str) -> Any:
         return typer.Option(f"{o.flag}/--no-{o.flag[2:]}", help=o.help, rich_help_panel=_PANEL)
     if o.kind == "size":
         return typer.Option(o.flag, help=o.help, metavar="S|HxW|none", rich_help_panel=_PANEL)
-    shown = f" [{o.bounds}]" if o.kind in ("int", "float") else ""
+    shown = f" ({o.bounds})" if o.kind in ("int", "float") else ""
     return typer.Option(o.flag, help=o.help + shown, rich_help_panel=_PANEL)
 
 
@@ -104,7 +135,15 @@ def with_pack_options(command: Callable[..., Any]) -> Callable[..., Any]:
     ``pack_options`` (name -> value as typed; ``size`` as text), and lists them in ``--help``
     after its own parameters.
     """
-    own = [p for name, p in inspect.signature(command).parameters.items() if name != "pack_options"]
+    # The command's own annotations evaluated in its module (they are strings under
+    # ``from __future__ import annotations``): the wrapper lives here, where they would not
+    # resolve, and Typer would drop their help.
+    hints = typing.get_type_hints(command, include_extras=True)
+    own = [
+        p.replace(annotation=hints.get(name, p.annotation))
+        for name, p in inspect.signature(command).parameters.items()
+        if name != "pack_options"
+    ]
     added = []
     for o in PACK_OPTIONS:
         kind: Any = _PY_TYPES[o.kind]

@@ -15,7 +15,7 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.index import load_index
 from h5forge.asset.open import open_h5
-from h5forge.publish.versions import resolve_version
+from h5forge.read.version import resolve_asset
 from h5forge.redact import redact_url
 
 __all__ = ["FileDiff", "diff_files", "resolve_pair"]
@@ -85,20 +85,24 @@ def diff_files(a: str, b: str, *, storage_options: dict[str, Any] | None = None)
 def resolve_pair(
     refs: list[str], *, storage_options: dict[str, Any] | None = None
 ) -> tuple[str, str]:
-    """The two file URLs ``refs`` name: ``[A, B]`` (file URLs) or ``[BASE, V1, V2]`` (each
-    version ``latest`` or a sha256 prefix of 16-64 hex digits, see
-    :func:`h5forge.publish.versions.resolve_version`).
+    """The two file URLs ``refs`` name: ``[A, B]`` (files, or names assets were published to)
+    or ``[BASE, V1, V2]`` (each version ``latest`` or a sha256 prefix of 16-64 hex digits),
+    resolved as every reader resolves them (:func:`h5forge.read.version.resolve_asset`).
 
     Raises:
         ValueError: not two or three references, or a version is not of that form.
-        FileNotFoundError: the asset has no such version.
+        FileNotFoundError: no such file, asset or version.
+        IntegrityError: a version's manifest contradicts its key.
     """
     if len(refs) == 2:
-        return refs[0], refs[1]
+        a, b = refs
+        return resolve_asset(a, None, storage_options)[0], resolve_asset(b, None, storage_options)[
+            0
+        ]
     if len(refs) == 3:
         base, v1, v2 = refs
-        first = resolve_version(base, v1, storage_options=storage_options)[0]
-        return first, resolve_version(base, v2, storage_options=storage_options)[0]
+        first = resolve_asset(base, v1, storage_options)[0]
+        return first, resolve_asset(base, v2, storage_options)[0]
     raise ValueError(
         f"diff takes A B (two file URLs) or BASE V1 V2 (an asset and two versions), not "
         f"{len(refs)} arguments"

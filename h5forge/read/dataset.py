@@ -22,25 +22,34 @@ from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import collate as _collate
 from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
 from h5forge.read.loader import BatchLoading
+from h5forge.read.provenance import SampleSources
 from h5forge.read.samples import read_batch, read_images, read_with_targets
 from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
-from h5forge.read.version import hint_versions, pin_version
+from h5forge.read.version import open_named
 from h5forge.targets.schema import Column
 
 __all__ = ["H5ImageDataset"]
 
+# What a DataLoader worker receives: where the file is and how to read it, never a handle.
+_PICKLED = (
+    "url", "version", "split", "target", "multilabel", "iscrowd", "transform",
+    "target_transform", "transforms", "storage_options", "verify_reads", "max_pixels", "cache",
+)  # fmt: skip
 
-class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
+
+class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
     """Images and their targets (by default the class label) from an h5forge file.
 
     Args:
-        url: local path or fsspec URL (``s3://bucket/x.h5``, ``memory://...``) of a sealed file;
-            with ``version``, the asset's base (``s3://bucket/x``; ``.../x.h5`` names it too).
+        url: local path or fsspec URL (``s3://bucket/x.h5``, ``memory://...``) of a sealed file,
+            or the name an asset was published to: ``DEST.h5`` or its base ``DEST``. When no
+            file is there, the asset's latest version is read (as ``version="latest"``).
         version: ``"latest"`` or a sha256 prefix (16-64 hex) of a published version: resolved
             once, here (:mod:`h5forge.read.version`); ``url`` becomes that version's file, never
-            written over, so workers and later epochs read it even after a new publish.
+            written over, so workers and later epochs read it even after a new publish. The
+            command line's ``--version`` means the same.
         split: only samples of this split (e.g. ``"train"``); ``None`` for all.
         target: what each sample comes with: ``"class"`` (the integer label), a target
             column's name, a kind (``"multilabel"``, ``"boxes"``, ``"mask"``, ``"text"``,
@@ -79,6 +88,11 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
 
     Attributes:
         url: the file read; version: its full sha256 ("" when opened by ``url`` alone).
+
+    Where each sample came from: ``ds.source_path(i)`` (its path in the source, e.g.
+    ``train/cat/001.jpg``), ``ds.sources`` (all of them), and ``ds.provenance`` (source URL
+    and sha256, build time, configuration, parent version, Prefect run: see
+    :mod:`h5forge.read.provenance`), read from the file when first asked for.
     """
 
     def __init__(
@@ -112,34 +126,21 @@ class H5ImageDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         self.target_transform = target_transform
         self.transforms = transforms
         self.storage_options = dict(storage_options or {})
-        self.url, self.version = pin_version(os.fspath(url), version, self.storage_options)
         self.verify_reads = verify_reads
         self.cache = None if cache_dir is None else FileCache(os.fspath(cache_dir), cache_limit)
-        fmt.refuse_partial(self.url)
         self._state: ProcessState | None = None
         self._orphans: list[ProcessState] = []
         self._indices: np.ndarray | None = None
-        with hint_versions(self.url, version, self.storage_options):
-            self._open()
+        open_named(os.fspath(url), version, self.storage_options, self._open_file)
+
+    def _open_file(self, url: str, version: str) -> None:
+        self.url, self.version = url, version
+        fmt.refuse_partial(url)
+        self._open()
 
     # --- pickling: URL and options only ------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        keep = (
-            "url",
-            "version",
-            "split",
-            "target",
-            "multilabel",
-            "iscrowd",
-            "transform",
-            "target_transform",
-            "transforms",
-            "storage_options",
-            "verify_reads",
-            "max_pixels",
-            "cache",
-        )
-        return {k: self.__dict__[k] for k in keep}
+        return {k: self.__dict__[k] for k in _PICKLED}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

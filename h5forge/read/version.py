@@ -5,21 +5,26 @@ in the process that constructs it; what it keeps (and pickles to DataLoader work
 version's own file, ``BASE/v/<16 hex>/NAME.h5``, which is never written over. A worker therefore
 never reads the pointer: when a new version is published mid-epoch, every sample of the epoch
 still comes from the version the dataset was opened at.
+
+Names round-trip: the name an asset was built or published to (``DEST.h5``, or its base
+``DEST``) opens it. Without ``version``, a file at that name is read as it is; when there is
+none, the asset's latest version is (:func:`latest_instead`, the resolution of
+``version="latest"``). The command line (``h5forge verify``, ``inspect``, their ``--version``)
+resolves names with :func:`resolve_asset`, the same functions.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 from h5forge.asset.open import url_to_fs
 from h5forge.errors import IntegrityError
 from h5forge.publish.manifest import read_manifest
-from h5forge.publish.versions import KEY_HEX, asset_base, resolve_version
+from h5forge.publish.versions import KEY_HEX, asset_base, pointer_url, resolve_version
 from h5forge.redact import redact_url
 
-__all__ = ["hint_versions", "pin_version"]
+__all__ = ["latest_instead", "open_named", "pin_version", "resolve_asset"]
 
 
 def pin_version(
@@ -60,25 +65,73 @@ def pin_version(
     return found, recorded
 
 
-@contextlib.contextmanager
-def hint_versions(
-    url: str, version: str | None, storage_options: dict[str, Any] | None
-) -> Iterator[None]:
-    """Reword the failed open of an asset's base (no ``.h5``, no file there): name the fix.
+def latest_instead(
+    url: str, storage_options: dict[str, Any] | None, error: Exception
+) -> tuple[str, str]:
+    """``(file URL, full sha256)`` of the latest version of the asset ``url`` names, once
+    opening ``url`` itself failed with ``error`` (no file there, or the folder of a local base).
 
-    Costs nothing unless the open fails: a missing object, or a folder (the base of a local
-    asset holds its ``v/`` folder), is then reported with ``version="latest"`` as the fix.
+    Raises:
+        error: ``url`` is a file that failed for another reason, or names no asset.
+        FileNotFoundError: the asset has no published version either; the message says both.
     """
+    if isinstance(error, IntegrityError):
+        fs, path = url_to_fs(url, storage_options)
+        if not fs.isdir(path):  # a damaged file, not the folder of an asset's versions
+            raise error
     try:
-        yield
-    except (FileNotFoundError, IntegrityError) as e:
-        if version is not None or url.rstrip("/").endswith(".h5"):
-            raise
-        if isinstance(e, IntegrityError):
-            fs, path = url_to_fs(url, storage_options)
-            if not fs.isdir(path):
-                raise
+        return pin_version(url, "latest", storage_options)
+    except FileNotFoundError:
         raise FileNotFoundError(
-            f"no file at {redact_url(url)}: to read the latest published version of the asset "
-            f'at this base, open it with version="latest" (or version="<sha256 prefix>")'
-        ) from e
+            f"no file at {redact_url(url)}, and no published version of that asset "
+            f"({redact_url(pointer_url(url))} is not there): check the name; an asset built "
+            "with --versioned is read by the name it was built to, or by its base"
+        ) from error
+    except ValueError:  # names no asset (a bare bucket): the open's own error says more
+        raise error from None
+
+
+def resolve_asset(
+    url: str, version: str | None, storage_options: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """``(file URL, full sha256 or "")`` that ``url`` and ``version`` name, before opening it.
+
+    ``version`` as :func:`pin_version` takes it; None: the file at ``url`` when there is one,
+    else the asset's latest version (:func:`latest_instead`). One existence check more than
+    :func:`open_named`, which only looks for a version once the open failed.
+
+    Raises:
+        FileNotFoundError: no file, pointer or version by that name (the message says which).
+        IntegrityError, ValueError: as :func:`pin_version`.
+    """
+    if version is not None:
+        return pin_version(url, version, storage_options)
+    fs, path = url_to_fs(url, storage_options)
+    if fs.isfile(path):
+        return url, ""
+    return latest_instead(url, storage_options, FileNotFoundError(f"no file at {url}"))
+
+
+def open_named(
+    url: str,
+    version: str | None,
+    storage_options: dict[str, Any] | None,
+    opener: Callable[[str, str], object],
+) -> tuple[str, str]:
+    """Open what ``url`` and ``version`` name with ``opener(file URL, sha256)``; return those.
+
+    Costs nothing more than the open when ``url`` names a file: only when that open fails
+    without ``version`` is the asset's latest version looked for (:func:`latest_instead`).
+
+    Raises:
+        what :func:`pin_version`, :func:`latest_instead` and ``opener`` raise.
+    """
+    found = pin_version(url, version, storage_options)
+    try:
+        opener(*found)
+    except (FileNotFoundError, IntegrityError) as e:
+        if version is not None:
+            raise
+        found = latest_instead(url, storage_options, e)
+        opener(*found)
+    return found

@@ -184,22 +184,27 @@ def test_a_bad_version_is_refused_before_any_read(bad: Any, tmp_path: Path) -> N
         H5ImageDataset(str(tmp_path / NAME), version=bad)
 
 
-def test_an_asset_base_without_version_names_the_fix(
+def test_the_name_an_asset_was_published_to_reads_its_latest_version(
     versions: tuple[PackResult, PackResult],
     tmp_path: Path,
     s3_bucket: str,
     s3_storage_options: dict[str, Any],
 ) -> None:
+    # Names round-trip: DEST.h5 (no file of that name) and its base DEST both read the
+    # latest version, pinned as version="latest" pins it.
     local = str(tmp_path / NAME)
-    _publish(versions[0].path, local)
+    sha = _publish(versions[0].path, local)
     s3 = f"s3://{s3_bucket}/{NAME}"
     _publish(versions[0].path, s3, s3_storage_options)
     for base, options in [(local, None), (s3, s3_storage_options)]:
-        with pytest.raises(FileNotFoundError, match='version="latest"'):
-            H5ImageDataset(base, storage_options=options)
-    with pytest.raises(FileNotFoundError) as missing:  # a file name: the plain message
-        H5ImageDataset(local + ".h5")
-    assert "version=" not in str(missing.value)
+        for name in (base, base + ".h5"):
+            ds = H5ImageDataset(name, storage_options=options)
+            assert (ds.url, ds.version) == (version_url(base, sha), sha), name
+            assert len(ds) == len(H5ImageDataset(versions[0].path))
+    with pytest.raises(FileNotFoundError) as missing:  # neither a file nor a version
+        H5ImageDataset(str(tmp_path / "other.h5"))
+    assert "no published version of that asset" in str(missing.value)
+    assert f"{tmp_path / 'other'}.latest.json" in str(missing.value)
 
 
 def test_a_pickled_dataset_keeps_its_version_after_the_pointer_moved(

@@ -1,0 +1,153 @@
+"""``h5forge verify``: the file's own checks, then its manifest; one report, text or JSON.
+
+With ``--json`` the report is one JSON document on stdout whatever the outcome: on a failure it
+says ``"ok": false`` and lists the failures, one per failed check, and the exit code is the
+table's (1: the file failed a check; 2: nothing to verify by that name).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from h5forge.cli.exits import EXIT_USAGE, fail, run_guarded
+from h5forge.cli.options import AssetName, AssetVersion
+from h5forge.errors import H5ForgeError, IntegrityError
+from h5forge.text import printable
+
+__all__ = ["verify"]
+
+
+def _verify_with_manifest(
+    file: str, manifest_url: str | None, verify_file: Callable[[], Any]
+) -> tuple[Any, str | None]:
+    """Verify ``file`` with ``verify_file()``; then compare it with its manifest (the sidecar,
+    or ``manifest_url``).
+
+    Returns the report and the manifest URL checked (None when there is none beside the file).
+    A manifest that changed while the file was verified (a republish) is checked again.
+    """
+    from h5forge.publish.manifest import check_verified, read_manifest
+    from h5forge.publish.manifest import manifest_url as sidecar
+    from h5forge.summary import summarize
+
+    target = manifest_url or sidecar(file)
+
+    def load() -> dict[str, Any] | None:
+        try:
+            return read_manifest(target)
+        except FileNotFoundError:
+            if manifest_url is not None:  # named on the command line: it must be there
+                raise
+            return None
+        except ValueError as e:  # a manifest that is not one is a failed check, not usage
+            raise IntegrityError(str(e)) from e
+
+    manifest = load()
+    for _ in range(3):
+        report = verify_file()
+        latest = load()
+        if latest == manifest:
+            break
+        manifest = latest
+    if manifest is None:
+        return report, None
+    counts = summarize(file)["counts"] if "counts" in manifest else None
+    check_verified(file, manifest, report, counts=counts)
+    return report, target
+
+
+def _failed(resolved: dict[str, Any], e: BaseException) -> dict[str, Any]:
+    """The JSON document of a failed verification: ``error``, its first line, and
+    ``failures``, one per failed check (an IntegrityError lists them as "- " lines)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    listed = [ln[2:] for ln in lines[1:] if ln.startswith("- ")]
+    return {"ok": False, **resolved, "error": lines[0], "failures": listed or [" ".join(lines)]}
+
+
+def verify(
+    file: AssetName,
+    version: AssetVersion = None,
+    sample_fraction: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="fraction of the samples whose sha256 is recomputed, a seeded random subset "
+            "(0.1: a tenth, faster on a large file); structure, labels, byte ranges and the "
+            "file's sha256 are always checked in full",
+        ),
+    ] = 1.0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="seed choosing the samples when --sample-fraction < 1 (same seed, same samples)"
+        ),
+    ] = 0,
+    manifest: Annotated[
+        str | None,
+        typer.Option(
+            help="the manifest to compare with (default: FILE.manifest.json when it exists)"
+        ),
+    ] = None,
+    no_manifest: Annotated[
+        bool, typer.Option("--no-manifest", help="do not compare with a manifest")
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='print the report as one JSON document, on failure too ("ok": false, '
+            '"failures": one line per failed check)',
+        ),
+    ] = False,
+) -> None:
+    """Verify structure, labels, byte ranges, digests, and the manifest; exit 1 on any failure.
+
+    When FILE.manifest.json is beside FILE (or --manifest names one), its sha256, size, counts
+    and format version must agree with the file.
+    """
+    if no_manifest and manifest is not None:
+        raise fail("--manifest and --no-manifest contradict each other; give one", EXIT_USAGE)
+    from h5forge.read.version import resolve_asset
+    from h5forge.verify.checks import verify as do_verify
+
+    resolved = {"path": file, "version": version}  # the file once its name is resolved
+
+    def check() -> tuple[Any, str | None, str]:
+        url, sha = resolve_asset(file, version)
+        resolved.update(path=url, version=sha)
+
+        def verify_file() -> Any:
+            return do_verify(url, sample_fraction=sample_fraction, seed=seed, progress=not as_json)
+
+        if no_manifest:
+            return verify_file(), None, sha
+        return (*_verify_with_manifest(url, manifest, verify_file), sha)
+
+    def check_reporting_failures() -> tuple[Any, str | None, str]:
+        try:
+            return check()
+        except (H5ForgeError, OSError, ValueError) as e:
+            if as_json:  # a document on stdout; the error line and the exit code as ever
+                typer.echo(json.dumps(_failed(resolved, e), indent=2, ensure_ascii=True))
+            raise
+
+    report, checked, sha = run_guarded(check_reporting_failures, what=file)
+    if as_json:
+        document = {**report.__dict__, "manifest": checked, "version": sha}
+        typer.echo(json.dumps({"ok": True, **document, "failures": []}, indent=2))
+        return
+    against = (
+        f"; matches its manifest {printable(checked)}"
+        if checked
+        else "; no manifest checked" + ("" if no_manifest else " (none beside it)")
+    )
+    typer.echo(
+        f"OK {printable(report.path)}: {report.num_samples} samples, "
+        f"{report.num_classes} classes, {report.bytes:,} bytes, sha256 {report.sha256}, "
+        f"{report.checked_samples} digests checked in {report.seconds:.2f} s{against}"
+    )
