@@ -27,6 +27,7 @@ import typer
 from h5forge.cli.app import app as library_app
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
 from h5forge.cli.options import check_pack_options, with_pack_options
+from h5forge.deployments.server import app as server_app
 from h5forge.messages import describe_os_error
 from h5forge.options import OptionError
 from h5forge.publish.history import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S
@@ -251,6 +252,7 @@ app = typer.Typer(
 app.command()(build)
 app.command()(demo)
 app.add_typer(library_app)  # no name: pack, verify and inspect become commands of this app
+app.add_typer(server_app, name="server")  # h5forge server start|status|stop
 
 
 def main() -> None:

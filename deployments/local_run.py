@@ -1,8 +1,10 @@
 """Run the ``build-h5-dataset`` flow in this process for ``h5forge build`` and ``demo``.
 
-With no ``PREFECT_API_URL`` the run gets its own temporary server
-(:mod:`h5forge.deployments.temporary_server`), started before Prefect is imported so that Prefect's
-settings see its URL. A failure becomes an exit code and one paragraph, without a traceback
+``PREFECT_API_URL``, when set, names the server. Otherwise the run uses the persistent server of
+``h5forge server start`` (:mod:`h5forge.deployments.server`) when it is up, else gets its own
+temporary server (:mod:`h5forge.deployments.temporary_server`), saying once how to get the
+persistent one; either way ``PREFECT_API_URL`` is set before Prefect is imported, so that
+Prefect's settings see it. A failure becomes an exit code and one paragraph, without a traceback
 (``--debug`` shows it); the exit codes are the table of :mod:`h5forge.cli.exits`.
 """
 
@@ -17,6 +19,7 @@ import typer
 from pydantic import ValidationError
 
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
+from h5forge.deployments.server import running_server
 from h5forge.deployments.settings import cache_dir_from_env
 from h5forge.deployments.temporary_server import (
     STARTUP_SETTING,
@@ -24,6 +27,7 @@ from h5forge.deployments.temporary_server import (
     start_temporary_server,
 )
 from h5forge.errors import DestinationExistsError, H5ForgeError, PreviewPublishError
+from h5forge.main_guard import check_entry_point
 from h5forge.messages import describe_os_error, os_error_in
 from h5forge.redact import redact_text
 from h5forge.text import printable
@@ -99,10 +103,21 @@ def run_build(config: Any, cache_dir: Path | None, debug: bool) -> Any:
     Raises:
         typer.Exit: the run failed (exit 1) or was refused (exit 2); the reason is printed.
     """
+    check_entry_point("run_build")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     cache = cache_dir or cache_dir_from_env(os.environ)
-    if os.environ.get("PREFECT_API_URL"):
+    if os.environ.get("PREFECT_API_URL"):  # the user's choice wins
         return _run_flow(config, cache, debug)
+    server = running_server(os.environ)
+    if server is not None:
+        typer.echo(f"using the h5forge server at {server.ui_url}", err=True)
+        os.environ["PREFECT_API_URL"] = server.url  # before Prefect is imported: it reads it once
+        return _run_flow(config, cache, debug)
+    typer.echo(
+        "no h5forge server is running: this run starts a temporary one (about 20 s) whose links "
+        "end with it; `h5forge server start` keeps one running for every build, UI included",
+        err=True,
+    )
     try:
         start_temporary_server(_startup_bound(), lambda line: typer.echo(line, err=True))
     except ServerStartError as e:

@@ -1,0 +1,114 @@
+"""Refuse to start processes or a server from code that every spawned child runs again.
+
+A ``spawn`` or ``forkserver`` child (and a fork server itself) starts by importing the parent's
+main script again, as ``__mp_main__``. A pipeline call at the module level of that script then
+runs once more in every child: each child starts its own pool, DataLoader workers and Prefect
+server while it is still bootstrapping, which ends in a misleading ``BrokenProcessPool``, a hang
+or server processes left behind. Every entry point that starts processes or a server calls
+:func:`check_entry_point` first, so the mistake fails at once with the fix:
+
+- in the parent, when the call comes straight from the module level of a main script that
+  children re-import (``python script.py``, ``python -m package.module``), the error is raised
+  before anything starts;
+- in a child that is re-importing the main script (multiprocessing marks that with
+  ``current_process()._inheriting``, the flag its own ``_check_not_importing_main`` reads), the
+  error is raised before the child starts anything, and the parent's pool reports a dead worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from types import FrameType
+
+__all__ = ["MainReimportError", "check_entry_point", "reimport_hint"]
+
+# The fix, shown in every message.
+_FIX = """\
+Put the call under a main guard, so that it runs only in the process you started:
+
+    if __name__ == "__main__":
+        main()  # the function that calls {entry}(), or the call itself
+"""
+
+
+class MainReimportError(RuntimeError):
+    """An entry point that starts processes was called where spawned children run it again."""
+
+
+def _main_script() -> str | None:
+    """What children re-import as ``__mp_main__`` (a file or ``-m`` module), or None."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None):
+        return f"module {spec.name}"
+    path = getattr(main, "__file__", None)
+    return f"script {path}" if path else None  # -c, stdin, a REPL or a notebook: not re-run
+
+
+def _caller_outside(package: str) -> FrameType | None:
+    """The first frame up the stack whose code is not part of ``package``."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = str(frame.f_globals.get("__name__", ""))
+        if name != package and not name.startswith(package + "."):
+            return frame
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def _at_module_level_of_main(frame: FrameType | None) -> bool:
+    main = sys.modules.get("__main__")
+    return (
+        frame is not None
+        and main is not None
+        and frame.f_globals is vars(main)
+        and frame.f_code.co_name == "<module>"
+    )
+
+
+def check_entry_point(entry: str, *, children_reimport_main: bool = True) -> None:
+    """Raise :class:`MainReimportError` if this call would run again in every spawned child.
+
+    Call it first in an entry point that starts worker processes or a server, before it
+    starts anything.
+
+    Args:
+        entry: the entry point's name as the user calls it (``build_dataset``), for the fix.
+        children_reimport_main: whether the processes this call starts re-import the main
+            script (``spawn``, ``forkserver``); False under ``fork``, where a module-level call
+            in the parent is harmless and only the child-side check applies.
+
+    Raises:
+        MainReimportError: this process is a child re-importing the main script, or (with
+            ``children_reimport_main``) the call comes from the main script's module level.
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise MainReimportError(
+            f"{entry}() was called while this process was starting as a child of another "
+            f"({multiprocessing.current_process().name}): a spawn or forkserver child imports "
+            "the main script again as __mp_main__, and this call at its module level runs in "
+            "every child. " + _FIX.format(entry=entry)
+        )
+    if not children_reimport_main:
+        return
+    script = _main_script()
+    if script is not None and _at_module_level_of_main(_caller_outside("h5forge")):
+        raise MainReimportError(
+            f"{entry}() was called at the module level of the main {script}; the worker "
+            "processes it starts (spawn or forkserver) import that script again and would run "
+            "this call once more in each of them, each starting its own workers and server. "
+            + _FIX.format(entry=entry)
+        )
+
+
+def reimport_hint(start_method: str) -> str:
+    """For a worker that died at start: the main script may have failed in it (its error is
+    printed above), or ``""`` when children of ``start_method`` do not import it again."""
+    script = _main_script()
+    if start_method == "fork" or script is None:
+        return ""
+    return (
+        f"; or the main {script} failed when the {start_method} worker imported it again "
+        '(its error is printed above): code at its module level needs `if __name__ == "__main__":`'
+    )
