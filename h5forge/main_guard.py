@@ -8,7 +8,8 @@ or server processes left behind. Every entry point that starts processes or a se
 :func:`check_entry_point` first, so the mistake fails at once with the fix:
 
 - in the parent, when the call comes straight from the module level of a main script that
-  children re-import (``python script.py``, ``python -m package.module``), the error is raised
+  children re-import (``python script.py``, ``python -m package.module``) and is not in the body
+  of an ``if __name__ == "__main__":`` (read from the script's source), the error is raised
   before anything starts;
 - in a child that is re-importing the main script (multiprocessing marks that with
   ``current_process()._inheriting``, the flag its own ``_check_not_importing_main`` reads), the
@@ -17,8 +18,10 @@ or server processes left behind. Every entry point that starts processes or a se
 
 from __future__ import annotations
 
+import ast
 import multiprocessing
 import sys
+from pathlib import Path
 from types import FrameType
 
 __all__ = ["MainReimportError", "check_entry_point", "reimport_hint"]
@@ -64,6 +67,36 @@ def _at_module_level_of_main(frame: FrameType | None) -> bool:
         and main is not None
         and frame.f_globals is vars(main)
         and frame.f_code.co_name == "<module>"
+        and not _under_main_guard(frame.f_code.co_filename, frame.f_lineno)
+    )
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """``__name__ == "__main__"``, either way round."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    sides = {type(test.left), type(test.comparators[0])}
+    values = [test.left, test.comparators[0]]
+    return (
+        isinstance(test.ops[0], ast.Eq)
+        and sides == {ast.Name, ast.Constant}
+        and any(isinstance(v, ast.Name) and v.id == "__name__" for v in values)
+        and any(isinstance(v, ast.Constant) and v.value == "__main__" for v in values)
+    )
+
+
+def _under_main_guard(path: str, line: int) -> bool:
+    """Whether ``line`` of the script at ``path`` is in the body of a main guard; True when
+    the source cannot be read (the check in the child still applies)."""
+    try:
+        tree = ast.parse(Path(path).read_bytes(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return True
+    return any(
+        isinstance(node, ast.If)
+        and _is_main_test(node.test)
+        and node.body[0].lineno <= line <= (node.body[-1].end_lineno or line)
+        for node in ast.walk(tree)
     )
 
 
