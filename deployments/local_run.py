@@ -32,12 +32,14 @@ from h5forge.messages import describe_os_error, os_error_in
 from h5forge.redact import redact_text
 from h5forge.text import printable
 
-__all__ = ["EPHEMERAL_STARTUP_TIMEOUT_S", "run_build"]
+__all__ = ["EPHEMERAL_STARTUP_TIMEOUT_S", "EXIT_INTERRUPTED", "run_build"]
 
 # How long build and demo wait for their temporary Prefect server unless STARTUP_SETTING is
 # set: a first start (it creates its SQLite database) took over 20 s, Prefect's default, on a
 # 2-core machine with a load of ~3.
 EPHEMERAL_STARTUP_TIMEOUT_S = 180.0
+# A command ended by SIGINT exits 128 + 2, as the shell reports one the signal killed.
+EXIT_INTERRUPTED = 130
 
 
 class _NoTraceback(logging.Formatter):
@@ -132,6 +134,8 @@ def _run_flow(config: Any, cache_dir: Path | None, debug: bool) -> Any:
         _quiet_console_tracebacks()
     try:
         return build_dataset(config, cache_dir=str(cache_dir) if cache_dir else None)
+    except KeyboardInterrupt as e:  # Ctrl-C: the pools and the server are ended on the way out
+        raise fail("interrupted (Ctrl-C) before the build finished", EXIT_INTERRUPTED) from e
     except DestinationExistsError as e:
         raise usage_error(e) from e
     except PreviewPublishError as e:  # the asset is there: say so, not "nothing was published"

@@ -198,7 +198,7 @@ def start(
     environ = os.environ
     state = _read_state(state_dir(environ))
     if state is not None and _is_ours(state):
-        up = "is running" if healthy(state.url) else "was started and is not answering yet"
+        up = "is already running" if healthy(state.url) else "was started and is not answering yet"
         typer.echo(f"the h5forge server {up} (pid {state.pid}): UI {state.ui_url}, API {state.url}")
         return
     if not 0 < port < 65536:

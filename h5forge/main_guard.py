@@ -7,10 +7,10 @@ server while it is still bootstrapping, which ends in a misleading ``BrokenProce
 or server processes left behind. Every entry point that starts processes or a server calls
 :func:`check_entry_point` first, so the mistake fails at once with the fix:
 
-- in the parent, when the call comes straight from the module level of a main script that
-  children re-import (``python script.py``, ``python -m package.module``) and is not in the body
-  of an ``if __name__ == "__main__":`` (read from the script's source), the error is raised
-  before anything starts;
+- in the parent, when the call comes from the module-level code of a main script that children
+  re-import (``python script.py``, ``python -m package.module``), directly or through functions,
+  at a line outside any ``if __name__ == "__main__":`` (read from the script's source), the
+  error is raised before anything starts;
 - in a child that is re-importing the main script (multiprocessing marks that with
   ``current_process()._inheriting``, the flag its own ``_check_not_importing_main`` reads), the
   error is raised before the child starts anything, and the parent's pool reports a dead worker.
@@ -49,26 +49,15 @@ def _main_script() -> str | None:
     return f"script {path}" if path else None  # -c, stdin, a REPL or a notebook: not re-run
 
 
-def _caller_outside(package: str) -> FrameType | None:
-    """The first frame up the stack whose code is not part of ``package``."""
+def _main_module_frame() -> FrameType | None:
+    """The frame running the main script's module-level code, if it is on this stack."""
+    main = sys.modules.get("__main__")
     frame = sys._getframe(1)
-    while frame is not None:
-        name = str(frame.f_globals.get("__name__", ""))
-        if name != package and not name.startswith(package + "."):
+    while frame is not None and main is not None:
+        if frame.f_globals is vars(main) and frame.f_code.co_name == "<module>":
             return frame
         frame = frame.f_back  # type: ignore[assignment]
     return None
-
-
-def _at_module_level_of_main(frame: FrameType | None) -> bool:
-    main = sys.modules.get("__main__")
-    return (
-        frame is not None
-        and main is not None
-        and frame.f_globals is vars(main)
-        and frame.f_code.co_name == "<module>"
-        and not _under_main_guard(frame.f_code.co_filename, frame.f_lineno)
-    )
 
 
 def _is_main_test(test: ast.expr) -> bool:
@@ -85,9 +74,10 @@ def _is_main_test(test: ast.expr) -> bool:
     )
 
 
-def _under_main_guard(path: str, line: int) -> bool:
-    """Whether ``line`` of the script at ``path`` is in the body of a main guard; True when
-    the source cannot be read (the check in the child still applies)."""
+def _under_main_guard(frame: FrameType) -> bool:
+    """Whether the main script's module-level code is running the body of a main guard, read
+    from its source; True when that cannot be read (the check in the child still applies)."""
+    path, line = frame.f_code.co_filename, frame.f_lineno
     try:
         tree = ast.parse(Path(path).read_bytes(), filename=path)
     except (OSError, SyntaxError, ValueError):
@@ -126,11 +116,13 @@ def check_entry_point(entry: str, *, children_reimport_main: bool = True) -> Non
     if not children_reimport_main:
         return
     script = _main_script()
-    if script is not None and _at_module_level_of_main(_caller_outside("h5forge")):
+    frame = _main_module_frame()
+    if script is not None and frame is not None and not _under_main_guard(frame):
         raise MainReimportError(
-            f"{entry}() was called at the module level of the main {script}; the worker "
-            "processes it starts (spawn or forkserver) import that script again and would run "
-            "this call once more in each of them, each starting its own workers and server. "
+            f"{entry}() was called from the module level of the main {script} (line "
+            f'{frame.f_lineno}, outside any `if __name__ == "__main__":`); the worker processes '
+            "it starts (spawn or forkserver) import that script again and would run this call "
+            "once more in each of them, each starting its own workers and server. "
             + _FIX.format(entry=entry)
         )
 
