@@ -129,11 +129,16 @@ def check_entry_point(entry: str, *, children_reimport_main: bool = True) -> Non
 
 def reimport_hint(start_method: str) -> str:
     """For a worker that died at start: the main script may have failed in it (its error is
-    printed above), or ``""`` when children of ``start_method`` do not import it again."""
-    script = _main_script()
-    if start_method == "fork" or script is None:
+    printed above). ``""`` when children of ``start_method`` do not import it again, or when the
+    main script is h5forge's own command (``h5forge``, ``python -m h5forge...``: guarded)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    path = getattr(main, "__file__", None) or ""
+    own = str(getattr(spec, "name", "")).startswith("h5forge.") or Path(path).name == "h5forge"
+    if start_method == "fork" or _main_script() is None or own:
         return ""
     return (
-        f"; or the main {script} failed when the {start_method} worker imported it again "
-        '(its error is printed above): code at its module level needs `if __name__ == "__main__":`'
+        f"; or the main {_main_script()} failed when the {start_method} worker imported it "
+        "again (its error is printed above): code at its module level, a set_start_method() "
+        'call included, belongs under `if __name__ == "__main__":`'
     )

@@ -146,6 +146,6 @@ def test_an_interrupted_build_leaves_no_process_behind(
     else:
         assert build.returncode == 1, err
         assert last.startswith("error: build failed, nothing was published: a worker process died")
-    assert "Traceback" not in err
+    assert "Traceback" not in err, err
     assert not survivors(tree, within=15), "processes outlived the build"
     assert not (tmp_path / "out" / "x.h5").exists()

@@ -96,3 +96,30 @@ if __name__ == "__mp_main__":
     assert "refused in the child: build_dataset() was called while this process was" in (run.stdout)
     assert _FIX in run.stdout
     assert "child ran" in run.stdout
+
+
+def test_a_pool_whose_workers_fail_on_the_script_says_why(tmp_path: Path) -> None:
+    from h5forge.demo import write_image_folder
+
+    files = write_image_folder(tmp_path / "src", classes=("a",), per_class=8, size=(16, 16))
+    body = f"""\
+from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.pool import iter_processed
+
+multiprocessing.set_start_method("spawn")  # outside the guard: fails in every child
+
+
+def main():
+    print(len(list(iter_processed({[str(f) for f in files]!r}, ImageConfig(), workers=2))))
+
+
+{_FIX}
+    main()
+"""
+    run = _run(tmp_path, body)
+    assert run.returncode == 1
+    assert "RuntimeError: context has already been set" in run.stderr  # the child's own error
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("concurrent.futures.process.BrokenProcessPool: a worker process died")
+    assert "failed when the spawn worker imported it again" in last
+    assert "a set_start_method() call included" in last
