@@ -227,6 +227,7 @@ def _pooled_with(
     pending: deque[tuple[int, int, Future[list[Result | InRing]]]] = deque()
     in_flight = 0  # submitted and not yet yielded
     next_start = 0
+    done = False
     try:
         while pending or next_start < n:
             while next_start < n and in_flight + min(chunk, n - next_start) <= window:
@@ -254,7 +255,15 @@ def _pooled_with(
                     yield ring.borrow(r) if borrow else ring.take(r)
                 else:
                     yield r
+        done = True
     finally:
         for _, _, task in pending:
             task.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        except RuntimeError:
+            # Ctrl-C while the pool was starting its manager thread ("cannot join thread before
+            # it is started"): let the interrupt through, not this; any worker it started ends
+            # with this process (end_with_owner).
+            if done:
+                raise
