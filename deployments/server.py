@@ -22,6 +22,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -195,6 +196,12 @@ def start(
     ] = 180.0,
 ) -> None:
     """Start the server in the background; it runs until `h5forge server stop`."""
+    if not sys.platform.startswith("linux"):  # it tells its process apart through /proc
+        raise fail(
+            f"h5forge server runs on Linux only (this is {sys.platform}); run `prefect server "
+            "start` instead and export PREFECT_API_URL=http://127.0.0.1:4200/api",
+            EXIT_USAGE,
+        )
     environ = os.environ
     state = _read_state(state_dir(environ))
     if state is not None and _is_ours(state):
