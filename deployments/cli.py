@@ -50,6 +50,7 @@ from h5forge.deployments.build_options import (
     Staging,
     Versioned,
 )
+from h5forge.deployments.server import app as server_app
 from h5forge.messages import describe_os_error
 from h5forge.options import OptionError
 from h5forge.publish.history import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S
@@ -227,6 +228,7 @@ app.command()(demo)
 # pack, verify, inspect, versions and diff become commands of this app, as they are (not
 # add_typer: the library app's own callback, its --version, would not carry over).
 app.registered_commands.extend(library_app.registered_commands)
+app.add_typer(server_app, name="server")  # h5forge server start|status|stop
 
 
 def main() -> None:

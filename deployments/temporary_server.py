@@ -38,7 +38,13 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["STARTUP_SETTING", "ServerStartError", "start_temporary_server"]
+__all__ = [
+    "STARTUP_SETTING",
+    "ServerStartError",
+    "healthy",
+    "server_command",
+    "start_temporary_server",
+]
 
 # The setting Prefect itself reads for its temporary server's start-up bound; honoured here too.
 STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
@@ -62,7 +68,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """Whether the Prefect API at ``url`` answers its health check."""
     try:
         with urllib.request.urlopen(url + "/health", timeout=5) as r:
             return bool(r.status == 200)
@@ -85,6 +92,26 @@ def _failure(what: str, timeout_s: float, log: Any) -> ServerStartError:
         "`export PREFECT_API_URL=http://127.0.0.1:4200/api` and run this again."
         + (f" The server printed: {said}" if said else "")
     )
+
+
+def server_command(port: int, *, log_level: str) -> list[str]:
+    """The command line of a Prefect API server on loopback ``port`` (uvicorn over Prefect's
+    app factory, as Prefect's own temporary server); its environment says what it serves."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "prefect.server.api.server:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        log_level,
+        "--lifespan",
+        "on",
+    ]
 
 
 def start_temporary_server(timeout_s: float, say: Callable[[str], None]) -> str:
@@ -117,21 +144,7 @@ def start_temporary_server(timeout_s: float, say: Callable[[str], None]) -> str:
     env.pop("PREFECT_API_URL", None)
     log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by _stop
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "--factory",
-            "prefect.server.api.server:create_app",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            port,
-            "--log-level",
-            "error",
-            "--lifespan",
-            "on",
-        ],
+        server_command(int(port), log_level="error"),
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=log,
@@ -145,7 +158,7 @@ def start_temporary_server(timeout_s: float, say: Callable[[str], None]) -> str:
     )
     t0 = time.monotonic()
     next_say = t0 + _SAY_EVERY_S
-    while not _healthy(url):
+    while not healthy(url):
         failure = None
         if proc.poll() is not None:
             failure = _failure(

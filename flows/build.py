@@ -18,11 +18,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.runtime import flow_run
 
 from h5forge.flows.config import BuildConfig
 from h5forge.flows.credentials import load_storage_options
+from h5forge.flows.entry import entry_flow
 from h5forge.flows.summary import BuildSummary, unchanged_summary
 from h5forge.flows.urls import check_url
 from h5forge.pack.writer import PackResult
@@ -65,7 +66,7 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
         seconds[name] = round(time.perf_counter() - start, 3)
 
 
-@flow(name="build-h5-dataset")
+@entry_flow(name="build-h5-dataset")
 def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSummary:
     """Build, verify, smoke-load and publish one HDF5 image asset.
 
@@ -74,8 +75,15 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         cache_dir: local folder for fetched sources and the fetch cache; default
             :data:`DEFAULT_CACHE_DIR`.
 
+    Called from a script, it must be under ``if __name__ == "__main__":`` (it starts worker
+    processes); with no ``PREFECT_API_URL`` it runs a temporary Prefect server for the call
+    (:mod:`h5forge.flows.entry`).
+
     Returns:
         Where the asset, its manifest and its preview are, with counts, digest and timings.
+
+    Raises:
+        MainReimportError: called at a script's module level, where spawned children rerun it.
     """
     logger = get_run_logger()
     options = load_storage_options(config.credentials_block)

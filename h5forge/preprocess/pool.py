@@ -22,6 +22,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from h5forge.cpus import usable_cpus
 from h5forge.lifetime import end_with_owner
+from h5forge.main_guard import check_entry_point, reimport_hint
 from h5forge.preprocess.config import ImageConfig
 from h5forge.preprocess.context import check_main_importable, worker_context
 from h5forge.preprocess.images import Processed, Quarantined, process_file
@@ -102,6 +103,10 @@ def iter_processed(
         return (jobs.run(i, p) for i, p in enumerate(items))
     if threads:
         return _threaded(items, jobs, n_workers, window or 4 * n_workers)
+    # Before any process starts: a call that every spawned worker would run again fails here.
+    check_entry_point(
+        "iter_processed", children_reimport_main=worker_context().get_start_method() != "fork"
+    )
     chunk = max(1, min(_MAX_CHUNK, len(items) // (n_workers * 4)))
     limit = window or 4 * n_workers * chunk
     size = _fixed_size(cfg)
@@ -222,6 +227,7 @@ def _pooled_with(
     pending: deque[tuple[int, int, Future[list[Result | InRing]]]] = deque()
     in_flight = 0  # submitted and not yet yielded
     next_start = 0
+    done = False
     try:
         while pending or next_start < n:
             while next_start < n and in_flight + min(chunk, n - next_start) <= window:
@@ -238,7 +244,7 @@ def _pooled_with(
                 raise BrokenProcessPool(
                     f"a worker process died while processing inputs {start}..{stop - 1} (first: "
                     f"{paths[start]!r}): a crashing decoder or the out-of-memory killer; rerun "
-                    "with workers=1 to see which file"
+                    "with workers=1 to see which file" + reimport_hint(ctx.get_start_method())
                 ) from e
             for r in results:
                 in_flight -= 1
@@ -249,7 +255,15 @@ def _pooled_with(
                     yield ring.borrow(r) if borrow else ring.take(r)
                 else:
                     yield r
+        done = True
     finally:
         for _, _, task in pending:
             task.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        except RuntimeError:
+            # Ctrl-C while the pool was starting its manager thread ("cannot join thread before
+            # it is started"): let the interrupt through, not this; any worker it started ends
+            # with this process (end_with_owner).
+            if done:
+                raise

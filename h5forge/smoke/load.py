@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Subset
 
 from h5forge.errors import IntegrityError
 from h5forge.lifetime import worker_init
+from h5forge.main_guard import check_entry_point
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.smoke.expected import Expected, check_sample, read_expected
 
@@ -200,6 +201,9 @@ def smoke_load(
         raise ValueError(
             f"start methods {unknown} are not available on this platform; it offers {available}"
         )
+    check_entry_point(
+        "smoke_load", children_reimport_main=any(m in ("spawn", "forkserver") for m in methods)
+    )
     start = time.perf_counter()
     dataset = H5ImageDataset(url, storage_options=storage_options)
     n_total = len(dataset)
