@@ -20,7 +20,7 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
-from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
+from h5forge.cli.exits import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, fail, usage_error
 from h5forge.deployments.server import running_server
 from h5forge.deployments.settings import cache_dir_from_env
 from h5forge.deployments.temporary_server import (
@@ -34,14 +34,13 @@ from h5forge.messages import describe_os_error, os_error_in
 from h5forge.redact import redact_text
 from h5forge.text import printable
 
-__all__ = ["EPHEMERAL_STARTUP_TIMEOUT_S", "EXIT_INTERRUPTED", "run_build"]
+__all__ = ["EPHEMERAL_STARTUP_TIMEOUT_S", "run_build"]
 
 # How long build and demo wait for their temporary Prefect server unless STARTUP_SETTING is
 # set: a first start (it creates its SQLite database) took over 20 s, Prefect's default, on a
 # 2-core machine with a load of ~3.
 EPHEMERAL_STARTUP_TIMEOUT_S = 180.0
 # A command ended by SIGINT exits 128 + 2, as the shell reports one the signal killed.
-EXIT_INTERRUPTED = 130
 
 
 class _NoTraceback(logging.Formatter):

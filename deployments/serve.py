@@ -63,6 +63,7 @@ from prefect.schedules import Cron
 from prefect.settings import get_current_settings
 from pydantic import TypeAdapter
 
+from h5forge.cli.exits import EXIT_INTERRUPTED
 from h5forge.deployments.automations import (
     SOURCE_CHANGED,
     ensure_automation,
@@ -70,7 +71,7 @@ from h5forge.deployments.automations import (
     source_resource_id,
 )
 from h5forge.deployments.settings import cache_dir_from_env
-from h5forge.deployments.stopping import EXIT_INTERRUPTED, stop_within
+from h5forge.deployments.stopping import stop_within
 
 __all__ = [
     "NIGHTLY",

@@ -18,10 +18,11 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["EXIT_INTERRUPTED", "SHUTDOWN_GRACE_S", "Interrupt", "stop_within"]
+from h5forge.cli.exits import EXIT_INTERRUPTED
+
+__all__ = ["SHUTDOWN_GRACE_S", "Interrupt", "stop_within"]
 
 #: Exit status of a process ended by SIGINT, as shells report it (128 + 2).
-EXIT_INTERRUPTED = 130
 #: Seconds the clean-up after Ctrl-C may take (pausing three schedules takes well under 2 s).
 SHUTDOWN_GRACE_S = 10.0
 

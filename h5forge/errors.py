@@ -16,6 +16,7 @@ __all__ = [
     "EmptyDatasetError",
     "H5ForgeError",
     "IntegrityError",
+    "MainReimportError",
     "MissingExtraError",
     "PreviewPublishError",
     "TooManyBadImagesError",
@@ -78,6 +79,13 @@ class UnsafeArchiveError(H5ForgeError, ValueError):
 
 class MissingExtraError(H5ForgeError, ImportError):
     """An optional dependency is needed for the requested feature (message names the extra)."""
+
+
+class MainReimportError(H5ForgeError, RuntimeError):
+    """An entry point that starts processes was called where spawned children run it again.
+
+    The message shows the fix: call it under ``if __name__ == "__main__":``.
+    """
 
 
 class UnsupportedPlatformError(H5ForgeError, NotImplementedError):

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from h5forge.errors import MainReimportError
+
 __all__ = ["MainReimportError", "check_entry_point", "reimport_hint"]
 
 # The fix, shown in every message.
@@ -33,10 +35,6 @@ Put the call under a main guard, so that it runs only in the process you started
     if __name__ == "__main__":
         main()  # the function that calls {entry}(), or the call itself
 """
-
-
-class MainReimportError(RuntimeError):
-    """An entry point that starts processes was called where spawned children run it again."""
 
 
 def _main_script() -> str | None:

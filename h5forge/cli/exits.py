@@ -6,6 +6,7 @@
       manifest, too many images were quarantined, the disk filled up mid-run
 2     usage: a bad option or value, a source that does not exist, a destination
       that exists (without ``--overwrite``), is read-only, full, or inside the source
+130   interrupted (Ctrl-C): ``build``, ``demo`` and ``serve`` stop what they started
 ====  ===========================================================================
 
 Every error a command reports (``pack``, ``verify``, ``inspect``, ``build``, ``demo``) goes
@@ -34,6 +35,7 @@ from h5forge.text import printable
 __all__ = [
     "EXIT_FAILURE",
     "EXIT_INTEGRITY",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
     "fail",
@@ -45,6 +47,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1  # integrity or run failure
 EXIT_INTEGRITY = EXIT_FAILURE
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
 
 
 def fail(message: str, code: int) -> typer.Exit:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from h5forge.cli.exits import EXIT_INTERRUPTED
 from h5forge.deployments.serve import ON_DEMAND
-from h5forge.deployments.stopping import EXIT_INTERRUPTED, SHUTDOWN_GRACE_S
+from h5forge.deployments.stopping import SHUTDOWN_GRACE_S
 from tests.deployments._processes import (
     BUILD_FLOW,
     api_get,

@@ -74,7 +74,7 @@ def test_a_module_level_build_under_spawn_fails_at_once(
     tail = f'multiprocessing.set_start_method("spawn")\n{call}\n'
     run, dest = _script(tmp_path, tail, source, prefect_env(None, tmp_path / "home"))
     assert run.returncode == 1
-    error = "h5forge.main_guard.MainReimportError: build_dataset() was called from the module"
+    error = "h5forge.errors.MainReimportError: build_dataset() was called from the module"
     assert any(line.startswith(error) for line in run.stderr.splitlines()), run.stderr
     assert _FIX in run.stderr
     assert "Starting temporary server" not in run.stdout + run.stderr  # nothing started

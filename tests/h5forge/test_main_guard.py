@@ -47,7 +47,7 @@ def test_an_unguarded_module_level_call_fails_in_the_parent(tmp_path: Path, body
     assert "ran" not in run.stdout
     error = run.stderr.strip().splitlines()
     assert any(
-        line.startswith("h5forge.main_guard.MainReimportError: build_dataset() was called from")
+        line.startswith("h5forge.errors.MainReimportError: build_dataset() was called from")
         for line in error
     ), run.stderr
     assert _FIX in run.stderr
