@@ -47,14 +47,14 @@ import dataclasses
 import importlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import httpx
 import yaml
-from prefect import Flow, serve
+from prefect import Flow, get_client, serve
 from prefect.automations import Automation
 from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.deployments.runner import EntrypointType, RunnerDeployment
@@ -180,13 +180,18 @@ def main() -> None:
             "PREFECT_API_URL=...`), then run `python -m h5forge.deployments.serve` again"
         )
     options = options_from_env(os.environ)
+    ids: dict[str, UUID] = {}
     with stop_within("h5forge serve") as interrupt:
         try:
             deployments = runner_deployments(options)
             ids = {d.name: _register(d) for d in deployments}  # serve() upserts them again
             ensure_automations(deployments, ids)
             serve(*deployments)
-        except KeyboardInterrupt:  # before the runner took over: nothing to pause yet
+            # The runner pauses them on its way out only when the interrupt reached its
+            # event loop's task; pause them here in any case (pausing twice is harmless).
+            if interrupt.received.is_set():
+                _pause(ids.values())
+        except KeyboardInterrupt:  # before the runner took over, or while pausing
             pass
         except httpx.TransportError as e:
             if not interrupt.received.is_set():
@@ -201,6 +206,12 @@ def main() -> None:
             )
     if interrupt.received.is_set():
         raise SystemExit(EXIT_INTERRUPTED)
+
+
+def _pause(ids: Iterable[UUID]) -> None:
+    with get_client(sync_client=True) as client:
+        for deployment_id in ids:
+            client.pause_deployment(deployment_id)
 
 
 def _register(deployment: RunnerDeployment) -> UUID:

@@ -58,7 +58,7 @@ def test_one_ctrl_c_stops_serve(tmp_path: Path, server: str) -> None:
                 pytest.fail(f"serve still running after one SIGINT\n{log_tail(log)}")
             if server == "answers":
                 deployment = api_get(api_url, f"/deployments/name/{BUILD_FLOW}/{ON_DEMAND}")
-                assert deployment.json()["paused"] is True  # Ctrl-C paused the schedules
+                assert deployment.json()["paused"] is True, log_tail(log)  # Ctrl-C paused them
     lines = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln]
     assert code == EXIT_INTERRUPTED, log_tail(log)
     # No uncaught exception at the end (Prefect's own log lines may quote a traceback).
