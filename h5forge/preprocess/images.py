@@ -47,6 +47,7 @@ from PIL.JpegImagePlugin import JpegImageFile
 
 from h5forge.errors import IntegrityError
 from h5forge.options import Encoding, Layout, option
+from h5forge.preprocess import jpeg, resample
 from h5forge.preprocess import normalise as norm
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS, ImageConfig
 from h5forge.targets.geometry import Geometry
@@ -63,6 +64,7 @@ __all__ = [
     "decode_stored",
     "load_geometry",
     "load_normalised",
+    "load_pixels",
     "process_file",
 ]
 
@@ -127,12 +129,62 @@ def load_geometry(
 ) -> tuple[Image.Image, Geometry]:
     """:func:`load_normalised`, and the :class:`Geometry` it applied: the file's size before
     EXIF, its orientation and the resize plan (None without ``resize``). Same errors."""
+    pixels, geometry = load_pixels(src, cfg, resize=resize)
+    return (pixels if isinstance(pixels, Image.Image) else _as_image(pixels)), geometry
+
+
+def _as_image(arr: np.ndarray) -> Image.Image:
+    arr = np.ascontiguousarray(arr)
+    return Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)
+
+
+def load_pixels(
+    src: bytes | str, cfg: ImageConfig, *, resize: bool = False
+) -> tuple[Image.Image | np.ndarray, Geometry]:
+    """:func:`load_geometry` without the final copy into a Pillow image: an ``(H, W, C)``
+    uint8 array (possibly a strided view) on the array path, an image on the Pillow path
+    (``decoder="pillow", resample="pillow"``). Same errors.
+
+    Both paths read the header with Pillow first (format, size, EXIF), and refuse more than
+    ``cfg.max_image_pixels`` pixels before any pixel is decoded. On the array path a JPEG that
+    :mod:`h5forge.preprocess.jpeg` takes is decoded by it; everything else, and a JPEG whose
+    data it refuses, by Pillow (same DCT scaling, mode rules), per image.
+    """
     if isinstance(src, str):
         with open(src, "rb") as f:
             src = f.read()
     img = norm.open_checked(src, cfg.max_image_pixels)
     orientation, file_size = norm.orientation(img), img.size
     plan = norm.plan(file_size, orientation, cfg) if resize else None
+    geometry = Geometry(file_size, orientation, plan)
+    if cfg.decoder == "pillow" and cfg.resample == "pillow":
+        return _pillow_path(img, cfg, plan, orientation), geometry
+    is_jpeg = isinstance(img, JpegImageFile)
+    scale = norm.dct_scale(file_size, plan, orientation) if plan is not None and is_jpeg else 1
+    arr = None
+    if cfg.decoder == "simplejpeg" and jpeg.accepts(img):
+        arr = jpeg.decode(src, file_size=file_size, scale=scale, mode=cfg.mode)
+    if arr is None:  # Pillow decodes it: other formats, CMYK/YCCK, data simplejpeg refused
+        if scale > 1:  # the same DCT scaling, by the same rule
+            assert plan is not None
+            if img.draft(None, plan.size[::-1] if orientation >= 5 else plan.size) is None:
+                scale = 1
+            assert img.size == (-(-file_size[0] // scale), -(-file_size[1] // scale))
+        img.load()
+        arr = np.asarray(norm.normalise_mode(img, cfg.mode))
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+    extent = (file_size[0] / scale, file_size[1] / scale)
+    out = resample.resize_orient_crop(
+        arr, plan=plan, orientation=orientation, extent=extent, kernel=cfg.resample
+    )
+    return out, geometry
+
+
+def _pillow_path(
+    img: Image.Image, cfg: ImageConfig, plan: norm.Plan | None, orientation: int
+) -> Image.Image:
+    """Pillow decodes, transposes, converts and resizes (the crop's box only)."""
     region = None
     if plan is not None and isinstance(img, JpegImageFile):
         region = norm.draft(img, plan, orientation)
@@ -142,7 +194,7 @@ def load_geometry(
     img = norm.normalise_mode(img, cfg.mode)
     if plan is not None:
         img = norm.apply(img, plan, region)
-    return img, Geometry(file_size, orientation, plan)
+    return img
 
 
 def process_file(
@@ -175,12 +227,13 @@ def process_file(
         return Quarantined(index, path, "zero-byte file")
     keep_source = cfg.layout == "encoded" and cfg.encoding == "original"
     try:
-        img, geometry = load_geometry(raw, cfg, resize=not keep_source)
+        pixels, geometry = load_pixels(raw, cfg, resize=not keep_source)
         if keep_source:
             data = raw
         elif cfg.layout == "decoded":
-            data = img.tobytes()  # C-order (H, W, C) for RGB and L, one copy
+            data = pixels.tobytes()  # C-order (H, W, C) for RGB and L, one copy
         else:
+            img = pixels if isinstance(pixels, Image.Image) else _as_image(pixels)
             buf = io.BytesIO()
             img.save(buf, format=_PIL_FORMAT[cfg.encoding], quality=cfg.quality)
             data = buf.getvalue()
@@ -208,8 +261,10 @@ def process_file(
             )
         except TargetError as e:
             return Quarantined(index, path, str(e))
-    channels = 3 if img.mode == "RGB" else 1
-    shape = (img.height, img.width, channels)
+    if isinstance(pixels, Image.Image):
+        shape = (pixels.height, pixels.width, 3 if pixels.mode == "RGB" else 1)
+    else:
+        shape = (pixels.shape[0], pixels.shape[1], pixels.shape[2])
     return Processed(index, data, shape, hashlib.sha256(data).digest(), stored)
 
 
@@ -274,7 +329,14 @@ def decode_stored(
             f"max_pixels={max_pixels}; pass a larger max_pixels if you trust "
             "the file"
         )
-    cfg = ImageConfig(mode=mode, resize="none", size=None, max_image_pixels=max_pixels)
+    cfg = ImageConfig(
+        mode=mode,
+        resize="none",
+        size=None,
+        max_image_pixels=max_pixels,
+        decoder="pillow",  # the reader's decode is unchanged by the pack's faster path
+        resample="pillow",
+    )
     try:
         arr = np.array(load_normalised(bytes(data), cfg), dtype=np.uint8)
     except Image.DecompressionBombError as e:
