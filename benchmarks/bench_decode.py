@@ -12,7 +12,7 @@ candidate equal to it everywhere reads "exact"). A candidate whose library is no
 left out and named.
 
     python -m benchmarks.bench_decode                                    # generated photo set
-    python -m benchmarks.bench_decode --images "$(python -m benchmarks.realphotos | head -1)"
+    python -m benchmarks.bench_decode --images "$(python -m benchmarks.realphotos)"
 """
 
 from __future__ import annotations

@@ -14,13 +14,14 @@ photos stay grey JPEGs. The
 folder is ``benchmarks/data/realphotos-v2-<n>/<photo>/<variant>.jpg`` (git-ignored, never
 committed), written once and reused.
 
-    python -m benchmarks.realphotos      # prints the folder; pass it as --images
+    python -m benchmarks.bench_decode --images "$(python -m benchmarks.realphotos)"
 """
 
 from __future__ import annotations
 
 import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 from PIL import Image, ImageOps
@@ -133,8 +134,8 @@ def describe_sources() -> str:
 
 def main() -> None:
     root = ensure_realphotos()
-    print(root)
-    print(describe_sources())
+    print(describe_sources(), file=sys.stderr)
+    print(root)  # alone on stdout: --images "$(python -m benchmarks.realphotos)"
 
 
 if __name__ == "__main__":

@@ -20,6 +20,14 @@ multi-page TIFF keep their first frame only):
    least twice the needed size are first reduced by libjpeg's DCT scaling (``Image.draft``),
    never below the size the resize needs; the geometry is unchanged, the pixels differ
    slightly from a full-size decode.
+6. Decoder and kernel (``ImageConfig.decoder``, ``ImageConfig.resample``; docs/FORMAT.md):
+   by default a YCbCr/RGB or grey JPEG is decoded by libjpeg-turbo through simplejpeg
+   (:mod:`h5forge.preprocess.jpeg`, the same DCT scaling) and every image is resized by
+   torch's antialiased bilinear, the same filter and geometry in the file's orientation
+   before the transposition (:mod:`h5forge.preprocess.resample`): Pillow's pixels within
+   rounding, 1.5-1.7x its rate. Other files, and JPEGs simplejpeg refuses, are decoded by
+   Pillow, per image. ``decoder="pillow", resample="pillow"`` is the Pillow path above,
+   pixel for pixel.
 
 Quarantine reasons start with a kind: ``zero-byte file``, ``unreadable: ...`` (the file could
 not be read), ``not an image: ...``, ``image too large: W x H = N pixels > limit M``,
