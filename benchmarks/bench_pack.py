@@ -25,7 +25,7 @@ variants (encoded, compressed, the Pillow kernel) are packed once each, for the 
 guidance in benchmarks/README.md.
 
     python -m benchmarks.bench_pack               # targets: >= 0.9 x parallel, >= 20 x naive
-    python -m benchmarks.bench_pack --images "$(python -m benchmarks.realphotos | head -1)" \
+    python -m benchmarks.bench_pack --images "$(python -m benchmarks.realphotos)" \
         --baseline /tmp/h5forge-main --peers
 """
 
@@ -196,7 +196,7 @@ def main() -> None:
                 }
                 peers.call(call, **peer_kw)  # warm
                 variants[name] = lambda call=call, peer_kw=peer_kw: peers.call(call, **peer_kw)
-        seconds = _rounds(variants, args.repeat)
+        seconds, tree = _rounds(variants, args.repeat)
         for child in children:
             child.close()
     one_core_pillow = len(subset) / median(seconds["one-core Pillow recipe"])
@@ -245,6 +245,11 @@ def main() -> None:
             if not name.startswith("today"):
                 peer_rates[name] = r
             rows.append([name, f"{r:,.0f}", f"{r / rate:.2f}", ""])
+    cpu_ms = {
+        name: median(tree[name]) / len(files) * 1e3
+        for name in seconds
+        if not name.startswith("one-core")
+    }
     rows.append(
         [
             f"naive recipe (gzip-9 per image, {len(naive_files)} images, extrapolated)",
@@ -256,6 +261,11 @@ def main() -> None:
     if not args.no_variants:
         rows += _variant_rows(root, tmp, files, src_bytes, args.workers, rate)
     report.add(table(["what", "images/s", "vs h5forge pack", "file / source bytes"], rows))
+    report.add(
+        "CPU ms per image, whole process tree (median; load-independent): "
+        + ", ".join(f"{name} {ms:.2f}" for name, ms in cpu_ms.items())
+        + "."
+    )
     report.add(
         f"CPU per image: Pillow recipe {cpu_decode * 1e3:.2f} ms, chosen kernel "
         f"{cpu_kernel * 1e3:.2f} ms, h5forge pack {cpu_pack * 1e3:.2f} ms (writer + workers, "
@@ -282,18 +292,24 @@ def main() -> None:
     report.write(not args.no_record)
 
 
-def _rounds(variants: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
-    """Wall seconds of every variant, ``repeat`` rounds, the order rotated by one each round so
-    that drift in load hits all alike and every variant takes every place."""
+def _rounds(
+    variants: dict[str, Callable[[], object]], repeat: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall seconds and CPU seconds (this process tree: workers, child processes) of every
+    variant, ``repeat`` rounds, the order rotated by one each round so that drift in load hits
+    all alike and every variant takes every place."""
     seconds: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
     names = list(variants)
     for r in range(repeat):
         k = r % len(names)
         for name in names[k:] + names[:k]:
+            c0 = tree_cpu()
             took, _ = timed(variants[name])
             seconds[name].append(took)
-            print(f"  {name}: {took:.3f} s", flush=True)
-    return seconds
+            cpu[name].append(tree_cpu() - c0)
+            print(f"  {name}: {took:.3f} s, {cpu[name][-1]:.3f} CPU s", flush=True)
+    return seconds, cpu
 
 
 def _variant_rows(
