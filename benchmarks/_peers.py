@@ -136,10 +136,19 @@ def litdata_dataset(remote: str, local: Path, storage_options: dict[str, Any]) -
 # compare the writers, not the decoders. Module level: the worker processes import them.
 
 
+def one_thread() -> None:
+    """One torch thread in this process, as the pack's workers run (a decoding process per
+    core; torch's default of one thread per core would oversubscribe the machine)."""
+    torch.set_num_threads(1)
+
+
 def decoded_sample(path: str) -> np.ndarray:
     """The pack's own pixels for ``path``: decoded, shorter side 224, centre crop 224."""
     from h5forge.preprocess.config import ImageConfig
     from h5forge.preprocess.images import load_pixels
+
+    if torch.get_num_threads() != 1:  # LitData's workers: no initializer of ours
+        one_thread()
 
     pixels, _ = load_pixels(path, ImageConfig(), resize=True)
     return np.ascontiguousarray(pixels)
@@ -172,7 +181,7 @@ def optimize_litdata(files: list[str], labels: list[int], out: str, workers: int
 def _decoded_pairs(files: list[str], labels: list[int], workers: int) -> Any:
     import multiprocessing
 
-    pool = multiprocessing.get_context("forkserver").Pool(workers)
+    pool = multiprocessing.get_context("forkserver").Pool(workers, initializer=one_thread)
     return pool, pool.imap(_pair, zip(files, labels, strict=True), chunksize=16)
 
 

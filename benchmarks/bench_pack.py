@@ -154,7 +154,9 @@ def main() -> None:
         pack(root, out, workers=args.workers, overwrite=True)
         cpu["pack"].append((tree_cpu() - c0) / len(files))
 
-    from benchmarks._peers import decoded_sample
+    from benchmarks._peers import decoded_sample, one_thread
+
+    one_thread()  # the one-core rows run here
 
     variants: dict[str, Callable[[], object]] = {
         "one-core Pillow recipe": one_core(decode_resize, "decode"),
@@ -163,7 +165,7 @@ def main() -> None:
     children: list[Child] = []
     shares = [[str(f) for f in files[i :: args.workers * 8]] for i in range(args.workers * 8)]
     ctx = multiprocessing.get_context("forkserver")
-    with ctx.Pool(args.workers) as decoders:
+    with ctx.Pool(args.workers, initializer=one_thread) as decoders:
         decoders.map(_kernel_count, [[str(files[0])]] * args.workers)  # started, warm
         variants["parallel chosen kernel"] = lambda: decoders.map(
             _kernel_count, shares, chunksize=1
