@@ -25,9 +25,9 @@ multi-page TIFF keep their first frame only):
    (:mod:`h5forge.preprocess.jpeg`, the same DCT scaling) and every image is resized by
    torch's antialiased bilinear, the same filter and geometry in the file's orientation
    before the transposition (:mod:`h5forge.preprocess.resample`): Pillow's pixels within
-   rounding, 1.5-1.7x its rate. Other files, and JPEGs simplejpeg refuses, are decoded by
-   Pillow, per image. ``decoder="pillow", resample="pillow"`` is the Pillow path above,
-   pixel for pixel.
+   rounding, at 1.4-1.5x the Pillow path's rate on one core. Other files, and JPEGs
+   simplejpeg refuses, are decoded by Pillow, per image. ``decoder="pillow"`` with
+   ``resample="pillow"`` is the Pillow path above, pixel for pixel.
 
 Quarantine reasons start with a kind: ``zero-byte file``, ``unreadable: ...`` (the file could
 not be read), ``not an image: ...``, ``image too large: W x H = N pixels > limit M``,

@@ -3,12 +3,13 @@ Pillow would.
 
 simplejpeg is a thin binding of libjpeg-turbo's TurboJPEG API (wheels for Linux, macOS and
 Windows). It decodes straight into a numpy array, where Pillow decodes into its own 4-byte
-pixel storage first: 1.3-1.6x Pillow's rate on photos, one core. The settings are fixed, so
+pixel storage first: 1.4-1.7x Pillow's decode rate on photos, one core. The settings are fixed, so
 that the name alone says what the pixels are: the accurate integer DCT and smooth ("fancy")
 chroma upsampling, Pillow's defaults, and DCT scaling by the rule of
 :func:`~h5forge.preprocess.normalise.dct_scale` (1/2, 1/4 or 1/8, only at two or more times
-the resize). The fast DCT and upsampling were measured at +4-5% rate for a mean PSNR of
-44-55 dB against the accurate ones (benchmarks/RESULTS.md), so they are not used.
+the resize). The fast DCT and upsampling were measured at +4-6% rate for a mean PSNR of
+44-55 dB (worst image 39-41 dB) against today's pixels (benchmarks/RESULTS.md), so they are
+not used.
 
 A JPEG this decoder does not take, or whose data it refuses, is decoded by Pillow instead
 (:func:`h5forge.preprocess.images.load_geometry`), so its pixels, or its quarantine reason,

@@ -10,9 +10,9 @@ DCT-scaled decode adds at the far edge (the image spans ``W / scale`` of its
 ``"torch"`` is torch's antialiased bilinear on uint8 (``interpolate(..., antialias=True)``,
 torchvision's ``Resize`` on tensors): the filter, support and centres of Pillow's BILINEAR,
 in SIMD fixed point, so its pixels are Pillow's within rounding (benchmarks/RESULTS.md:
-PSNR > 70 dB on photos). It is called with explicit scales, so a partial last column or row
-of a scaled decode is sampled as Pillow's ``box`` samples it. ``"pillow"`` is Pillow's own
-resize over that box.
+mean PSNR 75 dB, worst image 55 dB on real photos). It is called with explicit scales, so
+a partial last column or row of a scaled decode is sampled as Pillow's ``box`` samples it.
+``"pillow"`` is Pillow's own resize over that box.
 """
 
 from __future__ import annotations
