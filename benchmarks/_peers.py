@@ -145,7 +145,7 @@ def one_thread() -> None:
 def decoded_sample(path: str) -> np.ndarray:
     """The pack's own pixels for ``path``: decoded, shorter side 224, centre crop 224."""
     from h5forge.preprocess.config import ImageConfig
-    from h5forge.preprocess.images import load_pixels
+    from h5forge.preprocess.decode import load_pixels
 
     if torch.get_num_threads() != 1:  # LitData's workers: no initializer of ours
         one_thread()

@@ -54,7 +54,7 @@ def _rgb(arr: np.ndarray) -> np.ndarray:
 def candidates() -> tuple[dict[str, Candidate], list[str]]:
     """Every candidate that can run here, and a note for each one that cannot."""
     from h5forge.preprocess.config import ImageConfig
-    from h5forge.preprocess.images import load_normalised, load_pixels
+    from h5forge.preprocess.decode import load_normalised, load_pixels
 
     missing: list[str] = []
     out: dict[str, Candidate] = {}

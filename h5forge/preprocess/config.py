@@ -3,7 +3,7 @@
 One frozen object, passed whole from the flow's form to the workers, that validates,
 serialises (:meth:`ImageConfig.to_json`) and compares itself. Its bounds and messages are the
 pack options' (:mod:`h5forge.options`), shared with the command line and the build form. The
-rules it selects are those of :mod:`h5forge.preprocess.images`. Light to import: no numpy, no
+rules it selects are those of :mod:`h5forge.preprocess.decode`. Light to import: no numpy, no
 Pillow.
 """
 

@@ -12,7 +12,7 @@ the resize). The fast DCT and upsampling were measured at +4-6% rate for a mean 
 not used.
 
 A JPEG this decoder does not take, or whose data it refuses, is decoded by Pillow instead
-(:func:`h5forge.preprocess.images.load_geometry`), so its pixels, or its quarantine reason,
+(:func:`h5forge.preprocess.decode.load_pixels`), so its pixels, or its quarantine reason,
 are Pillow's: CMYK and YCCK (Pillow's colour conversion), and anything libjpeg-turbo reports
 as an error or a warning (a truncated or corrupt file, extraneous bytes between markers).
 """

@@ -1,7 +1,7 @@
-"""The steps :mod:`h5forge.preprocess.images` composes: checked open, mode rules and resize
+"""The steps :mod:`h5forge.preprocess.decode` composes: checked open, mode rules and resize
 geometry.
 
-The rules themselves are documented in :mod:`h5forge.preprocess.images`.
+The rules themselves are documented in :mod:`h5forge.preprocess.decode`.
 
 Coordinates are "logical": those of the full-resolution image after EXIF transposition. A JPEG
 decoded with DCT scaling (``Image.draft``) covers the same logical image at a lower resolution,
@@ -158,7 +158,7 @@ def orientation(img: Image.Image) -> int:
 
 
 def normalise_mode(img: Image.Image, mode: str) -> Image.Image:
-    """Bit depth, transparency and colour rules of :mod:`h5forge.preprocess.images`, to ``mode``."""
+    """Bit depth, transparency and colour rules of :mod:`h5forge.preprocess.decode`, to ``mode``."""
     if img.mode.startswith("I;16"):
         img = Image.fromarray((np.asarray(img).astype(np.uint16) >> 8).astype(np.uint8))
     elif img.mode in ("I", "F"):
