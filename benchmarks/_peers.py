@@ -11,6 +11,7 @@ torchvision has no build for this torch (``+cpu`` wheels come from PyTorch's own
 
 from __future__ import annotations
 
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -127,3 +128,81 @@ def litdata_dataset(remote: str, local: Path, storage_options: dict[str, Any]) -
         "aws_secret_access_key": storage_options["secret"],
     }
     return Images(Dir(path=str(local), url=remote), shuffle=True, seed=1, storage_options=opts)
+
+
+# --------------------------------------------------------------------------- peer writers
+# The writers of bench_pack: each turns the same image files into its own format, every image
+# through the same decode + resize as the pack (h5forge's default kernel), so the figures
+# compare the writers, not the decoders. Module level: the worker processes import them.
+
+
+def one_thread() -> None:
+    """One torch thread in this process, as the pack's workers run (a decoding process per
+    core; torch's default of one thread per core would oversubscribe the machine)."""
+    torch.set_num_threads(1)
+
+
+def decoded_sample(path: str) -> np.ndarray:
+    """The pack's own pixels for ``path``: decoded, shorter side 224, centre crop 224."""
+    from h5forge.preprocess.config import ImageConfig
+    from h5forge.preprocess.decode import load_pixels
+
+    if torch.get_num_threads() != 1:  # LitData's workers: no initializer of ours
+        one_thread()
+
+    pixels, _ = load_pixels(path, ImageConfig(), resize=True)
+    return np.ascontiguousarray(pixels)
+
+
+def _litdata_item(item: tuple[str, int]) -> dict[str, Any]:
+    return {"image": decoded_sample(item[0]), "label": item[1]}
+
+
+def _pair(item: tuple[str, int]) -> tuple[bytes, int]:
+    return decoded_sample(item[0]).tobytes(), item[1]
+
+
+def optimize_litdata(files: list[str], labels: list[int], out: str, workers: int) -> None:
+    """LitData's ``optimize`` with ``workers`` processes (its own pool, its own start method)."""
+    shutil.rmtree(out, ignore_errors=True)  # a fresh output, as the pack replaces its file
+    import litdata
+
+    litdata.optimize(
+        fn=_litdata_item,
+        inputs=list(zip(files, labels, strict=True)),
+        output_dir=out,
+        num_workers=workers,
+        chunk_bytes=SHARD_BYTES,
+        mode="overwrite",
+        verbose=False,
+    )
+
+
+def _decoded_pairs(files: list[str], labels: list[int], workers: int) -> Any:
+    import multiprocessing
+
+    pool = multiprocessing.get_context("forkserver").Pool(workers, initializer=one_thread)
+    return pool, pool.imap(_pair, zip(files, labels, strict=True), chunksize=16)
+
+
+def write_mds_files(files: list[str], labels: list[int], out: str, workers: int) -> None:
+    """Mosaic's ``MDSWriter`` (one writer process) fed by ``workers`` decoding processes."""
+    shutil.rmtree(out, ignore_errors=True)  # a fresh output, as the pack replaces its file
+    streaming, _ = import_streaming()
+    columns = {"image": "bytes", "label": "int"}
+    pool, pairs = _decoded_pairs(files, labels, workers)
+    with pool, streaming.MDSWriter(out=out, columns=columns, size_limit=SHARD_BYTES) as w:
+        for data, label in pairs:
+            w.write({"image": data, "label": label})
+
+
+def write_wds_files(files: list[str], labels: list[int], out: str, workers: int) -> None:
+    """WebDataset's ``ShardWriter`` (tar shards) fed by ``workers`` decoding processes."""
+    shutil.rmtree(out, ignore_errors=True)  # a fresh output, as the pack replaces its file
+    import webdataset
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    pool, pairs = _decoded_pairs(files, labels, workers)
+    with pool, webdataset.ShardWriter(f"{out}/shard-%06d.tar", maxsize=SHARD_BYTES, verbose=0) as w:
+        for i, (data, label) in enumerate(pairs):
+            w.write({"__key__": f"{i:08d}", "image.u8": data, "cls": str(label).encode()})

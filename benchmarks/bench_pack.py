@@ -1,41 +1,51 @@
-"""Pack speed: h5forge vs the decode+resize rate of the machine, and vs the naive recipe.
+"""Pack speed: h5forge vs its own decode + resize alone, vs today's pack, vs peer writers.
 
-* **ideal** = workers x the one-core rate of a plain Pillow decode + resize (torchvision's
-  ``Resize(224)`` + ``CenterCrop(224)`` on PIL images) of the same files, in this process. A
-  pack cannot beat it: it is the decode alone, without reading, hashing, writing or verifying.
-* **h5forge** = ``h5forge.pack`` decoded 224x224 with ``workers`` processes, timed end to end:
+* **chosen kernel** = the pack's decode + resize (``ImageConfig()``: simplejpeg + torch's
+  antialiased bilinear, shorter side 224 + centre crop), one core, CPU time, in this process;
+  **ideal** = workers x that.
+* **parallel** = the same kernel run by ``workers`` processes at once (a pre-started pool,
+  only lengths sent back): what ``workers`` decoders really get from the machine at that
+  moment (two vCPUs do not give twice one). A pack cannot beat it: it is the decode alone,
+  without reading, hashing, writing or verifying. Target: pack >= 0.9x parallel.
+* **h5forge** = ``h5forge.pack`` decoded 224 with ``workers`` processes, timed end to end:
   discovery, decoding, writing, full verification, sealing and fsync.
-* **parallel ideal** = the same plain decode + resize run by ``workers`` processes at once (a
-  pre-started pool, only lengths sent back): what ``workers`` decoders really get from the
-  machine at that moment. On an idle machine it equals the ideal; on a shared one it shows
-  how much of the gap is other people's load rather than h5forge.
-* **CPU per image**: CPU seconds of the whole process tree (writer and workers) per image, vs
-  the plain decode's CPU per image: h5forge's overhead, independent of the machine's load.
-* **naive** = the well-known recipe: one gzip-9 dataset per image, pixels through
-  ``torch.Tensor(list(img.getdata()))``, in one process; run on a subset, rate extrapolated.
+* **today's pack** (``--baseline DIR``, a checkout of the code before the change): the same
+  pack by that code, in a child process started and warmed up once. Target: >= 1.5x.
+* **peers** (``--peers``, the ``bench`` extra): LitData ``optimize`` (``workers`` processes),
+  Mosaic ``MDSWriter`` and WebDataset ``ShardWriter`` (one writer fed by ``workers`` decoding
+  processes), every image through the pack's own kernel, in a child process (LitData changes
+  the start method). Target: pack >= 1.5x the best.
+* **Pillow recipe**: the plain Pillow decode + resize + crop, one core (the ideal before).
+* **CPU per image**: CPU seconds of the whole process tree (writer and workers) per image.
+* **naive** = one gzip-9 dataset per image, pixels through ``torch.Tensor(list(...))``, in
+  one process; run on a subset, rate extrapolated.
 
-The ideal and h5forge runs are interleaved, best of ``--repeat``. Further variants (encoded,
-compressed) are packed once each, for the layout guidance in benchmarks/README.md.
+All timed variants are interleaved, ``--repeat`` rounds in rotated order, medians. Further
+variants (encoded, compressed, the Pillow kernel) are packed once each, for the layout
+guidance in benchmarks/README.md.
 
-    python -m benchmarks.bench_pack               # targets: >= 0.85 x ideal, >= 20 x naive
-    python -m benchmarks.bench_pack --images ~/imagenet-val-1k
+    python -m benchmarks.bench_pack               # targets: >= 0.9 x parallel, >= 20 x naive
+    python -m benchmarks.bench_pack --images "$(python -m benchmarks.realphotos)" \
+        --baseline /tmp/h5forge-main --peers
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from benchmarks._child import Child
 from benchmarks._common import (
-    best,
     image_root,
-    interleave,
+    median,
     parser,
     start_report,
     table,
@@ -59,10 +69,6 @@ def decode_resize(path: str | Path) -> bytes:
         return np.asarray(im.crop((left, top, left + SIDE, top + SIDE))).tobytes()
 
 
-def _decode_count(paths: list[str]) -> int:
-    return sum(len(decode_resize(p)) for p in paths)
-
-
 def naive_pack(files: list[Path], out: Path) -> None:
     """One gzip-9 dataset per image, decoded through a Python list (the seed recipe)."""
     import h5py
@@ -76,6 +82,17 @@ def naive_pack(files: list[Path], out: Path) -> None:
                 f"images/{i:06d}", data=pixels.numpy(), compression="gzip", compression_opts=9
             )
             h5.create_dataset(f"labels/{i:06d}", data=i % 10)
+
+
+def _kernel_count(paths: list[str]) -> int:
+    from benchmarks._peers import decoded_sample
+
+    return sum(decoded_sample(p).nbytes for p in paths)
+
+
+def _labels(files: list[Path], root: Path) -> list[int]:
+    names = sorted({f.relative_to(root).parts[0] for f in files})
+    return [names.index(f.relative_to(root).parts[0]) for f in files]
 
 
 def main() -> None:
@@ -95,12 +112,23 @@ def main() -> None:
     p.add_argument(
         "--no-variants", action="store_true", help="skip the one-off encoded and compressed packs"
     )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a checkout of h5forge before this change (git worktree add DIR main): its pack "
+        "runs in a child process, interleaved with this tree's",
+    )
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="also time LitData optimize, Mosaic MDSWriter and WebDataset ShardWriter (the "
+        "bench extra), each fed the pack's own decode + resize by as many processes",
+    )
     args = p.parse_args()
-    from h5forge.pack.config import PackConfig
     from h5forge.pack.writer import pack
-    from h5forge.preprocess.config import ImageConfig
 
-    report = start_report("pack: h5forge vs workers x one-core decode+resize, and vs naive")
+    report = start_report("pack: h5forge vs the decode+resize alone, today's pack and peers")
     root, what = image_root(args)
     files = image_files(root)
     src_bytes = sum(f.stat().st_size for f in files)
@@ -110,125 +138,240 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="h5forge-bench-pack-"))
     out = tmp / "decoded.h5"
     first, _ = timed(lambda: pack(root, out, workers=args.workers, overwrite=True))
-    cpu: dict[str, list[float]] = {"decode": [], "pack": []}
+    cpu: dict[str, list[float]] = {"decode": [], "kernel": [], "pack": []}
 
-    def one_core_run() -> None:
-        t0 = time.process_time()
-        for f in subset:
-            decode_resize(f)
-        cpu["decode"].append((time.process_time() - t0) / len(subset))
+    def one_core(fn: Callable[[Path], object], key: str) -> Callable[[], None]:
+        def run() -> None:
+            t0 = time.process_time()
+            for f in subset:
+                fn(f)
+            cpu[key].append((time.process_time() - t0) / len(subset))
+
+        return run
 
     def pack_run() -> None:
         c0 = tree_cpu()
         pack(root, out, workers=args.workers, overwrite=True)
         cpu["pack"].append((tree_cpu() - c0) / len(files))
 
+    from benchmarks._peers import decoded_sample, one_thread
+
+    one_thread()  # the one-core rows run here
+
+    variants: dict[str, Callable[[], object]] = {
+        "one-core Pillow recipe": one_core(decode_resize, "decode"),
+        "one-core chosen kernel": one_core(lambda f: decoded_sample(str(f)), "kernel"),
+    }
+    children: list[Child] = []
     shares = [[str(f) for f in files[i :: args.workers * 8]] for i in range(args.workers * 8)]
     ctx = multiprocessing.get_context("forkserver")
-    with ctx.Pool(args.workers) as decoders:
-        decoders.map(_decode_count, [[str(files[0])]] * args.workers)  # started, warm
-        times = interleave(
-            {
-                "one-core decode+resize": one_core_run,
-                "parallel decode+resize": lambda: decoders.map(_decode_count, shares, chunksize=1),
-                "h5forge pack": pack_run,
-            },
-            args.repeat,
+    with ctx.Pool(args.workers, initializer=one_thread) as decoders:
+        decoders.map(_kernel_count, [[str(files[0])]] * args.workers)  # started, warm
+        variants["parallel chosen kernel"] = lambda: decoders.map(
+            _kernel_count, shares, chunksize=1
         )
-    one_core = len(subset) / best(times["one-core decode+resize"])
-    ideal = args.workers * one_core
-    parallel = len(files) / best(times["parallel decode+resize"])
-    rate = len(files) / best(times["h5forge pack"])
-    cpu_decode, cpu_pack = min(cpu["decode"]), min(cpu["pack"])
+        variants["h5forge pack"] = pack_run
+        if args.baseline is not None:
+            base = Child(args.baseline.resolve())
+            children.append(base)
+            base_out = str(tmp / "baseline.h5")
+            kw = {"src": str(root), "out": base_out, "workers": args.workers, "overwrite": True}
+            base.call("h5forge.pack.writer:pack", **kw)  # warm: imports, fork server
+            variants["today's pack (baseline)"] = lambda: base.call(
+                "h5forge.pack.writer:pack", **kw
+            )
+        if args.peers:
+            peers = Child(Path(__file__).resolve().parent.parent)
+            children.append(peers)
+            names = [str(f) for f in files]
+            labels = _labels(files, root)
+            for name, call in (
+                ("LitData optimize", "benchmarks._peers:optimize_litdata"),
+                ("Mosaic MDSWriter", "benchmarks._peers:write_mds_files"),
+                ("WebDataset ShardWriter", "benchmarks._peers:write_wds_files"),
+            ):
+                peer_kw = {
+                    "files": names,
+                    "labels": labels,
+                    "out": str(tmp / name.split()[0].lower()),
+                    "workers": args.workers,
+                }
+                peers.call(call, **peer_kw)  # warm
+                variants[name] = lambda call=call, peer_kw=peer_kw: peers.call(call, **peer_kw)
+        seconds, tree = _rounds(variants, args.repeat)
+        for child in children:
+            child.close()
+    one_core_pillow = len(subset) / median(seconds["one-core Pillow recipe"])
+    one_core_kernel = len(subset) / median(seconds["one-core chosen kernel"])
+    parallel = len(files) / median(seconds["parallel chosen kernel"])
+    rate = len(files) / median(seconds["h5forge pack"])
+    ideal = args.workers * one_core_kernel
+    cpu_decode, cpu_kernel, cpu_pack = (median(cpu[k]) for k in ("decode", "kernel", "pack"))
     naive_files = files[:: max(1, len(files) // args.naive_count)][: args.naive_count]
     naive_s, _ = timed(lambda: naive_pack(naive_files, tmp / "naive.h5"))
     naive_rate = len(naive_files) / naive_s
     naive_ratio = (tmp / "naive.h5").stat().st_size / sum(f.stat().st_size for f in naive_files)
     size = out.stat().st_size
 
-    report.add(f"Input: {what}. Workers: {args.workers}. Page cache warm.")
+    report.add(
+        f"Input: {what}. Workers: {args.workers}. Page cache warm. Rates: median of "
+        f"{args.repeat} interleaved rounds (one-core rows: CPU time of this process)."
+    )
     rows = [
-        ["one-core decode+resize (Pillow, in process)", f"{one_core:,.0f}", "", ""],
-        [f"ideal = {args.workers} x one core", f"{ideal:,.0f}", "1.00", ""],
+        ["one-core Pillow recipe (decode, resize, crop)", f"{one_core_pillow:,.0f}", "", ""],
+        ["one-core chosen kernel (simplejpeg + torch)", f"{one_core_kernel:,.0f}", "", ""],
+        [f"ideal = {args.workers} x one-core chosen kernel", f"{ideal:,.0f}", "", ""],
         [
-            f"parallel ideal: {args.workers} processes decoding at once",
+            f"parallel: {args.workers} processes running the chosen kernel at once",
             f"{parallel:,.0f}",
-            f"{parallel / ideal:.2f}",
+            f"{parallel / rate:.2f}",
             "",
         ],
         [
-            "h5forge pack, decoded 224, best",
+            "h5forge pack, decoded 224, median",
             f"{rate:,.0f}",
-            f"{rate / ideal:.2f}",
+            "1.00",
             f"{size / src_bytes:.2f}",
         ],
         [
             "h5forge pack, first run in the process (pool start-up)",
             f"{len(files) / first:,.0f}",
-            f"{len(files) / first / ideal:.2f}",
+            f"{len(files) / first / rate:.2f}",
             "",
         ],
+    ]
+    peer_rates: dict[str, float] = {}
+    for name in seconds:
+        if name.startswith(("today", "LitData", "Mosaic", "WebDataset")):
+            r = len(files) / median(seconds[name])
+            if not name.startswith("today"):
+                peer_rates[name] = r
+            rows.append([name, f"{r:,.0f}", f"{r / rate:.2f}", ""])
+    cpu_ms = {
+        name: median(tree[name]) / len(files) * 1e3
+        for name in seconds
+        if not name.startswith("one-core")
+    }
+    rows.append(
         [
             f"naive recipe (gzip-9 per image, {len(naive_files)} images, extrapolated)",
             f"{naive_rate:,.1f}",
-            f"{naive_rate / ideal:.3f}",
+            f"{naive_rate / rate:.3f}",
             f"{naive_ratio:.2f}",
-        ],
-    ]
-    if not args.no_variants:
-        variants: list[tuple[str, dict[str, object]]] = [
-            (
-                "encoded original (JPEG bytes as is)",
-                {"image": ImageConfig(layout="encoded", resize="none", size=None)},
-            ),
-            ("encoded jpeg q90, 224", {"image": ImageConfig(layout="encoded", encoding="jpeg")}),
-            ("decoded 224 + gzip-4", {"compression": "gzip"}),
-            ("decoded 224 + lzf", {"compression": "lzf"}),
         ]
-        try:
-            import hdf5plugin  # noqa: F401
-
-            variants += [
-                ("decoded 224 + blosc-lz4", {"compression": "blosc-lz4"}),
-                ("decoded 224 + zstd-3", {"compression": "zstd"}),
-            ]
-        except ImportError:
-            pass
-        for name, kwargs in variants:
-            path = tmp / "variant.h5"
-            seconds, _ = timed(
-                lambda kw=kwargs, path=path: pack(
-                    root,
-                    path,
-                    config=PackConfig(**kw),  # type: ignore[arg-type]
-                    workers=args.workers,
-                    overwrite=True,
-                )
-            )
-            rows.append(
-                [
-                    f"h5forge pack, {name} (one run)",
-                    f"{len(files) / seconds:,.0f}",
-                    f"{len(files) / seconds / ideal:.2f}",
-                    f"{path.stat().st_size / src_bytes:.3f}",
-                ]
-            )
-            path.unlink()
-    report.add(table(["what", "images/s", "vs ideal", "file / source bytes"], rows))
+    )
+    if not args.no_variants:
+        rows += _variant_rows(root, tmp, files, src_bytes, args.workers, rate)
+    report.add(table(["what", "images/s", "vs h5forge pack", "file / source bytes"], rows))
     report.add(
-        f"CPU per image: plain decode+resize {cpu_decode * 1e3:.2f} ms, h5forge pack "
-        f"{cpu_pack * 1e3:.2f} ms (writer + workers, verification included): CPU "
-        f"efficiency {cpu_decode / cpu_pack:.2f}."
+        "CPU ms per image, whole process tree (median; load-independent): "
+        + ", ".join(f"{name} {ms:.2f}" for name, ms in cpu_ms.items())
+        + "."
     )
     report.add(
-        f"pack / ideal = **{rate / ideal:.2f}x**, {verdict(rate / ideal, 0.85)}; "
-        f"pack / parallel ideal = **{rate / parallel:.2f}x**; "
-        f"pack / naive = **{rate / naive_rate:.0f}x**, {verdict(rate / naive_rate, 20)}"
+        f"CPU per image: Pillow recipe {cpu_decode * 1e3:.2f} ms, chosen kernel "
+        f"{cpu_kernel * 1e3:.2f} ms, h5forge pack {cpu_pack * 1e3:.2f} ms (writer + workers, "
+        f"verification included): CPU efficiency vs the kernel {cpu_kernel / cpu_pack:.2f}."
     )
-    for f in tmp.iterdir():
-        f.unlink()
-    tmp.rmdir()
+    verdicts = [
+        f"pack / parallel chosen kernel = **{rate / parallel:.2f}x**, "
+        f"{verdict(rate / parallel, 0.9)}",
+        f"pack / ideal = **{rate / ideal:.2f}x**",
+        f"pack / naive = **{rate / naive_rate:.0f}x**, {verdict(rate / naive_rate, 20)}",
+    ]
+    if "today's pack (baseline)" in seconds:
+        base = "today's pack (baseline)"
+        base_rate = len(files) / median(seconds[base])
+        per_round = median(
+            [b / a for a, b in zip(seconds["h5forge pack"], seconds[base], strict=True)]
+        )
+        verdicts.insert(
+            0,
+            f"pack / today's pack = **{rate / base_rate:.2f}x** (median of the rounds' own "
+            f"ratios {per_round:.2f}x; by CPU per image "
+            f"{cpu_ms[base] / cpu_ms['h5forge pack']:.2f}x), {verdict(rate / base_rate, 1.5)}",
+        )
+    if peer_rates:
+        best_name = max(peer_rates, key=lambda k: peer_rates[k])
+        ratio = rate / peer_rates[best_name]
+        verdicts.append(f"pack / best peer ({best_name}) = **{ratio:.2f}x**, {verdict(ratio, 1.5)}")
+    report.add("; ".join(verdicts))
+    shutil.rmtree(tmp)
     report.write(not args.no_record)
+
+
+def _rounds(
+    variants: dict[str, Callable[[], object]], repeat: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall seconds and CPU seconds (this process tree: workers, child processes) of every
+    variant, ``repeat`` rounds, the order rotated by one each round so that drift in load hits
+    all alike and every variant takes every place."""
+    seconds: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    names = list(variants)
+    for r in range(repeat):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            c0 = tree_cpu()
+            took, _ = timed(variants[name])
+            seconds[name].append(took)
+            cpu[name].append(tree_cpu() - c0)
+            print(f"  {name}: {took:.3f} s, {cpu[name][-1]:.3f} CPU s", flush=True)
+    return seconds, cpu
+
+
+def _variant_rows(
+    root: Path, tmp: Path, files: list[Path], src_bytes: int, workers: int, rate: float
+) -> list[list[str]]:
+    """One run each of the encoded and compressed layouts (layout guidance, README)."""
+    from h5forge.pack.config import PackConfig
+    from h5forge.pack.writer import pack
+    from h5forge.preprocess.config import ImageConfig
+
+    variants: list[tuple[str, dict[str, object]]] = [
+        (
+            "encoded original (JPEG bytes as is)",
+            {"image": ImageConfig(layout="encoded", resize="none", size=None)},
+        ),
+        ("encoded jpeg q90, 224", {"image": ImageConfig(layout="encoded", encoding="jpeg")}),
+        ("decoded 224 + gzip-4", {"compression": "gzip"}),
+        ("decoded 224 + lzf", {"compression": "lzf"}),
+        (
+            "decoded 224, Pillow decoder and kernel",
+            {"image": ImageConfig(decoder="pillow", resample="pillow")},
+        ),
+    ]
+    try:
+        import hdf5plugin  # noqa: F401
+
+        variants += [
+            ("decoded 224 + blosc-lz4", {"compression": "blosc-lz4"}),
+            ("decoded 224 + zstd-3", {"compression": "zstd"}),
+        ]
+    except ImportError:
+        pass
+    rows = []
+    for name, kwargs in variants:
+        path = tmp / "variant.h5"
+        seconds, _ = timed(
+            lambda kw=kwargs, path=path: pack(
+                root,
+                path,
+                config=PackConfig(**kw),  # type: ignore[arg-type]
+                workers=workers,
+                overwrite=True,
+            )
+        )
+        rows.append(
+            [
+                f"h5forge pack, {name} (one run)",
+                f"{len(files) / seconds:,.0f}",
+                f"{len(files) / seconds / rate:.2f}",
+                f"{path.stat().st_size / src_bytes:.3f}",
+            ]
+        )
+        path.unlink()
+    return rows
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ root attribute of every file), reads itself back (:meth:`PackConfig.from_json`),
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -88,7 +87,7 @@ class PackConfig:
         """The ``config_json`` root attribute: canonical JSON (sorted keys, no spaces)."""
         return json.dumps(
             {
-                "image": dataclasses.asdict(self.image),
+                "image": self.image.to_dict(),
                 "compression": self.compression,
                 "compression_level": self.compression_level,
                 "fletcher32": self.fletcher32,
@@ -107,7 +106,7 @@ class PackConfig:
         try:
             data = json.loads(text)
             return cls(
-                image=ImageConfig(**data["image"]),
+                image=ImageConfig.from_dict(data["image"]),
                 compression=data["compression"],
                 compression_level=data["compression_level"],
                 fletcher32=data["fletcher32"],

@@ -1,25 +1,7 @@
-"""Decode, normalise, resize and store one image; quarantine what cannot be decoded.
+"""Process one input for storage, quarantining what cannot be decoded, and turn a stored
+sample back into pixels.
 
-Normalisation rules, applied in this order to frame 0 of the file (animated GIF/APNG/WebP and
-multi-page TIFF keep their first frame only):
-
-1. EXIF orientation is applied (as ``ImageOps.exif_transpose`` does), so width and height swap
-   for orientations 5-8.
-2. Bit depth: 16-bit grey (``I;16``, ``I;16B``, ...) keeps the high byte (``value >> 8``);
-   32-bit integer ``I`` and float ``F`` are clipped to 0..255 (floats truncated, NaN -> 0).
-3. Transparency (``P`` with or without ``transparency``, ``PA``, ``RGBA``, ``LA``, and ``L`` /
-   ``RGB`` with a tRNS colour key) is alpha-composited onto a WHITE background.
-4. Colour: CMYK/YCCK, YCbCr, ``1`` and other modes go through Pillow's ``convert("RGB")``; grey
-   becomes RGB by replication when ``mode="RGB"``; RGB becomes ``L`` with Pillow's ITU-R 601
-   luma when ``mode="L"``.
-5. Resize (``ImageConfig.resize``): ``"none"`` keeps the size; ``"resize"`` is
-   ``Image.resize((W, H), BILINEAR)``; ``"shorter-side"`` is torchvision's
-   ``Resize(S)`` + ``CenterCrop((H, W))`` on PIL images, computed by resampling only the crop's
-   source region: the same geometry, filter and weights, but Pillow's fixed-point rounding
-   differs by 1 on about 0.02% of the values (at 0.64x the CPU of resize-then-crop). JPEGs at
-   least twice the needed size are first reduced by libjpeg's DCT scaling (``Image.draft``),
-   never below the size the resize needs; the geometry is unchanged, the pixels differ
-   slightly from a full-size decode.
+The decoding and normalisation rules are :mod:`h5forge.preprocess.decode`'s.
 
 Quarantine reasons start with a kind: ``zero-byte file``, ``unreadable: ...`` (the file could
 not be read), ``not an image: ...``, ``image too large: W x H = N pixels > limit M``,
@@ -43,13 +25,11 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from PIL.JpegImagePlugin import JpegImageFile
 
 from h5forge.errors import IntegrityError
 from h5forge.options import Encoding, Layout, option
-from h5forge.preprocess import normalise as norm
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS, ImageConfig
-from h5forge.targets.geometry import Geometry
+from h5forge.preprocess.decode import as_image, load_geometry, load_normalised, load_pixels
 
 if TYPE_CHECKING:
     from h5forge.targets.schema import Column
@@ -63,6 +43,7 @@ __all__ = [
     "decode_stored",
     "load_geometry",
     "load_normalised",
+    "load_pixels",
     "process_file",
 ]
 
@@ -98,53 +79,6 @@ class Quarantined:
     reason: str
 
 
-def load_normalised(src: bytes | str, cfg: ImageConfig, *, resize: bool = False) -> Image.Image:
-    """Decode frame 0 of an image and apply the normalisation rules of this module.
-
-    The image of :func:`load_geometry`, which says what was done to it.
-
-    Args:
-        src: the file's bytes, or a local path.
-        cfg: the configuration (``mode``, ``max_image_pixels`` and, with ``resize``, the
-            resize policy).
-        resize: also apply ``cfg.resize``. Readers of stored ``"original"`` bytes leave it
-            False; the pipeline sets it.
-
-    Returns:
-        A loaded image in ``cfg.mode``.
-
-    Raises:
-        OSError: unreadable file, truncated or corrupt data (``UnidentifiedImageError`` when the
-            format is not recognised).
-        PIL.Image.DecompressionBombError: more than ``cfg.max_image_pixels`` pixels.
-        ValueError, SyntaxError, EOFError, struct.error: malformed data, from Pillow.
-    """
-    return load_geometry(src, cfg, resize=resize)[0]
-
-
-def load_geometry(
-    src: bytes | str, cfg: ImageConfig, *, resize: bool = False
-) -> tuple[Image.Image, Geometry]:
-    """:func:`load_normalised`, and the :class:`Geometry` it applied: the file's size before
-    EXIF, its orientation and the resize plan (None without ``resize``). Same errors."""
-    if isinstance(src, str):
-        with open(src, "rb") as f:
-            src = f.read()
-    img = norm.open_checked(src, cfg.max_image_pixels)
-    orientation, file_size = norm.orientation(img), img.size
-    plan = norm.plan(file_size, orientation, cfg) if resize else None
-    region = None
-    if plan is not None and isinstance(img, JpegImageFile):
-        region = norm.draft(img, plan, orientation)
-    img.load()
-    if orientation != 1:
-        img = img.transpose(norm.TRANSPOSE[orientation])
-    img = norm.normalise_mode(img, cfg.mode)
-    if plan is not None:
-        img = norm.apply(img, plan, region)
-    return img, Geometry(file_size, orientation, plan)
-
-
 def process_file(
     index: int,
     path: str,
@@ -175,12 +109,13 @@ def process_file(
         return Quarantined(index, path, "zero-byte file")
     keep_source = cfg.layout == "encoded" and cfg.encoding == "original"
     try:
-        img, geometry = load_geometry(raw, cfg, resize=not keep_source)
+        pixels, geometry = load_pixels(raw, cfg, resize=not keep_source)
         if keep_source:
             data = raw
         elif cfg.layout == "decoded":
-            data = img.tobytes()  # C-order (H, W, C) for RGB and L, one copy
+            data = pixels.tobytes()  # C-order (H, W, C) for RGB and L, one copy
         else:
+            img = pixels if isinstance(pixels, Image.Image) else as_image(pixels)
             buf = io.BytesIO()
             img.save(buf, format=_PIL_FORMAT[cfg.encoding], quality=cfg.quality)
             data = buf.getvalue()
@@ -208,8 +143,10 @@ def process_file(
             )
         except TargetError as e:
             return Quarantined(index, path, str(e))
-    channels = 3 if img.mode == "RGB" else 1
-    shape = (img.height, img.width, channels)
+    if isinstance(pixels, Image.Image):
+        shape = (pixels.height, pixels.width, 3 if pixels.mode == "RGB" else 1)
+    else:
+        shape = (pixels.shape[0], pixels.shape[1], pixels.shape[2])
     return Processed(index, data, shape, hashlib.sha256(data).digest(), stored)
 
 
@@ -274,7 +211,14 @@ def decode_stored(
             f"max_pixels={max_pixels}; pass a larger max_pixels if you trust "
             "the file"
         )
-    cfg = ImageConfig(mode=mode, resize="none", size=None, max_image_pixels=max_pixels)
+    cfg = ImageConfig(
+        mode=mode,
+        resize="none",
+        size=None,
+        max_image_pixels=max_pixels,
+        decoder="pillow",  # the reader's decode is unchanged by the pack's faster path
+        resample="pillow",
+    )
     try:
         arr = np.array(load_normalised(bytes(data), cfg), dtype=np.uint8)
     except Image.DecompressionBombError as e:

@@ -1,7 +1,7 @@
-"""The steps :mod:`h5forge.preprocess.images` composes: checked open, mode rules and resize
+"""The steps :mod:`h5forge.preprocess.decode` composes: checked open, mode rules and resize
 geometry.
 
-The rules themselves are documented in :mod:`h5forge.preprocess.images`.
+The rules themselves are documented in :mod:`h5forge.preprocess.decode`.
 
 Coordinates are "logical": those of the full-resolution image after EXIF transposition. A JPEG
 decoded with DCT scaling (``Image.draft``) covers the same logical image at a lower resolution,
@@ -24,6 +24,7 @@ __all__ = [
     "TRANSPOSE",
     "Plan",
     "apply",
+    "dct_scale",
     "draft",
     "normalise_mode",
     "open_checked",
@@ -73,15 +74,24 @@ def plan(file_size: tuple[int, int], orient: int, cfg: ImageConfig) -> Plan | No
     return Plan((new_w, new_h), (left, top, left + out_w, top + out_h))
 
 
+def dct_scale(file_size: tuple[int, int], p: Plan, orient: int) -> int:
+    """The DCT scaling denominator (1, 2, 4 or 8) for a JPEG of ``file_size`` (W, H): the
+    largest power of two that still covers ``p.size``, and 1 unless the image is at least
+    twice the size in both axes. Pillow's ``draft`` rule, shared by every decoder."""
+    need_w, need_h = p.size[::-1] if orient >= 5 else p.size
+    factor = min(file_size[0] // need_w, file_size[1] // need_h)
+    return next((a for a in (8, 4, 2) if factor >= a), 1)
+
+
 def draft(img: Image.Image, p: Plan, orient: int) -> Box | None:
     """Ask libjpeg to decode at 1/2, 1/4 or 1/8 scale when that still covers ``p.size``.
 
     Returns the logical image's region in the (transposed) drafted pixels, or None when the
     image is decoded at full size.
     """
-    need_w, need_h = p.size[::-1] if orient >= 5 else p.size
-    if min(img.width // need_w, img.height // need_h) < 2:
+    if dct_scale(img.size, p, orient) < 2:
         return None
+    need_w, need_h = p.size[::-1] if orient >= 5 else p.size
     result = img.draft(None, (need_w, need_h))
     if result is None:
         return None
@@ -148,7 +158,7 @@ def orientation(img: Image.Image) -> int:
 
 
 def normalise_mode(img: Image.Image, mode: str) -> Image.Image:
-    """Bit depth, transparency and colour rules of :mod:`h5forge.preprocess.images`, to ``mode``."""
+    """Bit depth, transparency and colour rules of :mod:`h5forge.preprocess.decode`, to ``mode``."""
     if img.mode.startswith("I;16"):
         img = Image.fromarray((np.asarray(img).astype(np.uint16) >> 8).astype(np.uint8))
     elif img.mode in ("I", "F"):

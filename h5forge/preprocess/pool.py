@@ -160,6 +160,15 @@ def _fixed_size(cfg: ImageConfig) -> int | None:
     return cfg.size[0] * cfg.size[1] * (1 if cfg.mode == "L" else 3)
 
 
+def _start_worker(owner: int) -> None:
+    """A pool worker's set-up: end with ``owner``; one torch thread (the resize kernel's), as
+    the pool already runs one process per core."""
+    import torch
+
+    end_with_owner(owner)
+    torch.set_num_threads(1)
+
+
 def _process_chunk(
     start: int, paths: list[str], jobs: _Jobs, ring: tuple[str, int, int] | None = None
 ) -> list[Result | InRing]:
@@ -220,7 +229,7 @@ def _pooled_with(
     pool = ProcessPoolExecutor(
         max_workers=min(workers, -(-n // chunk)),
         mp_context=ctx,
-        initializer=end_with_owner,
+        initializer=_start_worker,
         initargs=(os.getpid(),),
     )
     spec = ring.spec if ring is not None else None

@@ -28,6 +28,10 @@ from tests.fixtures.images import BadImages
 
 NATIVE = ImageConfig(resize="none", size=None)
 BILINEAR = Image.Resampling.BILINEAR
+# The Pillow path (the pack before issue 31, exact to Pillow's own resize) and the default
+# (simplejpeg + torch's antialiased bilinear: the same filter and geometry, within rounding).
+PILLOW: dict[str, Any] = {"decoder": "pillow", "resample": "pillow"}
+KERNELS = pytest.mark.parametrize("kernel", [PILLOW, {}], ids=["pillow", "default"])
 
 
 def _ok(r: Processed | Quarantined) -> Processed:
@@ -92,6 +96,8 @@ def _within_one(got: np.ndarray, reference: np.ndarray) -> float:
         ({"size": (0, 10)}, r"size 0x10 is out of range: height and width must be 8\.\.4096"),
         ({"shorter_side": 100}, r"shorter_side=100 must be an int >= max\(size\) = 224"),
         ({"max_image_pixels": 0}, "max_image_pixels=0 must be an int >= 1"),
+        ({"decoder": "turbojpeg"}, "decoder='turbojpeg' is not one of 'simplejpeg', 'pillow'"),
+        ({"resample": "cv2"}, "resample='cv2' is not one of 'torch', 'pillow'; leave the"),
     ],
 )
 def test_config_rejects_bad_values(kwargs: dict[str, Any], match: str) -> None:
@@ -103,11 +109,35 @@ def test_config_json_is_canonical_and_round_trips() -> None:
     cfg = ImageConfig(layout="encoded", encoding="webp", size=(64, 48), shorter_side=80)
     text = cfg.to_json()
     assert text == (
-        '{"encoding":"webp","layout":"encoded","max_image_pixels":89478485,"mode":"RGB",'
-        '"quality":90,"resize":"shorter-side","shorter_side":80,"size":[64,48]}'
+        '{"decoder":"simplejpeg","encoding":"webp","layout":"encoded",'
+        '"max_image_pixels":89478485,"mode":"RGB","quality":90,"resample":"torch",'
+        '"resize":"shorter-side","shorter_side":80,"size":[64,48]}'
     )
     assert ImageConfig.from_json(text) == cfg
     assert ImageConfig(size=[64, 48]).size == (64, 48)  # type: ignore[arg-type]
+
+
+def test_config_json_of_the_pillow_path_is_that_of_files_before_the_decoder_options() -> None:
+    # Files packed before `decoder`/`resample` existed have this config_json (and hash); the
+    # Pillow path gives their pixels, so it must hash the same (no re-pack), and their JSON
+    # must read back as the Pillow path, not as the new defaults.
+    before = (
+        '{"encoding":"webp","layout":"encoded","max_image_pixels":89478485,"mode":"RGB",'
+        '"quality":90,"resize":"shorter-side","shorter_side":80,"size":[64,48]}'
+    )
+    pillow = ImageConfig(
+        layout="encoded",
+        encoding="webp",
+        size=(64, 48),
+        shorter_side=80,
+        decoder="pillow",
+        resample="pillow",
+    )
+    assert pillow.to_json() == before
+    assert ImageConfig.from_json(before) == pillow
+    assert ImageConfig.from_json(before) != ImageConfig.from_json(
+        before.replace('"encoding"', '"decoder":"simplejpeg","encoding"')
+    )
 
 
 def test_truncated_images_are_not_loaded_by_pillow() -> None:
@@ -284,17 +314,24 @@ def test_grayscale_replicates_and_rgb_converts_to_luma(image_folder: Path) -> No
         ((20, 20), 20, (20, 20)),
     ],
 )
+@KERNELS
 def test_shorter_side_matches_torchvision(
-    tmp_path: Path, size: tuple[int, int], side: int | None, src_hw: tuple[int, int]
+    tmp_path: Path,
+    size: tuple[int, int],
+    side: int | None,
+    src_hw: tuple[int, int],
+    kernel: dict[str, Any],
 ) -> None:
     photo = synth_photo(np.random.default_rng(1), *src_hw)
     path = _save(photo, tmp_path / "p.png")
-    cfg = ImageConfig(size=size, shorter_side=side)
+    cfg = ImageConfig(size=size, shorter_side=side, **kernel)
     r = _ok(process_file(0, str(path), cfg))
     assert r.shape == (*size, 3)
-    np.testing.assert_array_equal(
-        _pixels(r), np.asarray(_crop_region_recipe(photo, side or max(size), *size))
-    )
+    region = np.asarray(_crop_region_recipe(photo, side or max(size), *size))
+    if kernel == PILLOW:
+        np.testing.assert_array_equal(_pixels(r), region)
+    else:
+        _within_one(_pixels(r), region)
     _within_one(_pixels(r), np.asarray(_torchvision_recipe(photo, side or max(size), *size)))
 
 
@@ -310,35 +347,52 @@ def test_shorter_side_known_crop_window(tmp_path: Path) -> None:
     assert shifted.max() > 8
 
 
-def test_photo_sized_crop_differs_from_torchvision_on_few_values(tmp_path: Path) -> None:
-    # A 4:3 photo: only the long axis is cropped, so few weights round differently.
+@pytest.mark.parametrize(
+    ("kernel", "most"), [(PILLOW, 0.005), ({}, 0.05)], ids=["pillow", "default"]
+)
+def test_photo_sized_crop_differs_from_torchvision_on_few_values(
+    tmp_path: Path, kernel: dict[str, Any], most: float
+) -> None:
+    # A 4:3 photo: the Pillow path resamples only the crop's box, so few weights round
+    # differently; torch's kernel has its own fixed-point rounding, still within one.
     photo = synth_photo(np.random.default_rng(4), 375, 500)
     path = _save(photo, tmp_path / "p.png")
-    got = _pixels(_ok(process_file(0, str(path), ImageConfig(size=(224, 224)))))
-    assert _within_one(got, np.asarray(_torchvision_recipe(photo, 224, 224, 224))) < 0.005
+    got = _pixels(_ok(process_file(0, str(path), ImageConfig(size=(224, 224), **kernel))))
+    assert _within_one(got, np.asarray(_torchvision_recipe(photo, 224, 224, 224))) < most
 
 
-def test_resize_policy_matches_pillow(image_folder: Path) -> None:
+@KERNELS
+def test_resize_policy_matches_pillow(image_folder: Path, kernel: dict[str, Any]) -> None:
     path = image_folder / "dog" / "dog_0002.jpg"
     with Image.open(path) as src:
         expected = np.asarray(src.convert("RGB").resize((40, 24), BILINEAR))
-    r = _ok(process_file(0, str(path), ImageConfig(resize="resize", size=(24, 40))))
-    np.testing.assert_array_equal(_pixels(r), expected)
+    r = _ok(process_file(0, str(path), ImageConfig(resize="resize", size=(24, 40), **kernel)))
+    if kernel == PILLOW:
+        np.testing.assert_array_equal(_pixels(r), expected)
+    else:
+        _within_one(_pixels(r), expected)
 
 
-@pytest.mark.parametrize("orientation", [1, 3, 6, 8])
-def test_jpeg_draft_keeps_quality_and_geometry(tmp_path: Path, orientation: int) -> None:
+@KERNELS
+@pytest.mark.parametrize("orientation", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_jpeg_draft_keeps_quality_and_geometry(
+    tmp_path: Path, orientation: int, kernel: dict[str, Any]
+) -> None:
     photo = synth_photo(np.random.default_rng(3), 601, 803)
     exif = Image.Exif()
     exif[0x0112] = orientation
     path = _save(photo, tmp_path / "big.jpg", quality=95, exif=exif)
-    cfg = ImageConfig(size=(64, 64))
+    cfg = ImageConfig(size=(64, 64), **kernel)
     with Image.open(path) as src:
         full = src.convert("RGB")  # decoded at full size: no draft
     upright = {
         1: full,
+        2: full.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
         3: full.rotate(180),
+        4: full.transpose(Image.Transpose.FLIP_TOP_BOTTOM),
+        5: full.transpose(Image.Transpose.TRANSPOSE),
         6: full.rotate(-90, expand=True),
+        7: full.transpose(Image.Transpose.TRANSVERSE),
         8: full.rotate(90, expand=True),
     }[orientation]
     reference = np.asarray(_torchvision_recipe(upright, 64, 64, 64), np.int16)

@@ -81,10 +81,23 @@ def test_sha256_is_stable_and_covers_every_field() -> None:
     # Shard manifests record this value (find_done_shards compares it): these are the digests
     # h5forge.scale.shards.shard_config_sha256 gave before PackConfig, so a resume still finds
     # the shards an older run published.
-    config = PackConfig(DECODED, compression="gzip", compression_level=6)
-    assert config.sha256() == "3c37fe69ab30620bc92b65d895f413230f165443b91d47e2555c1e8c7d1d39b3"
-    assert PackConfig().sha256() == (
+    # The Pillow path (decoder and resample "pillow") keeps them: its pixels are those files'.
+    pillow = {"decoder": "pillow", "resample": "pillow"}
+    old = PackConfig(
+        ImageConfig(resize="resize", size=(24, 32), **pillow),
+        compression="gzip",
+        compression_level=6,
+    )
+    assert old.sha256() == "3c37fe69ab30620bc92b65d895f413230f165443b91d47e2555c1e8c7d1d39b3"
+    assert PackConfig(ImageConfig(**pillow)).sha256() == (
         "dba7617d07a4bc9f897907a84a66b694054d80ff4cec3ed5a11a4d154cbdc954"
+    )
+    # The default decoder and kernel (issue 31) change the pixels, so the digest: an asset
+    # packed before re-packs once.
+    config = PackConfig(DECODED, compression="gzip", compression_level=6)
+    assert config.sha256() == "e3707b727a118fa721f00d25d120005670f295bdccadebbcc7ca4f8d9785abee"
+    assert PackConfig().sha256() == (
+        "88efe6733dac43929e48890400b0a5aa072c1f9beb8a2dd5526627b2e0073c85"
     )
     assert config.sha256() == hashlib.sha256(config.to_json().encode()).hexdigest()
     others = {
@@ -93,9 +106,12 @@ def test_sha256_is_stable_and_covers_every_field() -> None:
         PackConfig(DECODED, fletcher32=True).sha256(),
         PackConfig(DECODED, compression="gzip").sha256(),
         config.sha256(),
+        old.sha256(),
         PackConfig(ImageConfig(resize="resize", size=(24, 33))).sha256(),
+        PackConfig(ImageConfig(resize="resize", size=(24, 32), decoder="pillow")).sha256(),
+        PackConfig(ImageConfig(resize="resize", size=(24, 32), resample="pillow")).sha256(),
     }
-    assert len(others) == 6
+    assert len(others) == 9
 
 
 def test_from_json_refuses_what_is_not_a_pack_configuration() -> None:

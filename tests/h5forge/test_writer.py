@@ -45,9 +45,11 @@ def test_decoded_round_trip_matches_pillow(split_tree: Path, packed_decoded: Pac
         assert tuple(image.shape) == (3, 32, 48)
         want = _pillow_resize(split_tree / rel, 32, 48)
         got = image.permute(1, 2, 0).numpy()
-        # JPEG draft decoding may differ from a full decode by rounding; PNGs are exact.
-        tol = 0 if rel.endswith(".png") else 12
-        assert np.abs(got.astype(int) - want.astype(int)).mean() <= tol, rel
+        diff = np.abs(got.astype(int) - want.astype(int))
+        if rel.endswith(".png"):  # torch's kernel: Pillow's filter, within rounding
+            assert diff.max() <= 1, rel
+        else:  # JPEG draft decoding may differ from a full decode by rounding
+            assert diff.mean() <= 12, rel
         assert ds.classes[label] == rel.split("/")[1]
 
 
