@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from h5forge.asset.open import url_to_fs
+from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import IntegrityError
 from h5forge.publish.manifest import read_manifest
 from h5forge.publish.versions import KEY_HEX, asset_base, pointer_url, resolve_version
@@ -76,8 +76,11 @@ def latest_instead(
         FileNotFoundError: the asset has no published version either; the message says both.
     """
     if isinstance(error, IntegrityError):
+        # Only a local base is a folder (an object store has no folders to open); elsewhere
+        # the open read a file, and a damaged one is not an asset's name. (``isdir`` of an
+        # HTTP URL would GET the whole file to look for links in it.)
         fs, path = url_to_fs(url, storage_options)
-        if not fs.isdir(path):  # a damaged file, not the folder of an asset's versions
+        if not (is_local(fs) and fs.isdir(path)):
             raise error
     try:
         return pin_version(url, "latest", storage_options)
