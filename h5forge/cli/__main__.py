@@ -2,4 +2,5 @@
 
 from h5forge.cli.app import main
 
-main()
+if __name__ == "__main__":  # spawned workers import this module again: run only once
+    main()
