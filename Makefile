@@ -62,6 +62,7 @@ $(VISION_VENV)/.installed: pyproject.toml Makefile
 	@echo "==> creating $(VISION_VENV) ($(VISION_PINS), then h5forge with the test extra)"
 	$(PYTHON) -m venv $(VISION_VENV)
 	printf '*\n' > $(VISION_VENV)/.gitignore
+	$(VISION_PY) -m pip install --quiet --upgrade pip
 	$(VISION_PY) -m pip install --quiet $(VISION_PINS)
 	$(VISION_PY) -m pip install --quiet -e ".[test,vision]" $(VISION_PINS)
 	touch $@
