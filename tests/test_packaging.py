@@ -1,4 +1,4 @@
-"""The extras in ``pyproject.toml``: ``all`` and ``test`` cover the others, with no self-reference."""
+"""The extras in ``pyproject.toml``: ``all`` and ``test`` cover the others; no self-reference."""
 
 from __future__ import annotations
 
