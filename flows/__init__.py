@@ -5,13 +5,9 @@ Import the flows from their modules (``h5forge.flows.build:build_dataset``,
 the served deployments (``deployments/``) pass what the environment says as parameters.
 """
 
-if __name__ != "h5forge.flows":  # a checkout's top-level folder, imported by its pre-0.2 name
-    raise ImportError(
-        f"h5forge's flows are imported as h5forge.flows since h5forge 0.2.0, "
-        f"not as {__name__} (e.g. `from h5forge.flows.build import build_dataset`): a top-level"
-        " `flows` package shadowed users' own"
-    )
+from h5forge.extras import require
+from h5forge.layers import check_import_name
 
-from h5forge.extras import require  # noqa: E402 - after the name check above
+check_import_name(__name__, "flows", "from h5forge.flows.build import build_dataset")
 
 require("prefect", feature="h5forge.flows")

@@ -16,14 +16,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-if __name__ != "h5forge.tasks":  # a checkout's top-level folder, imported by its pre-0.2 name
-    raise ImportError(
-        f"h5forge's tasks are imported as h5forge.tasks since h5forge 0.2.0, "
-        f"not as {__name__} (e.g. `from h5forge.tasks.pack import pack_images`): a top-level"
-        " `tasks` package shadowed users' own"
-    )
+from h5forge.extras import require
+from h5forge.layers import check_import_name
 
-from h5forge.extras import require  # noqa: E402 - after the name check above
+check_import_name(__name__, "tasks", "from h5forge.tasks.pack import pack_images")
 
 require("prefect", feature="h5forge.tasks")
 
