@@ -11,6 +11,7 @@ take, and only regular files of this user with one link, never a symlink or what
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import os
@@ -72,30 +73,72 @@ def temp_copy(path: str, local: str | None, data: bytes | None = None) -> Iterat
     The temp file stays flock-ed until :meth:`TempFile.unlock`, which marks it as live: a later
     publish removes only temp files whose lock it can take (their writer died, e.g. killed).
     The temp file is removed on exit unless it was renamed away.
+
+    Where the filesystem can (Linux ``O_TMPFILE``), the bytes are written to a file without a
+    name, locked from its first instant, and linked in as the temp file only once complete and
+    fsynced: a writer killed mid-copy leaves nothing in the folder. Elsewhere the file is created
+    under a ``.new-`` name, locked, renamed to its temp name, then written.
     """
     parent, name = posixpath.split(path)
     token = secrets.token_hex(6)
     tmp = posixpath.join(parent, f".{name}{_TEMP}{token}")
-    # Created under another name and locked before it gets its temp name, so a temp file
-    # whose lock can be taken is always a dead writer's.
-    fresh = posixpath.join(parent, f".{name}.new-{token}")
-    # Exclusive: a name planted beside the destination (a symlink, a hard link) is refused.
-    out = os.fdopen(create_exclusive(fresh, 0o644), "wb")
+    anonymous = _anonymous_file(parent)
+    if anonymous is not None:
+        out = os.fdopen(anonymous, "wb")
+        fresh = None
+    else:
+        # Created under another name and locked before it gets its temp name, so a temp file
+        # whose lock can be taken is always a dead writer's.
+        fresh = posixpath.join(parent, f".{name}.new-{token}")
+        # Exclusive: a name planted beside the destination (a symlink, a hard link) is refused.
+        out = os.fdopen(create_exclusive(fresh, 0o644), "wb")
     try:
         flock(out.fileno())
-        os.rename(fresh, tmp)
+        if fresh is not None:
+            os.rename(fresh, tmp)
         src: IO[bytes]
         with open(local, "rb") if local else io.BytesIO(data or b"") as src:
             while block := src.read(CHUNK):
                 out.write(block)
         out.flush()
         os.fsync(out.fileno())
+        if fresh is None:
+            _link_in(out.fileno(), tmp)
         yield TempFile(tmp, out)
     finally:
         out.close()
         for leftover in (fresh, tmp):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(leftover)
+            if leftover is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(leftover)
+
+
+def _link_in(fd: int, path: str) -> None:
+    """Give the anonymous file open at ``fd`` the name ``path``, which must be new.
+
+    ``linkat`` with ``AT_SYMLINK_FOLLOW`` on ``/proc/self/fd/N`` (a dir fd makes CPython call
+    ``linkat`` rather than ``link``, which would link the magic link itself); it never follows
+    or replaces ``path``: a planted name fails with EEXIST.
+    """
+    proc = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.link(str(fd), path, src_dir_fd=proc, follow_symlinks=True)
+    finally:
+        os.close(proc)
+
+
+def _anonymous_file(parent: str) -> int | None:
+    """A new file without a name in ``parent`` (``O_TMPFILE``), or None where that is missing."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        fd = os.open(parent or ".", flag | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None  # this filesystem (or kernel) has no O_TMPFILE
+        raise
+    return fd  # its mode is 0o644 less the umask, as for any new file
 
 
 def remove_stale_temps(parent: str, name: str) -> None:

@@ -349,6 +349,30 @@ def test_publish_cleanup_never_follows_or_removes_a_planted_temp(
     assert not dead.exists()
 
 
+def test_a_publisher_killed_mid_copy_leaves_no_name_behind(tmp_path: Path) -> None:
+    """The copy is written without a name and named only once complete: nothing to clean up."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    source = tmp_path / "source.fifo"  # the copy blocks on it, mid-write, for as long as we like
+    os.mkfifo(source)
+    code = (
+        "import sys; from fsspec.implementations.local import LocalFileSystem;"
+        "from h5forge.publish.copy import put;"
+        "put(LocalFileSystem(), sys.argv[1], local=sys.argv[2])"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(folder / "asset.h5"), str(source)])
+    try:
+        with open(source, "wb") as feed:
+            feed.write(b"x" * (4 << 20))  # returns once the child has read most of it
+            feed.flush()
+            child.send_signal(signal.SIGKILL)
+            child.wait(30)
+    finally:
+        child.kill()
+    assert child.returncode == -signal.SIGKILL
+    assert os.listdir(folder) == []
+
+
 def test_a_folder_named_like_a_staging_leftover_survives(tmp_path: Path, victim: Path) -> None:
     dest = tmp_path / "data"
     users = tmp_path / "data.staging-000000000000"
