@@ -25,7 +25,7 @@ from itertools import count
 from pathlib import Path
 
 from benchmarks._common import best, interleave, parser, start_report, table, verdict
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.publish.release import publish_version
 
 TARGET = 0.75
@@ -50,18 +50,18 @@ def main() -> None:
             return str(folder / "set.h5")
 
         def now() -> None:
-            publish_version(local, fresh(), sha256=sha256_file(local))
+            publish_version(local, fresh(), sha256=Location.of(local).sha256())
 
         def before() -> None:
-            sha256_file(local)
-            sha256_file(local)
+            Location.of(local).sha256()
+            Location.of(local).sha256()
             publish_version(local, fresh())
 
         def floor() -> None:
-            sha256_file(local)
+            Location.of(local).sha256()
             out = fresh()
             shutil.copyfile(local, out)
-            sha256_file(out)
+            Location.of(out).sha256()
 
         times = interleave({"now": now, "before": before, "floor": floor}, args.repeat)
         for folder in work.glob("pub-*"):

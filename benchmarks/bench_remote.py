@@ -97,10 +97,10 @@ def main() -> None:
             fs = s3fs.S3FileSystem(skip_instance_cache=True, **opts)
             fs.mkdir("bench")
             fs.put_file(local.path, "bench/decoded.h5")
-            from h5forge.hashing import sha256_file
+            from h5forge.location import Location
             from h5forge.publish.manifest import manifest_bytes, manifest_url
 
-            sha = sha256_file(local.path)
+            sha = Location.of(local.path).sha256()
             fs.pipe(manifest_url("bench/decoded.h5"), manifest_bytes(sha, local.bytes, {}))
             for peer in peers:
                 fs.put(

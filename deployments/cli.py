@@ -192,7 +192,7 @@ def demo(
     from h5forge.demo import make_demo_archive
     from h5forge.deployments.local_run import run_build
     from h5forge.flows.config import BuildConfig
-    from h5forge.hashing import sha256_file
+    from h5forge.location import Location
     from h5forge.preflight import check_destination
 
     if dest.suffix != ".h5":
@@ -209,7 +209,7 @@ def demo(
     typer.echo(f"demo source: {printable(archive)}")
     config = BuildConfig(
         source=str(archive),
-        sha256=sha256_file(archive),
+        sha256=Location.of(archive).sha256(),
         destination=str(dest.resolve()),
         overwrite=True,
     )

@@ -29,6 +29,7 @@ from h5forge.errors import (
 __version__ = "0.2.0"
 
 _LAZY = {
+    "Location": "h5forge.location",
     "fetch": "h5forge.fetch.sources",
     "Catalog": "h5forge.discover.catalog",
     "discover": "h5forge.discover.catalog",

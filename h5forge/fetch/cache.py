@@ -19,7 +19,7 @@ from pathlib import Path
 from h5forge.errors import ChecksumError
 from h5forge.fetch.staging import exclusive
 from h5forge.files import create_exclusive, replace_file
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.redact import canonical_url
 
 __all__ = ["cached_download", "check_digest", "create_part"]
@@ -107,7 +107,7 @@ def _hit(entry: Path, expected: str) -> bool:
         recorded = json.loads(meta.read_text()).get("sha256")
     except ValueError:
         recorded = None
-    if recorded == expected == sha256_file(blob):
+    if recorded == expected == Location.of(blob).sha256():
         log.info("cache hit: %s", entry)
         return True
     log.warning("cache entry %s does not match sha256 %s; downloading again", entry, expected)

@@ -20,7 +20,7 @@ from h5forge.fetch.body import over_max_bytes
 from h5forge.fetch.cache import create_part
 from h5forge.fetch.dest import check_dest, write_marker
 from h5forge.fetch.staging import commit, discard, exclusive, new_staging
-from h5forge.hashing import CHUNK
+from h5forge.location import CHUNK
 from h5forge.paths import split_member_name
 from h5forge.progress import progress_bar
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from h5forge.demo import make_demo_archive
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Built:
 def demo_archive(tmp_path_factory: pytest.TempPathFactory) -> DemoArchive:
     """The built-in demo dataset (300 images, 2 broken files) as a ``.tar.gz``."""
     path = make_demo_archive(tmp_path_factory.mktemp("demo-source"))
-    return DemoArchive(path=path, sha256=sha256_file(path))
+    return DemoArchive(path=path, sha256=Location.of(path).sha256())
 
 
 @pytest.fixture(scope="session")

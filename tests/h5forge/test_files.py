@@ -23,6 +23,7 @@ from h5forge import files
 from h5forge.demo import write_image_folder
 from h5forge.errors import BusyError, UnsafePathError
 from h5forge.fetch.staging import commit, exclusive, new_staging
+from h5forge.location import Location
 from h5forge.locks import folder_lock
 from h5forge.output_lock import output_lock
 from h5forge.pack.config import PackConfig
@@ -30,7 +31,6 @@ from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.copy import remove_stale_temps
 from h5forge.publish.preview import write_preview
-from h5forge.publish.storage import put_file
 from h5forge.scale.merge import merge_shards
 from h5forge.verify.checks import verify
 
@@ -326,7 +326,7 @@ def test_preview_and_published_preview_replace_a_planted_link(
     dest = tmp_path / "dest" / "x.h5.preview.png"
     dest.parent.mkdir()
     dest.symlink_to(victim)
-    put_file(png, str(dest))
+    Location.of(dest).put(local=png)
     assert victim.read_bytes() == b"precious bytes that must never change"
     assert dest.read_bytes() == png.read_bytes()
 
@@ -356,9 +356,8 @@ def test_a_publisher_killed_mid_copy_leaves_no_name_behind(tmp_path: Path) -> No
     source = tmp_path / "source.fifo"  # the copy blocks on it, mid-write, for as long as we like
     os.mkfifo(source)
     code = (
-        "import sys; from fsspec.implementations.local import LocalFileSystem;"
-        "from h5forge.publish.copy import put;"
-        "put(LocalFileSystem(), sys.argv[1], local=sys.argv[2])"
+        "import sys; from h5forge.location import Location;"
+        "Location.of(sys.argv[1]).put(local=sys.argv[2])"
     )
     child = subprocess.Popen([sys.executable, "-c", code, str(folder / "asset.h5"), str(source)])
     try:

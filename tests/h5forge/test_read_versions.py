@@ -22,7 +22,7 @@ import pytest
 
 from h5forge.demo import write_image_folder
 from h5forge.errors import IntegrityError
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
@@ -61,7 +61,7 @@ def _truth(path: str) -> Counter[tuple[str, int]]:
 
 def _publish(local: str, base: str, options: dict[str, Any] | None = None, parent: str = "") -> str:
     """Publish ``local`` as a version of ``base`` and move the pointer to it; its sha256."""
-    sha = sha256_file(local)
+    sha = Location.of(local).sha256()
     result = publish(local, version_url(base, sha), storage_options=options)
     assert result.sha256 == sha
     write_pointer(base, sha, parent=parent, storage_options=options)
@@ -85,7 +85,7 @@ def test_an_epoch_reads_the_version_it_was_opened_at(
     truth1, truth2 = _truth(v1.path), _truth(v2.path)
     assert truth1 != truth2  # same labels, different pixels
     sha1 = _publish(v1.path, base, s3_storage_options)
-    sha2 = sha256_file(v2.path)
+    sha2 = Location.of(v2.path).sha256()
 
     def publish_v2() -> None:  # mid-epoch: the first batch has arrived
         _publish(v2.path, base, s3_storage_options, parent=sha1)
@@ -232,7 +232,7 @@ def test_a_manifest_outside_its_version_key_is_refused(
     sha1 = _publish(v1.path, base)
     sidecar = Path(manifest_url(version_url(base, sha1)))
     manifest = json.loads(sidecar.read_text())
-    manifest["sha256"] = sha256_file(v2.path)  # untrusted: names another version's digest
+    manifest["sha256"] = Location.of(v2.path).sha256()  # untrusted: names another version's digest
     sidecar.write_text(json.dumps(manifest))
     with pytest.raises(IntegrityError, match="manifest names sha256"):
         H5ImageDataset(base, version=sha1[:16])

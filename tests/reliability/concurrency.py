@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from h5forge.demo import write_image_folder
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
@@ -104,7 +104,7 @@ def _fingerprint(path: Path) -> dict[str, Any]:
     with h5py.File(path, "r") as h5:
         digests = h5["digests"][()]
     return {
-        "sha256": sha256_file(path),
+        "sha256": Location.of(path).sha256(),
         "n": len(digests),
         "digests": hashlib.sha256(digests.tobytes()).hexdigest(),
     }

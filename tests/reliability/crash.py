@@ -39,7 +39,7 @@ from pathlib import Path
 
 from h5forge.demo import make_demo_archive
 from h5forge.errors import IntegrityError, UnsealedFileError
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.publish.manifest import read_manifest
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.verify.checks import verify
@@ -175,7 +175,7 @@ def check_destination(dest: Path) -> tuple[str, list[str]]:
             except IntegrityError as e:
                 problems.append(f"{name}: uncommitted file is not whole: {e}")
             continue
-        size, sha = path.stat().st_size, sha256_file(path)
+        size, sha = path.stat().st_size, Location.of(path).sha256()
         if (manifest["sha256"], manifest["bytes"]) != (sha, size):
             problems.append(
                 f"{name}: TORN: manifest says {manifest['sha256']} / "
@@ -324,7 +324,7 @@ def run(
     res = CampaignResult("crash")
     rng = random.Random(seed)
     src = make_demo_archive(work / "source")
-    sha = sha256_file(src)
+    sha = Location.of(src).sha256()
     base = measure(src, sha, work, api_url)
     res.notes.append(
         f"normal build: {base.total:.1f} s from start to exit; task finished at (s after start): "

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from h5forge.demo import make_demo_archive
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.publish.manifest import read_manifest
 from h5forge.verify.checks import verify
 from tests.fixtures.processes import descendants, survivors
@@ -225,7 +225,7 @@ def run(
     """Run ``busy`` fresh builds on busy cores and ``kills`` kill-then-re-run loops."""
     res = CampaignResult("first-run")
     archive = make_demo_archive(work / "source")
-    sha = sha256_file(archive)
+    sha = Location.of(archive).sha256()
     rng = random.Random(seed)
     t0 = time.perf_counter()
     took = []

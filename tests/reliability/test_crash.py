@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from h5forge.demo import make_demo_archive
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from tests.reliability import crash
 
 pytestmark = [pytest.mark.reliability, pytest.mark.slow]
@@ -55,7 +55,7 @@ def test_killed_build_leaves_a_consistent_destination_and_reruns(
         random.Random(stage),
         _TYPICAL,
         src,
-        sha256_file(src),
+        Location.of(src).sha256(),
         short_tmp,
         prefect_harness,
     )

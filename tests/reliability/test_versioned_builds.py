@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from h5forge.demo import write_image_folder
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.publish.history import list_versions, scan_versions
 from h5forge.publish.manifest import read_manifest
 from h5forge.publish.versions import read_pointer
@@ -42,7 +42,7 @@ def _whole(url: str) -> str:
     manifest = read_manifest(url)
     report = verify(url, sample_fraction=1.0)
     assert (report.sha256, report.bytes) == (manifest["sha256"], manifest["bytes"])
-    assert sha256_file(url) == manifest["sha256"]
+    assert Location.of(url).sha256() == manifest["sha256"]
     return report.sha256
 
 

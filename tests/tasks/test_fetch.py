@@ -13,7 +13,7 @@ from prefect.states import Failed
 from h5forge.demo import write_image_folder
 from h5forge.errors import ChecksumError, UnsafeArchiveError
 from h5forge.fetch.sources import FetchResult
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.tasks.common import retry_if_transient, retry_upload
 from h5forge.tasks.fetch import _fetch_cache_key, fetch_source, fetch_task, source_dir
 from tests.fixtures.prefect import flow_run_task_runs
@@ -54,10 +54,12 @@ def test_source_dir_is_stable_per_pinned_source(tmp_path: Path) -> None:
 
 
 def test_fetch_task_function_extracts_the_archive(archive: Path, tmp_path: Path) -> None:
-    got = fetch_source.fn(str(archive), dest=str(tmp_path / "src"), sha256=sha256_file(archive))
+    got = fetch_source.fn(
+        str(archive), dest=str(tmp_path / "src"), sha256=Location.of(archive).sha256()
+    )
     assert isinstance(got, FetchResult)
     assert sorted(p.name for p in Path(got.root).iterdir()) == ["a", "b"]
-    assert got.sha256 == sha256_file(archive)
+    assert got.sha256 == Location.of(archive).sha256()
     assert JSONSerializer().loads(JSONSerializer().dumps(got)) == got  # the cached result
 
 
@@ -115,7 +117,7 @@ def test_second_fetch_is_cached_unless_its_folder_is_gone(
     expected: list[str],
 ) -> None:
     states = _fetch_twice(
-        str(archive), sha256_file(archive), str(tmp_path / "cache"), delete_between
+        str(archive), Location.of(archive).sha256(), str(tmp_path / "cache"), delete_between
     )
     assert states == expected
 

@@ -1,0 +1,442 @@
+"""Where bytes live: a URL and its storage options, resolved once, printed redacted.
+
+:class:`Location` is the one I/O seam of the library. The public entry points (the readers,
+``verify``, ``publish``, ``fetch``, the CLI) accept a URL string plus ``storage_options`` or a
+``Location``, and convert once (:meth:`Location.of`); everything inside passes the value whole.
+It is the one place that:
+
+- resolves a URL into its fsspec filesystem and path (:attr:`Location.fs`,
+  :attr:`Location.path`: once, lazily, never pickled: a pickled ``Location`` is its URL and
+  options, and each process resolves its own filesystem);
+- tells local files from remote ones (:attr:`Location.is_local`);
+- prints itself: ``str()`` and ``repr()`` show the redacted URL, never the options, which may
+  hold credentials; :attr:`Location.key` is the credential-free canonical URL (a cache key);
+- reads an untrusted JSON document (:meth:`Location.read_json`): bounded in bytes and in
+  nesting depth, one request on a remote store, non-blocking and regular files only on a local
+  disk, one error type (:class:`DocumentError`) naming the document;
+- writes atomically (:meth:`Location.put`: temp name, fsync and rename on a local disk, one
+  upload elsewhere) and hashes (:meth:`Location.sha256`: streamed, ``CHUNK`` bytes a read).
+
+The bound of each kind of document h5forge reads is defined here, once (``MAX_*_BYTES``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import os
+import posixpath
+import re
+import secrets
+import stat
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import cached_property
+from typing import IO, Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from h5forge.files import NONBLOCK, create_exclusive
+from h5forge.locks import flock
+from h5forge.redact import canonical_url, redact_url
+
+__all__ = [
+    "CHUNK",
+    "MAX_ASSET_LIST_BYTES",
+    "MAX_CACHE_RECORD_BYTES",
+    "MAX_COCO_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_LINEAGE_BYTES",
+    "MAX_LISTING_BYTES",
+    "MAX_SIDECAR_BYTES",
+    "MAX_VERSION_MANIFEST_BYTES",
+    "SIDECAR_SUFFIX",
+    "TEMP_MARK",
+    "DocumentError",
+    "Location",
+    "TempFile",
+    "fsync_dir",
+    "temp_copy",
+]
+
+#: Bytes per read when hashing or copying: large sequential reads, few round trips.
+CHUNK = 8 << 20
+
+# One bound per kind of document read from outside (docs/FORMAT.md, "untrusted input").
+#: A sample listing (CSV or JSON lines, streamed row by row, never parsed whole).
+MAX_LISTING_BYTES = 2 * 2**30
+#: A COCO annotation file (COCO 2017's train instances are 448 MB), parsed whole by discover.
+MAX_COCO_BYTES = 2**30
+#: A published sidecar ``NAME.h5.manifest.json``: a few KiB, counts per class included.
+MAX_SIDECAR_BYTES = 16 * 2**20
+#: A multi-asset list: 10,000 entries of a few hundred bytes.
+MAX_ASSET_LIST_BYTES = 4 * 2**20
+#: A version manifest (the ``NAME.latest.json`` pointer): a few hundred bytes.
+MAX_VERSION_MANIFEST_BYTES = 64 * 2**10
+#: A version's lineage (its sources map, one fingerprint per source file).
+MAX_LINEAGE_BYTES = 64 * 2**20
+#: A verified-cache entry's record: a few hundred bytes.
+MAX_CACHE_RECORD_BYTES = 64 * 2**10
+#: Nesting of any JSON document read (h5forge's own are at most 4 deep): deeper is refused
+#: before parsing, so a hostile document cannot exhaust the parser's recursion.
+MAX_JSON_DEPTH = 32
+
+#: The published sidecar of ``NAME.h5`` is ``NAME.h5`` + this suffix.
+SIDECAR_SUFFIX = ".manifest.json"
+
+_NESTING = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+
+
+class DocumentError(ValueError):
+    """A document read from outside is not one h5forge wrote: too large, too deeply nested,
+    not JSON, or not a regular file. The message names the document and the fix."""
+
+
+class Location:
+    """A URL plus its storage options: where bytes live, for reading and writing.
+
+    Immutable; equal when URL and options are equal. Build one with :meth:`of` at a public
+    edge. Plain local paths are file locations.
+
+    Attributes:
+        url: the URL as given (may hold credentials in a signed query: print the Location,
+            not this).
+        options: the fsspec storage options (never printed, pickled as given).
+    """
+
+    url: str
+    options: dict[str, Any]
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(url, str) or not url:
+            raise ValueError(
+                f"a location needs a non-empty URL or path, not {type(url).__name__} "
+                f"{redact_url(str(url))!r:.80}"
+            )
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ValueError(
+                f"storage_options must be a mapping of fsspec options, not "
+                f"{type(storage_options).__name__}"
+            )
+        object.__setattr__(self, "url", url)
+        object.__setattr__(self, "options", dict(storage_options or {}))
+
+    @classmethod
+    def of(
+        cls,
+        where: str | os.PathLike[str] | Location,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> Location:
+        """The location of ``where``: a URL or local path (with ``storage_options``) or a
+        ``Location`` (returned as is).
+
+        Raises:
+            ValueError: ``where`` is empty or not a URL, or a ``Location`` comes with
+                ``storage_options`` too (a location carries its own).
+        """
+        if isinstance(where, Location):
+            if storage_options:
+                raise ValueError(
+                    f"{where} is a Location, which carries its own storage options; pass "
+                    "storage_options only with a URL string"
+                )
+            return where
+        if isinstance(where, os.PathLike):
+            where = os.fspath(where)
+        return cls(where, storage_options)
+
+    def with_url(self, url: str) -> Location:
+        """Another URL on the same store, with the same options."""
+        return Location(url, self.options)
+
+    # --- identity and printing ------------------------------------------------------------
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Location is immutable; cannot set {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Location, (self.url, self.options))  # never the resolved filesystem
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Location):
+            return NotImplemented
+        return (self.url, self.options) == (other.url, other.options)
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    def __str__(self) -> str:
+        return redact_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"Location({redact_url(self.url)!r})"
+
+    @property
+    def key(self) -> str:
+        """The canonical, credential-free URL: one key per object however it was signed."""
+        return canonical_url(self.url)
+
+    # --- resolution -----------------------------------------------------------------------
+    @cached_property
+    def _resolved(self) -> tuple[Any, str]:
+        return fsspec.core.url_to_fs(self.url, **self.options)
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (resolved on first use, once per process)."""
+        return self._resolved[0]
+
+    @property
+    def path(self) -> str:
+        """The path on :attr:`fs`."""
+        return self._resolved[1]
+
+    @property
+    def is_local(self) -> bool:
+        """True for the local disk: HDF5 opens it itself and the reader can ``pread``."""
+        return isinstance(self.fs, LocalFileSystem)
+
+    # --- derived locations ----------------------------------------------------------------
+    def sibling(self, suffix: str) -> Location:
+        """``URL + suffix`` (before a signed URL's query string), with the same options."""
+        if "://" in self.url and "?" in self.url:
+            base, _, query = self.url.partition("?")
+            return self.with_url(f"{base}{suffix}?{query}")
+        return self.with_url(self.url + suffix)
+
+    @property
+    def sidecar(self) -> Location:
+        """The published sidecar ``NAME.h5.manifest.json`` of the file here."""
+        return self.sibling(SIDECAR_SUFFIX)
+
+    def join(self, *names: str) -> Location:
+        """A child of the folder here: ``join("v", "a.h5")`` is ``URL/v/a.h5``."""
+        if "://" in self.url and "?" in self.url:
+            base, _, query = self.url.partition("?")
+            return self.with_url(posixpath.join(base.rstrip("/"), *names) + f"?{query}")
+        return self.with_url(posixpath.join(self.url.rstrip("/") or "/", *names))
+
+    # --- reading --------------------------------------------------------------------------
+    def read_json(self, *, limit: int, what: str) -> Any:
+        """The JSON document here, read as untrusted input.
+
+        At most ``limit + 1`` bytes are read (one ranged GET on a remote store, no size lookup
+        first); a local file is opened non-blocking and must be a regular file (a FIFO or a
+        device planted under a document's name is refused, never waited on). Nesting deeper
+        than :data:`MAX_JSON_DEPTH` is refused before parsing.
+
+        Args:
+            limit: the largest document accepted, in bytes (one of the ``MAX_*_BYTES``).
+            what: the kind of document, for messages ("published sidecar").
+
+        Raises:
+            FileNotFoundError: nothing here.
+            DocumentError: over ``limit``, nested too deep, not JSON, or not a regular file.
+        """
+        raw, size = self._read_bounded(limit, what)
+        if size > limit:
+            raise DocumentError(
+                f"{what} {str(self)!r} is {size} bytes, over {limit} bytes, the bound for a "
+                f"{what}: h5forge did not write it; remove it or write it again"
+            )
+        depth = _nesting(raw)
+        if depth > MAX_JSON_DEPTH:
+            raise DocumentError(
+                f"{what} {str(self)!r} is not JSON h5forge reads: it nests {depth} levels deep, "
+                f"over {MAX_JSON_DEPTH}; remove it or write it again"
+            )
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            raise DocumentError(
+                f"{what} {str(self)!r} is not JSON (not valid JSON: {type(e).__name__}: "
+                f"{str(e)[:120]}); remove it or write it again"
+            ) from None
+
+    def _read_bounded(self, limit: int, what: str) -> tuple[bytes, int]:
+        """``(at most limit + 1 bytes, size)``; ``size`` is exact only past the bound."""
+        if not self.is_local:
+            fs, path = self.fs, self.path
+            fs.invalidate_cache(path)  # documents change (a pointer moves): never a stale listing
+            raw = fs.cat_file(path, start=0, end=limit + 1)
+            return raw, (fs.size(path) if len(raw) > limit else len(raw))
+        fd = os.open(self.path, os.O_RDONLY | NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise DocumentError(
+                    f"{what} {str(self)!r} is not a regular file (a FIFO, device or folder "
+                    "under a document's name); remove it"
+                )
+            if st.st_size > limit:
+                return b"", st.st_size
+            chunks, got = [], 0
+            while got <= limit and (block := os.read(fd, limit + 1 - got)):
+                chunks.append(block)
+                got += len(block)
+            return b"".join(chunks), got
+        finally:
+            os.close(fd)
+
+    def sha256(self, chunk: int = CHUNK) -> str:
+        """The hex sha256 of the file here, streamed in ``chunk``-byte reads."""
+        if chunk < 1:
+            raise ValueError(f"chunk={chunk} must be >= 1 byte")
+        digest = hashlib.sha256()
+        if self.is_local:
+            with open(self.path, "rb") as f:
+                while block := f.read(chunk):
+                    digest.update(block)
+            return digest.hexdigest()
+        with self.fs.open(self.path, "rb", block_size=chunk) as f:
+            while block := f.read(chunk):
+                digest.update(block)
+        return digest.hexdigest()
+
+    # --- writing --------------------------------------------------------------------------
+    def put(
+        self, *, local: str | os.PathLike[str] | None = None, data: bytes | None = None
+    ) -> None:
+        """Write the local file ``local`` (or ``data``) here, atomically where the store can.
+
+        On a local disk: a temp name beside the target (created exclusively, locked, fsynced),
+        then a rename that replaces whatever had the name (a file, a planted symlink) and an
+        fsync of the folder. Other stores: one upload (an object store's PUT is atomic).
+        """
+        if (local is None) == (data is None):
+            raise ValueError("put needs exactly one of local= or data=")
+        source = os.fspath(local) if local is not None else None
+        fs, path = self.fs, self.path
+        if not self.is_local:
+            if source is not None:
+                fs.put_file(source, path)
+            else:
+                fs.pipe_file(path, data)
+            fs.invalidate_cache(path)
+            return
+        parent = posixpath.dirname(path)
+        fs.makedirs(parent, exist_ok=True)
+        with temp_copy(path, source, data) as tmp:
+            tmp.unlock()
+            os.rename(tmp.path, path)
+        fsync_dir(parent)  # persist the rename itself
+
+
+#: In the name of a temp file: ``.NAME.tmp-TOKEN``.
+TEMP_MARK = ".tmp-"
+
+
+class TempFile:
+    """A temp file being written: its path, and the open handle whose flock marks it live."""
+
+    def __init__(self, path: str, handle: IO[bytes]) -> None:
+        self.path, self._handle = path, handle
+
+    def unlock(self) -> None:
+        """Close the handle (releasing the flock); the file stays."""
+        self._handle.close()
+
+
+@contextmanager
+def temp_copy(path: str, local: str | None, data: bytes | None = None) -> Iterator[TempFile]:
+    """A fsynced copy of ``local`` (or ``data``) at a temp name beside ``path``, locked.
+
+    The temp file stays flock-ed until :meth:`TempFile.unlock`, which marks it as live: a later
+    publish removes only temp files whose lock it can take (their writer died, e.g. killed).
+    The temp file is removed on exit unless it was renamed away.
+
+    Where the filesystem can (Linux ``O_TMPFILE``), the bytes are written to a file without a
+    name, locked from its first instant, and linked in as the temp file only once complete and
+    fsynced: a writer killed mid-copy leaves nothing in the folder. Elsewhere the file is created
+    under a ``.new-`` name, locked, renamed to its temp name, then written.
+    """
+    parent, name = posixpath.split(path)
+    token = secrets.token_hex(6)
+    tmp = posixpath.join(parent, f".{name}{TEMP_MARK}{token}")
+    anonymous = _anonymous_file(parent)
+    if anonymous is not None:
+        out = os.fdopen(anonymous, "wb")
+        fresh = None
+    else:
+        # Created under another name and locked before it gets its temp name, so a temp file
+        # whose lock can be taken is always a dead writer's.
+        fresh = posixpath.join(parent, f".{name}.new-{token}")
+        # Exclusive: a name planted beside the destination (a symlink, a hard link) is refused.
+        out = os.fdopen(create_exclusive(fresh, 0o644), "wb")
+    try:
+        flock(out.fileno())
+        if fresh is not None:
+            os.rename(fresh, tmp)
+        src: IO[bytes]
+        with open(local, "rb") if local else io.BytesIO(data or b"") as src:
+            while block := src.read(CHUNK):
+                out.write(block)
+        out.flush()
+        os.fsync(out.fileno())
+        if fresh is None:
+            _link_in(out.fileno(), tmp)
+        yield TempFile(tmp, out)
+    finally:
+        out.close()
+        for leftover in (fresh, tmp):
+            if leftover is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(leftover)
+
+
+def _link_in(fd: int, path: str) -> None:
+    """Give the anonymous file open at ``fd`` the name ``path``, which must be new.
+
+    ``linkat`` with ``AT_SYMLINK_FOLLOW`` on ``/proc/self/fd/N`` (a dir fd makes CPython call
+    ``linkat`` rather than ``link``, which would link the magic link itself); it never follows
+    or replaces ``path``: a planted name fails with EEXIST.
+    """
+    proc = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.link(str(fd), path, src_dir_fd=proc, follow_symlinks=True)
+    finally:
+        os.close(proc)
+
+
+def _anonymous_file(parent: str) -> int | None:
+    """A new file without a name in ``parent`` (``O_TMPFILE``), or None where that is missing."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        fd = os.open(parent or ".", flag | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None  # this filesystem (or kernel) has no O_TMPFILE
+        raise
+    return fd  # its mode is 0o644 less the umask, as for any new file
+
+
+def fsync_dir(folder: str) -> None:
+    """Persist the names in ``folder`` (a rename into it)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _nesting(raw: bytes) -> int:
+    """How deep ``raw``'s arrays and objects nest (brackets inside strings do not count)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return 0  # cannot nest deeper than the bound: skip the scan
+    depth = deepest = 0
+    for m in _NESTING.finditer(raw):
+        token = m.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    return deepest
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return deepest
