@@ -23,13 +23,13 @@ from prefect.tasks import MaterializingTask
 from prefect.types.names import MAX_ASSET_KEY_LENGTH, RESTRICTED_ASSET_CHARACTERS
 from prefect.utilities.hashing import hash_objects
 
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.pack.reuse import Reuse
 from h5forge.publish.history import check_retention
 from h5forge.publish.lineage import Basis, build_basis, reuse_previous, write_sources
 from h5forge.publish.preview import preview_url, publish_preview, write_preview
 from h5forge.publish.release import VersionResult, publish_version
-from h5forge.publish.storage import PublishResult, publish, put_file
+from h5forge.publish.storage import PublishResult, publish
 from h5forge.publish.versions import version_url
 from h5forge.redact import redact_url
 from h5forge.tasks.common import dataset_name, retry_upload, run_name, with_retries
@@ -172,11 +172,12 @@ def _publish_version(
     parent's per-file map was known, ``added``, ``removed`` and ``replaced``.
     """
     check_retention(keep_versions, min_age_s)  # before any upload
-    sha = sha256_file(local_file)  # the one local hash: it names the version and checks its copy
+    # The one local hash: it names the version and checks its copy.
+    sha = Location.of(local_file).sha256()
     target = version_url(dest, sha)
 
     def beside(file: str) -> None:  # in the version's folder, before its file
-        put_file(preview_png, preview_url(file), storage_options=storage_options)
+        Location.of(preview_url(file), storage_options).put(local=preview_png)
         if sources is not None:
             write_sources(file, sources, storage_options=storage_options)
 

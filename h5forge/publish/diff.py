@@ -15,6 +15,7 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.index import load_index
 from h5forge.asset.open import open_h5
+from h5forge.location import Location
 from h5forge.read.version import resolve_asset
 from h5forge.redact import redact_url
 
@@ -46,10 +47,10 @@ class FileDiff:
     same: int
 
 
-def _read(url: str, storage_options: dict[str, Any] | None) -> tuple[dict[str, bytes], Any, str]:
-    """``({path: digest}, classes, config_sha256)`` of the sealed file at ``url``."""
-    with open_h5(url, storage_options) as h5:
-        index = load_index(h5, where=redact_url(url))
+def _read(where: Location) -> tuple[dict[str, bytes], Any, str]:
+    """``({path: digest}, classes, config_sha256)`` of the sealed file at ``where``."""
+    with open_h5(where) as h5:
+        index = load_index(h5, where=str(where))
         n = int(index.labels.shape[0])
         paths = h5[fmt.PATHS].asstr()[:n]
         digests = np.asarray(h5[fmt.DIGESTS][:n], np.uint8)
@@ -64,8 +65,8 @@ def diff_files(a: str, b: str, *, storage_options: dict[str, Any] | None = None)
         FileNotFoundError: nothing at ``a`` or ``b``.
         IntegrityError, UnsealedFileError: one is damaged or not a sealed h5forge file.
     """
-    old, old_classes, old_config = _read(a, storage_options)
-    new, new_classes, new_config = _read(b, storage_options)
+    old, old_classes, old_config = _read(Location.of(a, storage_options))
+    new, new_classes, new_config = _read(Location.of(b, storage_options))
     both = old.keys() & new.keys()
     replaced = sum(1 for p in both if old[p] != new[p])
     return FileDiff(

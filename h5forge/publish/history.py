@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from h5forge.asset.open import is_local, url_to_fs
+from h5forge.location import Location
 from h5forge.publish.manifest import MANIFEST_SUFFIX, load_manifest
 from h5forge.publish.versions import KEY_HEX, asset_base, read_pointer, version_url
 from h5forge.redact import redact_url
@@ -74,11 +74,15 @@ class VersionScan:
     skipped: int
 
 
-def scan_versions(url: str, *, storage_options: dict[str, Any] | None = None) -> VersionScan:
+def scan_versions(
+    url: str | Location, *, storage_options: dict[str, Any] | None = None
+) -> VersionScan:
     """Read the manifest of every version under ``BASE/v/``; see :func:`list_versions`."""
-    base = asset_base(url)
+    asset = Location.of(url, storage_options)
+    base = asset_base(asset.url)
     name = posixpath.basename(base)
-    fs, vpath = url_to_fs(base + "/v", storage_options)
+    versions = asset.with_url(base).join("v")
+    fs, vpath = versions.fs, versions.path
     fs.invalidate_cache(vpath)
     try:
         entries = fs.ls(vpath, detail=True)
@@ -89,7 +93,7 @@ def scan_versions(url: str, *, storage_options: dict[str, Any] | None = None) ->
             f"{redact_url(base)}/v holds {len(entries)} entries, over {MAX_VERSIONS}: not an "
             "h5forge asset's versions (retention keeps a few); list or clean it by hand"
         )
-    pointer = read_pointer(base, storage_options=storage_options)
+    pointer = read_pointer(asset.with_url(base))
     found: list[tuple[dt.datetime, VersionInfo]] = []
     skipped = 0
     for entry in entries:
@@ -97,8 +101,8 @@ def scan_versions(url: str, *, storage_options: dict[str, Any] | None = None) ->
         info = None
         if _KEY.match(key) and entry.get("type") == "directory" and not entry.get("islink"):
             # The folder's path is recomputed from the key, never taken from the listing.
-            mpath = f"{vpath}/{key}/{name}.h5{MANIFEST_SUFFIX}"
-            info = _read_version(fs, mpath, base, key, pointer.sha256 if pointer else "")
+            sidecar = versions.join(key, f"{name}.h5").sidecar
+            info = _read_version(sidecar, base, key, pointer.sha256 if pointer else "")
         if info is None:
             skipped += 1
             log.warning("%s/v: skipped %r, not a version h5forge wrote", redact_url(base), key)
@@ -108,11 +112,11 @@ def scan_versions(url: str, *, storage_options: dict[str, Any] | None = None) ->
 
 
 def _read_version(
-    fs: Any, mpath: str, base: str, key: str, latest: str
+    sidecar: Location, base: str, key: str, latest: str
 ) -> tuple[dt.datetime, VersionInfo] | None:
-    """The version whose manifest is at ``mpath``, or None when it is not one of ours."""
+    """The version whose manifest is ``sidecar``, or None when it is not one of ours."""
     try:
-        manifest = load_manifest(fs, mpath, redact_url(mpath))
+        manifest = load_manifest(sidecar)
     except (ValueError, NotADirectoryError, IsADirectoryError):
         return None
     if manifest is None or not manifest["sha256"].startswith(key):
@@ -162,7 +166,9 @@ def _ordered(found: list[tuple[dt.datetime, VersionInfo]]) -> list[tuple[dt.date
     return sorted(found, key=lambda item: (item[0], depth(item[1]), item[1].sha256))
 
 
-def list_versions(url: str, *, storage_options: dict[str, Any] | None = None) -> list[VersionInfo]:
+def list_versions(
+    url: str | Location, *, storage_options: dict[str, Any] | None = None
+) -> list[VersionInfo]:
     """The versions of the asset at ``url`` (``BASE`` or ``BASE.h5``), oldest first.
 
     Entries under ``BASE/v/`` that are not versions h5forge wrote (a folder not named by 16
@@ -199,7 +205,7 @@ def check_retention(keep_versions: int, min_age_s: float) -> None:
 
 
 def apply_retention(
-    url: str,
+    url: str | Location,
     *,
     keep_versions: int = 5,
     min_age_s: float = 0.0,
@@ -230,10 +236,12 @@ def apply_retention(
         now = dt.datetime.now(dt.timezone.utc)
     elif now.tzinfo is None:
         raise ValueError(f"now={now!r} must be timezone-aware (e.g. datetime.now(timezone.utc))")
-    base = asset_base(url)
+    asset = Location.of(url, storage_options)
+    base = asset_base(asset.url)
     name = posixpath.basename(base)
-    versions = list_versions(base, storage_options=storage_options)
-    fs, vpath = url_to_fs(base + "/v", storage_options)
+    versions = list_versions(asset.with_url(base))
+    folder_of_versions = asset.with_url(base).join("v")
+    fs, vpath = folder_of_versions.fs, folder_of_versions.path
     removed = []
     for v in versions[: max(0, len(versions) - keep_versions)]:
         age = (now - dt.datetime.fromisoformat(v.created_at)).total_seconds()
@@ -246,7 +254,7 @@ def apply_retention(
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(path)
         fs.invalidate_cache(folder)
-        if is_local(fs) and not fs.ls(folder):
+        if folder_of_versions.is_local and not fs.ls(folder):
             fs.rmdir(folder)
         log.info("retention removed %s (created %s)", v.url, v.created_at)
         removed.append(v.url)

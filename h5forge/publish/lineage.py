@@ -21,17 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from h5forge.asset import format as fmt
-from h5forge.asset.open import is_local, url_to_fs
 from h5forge.fetch.fingerprint import SourceFingerprint, source_fingerprint
+from h5forge.location import MAX_LINEAGE_BYTES, Location
 from h5forge.pack.reuse import Reuse, unchanged_paths
-from h5forge.publish.copy import put
-from h5forge.publish.manifest import load_manifest, manifest_url
+from h5forge.publish.manifest import load_manifest
 from h5forge.publish.versions import read_pointer
-from h5forge.redact import redact_url
 
 __all__ = [
     "reuse_previous",
-    "MAX_SOURCES_BYTES",
     "SOURCES_SUFFIX",
     "Basis",
     "build_basis",
@@ -45,8 +42,6 @@ log = logging.getLogger(__name__)
 
 SOURCES_SUFFIX = ".sources.json"
 SOURCES_FORMAT = "h5forge-sources"
-#: Largest per-file map written or read (about 500,000 files of 100-byte names).
-MAX_SOURCES_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -129,12 +124,11 @@ def build_basis(
     pointer = read_pointer(asset, storage_options=storage_options)
     latest: dict[str, Any] = {}
     if pointer is not None:
-        target = manifest_url(pointer.url)
-        fs, path = url_to_fs(target, storage_options)
-        latest = load_manifest(fs, path, redact_url(target)) or {}
+        target = Location.of(pointer.url, storage_options).sidecar
+        latest = load_manifest(target) or {}
         if latest and latest["sha256"] != pointer.sha256:
             raise ValueError(
-                f"{redact_url(target)} records sha256 {latest['sha256']}, but the pointer "
+                f"{target} records sha256 {latest['sha256']}, but the pointer "
                 f"names {pointer.sha256}: not the version's own manifest; publish again"
             )
     return Basis(
@@ -169,14 +163,13 @@ def write_sources(
     storage_options: dict[str, Any] | None = None,
 ) -> bool:
     """Write the per-file map beside ``version_file``; False (nothing written) when it would be
-    over :data:`MAX_SOURCES_BYTES`."""
+    over :data:`h5forge.location.MAX_LINEAGE_BYTES`."""
     body = {"format": SOURCES_FORMAT, "format_version": 1, "files": dict(files)}
     data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    if len(data) > MAX_SOURCES_BYTES:
-        log.info("sources map of %d bytes is over %d: not written", len(data), MAX_SOURCES_BYTES)
+    if len(data) > MAX_LINEAGE_BYTES:
+        log.info("sources map of %d bytes is over %d: not written", len(data), MAX_LINEAGE_BYTES)
         return False
-    fs, path = url_to_fs(sources_url(version_file), storage_options)
-    put(fs, path, data=data)
+    Location.of(sources_url(version_file), storage_options).put(data=data)
     return True
 
 
@@ -186,21 +179,15 @@ def read_sources(
     """The per-file map beside ``version_file``; None when it has none.
 
     Raises:
-        ValueError: it is over :data:`MAX_SOURCES_BYTES`, not JSON, or not a map of strings.
+        ValueError: it is over :data:`h5forge.location.MAX_LINEAGE_BYTES`, not JSON, or not a
+            map of strings.
     """
-    target = sources_url(version_file)
-    shown = redact_url(target)
-    fs, path = url_to_fs(target, storage_options)
+    target = Location.of(sources_url(version_file), storage_options)
+    shown = str(target)
     try:
-        raw = fs.cat_file(path, start=0, end=MAX_SOURCES_BYTES + 1)
+        body = target.read_json(limit=MAX_LINEAGE_BYTES, what="lineage")
     except FileNotFoundError:
         return None
-    if len(raw) > MAX_SOURCES_BYTES:
-        raise ValueError(f"{shown} is over {MAX_SOURCES_BYTES} bytes: not an h5forge sources map")
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{shown} is not JSON ({e}); publish the asset again") from None
     files = body.get("files") if isinstance(body, dict) else None
     if (
         not isinstance(body, dict)
@@ -230,9 +217,9 @@ def reuse_previous(
     unchanged = unchanged_paths(previous or {}, basis.fingerprint.files)
     if not unchanged:
         return None
-    fs, path = url_to_fs(basis.latest_url, storage_options)
-    if is_local(fs):
-        return Reuse(path, frozenset(unchanged))
+    latest = Location.of(basis.latest_url, storage_options)
+    if latest.is_local:
+        return Reuse(latest.path, frozenset(unchanged))
     local = f"{into.rstrip('/')}/previous.h5"
-    fs.get_file(path, local)
+    latest.fs.get_file(latest.path, local)
     return Reuse(local, frozenset(unchanged))

@@ -13,9 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import fsspec
-
 from h5forge.errors import IntegrityError
+from h5forge.location import MAX_SIDECAR_BYTES, SIDECAR_SUFFIX, Location
 from h5forge.redact import REDACTED, is_sensitive_key, redact_storage_options, redact_url
 
 if TYPE_CHECKING:
@@ -26,7 +25,6 @@ __all__ = [
     "COMPUTED_FIELDS",
     "FORMAT_NAME",
     "MANIFEST_SUFFIX",
-    "MAX_MANIFEST_BYTES",
     "check_manifest",
     "load_manifest",
     "manifest_bytes",
@@ -34,38 +32,35 @@ __all__ = [
     "read_manifest",
 ]
 
-MANIFEST_SUFFIX = ".manifest.json"
+MANIFEST_SUFFIX = SIDECAR_SUFFIX
 FORMAT_NAME = "h5forge"
 # Used when ``extra`` carries no "format_version"; the writer passes the file's real version.
 _DEFAULT_FORMAT_VERSION = 1
 # Fields publish computes itself; a caller's ``extra`` may not set them.
 COMPUTED_FIELDS = frozenset({"format", "sha256", "bytes", "created_at"})
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-#: Largest manifest read: one is a few KiB (counts per class included); more is not ours.
-MAX_MANIFEST_BYTES = 16 * 2**20
 
 
 def manifest_url(url: str) -> str:
     """The manifest sidecar of ``url``: ``url + ".manifest.json"`` (before any query string)."""
-    if "://" in url and "?" in url:
-        base, _, query = url.partition("?")
-        return f"{base}{MANIFEST_SUFFIX}?{query}"
-    return url + MANIFEST_SUFFIX
+    return Location(url).sidecar.url
 
 
-def read_manifest(url: str, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def read_manifest(
+    url: str | Location, *, storage_options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Read and check the manifest of the asset at ``url`` (or of the manifest URL itself).
 
     Raises:
         FileNotFoundError: no manifest, i.e. the asset was never (completely) published.
         ValueError: the manifest is not valid JSON or lacks format, sha256 or bytes.
     """
-    target = url if url.endswith(MANIFEST_SUFFIX) else manifest_url(url)
-    fs, path = fsspec.core.url_to_fs(target, **dict(storage_options or {}))
-    manifest = load_manifest(fs, path, redact_url(target))
+    where = Location.of(url, storage_options)
+    target = where if where.url.endswith(MANIFEST_SUFFIX) else where.sidecar
+    manifest = load_manifest(target)
     if manifest is None:
         raise FileNotFoundError(
-            f"no manifest at {redact_url(target)!r}: the asset is not published (the manifest "
+            f"no manifest at {str(target)!r}: the asset is not published (the manifest "
             "is written last, after the file is verified); publish it again"
         )
     return manifest
@@ -137,29 +132,18 @@ def check_verified(
     )
 
 
-def load_manifest(fs: Any, path: str, shown: str) -> dict[str, Any] | None:
-    """The checked manifest at ``path`` on ``fs`` (``shown`` in messages), None when absent.
+def load_manifest(sidecar: Location) -> dict[str, Any] | None:
+    """The checked manifest at ``sidecar`` (the sidecar itself), None when absent.
 
     Raises:
-        ValueError: it is over :data:`MAX_MANIFEST_BYTES`, not valid JSON, or not an h5forge
-            manifest.
+        ValueError: it is over :data:`h5forge.location.MAX_SIDECAR_BYTES`, not valid JSON, or
+            not an h5forge manifest.
     """
-    fs.invalidate_cache(path)
     try:
         # Bounded: a store (or whoever wrote there) may put anything under a manifest's name.
-        raw = fs.cat_file(path, start=0, end=MAX_MANIFEST_BYTES + 1)
+        data = sidecar.read_json(limit=MAX_SIDECAR_BYTES, what="published sidecar")
     except FileNotFoundError:
         return None
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise ValueError(
-            f"manifest {shown!r} is {fs.size(path)} bytes, over the {MAX_MANIFEST_BYTES}-byte "
-            "bound (an h5forge manifest is a few KiB): not an h5forge manifest; remove it and "
-            "publish the asset again"
-        )
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"manifest {shown!r} is not valid JSON: {exc}") from exc
     if not (
         isinstance(data, dict)
         and data.get("format") == FORMAT_NAME
@@ -168,7 +152,7 @@ def load_manifest(fs: Any, path: str, shown: str) -> dict[str, Any] | None:
         and isinstance(data.get("bytes"), int)
     ):
         raise ValueError(
-            f"manifest {shown!r} is not an h5forge manifest: need format={FORMAT_NAME!r}, "
+            f"manifest {str(sidecar)!r} is not an h5forge manifest: need format={FORMAT_NAME!r}, "
             "a 64-hex sha256 and an integer bytes"
         )
     return data

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import PreviewPublishError
 from h5forge.files import replace_file
+from h5forge.location import Location
 from h5forge.messages import describe_os_error
 from h5forge.publish.overlay import draw_targets
-from h5forge.publish.storage import PublishResult, put_file
+from h5forge.publish.storage import PublishResult
 from h5forge.redact import redact_url
 
 __all__ = ["PREVIEW_SUFFIX", "preview_url", "publish_preview", "render_preview", "write_preview"]
@@ -83,11 +83,11 @@ def write_preview(
     buf = io.BytesIO()
     render_preview(url, n=n, tile=tile, storage_options=storage_options).save(buf, "PNG")
     out = os.fspath(png_url)
-    fs, path = url_to_fs(out, storage_options)
-    if is_local(fs):
-        replace_file(path, buf.getvalue(), 0o644)
+    where = Location.of(out, storage_options)
+    if where.is_local:
+        replace_file(where.path, buf.getvalue(), 0o644)
     else:
-        fs.pipe_file(path, buf.getvalue())
+        where.fs.pipe_file(where.path, buf.getvalue())
     return out
 
 
@@ -122,12 +122,12 @@ def publish_preview(
             were published (the cause is ``__cause__``).
     """
     url = preview_url(dest)
+    where = Location.of(url, storage_options)
     try:
-        put_file(os.fspath(png), url, storage_options=storage_options)
+        where.put(local=png)
     except OSError as e:
-        fs, png_path = url_to_fs(url, storage_options)
         with contextlib.suppress(OSError):
-            fs.rm_file(png_path)
+            where.fs.rm_file(where.path)
         raise PreviewPublishError(
             f"{redact_url(published.url)} and its manifest were published; only the preview "
             f"{redact_url(url)} could not be written: {describe_os_error(e)}",

@@ -20,9 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import BusyError
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.locks import folder_lock
 from h5forge.publish.history import apply_retention, check_retention
 from h5forge.publish.manifest import manifest_url
@@ -71,7 +70,7 @@ class VersionResult:
 
 def publish_version(
     local_file: str | os.PathLike[str],
-    url: str,
+    url: str | Location,
     *,
     storage_options: dict[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
@@ -91,8 +90,8 @@ def publish_version(
 
     Args:
         local_file: the finished, sealed file.
-        url: the asset, ``BASE`` or ``BASE.h5`` (local path or fsspec URL).
-        storage_options: passed to fsspec; never recorded.
+        url: the asset, ``BASE`` or ``BASE.h5`` (local path, fsspec URL or ``Location``).
+        storage_options: passed to fsspec with a URL string; never recorded.
         extra: more manifest fields, as for :func:`h5forge.publish.storage.publish`;
             ``parent`` and ``published_at`` are set here and may not be given.
         keep_versions: versions retention keeps (>= 1; the latest is always kept).
@@ -127,12 +126,14 @@ def publish_version(
             f"extra sets {reserved}, which publish_version records itself (the previous latest "
             "version's sha256, the time of the publish); remove them"
         )
-    read_pointer(url, storage_options=storage_options)  # checks the URL and the pointer first
+    asset = Location.of(url, storage_options)
+    url = asset.url
+    read_pointer(asset)  # checks the URL and the pointer first
     # One local hash names the version and checks its copy: publish() gets it, not recomputes it.
-    sha = sha256 if sha256 is not None else sha256_file(local)
+    sha = sha256 if sha256 is not None else Location.of(local).sha256()
     target = version_url(url, sha)
-    with _asset_lock(url, storage_options):
-        pointer = read_pointer(url, storage_options=storage_options)
+    with _asset_lock(asset):
+        pointer = read_pointer(asset)
         if based_on is not None and pointer is not None and sha != pointer.sha256 != based_on:
             raise BusyError(
                 f"{redact_url(pointer_url(url))} moved to version {pointer.sha256[:KEY_HEX]} "
@@ -147,23 +148,20 @@ def publish_version(
             parent = pointer.parent
         else:
             parent = pointer.sha256
-        if sidecars is not None and _unpublished(target, storage_options):
+        if sidecars is not None and _unpublished(asset.with_url(target)):
             sidecars(target)
         published = publish(
             local,
-            target,
-            storage_options=storage_options,
+            asset.with_url(target),
             overwrite=False,  # a version's key is never written over
             # created_at has whole seconds; this orders versions published within one.
             extra={**fields, "parent": parent, "published_at": _now_us()},
             sha256=sha,
         )
         if pointer is None or pointer.sha256 != sha:
-            write_pointer(url, sha, parent=parent, storage_options=storage_options)
+            write_pointer(asset, sha, parent=parent)
             log.info("%s now names version %s", redact_url(pointer_url(url)), sha[:KEY_HEX])
-        removed = apply_retention(
-            url, keep_versions=keep_versions, min_age_s=min_age_s, storage_options=storage_options
-        )
+        removed = apply_retention(asset, keep_versions=keep_versions, min_age_s=min_age_s)
     return VersionResult(
         url=published.url,
         manifest_url=redact_url(manifest_url(target)),
@@ -178,23 +176,23 @@ def publish_version(
 
 
 @contextmanager
-def _asset_lock(url: str, storage_options: dict[str, Any] | None) -> Iterator[None]:
+def _asset_lock(asset: Location) -> Iterator[None]:
     """On a local store, publishers of one asset take turns (a lock on its folder ``BASE``);
     object stores have no lock: there the deployment's concurrency limit serialises builds."""
-    fs, base = url_to_fs(asset_base(url), storage_options)
-    if not is_local(fs):
+    base = asset.with_url(asset_base(asset.url))
+    if not base.is_local:
         yield
         return
-    fs.makedirs(base, exist_ok=True)
-    with folder_lock(base):
+    base.fs.makedirs(base.path, exist_ok=True)
+    with folder_lock(base.path):
         yield
 
 
-def _unpublished(target: str, storage_options: dict[str, Any] | None) -> bool:
-    """The version at ``target`` has no manifest yet (its sidecars may still be written)."""
-    fs, mpath = url_to_fs(manifest_url(target), storage_options)
-    fs.invalidate_cache(mpath)
-    return not fs.exists(mpath)
+def _unpublished(version: Location) -> bool:
+    """The version at ``version`` has no manifest yet (its sidecars may still be written)."""
+    sidecar = version.sidecar
+    sidecar.fs.invalidate_cache(sidecar.path)
+    return not sidecar.fs.exists(sidecar.path)
 
 
 def _now_us() -> str:

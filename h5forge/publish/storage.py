@@ -6,8 +6,9 @@ the file has been read back from the destination and matched byte for byte, so a
 finds a manifest can trust the file next to it. When replacing, the old manifest is removed
 first, so no reader ever sees a manifest that disagrees with its file.
 
-How the bytes are written (temp name, rename, read-back, stale-temp cleanup) is
-:mod:`h5forge.publish.copy`; the manifest itself is :mod:`h5forge.publish.manifest`.
+How the bytes are written (temp name, rename) is :meth:`h5forge.location.Location.put`; the
+read-back and stale-temp cleanup are :mod:`h5forge.publish.copy`; the manifest itself is
+:mod:`h5forge.publish.manifest`.
 """
 
 from __future__ import annotations
@@ -21,22 +22,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
-from h5forge.hashing import sha256_file, sha256_of
+from h5forge.location import Location, fsync_dir, temp_copy
 from h5forge.locks import folder_lock
-from h5forge.publish.copy import fsync_dir, put, read_back, remove_stale_temps, temp_copy
+from h5forge.publish.copy import read_back, remove_stale_temps
 from h5forge.publish.manifest import (
     COMPUTED_FIELDS,
     MANIFEST_SUFFIX,
     load_manifest,
     manifest_bytes,
-    manifest_url,
 )
-from h5forge.redact import redact_url
 
-__all__ = ["PublishResult", "publish", "put_file"]
+__all__ = ["PublishResult", "publish"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +60,7 @@ class PublishResult:
 
 def publish(
     local_file: str | os.PathLike[str],
-    dest_url: str,
+    dest_url: str | Location,
     *,
     storage_options: Mapping[str, Any] | None = None,
     overwrite: bool = False,
@@ -83,8 +79,8 @@ def publish(
 
     Args:
         local_file: the finished, sealed file.
-        dest_url: where to publish it (local path or fsspec URL).
-        storage_options: passed to fsspec; never recorded.
+        dest_url: where to publish it (local path, fsspec URL or :class:`Location`).
+        storage_options: passed to fsspec with a URL string; never recorded.
         overwrite: replace a destination that holds different content.
         extra: more manifest fields: ``counts``, ``format_version``, ``source`` (a URL,
             redacted before recording) and any JSON-serialisable metadata (strings redacted).
@@ -102,49 +98,45 @@ def publish(
         ValueError: an argument is invalid.
     """
     local = os.fspath(local_file)
-    fields = _check_args(local, dest_url, extra)
-    fs, path = fsspec.core.url_to_fs(dest_url, **dict(storage_options or {}))
-    mpath = path + MANIFEST_SUFFIX
-    shown, mshown = redact_url(dest_url), redact_url(manifest_url(dest_url))
-    sha = _check_sha256(sha256) if sha256 is not None else sha256_file(local)
-    size = os.path.getsize(local)
-    target = _Target(fs, path, mpath, shown, mshown, sha, size, fields, overwrite)
-    settled = _settled(target)  # fail fast, before copying anything
+    dest = Location.of(dest_url, storage_options)
+    fields = _check_args(local, dest, extra)
+    sha = _check_sha256(sha256) if sha256 is not None else Location.of(local).sha256()
+    asset = _Asset(sha, os.path.getsize(local), fields)
+    settled = _settled(dest, asset, overwrite=overwrite)  # fail fast, before copying anything
     if settled is not None:
         return settled
-    if isinstance(fs, LocalFileSystem):
-        settled = _publish_local(target, local)
+    if dest.is_local:
+        settled = _publish_local(dest, asset, local, overwrite=overwrite)
         if settled is not None:
             return settled
     else:
-        if fs.exists(mpath):
-            fs.rm_file(mpath)  # first: a reader must never pair the old manifest with a new file
-        put(fs, path, local=local)
-        read_back(fs, path, sha, size, shown)
-        put(fs, mpath, data=manifest_bytes(sha, size, fields))  # last: the commit marker
-    log.info("published %s (%d bytes, sha256 %s)", shown, size, sha)
-    return target.result(unchanged=False)
+        sidecar = dest.sidecar
+        if sidecar.fs.exists(sidecar.path):
+            # First: a reader must never pair the old manifest with a new file.
+            sidecar.fs.rm_file(sidecar.path)
+        dest.put(local=local)
+        read_back(dest, asset.sha, asset.size)
+        sidecar.put(data=asset.manifest())  # last: the commit marker
+    log.info("published %s (%d bytes, sha256 %s)", dest, asset.size, asset.sha)
+    return asset.result(dest, unchanged=False)
 
 
 @dataclass(frozen=True)
-class _Target:
-    """One publish: where to, what (digest and size), and how (overwrite)."""
+class _Asset:
+    """What one publish writes: the file's digest and size, and its manifest's fields."""
 
-    fs: Any
-    path: str
-    mpath: str
-    shown: str
-    mshown: str
     sha: str
     size: int
     fields: dict[str, Any]
-    overwrite: bool
 
-    def result(self, *, unchanged: bool) -> PublishResult:
-        return PublishResult(self.shown, self.mshown, self.sha, self.size, unchanged=unchanged)
+    def manifest(self) -> bytes:
+        return manifest_bytes(self.sha, self.size, dict(self.fields))
+
+    def result(self, dest: Location, *, unchanged: bool) -> PublishResult:
+        return PublishResult(str(dest), str(dest.sidecar), self.sha, self.size, unchanged=unchanged)
 
 
-def _settled(t: _Target) -> PublishResult | None:
+def _settled(dest: Location, asset: _Asset, *, overwrite: bool) -> PublishResult | None:
     """What the destination already holds decides the publish, or None to go ahead.
 
     Returns ``unchanged`` when this exact asset is published; commits (writes the manifest of)
@@ -153,28 +145,30 @@ def _settled(t: _Target) -> PublishResult | None:
     Raises:
         FileExistsError: different content is there and ``overwrite`` is False.
     """
-    fs = t.fs
-    old = load_manifest(fs, t.mpath, t.mshown)
-    fs.invalidate_cache(t.path)
-    if not fs.exists(t.path):
+    fs, path = dest.fs, dest.path
+    old = load_manifest(dest.sidecar)
+    fs.invalidate_cache(path)
+    if not fs.exists(path):
         return None
-    if old and old["sha256"] == t.sha and old["bytes"] == t.size == fs.size(t.path):
-        log.info("%s already published with sha256 %s; nothing to do", t.shown, t.sha)
-        return t.result(unchanged=True)
-    if t.overwrite:
+    if old and old["sha256"] == asset.sha and old["bytes"] == asset.size == fs.size(path):
+        log.info("%s already published with sha256 %s; nothing to do", dest, asset.sha)
+        return asset.result(dest, unchanged=True)
+    if overwrite:
         return None
-    if old is None and fs.size(t.path) == t.size and sha256_of(fs, t.path) == t.sha:
+    if old is None and fs.size(path) == asset.size and dest.sha256() == asset.sha:
         # Same bytes without a manifest: an interrupted publish. Just commit it.
-        put(fs, t.mpath, data=manifest_bytes(t.sha, t.size, dict(t.fields)))
-        return t.result(unchanged=False)
+        dest.sidecar.put(data=asset.manifest())
+        return asset.result(dest, unchanged=False)
     found = old["sha256"] if old else "unknown (no manifest)"
     raise FileExistsError(
-        f"{t.shown!r} already exists with different content (sha256 {found}, "
-        f"publishing {t.sha}); pass overwrite=True to replace it"
+        f"{str(dest)!r} already exists with different content (sha256 {found}, "
+        f"publishing {asset.sha}); pass overwrite=True to replace it"
     )
 
 
-def _publish_local(t: _Target, local: str) -> PublishResult | None:
+def _publish_local(
+    dest: Location, asset: _Asset, local: str, *, overwrite: bool
+) -> PublishResult | None:
     """Copy to a temp name and read it back, then swap it in under a folder lock.
 
     The old manifest goes, the file is renamed into place and the new manifest is written in
@@ -182,36 +176,35 @@ def _publish_local(t: _Target, local: str) -> PublishResult | None:
     for the whole copy), and concurrent publishers of one destination take turns: each one
     re-checks what the other committed before replacing it.
     """
-    fs, parent = t.fs, posixpath.dirname(t.path)
-    fs.makedirs(parent, exist_ok=True)
+    path, sidecar = dest.path, dest.sidecar
+    parent = posixpath.dirname(path)
+    dest.fs.makedirs(parent, exist_ok=True)
     with folder_lock(parent):
-        remove_stale_temps(parent, posixpath.basename(t.path))
-    with temp_copy(t.path, local) as tmp:
-        read_back(fs, tmp.path, t.sha, t.size, t.shown)
+        remove_stale_temps(parent, posixpath.basename(path))
+    with temp_copy(path, local) as tmp:
+        read_back(dest.with_url(tmp.path), asset.sha, asset.size)
         with folder_lock(parent):
-            settled = _settled(t)
+            settled = _settled(dest, asset, overwrite=overwrite)
             if settled is not None:
                 return settled
-            if fs.exists(t.mpath):
-                os.remove(t.mpath)  # first: never the old manifest beside the new file
+            if sidecar.fs.exists(sidecar.path):
+                os.remove(sidecar.path)  # first: never the old manifest beside the new file
             # Unlock before the rename: HDF5 readers take a shared lock on the file they open
             # and would fail on ours. Stale-temp cleanup also runs under the folder lock, so
             # it cannot take the temp file in between.
             tmp.unlock()
-            os.rename(tmp.path, t.path)
+            os.rename(tmp.path, path)
             fsync_dir(parent)
-            put(
-                fs, t.mpath, data=manifest_bytes(t.sha, t.size, dict(t.fields))
-            )  # the commit marker
+            sidecar.put(data=asset.manifest())  # the commit marker
     return None
 
 
-def _check_args(local: str, dest_url: str, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+def _check_args(local: str, dest: Location, extra: Mapping[str, Any] | None) -> dict[str, Any]:
     if not os.path.isfile(local):
         raise FileNotFoundError(f"local_file {local!r} does not exist or is not a file")
-    if not dest_url or dest_url.endswith(MANIFEST_SUFFIX):
+    if dest.url.endswith(MANIFEST_SUFFIX):
         raise ValueError(
-            f"dest_url={redact_url(dest_url)!r} is not a file URL: pass the asset's URL "
+            f"dest_url={str(dest)!r} is not a file URL: pass the asset's URL "
             f"(e.g. s3://bucket/data.h5), not empty or a *{MANIFEST_SUFFIX}"
         )
     fields = dict(extra or {})
@@ -229,18 +222,3 @@ def _check_sha256(value: str) -> str:
     if not isinstance(value, str) or not _SHA256_HEX.fullmatch(value):
         raise ValueError(f"sha256={value!r} is not 64 lower-case hexadecimal digits")
     return value
-
-
-def put_file(
-    local_file: str | os.PathLike[str],
-    dest_url: str,
-    *,
-    storage_options: Mapping[str, Any] | None = None,
-) -> None:
-    """Copy a (small) local file to ``dest_url``, without verification or manifest.
-
-    A local destination gets a temp name, fsync and a rename: whatever had the name (a file, a
-    planted symlink) is replaced, never written through. Other stores get a plain upload.
-    """
-    fs, path = fsspec.core.url_to_fs(dest_url, **dict(storage_options or {}))
-    put(fs, path, local=os.fspath(local_file))

@@ -24,8 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from h5forge.asset.open import url_to_fs
-from h5forge.publish.copy import put
+from h5forge.location import MAX_VERSION_MANIFEST_BYTES, Location
 from h5forge.redact import redact_url
 
 __all__ = [
@@ -44,7 +43,6 @@ __all__ = [
 POINTER_SUFFIX = ".latest.json"
 POINTER_FORMAT = "h5forge-latest"
 _POINTER_VERSION = 1
-_MAX_POINTER_BYTES = 64 * 1024  # a pointer is a few hundred bytes
 KEY_HEX = 16  # hex digits of the sha256 in a version's key: 64 bits, no collision in practice
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _PREFIX = re.compile(r"^[0-9a-f]{16,64}$")
@@ -107,7 +105,11 @@ class Pointer:
 
 
 def write_pointer(
-    url: str, sha256: str, *, parent: str = "", storage_options: dict[str, Any] | None = None
+    url: str | Location,
+    sha256: str,
+    *,
+    parent: str = "",
+    storage_options: dict[str, Any] | None = None,
 ) -> Pointer:
     """Make the version with this sha256 the asset's latest, in one step; written last.
 
@@ -115,7 +117,8 @@ def write_pointer(
     """
     if not _SHA256.match(sha256) or (parent and not _SHA256.match(parent)):
         raise ValueError(f"sha256 {sha256!r} / parent {parent!r} must be 64 lower-case hex digits")
-    base = asset_base(url)
+    where = Location.of(url, storage_options)
+    base = asset_base(where.url)
     pointer = Pointer(
         url=version_url(base, sha256),
         sha256=sha256,
@@ -131,34 +134,31 @@ def write_pointer(
         "published_at": pointer.published_at,
         "parent": parent,
     }
-    fs, path = url_to_fs(pointer_url(base), storage_options)
-    put(fs, path, data=(json.dumps(body, sort_keys=True, indent=1) + "\n").encode())
+    where.with_url(pointer_url(base)).put(
+        data=(json.dumps(body, sort_keys=True, indent=1) + "\n").encode()
+    )
     return pointer
 
 
-def read_pointer(url: str, *, storage_options: dict[str, Any] | None = None) -> Pointer | None:
+def read_pointer(
+    url: str | Location, *, storage_options: dict[str, Any] | None = None
+) -> Pointer | None:
     """The asset's latest version, from its pointer; None when it has none.
 
     Raises:
         ValueError: the pointer is larger than 64 KiB, not JSON, of another format, or names a
             digest that is not a sha256 (the message names the pointer and the fix).
     """
-    base = asset_base(url)
-    target = pointer_url(base)
-    fs, path = url_to_fs(target, storage_options)
-    shown = redact_url(target)
+    where = Location.of(url, storage_options)
+    base = asset_base(where.url)
+    target = where.with_url(pointer_url(base))
+    shown = str(target)
     try:
         # One ranged GET: no size lookup first (fs.open would add a HEAD, and could trust a
         # cached listing's stale size), and never more than the bound is read.
-        raw = fs.cat_file(path, start=0, end=_MAX_POINTER_BYTES + 1)
+        body = target.read_json(limit=MAX_VERSION_MANIFEST_BYTES, what="version manifest")
     except FileNotFoundError:
         return None
-    if len(raw) > _MAX_POINTER_BYTES:
-        raise ValueError(f"{shown} is over {_MAX_POINTER_BYTES} bytes: not an h5forge pointer")
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{shown} is not JSON ({e}); publish the asset again") from None
     if not isinstance(body, dict) or body.get("format") != POINTER_FORMAT:
         raise ValueError(f"{shown} is not an h5forge pointer (format {POINTER_FORMAT!r})")
     if body.get("format_version") != _POINTER_VERSION:
@@ -182,7 +182,7 @@ def read_pointer(url: str, *, storage_options: dict[str, Any] | None = None) -> 
 
 
 def resolve_version(
-    url: str, version: str, *, storage_options: dict[str, Any] | None = None
+    url: str | Location, version: str, *, storage_options: dict[str, Any] | None = None
 ) -> tuple[str, str]:
     """``(file URL, sha256 or prefix)`` of ``version`` (``latest`` or a sha256 prefix).
 
@@ -193,8 +193,10 @@ def resolve_version(
         FileNotFoundError: the asset has no pointer (``latest``) or no such version.
         ValueError: ``version`` is neither ``latest`` nor 16-64 lower-case hex digits.
     """
+    where = Location.of(url, storage_options)
+    url = where.url
     if version == "latest":
-        pointer = read_pointer(url, storage_options=storage_options)
+        pointer = read_pointer(where)
         if pointer is None:
             raise FileNotFoundError(
                 f"no {redact_url(pointer_url(url))}: the asset has no published version; "
@@ -207,7 +209,7 @@ def resolve_version(
             "version's sha256 (see `h5forge versions URL`)"
         )
     found = version_url(url, version)
-    fs, path = url_to_fs(found, storage_options)
-    if not fs.exists(path):
+    file = where.with_url(found)
+    if not file.fs.exists(file.path):
         raise FileNotFoundError(f"no version {version} of {redact_url(asset_base(url))}")
     return found, version

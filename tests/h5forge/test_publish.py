@@ -23,7 +23,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from h5forge.errors import ChecksumError
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.publish.manifest import manifest_url, read_manifest
 from h5forge.publish.storage import publish
 
@@ -179,14 +179,14 @@ def test_different_content_needs_overwrite(backend: Backend, asset: Path, tmp_pa
 
     with pytest.raises(FileExistsError, match=r"set\.h5.*overwrite=True"):
         publish(newer, url, storage_options=backend.options)
-    assert sha256_file(url, storage_options=backend.options) == old_manifest["sha256"]
+    assert Location.of(url, backend.options).sha256() == old_manifest["sha256"]
     assert read_manifest(url, storage_options=backend.options) == old_manifest
 
     backend.clear()
     result = publish(newer, url, storage_options=backend.options, overwrite=True)
 
     assert not result.unchanged
-    assert sha256_file(url, storage_options=backend.options) == result.sha256
+    assert Location.of(url, backend.options).sha256() == result.sha256
     assert read_manifest(url, storage_options=backend.options)["sha256"] == result.sha256
     events = [e for e in backend.events() if not e[1].startswith(".")]
     first_file_write = events.index(("write", "set.h5"))
@@ -253,13 +253,13 @@ def test_manifest_errors(tmp_path: Path, asset: Path):
 
 
 def test_an_oversized_manifest_is_refused_after_a_bounded_read(backend: Backend) -> None:
-    from h5forge.publish.manifest import MAX_MANIFEST_BYTES
+    from h5forge.location import MAX_SIDECAR_BYTES
 
     url = f"{backend.base}/big.h5"
     fs, path = fsspec.core.url_to_fs(manifest_url(url), **backend.options)
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
     # Valid JSON at its start, so only the bound can refuse it.
-    body = b'{"format": "h5forge", "pad": "' + b"x" * (MAX_MANIFEST_BYTES + 4096) + b'"}'
+    body = b'{"format": "h5forge", "pad": "' + b"x" * (MAX_SIDECAR_BYTES + 4096) + b'"}'
     size = len(body)
     fs.pipe_file(path, body)
     with pytest.raises(ValueError, match=rf"big\.h5\.manifest\.json.* is {size} bytes, over"):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from h5forge.location import MAX_LINEAGE_BYTES
 from h5forge.pack.writer import PackResult
 from h5forge.publish.lineage import (
-    MAX_SOURCES_BYTES,
     count_changes,
     read_sources,
     sources_url,
@@ -29,7 +29,7 @@ def test_a_map_round_trips_and_a_missing_one_is_none(tmp_path: Path) -> None:
     assert read_sources(version) is None
     assert write_sources(version, {"a/1.jpg": "3:4"})
     assert read_sources(version) == {"a/1.jpg": "3:4"}
-    assert not write_sources(version, {"big": "y" * MAX_SOURCES_BYTES})
+    assert not write_sources(version, {"big": "y" * MAX_LINEAGE_BYTES})
     assert read_sources(version) == {"a/1.jpg": "3:4"}  # the bound left the old map alone
 
 
@@ -39,7 +39,7 @@ def test_a_map_round_trips_and_a_missing_one_is_none(tmp_path: Path) -> None:
         (b"{not json", "not JSON"),
         (json.dumps({"format": "other", "files": {}}).encode(), "not an h5forge sources map"),
         (json.dumps({"format": "h5forge-sources", "files": {"a": 1}}).encode(), "sources map"),
-        (b" " * (MAX_SOURCES_BYTES + 1), "over"),
+        (b" " * (MAX_LINEAGE_BYTES + 1), "over"),
     ],
 )
 def test_a_hostile_map_is_refused(tmp_path: Path, body: bytes, match: str) -> None:

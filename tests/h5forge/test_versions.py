@@ -21,7 +21,7 @@ import pytest
 
 from h5forge.asset.open import open_h5
 from h5forge.errors import BusyError, ChecksumError
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.pack.writer import PackResult
 from h5forge.publish.history import apply_retention, list_versions, scan_versions
 from h5forge.publish.manifest import manifest_url, read_manifest
@@ -91,7 +91,7 @@ def test_v2_becomes_latest_and_v1_still_opens(
     v2 = publish_version(packed_encoded.path, url, storage_options=store.options)
 
     assert (v1.parent, v2.parent) == ("", v1.sha256)
-    assert v2.sha256 == sha256_file(packed_encoded.path)
+    assert v2.sha256 == Location.of(packed_encoded.path).sha256()
     assert v2.version == v2.sha256[:16]
     assert v2.url == version_url(url, v2.sha256) == f"{url}/v/{v2.version}/flowers.h5"
     assert v2.pointer_url == f"{url}.latest.json"
@@ -103,7 +103,7 @@ def test_v2_becomes_latest_and_v1_still_opens(
     assert resolve_version(url + ".h5", "latest", storage_options=store.options)[0] == v2.url
     # The old version is untouched: byte for byte, and it opens as an h5forge file.
     assert store.cat(v1.url) == Path(packed_decoded.path).read_bytes()
-    with open_h5(v1.url, store.options) as h5:
+    with open_h5(Location(v1.url, store.options)) as h5:
         assert h5["images"].shape[0] == packed_decoded.num_samples
     manifest = read_manifest(v2.url, storage_options=store.options)
     assert (manifest["sha256"], manifest["parent"]) == (v2.sha256, v1.sha256)
@@ -370,7 +370,7 @@ def test_a_flat_asset_stays_beside_its_versions(
     assert v.url == f"{store.base}/flowers/v/{v.version}/flowers.h5"
     assert v.pointer_url == f"{store.base}/flowers.latest.json"
     assert (store.cat(flat), store.cat(manifest_url(flat))) == (old_file, old_manifest)
-    with open_h5(flat, store.options) as h5:  # the flat asset keeps opening as a file
+    with open_h5(Location(flat, store.options)) as h5:  # the flat asset keeps opening as a file
         assert h5["images"].shape[0] == packed_decoded.num_samples
     if store.requests is not None:
         assert not [
@@ -461,7 +461,7 @@ def test_a_given_sha256_is_checked_at_the_destination_not_trusted(
 ) -> None:
     url = f"{store.base}/set"
     local = _blob(tmp_path, "a")
-    other = sha256_file(_blob(tmp_path, "b"))
+    other = Location.of(_blob(tmp_path, "b")).sha256()
     with pytest.raises(ChecksumError, match=other):
         publish_version(local, url, storage_options=store.options, sha256=other)
     assert read_pointer(url, storage_options=store.options) is None
@@ -469,9 +469,9 @@ def test_a_given_sha256_is_checked_at_the_destination_not_trusted(
     with pytest.raises(ValueError, match="sha256='ABC' is not 64"):
         publish(local, f"{store.base}/flat.h5", storage_options=store.options, sha256="ABC")
     right = publish_version(
-        local, url, storage_options=store.options, sha256=sha256_file(local), min_age_s=0
+        local, url, storage_options=store.options, sha256=Location.of(local).sha256(), min_age_s=0
     )
-    assert right.sha256 == sha256_file(local)
+    assert right.sha256 == Location.of(local).sha256()
     assert store.cat(right.url) == local.read_bytes()
 
 
