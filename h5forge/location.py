@@ -35,6 +35,7 @@ import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cached_property
+from types import MappingProxyType
 from typing import IO, Any
 
 import fsspec
@@ -105,11 +106,11 @@ class Location:
     Attributes:
         url: the URL as given (may hold credentials in a signed query: print the Location,
             not this).
-        options: the fsspec storage options (never printed, pickled as given).
+        options: the fsspec storage options, read-only (never printed, pickled as given).
     """
 
     url: str
-    options: dict[str, Any]
+    options: Mapping[str, Any]
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         if not isinstance(url, str) or not url:
@@ -123,7 +124,7 @@ class Location:
                 f"{type(storage_options).__name__}"
             )
         object.__setattr__(self, "url", url)
-        object.__setattr__(self, "options", dict(storage_options or {}))
+        object.__setattr__(self, "options", MappingProxyType(dict(storage_options or {})))
 
     @classmethod
     def of(
@@ -158,7 +159,7 @@ class Location:
         raise AttributeError(f"Location is immutable; cannot set {name!r}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Location, (self.url, self.options))  # never the resolved filesystem
+        return (Location, (self.url, dict(self.options)))  # never the resolved filesystem
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Location):

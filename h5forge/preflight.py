@@ -26,6 +26,7 @@ import fsspec
 
 from h5forge.errors import DestinationExistsError
 from h5forge.files import create_exclusive
+from h5forge.location import Location
 from h5forge.messages import describe_os_error, reworded
 from h5forge.redact import redact_url
 from h5forge.text import printable
@@ -184,10 +185,8 @@ def check_destination(
     """
     path = local_path(dest)
     if path is None:
-        from h5forge.asset.open import url_to_fs
-
-        fs, remote = url_to_fs(dest, storage_options)
-        if not overwrite and fs.exists(remote):
+        where = Location.of(dest, storage_options)
+        if not overwrite and where.fs.exists(where.path):
             raise DestinationExistsError(redact_url(dest))
         return
     target = path.resolve()

@@ -8,8 +8,9 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.index import check_index, check_labels, load_index
-from h5forge.asset.open import open_h5, url_to_fs
+from h5forge.asset.open import open_h5
 from h5forge.asset.target_layout import file_schema
+from h5forge.location import Location
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 
 __all__ = ["summarize"]
@@ -29,7 +30,10 @@ def _plain(value: Any) -> Any:
 
 
 def summarize(
-    url: str, *, storage_options: dict[str, Any] | None = None, max_quarantined: int = 50
+    url: str | Location,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    max_quarantined: int = 50,
 ) -> dict[str, Any]:
     """Summarise the file at ``url`` (sealed or not — the summary says which).
 
@@ -44,8 +48,9 @@ def summarize(
             docs/FORMAT.md, "What readers refuse".
         MissingExtraError: the file is compressed with a codec that needs ``hdf5plugin``.
     """
-    fs, path = url_to_fs(url, storage_options)
-    with open_h5(url, storage_options) as h5:
+    where = Location.of(url, storage_options)
+    url = where.url
+    with open_h5(where) as h5:
         idx = load_index(h5, where=url, require_sealed=False)
         if idx.header.sealed:  # what a reader refuses, inspect refuses too
             check_index(idx, h5.id.get_filesize(), where=url, max_pixels=DEFAULT_MAX_PIXELS)
@@ -63,7 +68,7 @@ def summarize(
         schema = file_schema(idx.header, where=url)
         return {
             "url": url,
-            "bytes": int(fs.size(path)),
+            "bytes": int(where.fs.size(where.path)),
             "sealed": idx.header.sealed,
             "attributes": attrs,
             "config": _plain(h5.attrs.get(fmt.A_CONFIG_JSON, "")),

@@ -16,8 +16,8 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.events import emit_event
 
-from h5forge.asset.open import url_to_fs
 from h5forge.errors import IntegrityError
+from h5forge.location import Location
 from h5forge.publish import manifest as manifests
 from h5forge.publish.versions import read_pointer
 from h5forge.redact import redact_text, redact_url
@@ -130,8 +130,8 @@ def check_manifest(
 def resolve_asset(url: str, *, storage_options: dict[str, Any] | None = None) -> str:
     """The file to verify: ``url`` itself, or, when no file is there and the asset has a
     ``NAME.latest.json`` pointer (a versioned build), the version that pointer names."""
-    fs, path = url_to_fs(url, storage_options)
-    if fs.isfile(path):
+    where = Location.of(url, storage_options)
+    if where.fs.isfile(where.path):
         return url
-    pointer = read_pointer(url, storage_options=storage_options)
+    pointer = read_pointer(where)
     return url if pointer is None else pointer.url

@@ -1,8 +1,7 @@
-"""Open an asset by URL: the seam between local and remote files, and HDF5's view of them.
+"""Open an asset at a :class:`~h5forge.location.Location`: HDF5's view of local and remote files.
 
-This is the one place that tells local files from remote ones (:func:`url_to_fs`,
-:func:`is_local`). Local files are opened by HDF5 itself; remote files through a ranged file
-object for HDF5's ``fileobj`` driver.
+Local files (:attr:`Location.is_local <h5forge.location.Location.is_local>`) are opened by HDF5
+itself; remote files through a ranged file object for HDF5's ``fileobj`` driver.
 
 Opening a remote file costs two requests for files this version writes: one ``info`` (the size,
 which HDF5 checks against the end address in the superblock) and one ranged read of the head of
@@ -21,14 +20,13 @@ import stat
 from collections import OrderedDict
 from typing import Any
 
-import fsspec
 import h5py
-from fsspec.implementations.local import LocalFileSystem
 
 from h5forge.asset import structure
 from h5forge.errors import H5ForgeError, IntegrityError
+from h5forge.location import Location
 
-__all__ = ["H5_DAMAGE", "Opened", "is_local", "open_h5", "url_to_fs"]
+__all__ = ["H5_DAMAGE", "Opened", "open_h5"]
 
 # The first read of a remote file fetches this much from offset 0: the writer keeps everything
 # an open needs there (about 25 bytes per sample of index), so one request serves the open of
@@ -39,16 +37,6 @@ _HEAD_BYTES = 1 << 20
 _MISS_BLOCK = 64 << 10
 # Bytes of fetched ranges a remote file object keeps (oldest dropped first).
 _CACHE_BYTES = 64 << 20
-
-
-def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
-    """Resolve ``url`` to ``(filesystem, path)``; plain paths are local files."""
-    return fsspec.core.url_to_fs(str(url), **(storage_options or {}))
-
-
-def is_local(fs: Any) -> bool:
-    """True when ``fs`` is the local filesystem (the reader can use ``pread``)."""
-    return isinstance(fs, LocalFileSystem)
 
 
 # What h5py, HDF5 and numpy raise when a file's structure is damaged (bad object header,
@@ -161,8 +149,8 @@ class Opened:
         self.close()
 
 
-def open_h5(url: str, storage_options: dict[str, Any] | None = None) -> Opened:
-    """Open an HDF5 file read-only from a local path or any fsspec URL.
+def open_h5(where: Location) -> Opened:
+    """Open the HDF5 file at ``where`` read-only (a local path or any fsspec URL).
 
     Remote files cost one ``info`` request and one ranged read of the file's head for files this
     version writes (see the module docstring). Every link and dataset of the file is checked
@@ -171,12 +159,13 @@ def open_h5(url: str, storage_options: dict[str, Any] | None = None) -> Opened:
     file uses are resolved (``hdf5plugin`` is imported when one needs it).
 
     Raises:
-        FileNotFoundError: nothing at ``url``.
+        FileNotFoundError: nothing at ``where``.
         IntegrityError: the file exists but HDF5 cannot open it (truncated or not HDF5), or it
             holds a link, virtual dataset or external storage, or an unknown filter.
         MissingExtraError: the file uses a plugin filter and ``hdf5plugin`` is not installed.
     """
-    opened = _open(url, storage_options)
+    opened = _open(where)
+    url = where.url
     try:
         structure.check_links(opened.h5, where=url)
     except BaseException as e:
@@ -190,10 +179,10 @@ def open_h5(url: str, storage_options: dict[str, Any] | None = None) -> Opened:
     return opened
 
 
-def _open(url: str, storage_options: dict[str, Any] | None) -> Opened:
-    fs, path = url_to_fs(url, storage_options)
+def _open(where: Location) -> Opened:
+    url, fs, path = where.url, where.fs, where.path
     try:
-        if is_local(fs):
+        if where.is_local:
             if not os.path.exists(path):
                 raise FileNotFoundError(f"no file at {url}")
             if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open

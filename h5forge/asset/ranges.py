@@ -20,11 +20,11 @@ from h5forge.asset.coalesce import (
     ReadStats,
     RemoteRanges,
 )
-from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import IntegrityError
+from h5forge.location import Location
 from h5forge.platforms import require_calls
 
-__all__ = ["RangeReader", "open_ranges"]
+__all__ = ["RangeReader"]
 
 # Most buffers one preadv call takes (IOV_MAX).
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -41,8 +41,7 @@ class RangeReader:
 
     def __init__(
         self,
-        url: str,
-        storage_options: dict[str, Any] | None = None,
+        where: Location,
         *,
         max_gap: int = DEFAULT_MAX_GAP,
         max_request: int = DEFAULT_MAX_REQUEST,
@@ -51,11 +50,11 @@ class RangeReader:
         size: int | None = None,
         store: BlockSource | None = None,
     ) -> None:
-        self.url = url
-        self._fs, self._path = url_to_fs(url, storage_options)
+        self.url = where.url
+        self._fs, self._path = where.fs, where.path
         self._fd: int | None = None
         self.remote: RemoteRanges | None = None
-        if is_local(self._fs):
+        if where.is_local:
             require_calls("batched local reads", "preadv")
             self._fd = os.open(self._path, os.O_RDONLY)
             if hasattr(os, "posix_fadvise"):
@@ -148,8 +147,3 @@ class RangeReader:
             f"{self.url}: read of {want} bytes at offset {offset} returned {got}; the file is "
             "truncated — re-fetch or re-pack it"
         )
-
-
-def open_ranges(url: str, storage_options: dict[str, Any] | None = None) -> RangeReader:
-    """Return a :class:`RangeReader` for ``url`` (default coalescing and read-ahead)."""
-    return RangeReader(url, storage_options)

@@ -24,10 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from h5forge.asset.open import url_to_fs
 from h5forge.fetch.connect import check_headers, open_response
+from h5forge.location import Location
 from h5forge.paths import MAX_DEPTH
-from h5forge.redact import redact_url
 
 __all__ = ["MAX_FILES", "SourceFingerprint", "files_digest", "source_fingerprint"]
 
@@ -88,13 +87,13 @@ def source_fingerprint(
         if len(digest) != _SHA256_LEN or any(c not in "0123456789abcdef" for c in digest):
             raise ValueError(f"sha256 {sha256!r} is not 64 hexadecimal digits")
         return _made("pinned", {"": f"sha256:{digest}"})
-    shown = redact_url(url)
+    where = Location.of(url, storage_options)
+    shown = str(where)
     if url.split("://", 1)[0].lower() in ("http", "https"):
-        return _http(url, shown, storage_options or {})
-    if "://" not in url or url.startswith("file://"):
-        local = url[len("file://") :] if url.startswith("file://") else url
-        return _local(os.path.abspath(os.path.expanduser(local)), shown, max_files)
-    fs, path = url_to_fs(url, storage_options)
+        return _http(url, shown, where.options)
+    if where.is_local:
+        return _local(where.path, shown, max_files)
+    fs, path = where.fs, where.path
     if fs.isdir(path):
         return _prefix(fs, path, shown, max_files)
     if not fs.isfile(path):

@@ -3,7 +3,7 @@
 ``fetch`` is the one entry point. Local folders are used in place. Archives (local, ``http(s)``
 or any fsspec URL) are downloaded into a content-addressed cache, checked against ``sha256``
 and extracted safely. Object-store prefixes (``s3://``, ``gs://``, ``memory://`` ...) are copied
-with bounded concurrency. Every location goes through ``fsspec.core.url_to_fs`` except
+with bounded concurrency. Every location is a :class:`~h5forge.location.Location` except
 ``http(s)``, which uses our own resumable client (see ``h5forge.fetch.http`` for why).
 """
 
@@ -18,9 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 from h5forge.fetch.body import Limits
 from h5forge.fetch.cache import cached_download, check_digest
 from h5forge.fetch.connect import check_headers
@@ -29,7 +26,7 @@ from h5forge.fetch.extract import detect_archive, safe_extract
 from h5forge.fetch.http import download
 from h5forge.fetch.objects import copy_prefix, stream_object
 from h5forge.fetch.staging import commit, discard, exclusive
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.redact import redact_url
 
 __all__ = ["FetchResult", "fetch"]
@@ -148,11 +145,12 @@ def fetch(
 
         blob, digest, hit = cached_download(cache, url, expected, shown, get)
         return _unpack(blob, target, shown, digest, hit, caps)
-    fs, path = fsspec.core.url_to_fs(url, **options)
+    where = Location.of(url, options)
+    fs, path = where.fs, where.path
     if fs.isdir(path):
         if expected:
             raise ValueError(f"sha256 was given but {shown!r} is a folder; pass sha256=None")
-        if isinstance(fs, LocalFileSystem):
+        if where.is_local:
             return FetchResult(
                 root=os.path.abspath(path), source_url=shown, sha256="", cached=False
             )
@@ -160,8 +158,8 @@ def fetch(
         return FetchResult(root=single_root(target), source_url=shown, sha256="", cached=False)
     if not fs.isfile(path):
         raise FileNotFoundError(f"nothing at {shown!r}: no such folder, prefix or archive")
-    if isinstance(fs, LocalFileSystem):  # already local: hash and extract it where it is
-        digest = sha256_file(path)
+    if where.is_local:  # already local: hash and extract it where it is
+        digest = where.sha256()
         check_digest(expected, digest, shown)
         return _unpack(Path(path), target, shown, digest, False, caps)
     blob, digest, hit = cached_download(

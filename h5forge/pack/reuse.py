@@ -33,6 +33,7 @@ from h5forge.asset.index import check_index, load_index
 from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.discover.catalog import Catalog
 from h5forge.errors import H5ForgeError
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.copied import StoredRun
 from h5forge.pack.previous import Previous, file_identity
@@ -124,7 +125,7 @@ class SampleSource:
 
     def _plan(self, reuse: Reuse) -> None:
         where, cfg = reuse.path, self.config
-        with open_h5(reuse.path) as h5:
+        with open_h5(Location(reuse.path)) as h5:
             identity = file_identity(os.fstat(h5.id.get_vfd_handle()))
             index = load_index(h5, where=where)
             check_index(
@@ -214,7 +215,7 @@ class SampleSource:
         if prev is None or not self._rows:
             return iter(())
         if prev.filtered:
-            opened = open_h5(prev.path)
+            opened = open_h5(Location(prev.path))
             stack.callback(opened.close)
             fd = opened.h5.id.get_vfd_handle()
         else:

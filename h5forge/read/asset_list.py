@@ -13,29 +13,25 @@ asset as a URL, a ``(url, version)`` pair or a dict ``{"url": ..., "version": ..
 :func:`h5forge.read.version.pin_version`) and ``weight`` (a finite number > 0, default 1; the
 asset's share in :class:`h5forge.read.mixing.MixingSampler`) are optional, other keys are
 refused. A relative ``url`` is relative to the manifest's folder. A manifest is at most
-:data:`MAX_MANIFEST_BYTES` and names at most :data:`MAX_ASSETS` assets.
+:data:`h5forge.location.MAX_ASSET_LIST_BYTES` and names at most :data:`MAX_ASSETS` assets.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
-from h5forge.asset.open import url_to_fs
-from h5forge.redact import redact_url
+from h5forge.location import MAX_ASSET_LIST_BYTES, Location
 from h5forge.targets.schema import Column
 from h5forge.targets.words import describe_columns
 
 __all__ = [
     "MANIFEST_FORMAT",
     "MAX_ASSETS",
-    "MAX_MANIFEST_BYTES",
     "AssetSource",
     "check_same_targets",
     "parse_sources",
@@ -44,7 +40,6 @@ __all__ = [
 ]
 
 MANIFEST_FORMAT = "h5forge-shards"
-MAX_MANIFEST_BYTES = 4 * 2**20  # 10,000 entries of a few hundred bytes fit in 4 MiB
 MAX_ASSETS = 10_000
 _MAX_URL_CHARS = 4096
 _KEYS = frozenset({"url", "version", "weight"})
@@ -120,30 +115,19 @@ def _relative_to(manifest: str, url: str) -> str:
     return manifest.rsplit("/", 1)[0] + "/" + url  # "memory://m.json" -> "memory://" + url
 
 
-def read_asset_manifest(
-    url: str, *, storage_options: dict[str, Any] | None = None
-) -> list[AssetSource]:
+def read_asset_manifest(where: Location) -> list[AssetSource]:
     """The assets a shard manifest names, checked (see the module for the format).
 
     Raises:
-        FileNotFoundError: no manifest at ``url``.
-        ValueError: the manifest is over :data:`MAX_MANIFEST_BYTES`, not JSON, of another
-            format or version, names no asset or more than :data:`MAX_ASSETS`, or an entry
-            is malformed; the message names the manifest (and the entry).
+        FileNotFoundError: no manifest at ``where``.
+        ValueError: the manifest is over :data:`h5forge.location.MAX_ASSET_LIST_BYTES`, not
+            JSON, of another format or version, names no asset or more than
+            :data:`MAX_ASSETS`, or an entry is malformed; the message names the manifest (and
+            the entry).
     """
-    shown = redact_url(url)
-    fs, path = url_to_fs(url, storage_options)
+    shown = str(where)
     # One bounded read: never more than the limit is fetched, whatever the file's size.
-    raw = fs.cat_file(path, start=0, end=MAX_MANIFEST_BYTES + 1)
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise ValueError(
-            f"{shown} is over {MAX_MANIFEST_BYTES} bytes: not a shard manifest "
-            f"(one names at most {MAX_ASSETS} assets)"
-        )
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{shown} is not JSON ({e}); write it as a shard manifest") from None
+    body = where.read_json(limit=MAX_ASSET_LIST_BYTES, what="asset list")
     if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT:
         raise ValueError(f'{shown} is not a shard manifest: it needs "format": "{MANIFEST_FORMAT}"')
     if body.get("version") != 1:
@@ -162,7 +146,7 @@ def read_asset_manifest(
         if not isinstance(item, dict):
             raise ValueError(f"{shown}: assets[{k}] must be an object with 'url'")
         found = _entry(item, f"{shown}: assets[{k}]")
-        out.append(AssetSource(_relative_to(url, found.url), found.version, found.weight))
+        out.append(AssetSource(_relative_to(where.url, found.url), found.version, found.weight))
     return out
 
 

@@ -34,14 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from h5forge.asset.coalesce import DEFAULT_BLOCK_BYTES
-from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import IntegrityError
 from h5forge.files import create_exclusive, is_ours, make_marked_dir, replace_file
-from h5forge.hashing import sha256_file
+from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
 from h5forge.locks import lock_file
-from h5forge.publish.manifest import load_manifest, manifest_url
+from h5forge.publish.manifest import load_manifest
 from h5forge.read.block_cache import ENTRY_KIND, BlockStore, evict_cache
-from h5forge.redact import canonical_url, redact_url
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned"]
 
@@ -51,7 +49,6 @@ DEFAULT_CACHE_LIMIT = 50 << 30
 _KIND = ENTRY_KIND
 _ASSET, _RECORD = "asset.h5", "entry.json"
 _CHUNK = 8 << 20
-_RECORD_MAX = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -118,10 +115,8 @@ class FileCache:
                 "can write, or leave cache_dir unset to read remotely"
             )
 
-    def local_copy(
-        self, url: str, storage_options: dict[str, Any] | None, sha256: str = ""
-    ) -> Pinned | None:
-        """The validated local copy of ``url``, downloaded on a miss; None when the asset is
+    def local_copy(self, where: Location, sha256: str = "") -> Pinned | None:
+        """The validated local copy of ``where``, downloaded on a miss; None when the asset is
         local already or larger than the limit (then read it remotely, its blocks kept in
         :meth:`block_store`).
 
@@ -138,7 +133,7 @@ class FileCache:
             ValueError: no manifest and no ``sha256``: nothing to validate a copy against.
             UnsafePathError: the entry's name in ``cache_dir`` is taken by something not ours.
         """
-        if (key := (canonical_url(url), sha256)) in self.stores:
+        if (key := (where.key, sha256)) in self.stores:
             return None  # too large: its blocks are kept instead (block_store)
         known = self.pins.get(key)
         if known is not None:
@@ -149,23 +144,22 @@ class FileCache:
             if known is not None:  # changed, yet it hashes to what was validated
                 self.pins[key] = known
                 return known
-        fs, path = url_to_fs(url, storage_options)
-        if is_local(fs):
+        if where.is_local:
             return None
-        self.pins[key] = found = self._check(fs, path, url, sha256)
+        self.pins[key] = found = self._check(where, sha256)
         return found
 
-    def block_store(self, url: str, sha256: str = "") -> BlockStore | None:
-        """Where the blocks of ``url`` are kept when :meth:`local_copy` found it larger than
+    def block_store(self, where: Location, sha256: str = "") -> BlockStore | None:
+        """Where the blocks of ``where`` are kept when :meth:`local_copy` found it larger than
         the limit (:mod:`h5forge.read.block_cache`); None otherwise."""
-        return self.stores.get((canonical_url(url), sha256))
+        return self.stores.get((where.key, sha256))
 
-    def _check(self, fs: Any, path: str, url: str, sha256: str) -> Pinned | None:
+    def _check(self, where: Location, sha256: str) -> Pinned | None:
         """:meth:`local_copy` asking the server: the object's identity, its manifest."""
-        shown = redact_url(url)
+        fs, path, shown = where.fs, where.path, str(where)
         with ThreadPoolExecutor(1) as pool:  # the two requests overlap: one latency, not two
             head = pool.submit(fs.info, path)
-            manifest = load_manifest(fs, manifest_url(path), shown + ".manifest.json")
+            manifest = load_manifest(where.sidecar)
             info = head.result()
         size = int(info["size"])
         want = sha256 or (manifest["sha256"] if manifest else "")
@@ -181,16 +175,14 @@ class FileCache:
                 "asset is being republished or its manifest is stale — retry once it is done"
             )
         tag = str(info.get("ETag") or info.get("etag") or info.get("mtime") or "")
-        key = hashlib.sha256(f"{canonical_url(url)}\n{want}\n{size}\n{tag}".encode()).hexdigest()
+        key = hashlib.sha256(f"{where.key}\n{want}\n{size}\n{tag}".encode()).hexdigest()
         if size > self.limit_bytes:
             log.info(
                 "%s (%d bytes) is larger than the cache limit; its blocks are kept", shown, size
             )
             # A small cache keeps smaller blocks, so that a good number of them fit.
             block = min(DEFAULT_BLOCK_BYTES, max(16 << 10, self.limit_bytes // 16))
-            self.stores[(canonical_url(url), sha256)] = BlockStore(
-                self.root, key, self.limit_bytes, block
-            )
+            self.stores[(where.key, sha256)] = BlockStore(self.root, key, self.limit_bytes, block)
             return None
         entry = os.path.join(self.root, key[:32])
         found = self._valid(entry, want, size)
@@ -227,7 +219,7 @@ class FileCache:
         if record.get("stat") == _identity(st) and st.st_size == size:
             self._touch(entry)
             return Pinned(asset, want, tuple(_identity(st)))
-        if st.st_size == size and sha256_file(asset) == want:  # touched, yet still right
+        if st.st_size == size and Location.of(asset).sha256() == want:  # touched, yet still right
             st = os.lstat(asset)
             replace_file(
                 os.path.join(entry, _RECORD), json.dumps({**record, "stat": _identity(st)}).encode()
@@ -243,9 +235,9 @@ class FileCache:
         except OSError:
             return None
         with os.fdopen(fd, "rb") as f:
-            raw = f.read(_RECORD_MAX + 1)
+            raw = f.read(MAX_CACHE_RECORD_BYTES + 1)
         try:
-            data = json.loads(raw) if len(raw) <= _RECORD_MAX else None
+            data = json.loads(raw) if len(raw) <= MAX_CACHE_RECORD_BYTES else None
         except ValueError:
             return None
         return data if isinstance(data, dict) and data.get("format") == _KIND else None

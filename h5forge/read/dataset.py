@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from h5forge.asset import format as fmt
 from h5forge.asset.index import AssetIndex
 from h5forge.asset.target_layout import file_schema
+from h5forge.location import Location
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import collate as _collate
 from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
@@ -97,7 +98,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
 
     def __init__(
         self,
-        url: str | os.PathLike[str],
+        url: str | os.PathLike[str] | Location,
         *,
         version: str | None = None,
         split: str | None = None,
@@ -125,13 +126,14 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         self.transform = transform
         self.target_transform = target_transform
         self.transforms = transforms
-        self.storage_options = dict(storage_options or {})
+        where = Location.of(url, storage_options)
+        self.storage_options = dict(where.options)
         self.verify_reads = verify_reads
         self.cache = None if cache_dir is None else FileCache(os.fspath(cache_dir), cache_limit)
         self._state: ProcessState | None = None
         self._orphans: list[ProcessState] = []
         self._indices: np.ndarray | None = None
-        open_named(os.fspath(url), version, self.storage_options, self._open_file)
+        open_named(where, version, self._open_file)
 
     def _open_file(self, url: str, version: str) -> None:
         self.url, self.version = url, version
@@ -157,8 +159,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             # Inherited through fork: never use or close the parent's handles here.
             self._orphans.append(st)
         st = self._state = open_state(
-            self.url,
-            self.storage_options,
+            Location(self.url, self.storage_options),
             self.verify_reads,
             self.max_pixels,
             self.cache,

@@ -18,6 +18,7 @@ import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
 from h5forge.errors import IntegrityError
+from h5forge.location import Location
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
 from h5forge.read import collate as _collate
@@ -106,9 +107,11 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             raise ValueError(f"subset={subset!r}: give a fraction in (0, 1]")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed={seed!r} must be an int >= 0")
-        if isinstance(sources, (str, os.PathLike)):
-            self.name = redact_url(os.fspath(sources))
-            found = read_asset_manifest(os.fspath(sources), storage_options=storage_options)
+        if isinstance(sources, (str, os.PathLike, Location)):
+            listed = Location.of(sources, storage_options)
+            storage_options = dict(listed.options)
+            self.name = str(listed)
+            found = read_asset_manifest(listed)
         else:
             found = parse_sources(sources)
             self.name = f"{len(found)} assets ({redact_url(found[0].url)}, ...)"
@@ -200,7 +203,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             h = self._handles = _Handles(int(self.cumulative_sizes[-1]))
         if a not in h.states:  # opened on first use, in the process that reads
             d = self.datasets[a]
-            st = open_state(d.url, d.storage_options, d.verify_reads, d.max_pixels)
+            st = open_state(Location(d.url, d.storage_options), d.verify_reads, d.max_pixels)
             idx = st.index
             rows = np.arange(idx.header.num_samples)
             if d.split is not None:

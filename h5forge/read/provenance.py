@@ -19,6 +19,7 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.open import open_h5
+from h5forge.location import Location
 
 __all__ = ["MAX_JSON_BYTES", "PROVENANCE_ATTRS", "SampleSources", "read_provenance"]
 
@@ -75,7 +76,7 @@ class SampleSources:
     def _load_sources(self) -> tuple[np.ndarray, dict[str, Any]]:
         loaded = self.__dict__.get("_sources_loaded")
         if loaded is None:
-            with open_h5(self.url, self.storage_options) as h5:
+            with open_h5(Location(self.url, self.storage_options)) as h5:
                 paths = np.asarray(h5[fmt.PATHS].asstr()[()], dtype=object).reshape(-1)
                 loaded = (paths, read_provenance(h5))
             self.__dict__["_sources_loaded"] = loaded

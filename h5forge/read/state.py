@@ -22,6 +22,7 @@ from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.asset.ranges import RangeReader
 from h5forge.asset.target_layout import file_schema, image_sizes
 from h5forge.errors import IntegrityError
+from h5forge.location import Location
 from h5forge.read.cache import FileCache
 from h5forge.read.target_reads import TargetReads
 from h5forge.read.targets import CLASS, select
@@ -72,8 +73,7 @@ class ProcessState:
 
     def __init__(
         self,
-        url: str,
-        storage_options: dict[str, Any] | None,
+        where: Location,
         want_digests: bool,
         max_pixels: int,
         target: object = CLASS,
@@ -82,8 +82,8 @@ class ProcessState:
         iscrowd: bool = False,
     ):
         self.pid = os.getpid()
-        self.url = url
-        self.opened = open_h5(url, storage_options)
+        self.url = url = where.url
+        self.opened = open_h5(where)
         self.targets: TargetReads | None = None
         try:
             h5 = self.opened.h5
@@ -109,9 +109,7 @@ class ProcessState:
         if self.index.filtered:
             self.images = self.opened.h5[fmt.IMAGES]  # compressed: reads go through HDF5
             if self.targets is not None:  # target values are never filtered: by byte range
-                self.reader = RangeReader(
-                    url, storage_options, size=h5.id.get_filesize(), store=store
-                )
+                self.reader = RangeReader(where, size=h5.id.get_filesize(), store=store)
                 if not _same_file(h5, self.reader):
                     self.reader.close()
                     self.opened.close()
@@ -119,7 +117,7 @@ class ProcessState:
         else:
             try:
                 size = self.opened.h5.id.get_filesize()  # checked against the object's size
-                self.reader = RangeReader(url, storage_options, size=size, store=store)
+                self.reader = RangeReader(where, size=size, store=store)
                 if not _same_file(self.opened.h5, self.reader):
                     self.reader.close()
                     raise _Replaced(url)
@@ -152,8 +150,7 @@ class ProcessState:
 
 
 def open_state(
-    url: str,
-    storage_options: dict[str, Any] | None,
+    where: Location,
     want_digests: bool,
     max_pixels: int,
     cache: FileCache | None = None,
@@ -162,26 +159,25 @@ def open_state(
     multilabel: str = "multihot",
     iscrowd: bool = False,
 ) -> ProcessState:
-    """This process's :class:`ProcessState` for ``url``, opened again if a publish replaced the
+    """This process's :class:`ProcessState` for ``where``, opened again if a publish replaced the
     file while it was being opened.
 
-    With ``cache``, a remote ``url`` is read from its validated local copy
+    With ``cache``, a remote ``where`` is read from its validated local copy
     (:meth:`h5forge.read.cache.FileCache.local_copy`, ``sha256`` the pinned version's; one
     larger than the cache's limit is read remotely with its blocks kept there), and the
     copy opened must be the inode that was validated (an eviction or refetch in between opens
-    it again). ``url`` is still the one messages name.
+    it again). ``where`` is still the one messages name.
 
     Raises:
         IntegrityError: the file was replaced 3 times in a row, or is damaged.
     """
     for _ in range(3):
-        pinned = cache.local_copy(url, storage_options, sha256) if cache is not None else None
+        pinned = cache.local_copy(where, sha256) if cache is not None else None
         try:
             if pinned is None:
-                store = cache.block_store(url, sha256) if cache is not None else None
+                store = cache.block_store(where, sha256) if cache is not None else None
                 return ProcessState(
-                    url,
-                    storage_options,
+                    where,
                     want_digests,
                     max_pixels,
                     target,
@@ -190,7 +186,12 @@ def open_state(
                     iscrowd=iscrowd,
                 )
             st = ProcessState(
-                pinned.path, None, want_digests, max_pixels, target, multilabel, iscrowd=iscrowd
+                Location(pinned.path),
+                want_digests,
+                max_pixels,
+                target,
+                multilabel,
+                iscrowd=iscrowd,
             )
         except _Replaced:
             continue
@@ -203,9 +204,9 @@ def open_state(
         if seen is None or (seen.st_dev, seen.st_ino) != pinned.stat[:2]:
             st.close()
             continue
-        st.url = url
+        st.url = where.url
         return st
     raise IntegrityError(
-        f"{url} was replaced 3 times while being opened; open it "
+        f"{where.url} was replaced 3 times while being opened; open it "
         "again once it is no longer being published"
     )

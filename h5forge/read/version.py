@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import IntegrityError
+from h5forge.location import Location
 from h5forge.publish.manifest import read_manifest
 from h5forge.publish.versions import KEY_HEX, asset_base, pointer_url, resolve_version
 from h5forge.redact import redact_url
@@ -27,10 +27,9 @@ from h5forge.redact import redact_url
 __all__ = ["latest_instead", "open_named", "pin_version", "resolve_asset"]
 
 
-def pin_version(
-    url: str, version: str | None, storage_options: dict[str, Any] | None
-) -> tuple[str, str]:
-    """``(file URL, full sha256)`` of ``version`` of the asset at ``url``; ``(url, "")`` for None.
+def pin_version(where: Location, version: str | None) -> tuple[str, str]:
+    """``(file URL, full sha256)`` of ``version`` of the asset at ``where``; ``(URL, "")`` for
+    None.
 
     ``latest`` costs one read of the pointer (it names the full sha256). A prefix costs an
     existence check of the version's file and one read of its manifest, whose sha256 must
@@ -41,16 +40,17 @@ def pin_version(
         IntegrityError: the version's manifest names a sha256 outside the version's key.
         ValueError: ``version`` is not None, ``latest`` or 16-64 lower-case hex digits.
     """
+    url = where.url
     if version is None:
         return url, ""
     if not isinstance(version, str):
         raise ValueError(
             f"version={version!r} must be 'latest', a sha256 prefix of 16-64 hex digits, or None"
         )
-    found, sha = resolve_version(url, version, storage_options=storage_options)
+    found, sha = resolve_version(where, version)
     if version == "latest":
         return found, sha
-    recorded = read_manifest(found, storage_options=storage_options)["sha256"]
+    recorded = read_manifest(where.with_url(found))["sha256"]
     if not recorded.startswith(version[:KEY_HEX]):
         raise IntegrityError(
             f"{redact_url(found)}: its manifest names sha256 {recorded}, which is not a "
@@ -65,25 +65,22 @@ def pin_version(
     return found, recorded
 
 
-def latest_instead(
-    url: str, storage_options: dict[str, Any] | None, error: Exception
-) -> tuple[str, str]:
-    """``(file URL, full sha256)`` of the latest version of the asset ``url`` names, once
-    opening ``url`` itself failed with ``error`` (no file there, or the folder of a local base).
+def latest_instead(where: Location, error: Exception) -> tuple[str, str]:
+    """``(file URL, full sha256)`` of the latest version of the asset ``where`` names, once
+    opening ``where`` itself failed with ``error`` (no file there, or the folder of a local base).
 
     Raises:
         error: ``url`` is a file that failed for another reason, or names no asset.
         FileNotFoundError: the asset has no published version either; the message says both.
     """
-    if isinstance(error, IntegrityError):
-        # Only a local base is a folder (an object store has no folders to open); elsewhere
-        # the open read a file, and a damaged one is not an asset's name. (``isdir`` of an
-        # HTTP URL would GET the whole file to look for links in it.)
-        fs, path = url_to_fs(url, storage_options)
-        if not (is_local(fs) and fs.isdir(path)):
-            raise error
+    # Only a local base is a folder (an object store has no folders to open); elsewhere the
+    # open read a file, and a damaged one is not an asset's name. (``isdir`` of an HTTP URL
+    # would GET the whole file to look for links in it.)
+    if isinstance(error, IntegrityError) and not (where.is_local and where.fs.isdir(where.path)):
+        raise error
+    url = where.url
     try:
-        return pin_version(url, "latest", storage_options)
+        return pin_version(where, "latest")
     except FileNotFoundError:
         raise FileNotFoundError(
             f"no file at {redact_url(url)}, and no published version of that asset "
@@ -95,7 +92,7 @@ def latest_instead(
 
 
 def resolve_asset(
-    url: str, version: str | None, storage_options: dict[str, Any] | None = None
+    url: str | Location, version: str | None, storage_options: dict[str, Any] | None = None
 ) -> tuple[str, str]:
     """``(file URL, full sha256 or "")`` that ``url`` and ``version`` name, before opening it.
 
@@ -107,34 +104,31 @@ def resolve_asset(
         FileNotFoundError: no file, pointer or version by that name (the message says which).
         IntegrityError, ValueError: as :func:`pin_version`.
     """
+    where = Location.of(url, storage_options)
     if version is not None:
-        return pin_version(url, version, storage_options)
-    fs, path = url_to_fs(url, storage_options)
-    if fs.isfile(path):
-        return url, ""
-    return latest_instead(url, storage_options, FileNotFoundError(f"no file at {url}"))
+        return pin_version(where, version)
+    if where.fs.isfile(where.path):
+        return where.url, ""
+    return latest_instead(where, FileNotFoundError(f"no file at {where.url}"))
 
 
 def open_named(
-    url: str,
-    version: str | None,
-    storage_options: dict[str, Any] | None,
-    opener: Callable[[str, str], object],
+    where: Location, version: str | None, opener: Callable[[str, str], object]
 ) -> tuple[str, str]:
-    """Open what ``url`` and ``version`` name with ``opener(file URL, sha256)``; return those.
+    """Open what ``where`` and ``version`` name with ``opener(file URL, sha256)``; return those.
 
-    Costs nothing more than the open when ``url`` names a file: only when that open fails
+    Costs nothing more than the open when ``where`` names a file: only when that open fails
     without ``version`` is the asset's latest version looked for (:func:`latest_instead`).
 
     Raises:
         what :func:`pin_version`, :func:`latest_instead` and ``opener`` raise.
     """
-    found = pin_version(url, version, storage_options)
+    found = pin_version(where, version)
     try:
         opener(*found)
     except (FileNotFoundError, IntegrityError) as e:
         if version is not None:
             raise
-        found = latest_instead(url, storage_options, e)
+        found = latest_instead(where, e)
         opener(*found)
     return found

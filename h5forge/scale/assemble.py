@@ -26,6 +26,7 @@ from h5forge.asset.open import open_h5
 from h5forge.asset.placement import Head, early_allocation
 from h5forge.errors import IntegrityError, UnsafePathError
 from h5forge.files import same_file
+from h5forge.location import Location
 from h5forge.pack.commit import Staged
 from h5forge.pack.config import PackConfig
 from h5forge.scale.checked_copy import CheckedCopy
@@ -100,7 +101,7 @@ def _copy_shard(out: _Out, shard: Shard, local: str, src_fd: int) -> None:
     # A published shard is checked by its file's sha256: no per-sample hash.
     check = None if shard.expected is not None else out.check
     # Through the checked open: a downloaded shard is a new file, not the one surveyed.
-    with open_h5(local) as src:
+    with open_h5(Location(local)) as src:
         if load_index(src, where=shard.url).header.num_samples != shard.n:
             raise IntegrityError(
                 f"{shard.url} changed during the merge: it held {shard.n} "

@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from h5forge.asset.open import is_local, url_to_fs
+from h5forge.location import Location
 
 __all__ = ["local_copy"]
 
@@ -21,8 +21,9 @@ def local_copy(
 
     The download is a temporary file in ``tmp_dir``; nothing is created for a local shard.
     """
-    fs, path = url_to_fs(url, options)
-    if is_local(fs):
+    where = Location.of(url, options)
+    fs, path = where.fs, where.path
+    if where.is_local:
         yield path
         return
     fd, local = tempfile.mkstemp(prefix="h5forge-merge-", suffix=".h5", dir=tmp_dir)

@@ -24,13 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fsspec
-
 from h5forge.discover.catalog import Catalog
-from h5forge.hashing import sha256_file
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack_slice
-from h5forge.publish.manifest import MANIFEST_SUFFIX, read_manifest
+from h5forge.publish.manifest import read_manifest
 from h5forge.publish.storage import publish
 from h5forge.scale.plan import ShardSpec, refuse_targets, shard_catalog, shard_url
 
@@ -113,9 +111,9 @@ def pack_shard(
         # Drop the old commit marker first: publish() skips a destination whose manifest
         # matches the new file, and a re-pack is usually byte-identical to a damaged shard
         # (same second in created_at) whose manifest still describes the good bytes.
-        fs, path = fsspec.core.url_to_fs(dest, **dict(storage_options or {}))
+        sidecar = Location.of(dest, storage_options).sidecar
         with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(path + MANIFEST_SUFFIX)
+            sidecar.fs.rm_file(sidecar.path)
         extra = {
             "kind": SHARD_KIND,
             "index": spec.index,
@@ -170,9 +168,9 @@ def find_done_shards(
     options = dict(storage_options or {})
     done: set[int] = set()
     for spec in specs:
-        url = shard_url(staging_url, spec)
+        shard = Location.of(shard_url(staging_url, spec), options)
         try:
-            manifest = read_manifest(url, storage_options=options)
+            manifest = read_manifest(shard)
         except (FileNotFoundError, ValueError):  # none yet, or torn on a store without renames
             continue
         wanted = {
@@ -185,13 +183,10 @@ def find_done_shards(
         }
         if any(manifest.get(k) != v for k, v in wanted.items()):
             continue
-        fs, path = fsspec.core.url_to_fs(url, **options)
+        fs, path = shard.fs, shard.path
         fs.invalidate_cache(path)
         try:
-            if (
-                fs.size(path) != manifest["bytes"]
-                or sha256_file(url, storage_options=options) != manifest["sha256"]
-            ):
+            if fs.size(path) != manifest["bytes"] or shard.sha256() != manifest["sha256"]:
                 continue
         except FileNotFoundError:
             continue
@@ -207,12 +202,11 @@ def remove_shards(
     Each manifest goes before its file, so no reader pairs a manifest with a missing file.
     Returns the number of files deleted.
     """
-    fs, _ = fsspec.core.url_to_fs(staging, **(storage_options or {}))
     removed = 0
     for spec in specs:
-        _, path = fsspec.core.url_to_fs(shard_url(staging, spec), **(storage_options or {}))
-        for name in (path + MANIFEST_SUFFIX, path):
+        shard = Location.of(shard_url(staging, spec), storage_options)
+        for each in (shard.sidecar, shard):
             with contextlib.suppress(FileNotFoundError):
-                fs.rm_file(name)
+                each.fs.rm_file(each.path)
                 removed += 1
     return removed

@@ -20,7 +20,8 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.index import check_labels, load_index
-from h5forge.asset.open import is_local, open_h5, url_to_fs
+from h5forge.asset.open import open_h5
+from h5forge.location import Location
 from h5forge.publish.manifest import manifest_url, read_manifest
 from h5forge.scale.file_check import Expected, FileChecks, FileIdentity
 
@@ -85,12 +86,12 @@ def survey(
     for i, url in enumerate(urls):
         fmt.refuse_partial(url)
         expected, identity = _expected(url, options), None
-        fs, path = url_to_fs(url, options)
-        if is_local(fs) and os.path.exists(path):
-            identity = FileIdentity.of(path)
+        where = Location.of(url, options)
+        if where.is_local and os.path.exists(where.path):
+            identity = FileIdentity.of(where.path)
             if expected is not None:
-                files.start(i, path, expected)
-        with open_h5(url, options) as h5:
+                files.start(i, where.path, expected)
+        with open_h5(where) as h5:
             idx = load_index(h5, where=url)
             check_labels(idx, where=url)  # the counts below are indexed by label and split
             images = h5[fmt.IMAGES]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ import torch
 from h5forge.asset import format as fmt
 from h5forge.asset.index import AssetIndex, load_index
 from h5forge.asset.open import open_h5
+from h5forge.location import Location
 
 __all__ = ["Expected", "check_sample", "read_expected"]
 
@@ -32,8 +33,9 @@ class Expected:
     raw: dict[int, bytes]  # encoded layout: stored bytes of each checked sample
 
 
-def read_expected(url: str, indices: set[int], storage_options: dict[str, Any] | None) -> Expected:
-    with open_h5(url, storage_options) as h5:
+def read_expected(where: Location, indices: set[int]) -> Expected:
+    url = where.url
+    with open_h5(where) as h5:
         # Sealed, and declared sizes checked against the counts before the index is read.
         index = load_index(h5, where=url)
         raw: dict[int, bytes] = {}

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Subset
 
 from h5forge.errors import IntegrityError
 from h5forge.lifetime import worker_init
+from h5forge.location import Location
 from h5forge.main_guard import check_entry_point
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.smoke.expected import Expected, check_sample, read_expected
@@ -157,7 +158,7 @@ def _run_once(
 
 
 def smoke_load(
-    url: str,
+    url: str | Location,
     *,
     workers: int = 2,
     batches: int = 4,
@@ -169,7 +170,8 @@ def smoke_load(
     """Read samples of a sealed asset through DataLoader workers and check each one.
 
     Args:
-        url: local path or fsspec URL of a sealed ``.h5`` asset.
+        url: local path, fsspec URL or :class:`~h5forge.location.Location` of a sealed
+            ``.h5`` asset.
         workers: DataLoader worker processes (0 reads in this process, once, and ignores
             ``start_methods``).
         batches: batches to read per start method.
@@ -205,13 +207,15 @@ def smoke_load(
         "smoke_load", children_reimport_main=any(m in ("spawn", "forkserver") for m in methods)
     )
     start = time.perf_counter()
-    dataset = H5ImageDataset(url, storage_options=storage_options)
+    where = Location.of(url, storage_options)
+    url = where.url
+    dataset = H5ImageDataset(where)
     n_total = len(dataset)
     if n_total == 0:
         raise IntegrityError(f"{url} holds no samples; there is nothing to smoke-load")
     n_pick = min(n_total, batches * batch_size)
     plan = [_spread(n_total, n_pick, shift) for shift in range(len(methods))]
-    exp = read_expected(url, {i for idx in plan for i in idx}, storage_options)
+    exp = read_expected(where, {i for idx in plan for i in idx})
     if exp.index.header.num_samples != n_total:
         raise IntegrityError(
             f"{url}: H5ImageDataset has {n_total} samples, the file header says "

@@ -23,8 +23,9 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.index import check_index, load_index
-from h5forge.asset.open import H5_DAMAGE, is_local, open_h5, url_to_fs
+from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.errors import IntegrityError
+from h5forge.location import Location
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.verify.digests import check_samples
 from h5forge.verify.layout import check_layout
@@ -49,11 +50,10 @@ class VerifyReport:
 
 
 def _verify(
-    url: str,
+    where: Location,
     *,
     sample_fraction: float,
     seed: int,
-    storage_options: dict[str, Any] | None,
     progress: bool,
     require_sealed: bool,
     thorough: bool = True,
@@ -63,10 +63,10 @@ def _verify(
     if not 0.0 < sample_fraction <= 1.0:
         raise ValueError(f"sample_fraction={sample_fraction} must be in (0, 1]")
     t0 = time.perf_counter()
-    fs, path = url_to_fs(url, storage_options)
-    file_size = int(fs.size(path))
+    url = where.url
+    file_size = int(where.fs.size(where.path))
     fails: list[str] = []
-    with open_h5(url, storage_options) as h5:
+    with open_h5(where) as h5:
         idx = load_index(h5, where=url, require_sealed=require_sealed)
         check_metadata(h5, idx, fails)
         if not fails:
@@ -114,8 +114,7 @@ def _verify(
                     bar.advance(task, nbytes)
 
             sha = check_samples(
-                url,
-                storage_options,
+                where,
                 digests,
                 idx,
                 chosen,
@@ -159,7 +158,7 @@ def _damage_is_integrity(url: str, run: Callable[[], VerifyReport]) -> VerifyRep
 
 
 def verify(
-    path_or_url: str,
+    path_or_url: str | Location,
     *,
     sample_fraction: float = 1.0,
     seed: int = 0,
@@ -170,7 +169,8 @@ def verify(
     """Verify a sealed h5forge file, local or at any fsspec URL.
 
     Args:
-        path_or_url: the file.
+        path_or_url: the file (a path, an fsspec URL or a :class:`~h5forge.location.Location`).
+        storage_options: fsspec options of a URL string; never recorded.
         sample_fraction: fraction of samples whose digest is recomputed (seeded random subset);
             structure, labels, byte ranges and the file sha256 are always checked in full.
         seed: seed of the subset.
@@ -190,7 +190,8 @@ def verify(
         UnsealedFileError: ``.partial``, unsealed, or unknown format version.
         IntegrityError: every failing check, one line each.
     """
-    url = str(path_or_url)
+    where = Location.of(path_or_url, storage_options)
+    url = where.url
     if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
         raise ValueError(
             f"max_pixels={max_pixels!r} must be an int >= 1; the default is {DEFAULT_MAX_PIXELS}"
@@ -199,25 +200,24 @@ def verify(
     # A publish may replace the file while it is read (index from one version, bytes from the
     # next would fail as "corrupt"): verify again when the file changed identity meanwhile.
     for _ in range(_REPLACED_TRIES):
-        before = _identity(url, storage_options)
+        before = _identity(where)
         try:
             report = _damage_is_integrity(
                 url,
                 lambda: _verify(
-                    url,
+                    where,
                     sample_fraction=sample_fraction,
                     seed=seed,
-                    storage_options=storage_options,
                     progress=progress,
                     require_sealed=True,
                     max_pixels=max_pixels,
                 ),
             )
         except IntegrityError:
-            if _identity(url, storage_options) != before:
+            if _identity(where) != before:
                 continue
             raise
-        if _identity(url, storage_options) == before:
+        if _identity(where) == before:
             return report
     raise IntegrityError(
         f"{url} was replaced {_REPLACED_TRIES} times while it was being "
@@ -228,10 +228,10 @@ def verify(
 _REPLACED_TRIES = 3
 
 
-def _identity(url: str, storage_options: dict[str, Any] | None) -> tuple[object, ...]:
-    """What changes when the file at ``url`` is replaced (inode and times; ETag remotely)."""
-    fs, path = url_to_fs(url, storage_options)
-    if is_local(fs):
+def _identity(where: Location) -> tuple[object, ...]:
+    """What changes when the file at ``where`` is replaced (inode and times; ETag remotely)."""
+    fs, path = where.fs, where.path
+    if where.is_local:
         st = os.stat(path)
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     fs.invalidate_cache(path)
@@ -262,10 +262,9 @@ def verify_unsealed(path: str, *, check_digests: bool = True) -> VerifyReport:
     return _damage_is_integrity(
         path,
         lambda: _verify(
-            path,
+            Location(path),
             sample_fraction=1.0,
             seed=0,
-            storage_options=None,
             progress=False,
             require_sealed=False,
             thorough=False,

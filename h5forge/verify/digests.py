@@ -22,8 +22,8 @@ from typing import Any, cast
 import numpy as np
 
 from h5forge.asset.index import AssetIndex
-from h5forge.asset.open import is_local, url_to_fs
 from h5forge.cpus import usable_cpus
+from h5forge.location import Location
 from h5forge.platforms import require_calls
 
 __all__ = ["OnSample", "check_samples", "hash_local_ranges"]
@@ -112,8 +112,7 @@ def _scan(
 
 
 def _stream(
-    url: str,
-    storage_options: dict[str, Any] | None,
+    where: Location,
     ranges: list[tuple[int, int, int]],
     on_sample: OnSample,
     on_bytes: Callable[[int], None],
@@ -121,7 +120,7 @@ def _stream(
     want_data: bool,
 ) -> str:
     """One sequential pass: returns the file sha256; ``on_sample(i, sha256, bytes)`` per range."""
-    fs, path = url_to_fs(url, storage_options)
+    fs, path = where.fs, where.path
     file_hash = hashlib.sha256()
     hasher = _Hasher(sorted(ranges, key=lambda r: r[1]), want_data, on_sample)
     with fs.open(path, "rb", block_size=_BLOCK, cache_type="none") as f:
@@ -199,8 +198,7 @@ def _scan_mapped(
 
 
 def check_samples(
-    url: str,
-    storage_options: dict[str, Any] | None,
+    where: Location,
     h5_digests: np.ndarray,
     idx: AssetIndex,
     chosen: list[int],
@@ -263,7 +261,6 @@ def check_samples(
                 while len(decoding) > 2 * cpus:
                     decoding.popleft().result()
 
-        fs, path = url_to_fs(url, storage_options)
         ranges = [(i, int(idx.byte_ranges[i, 0]), int(idx.byte_ranges[i, 1])) for i in chosen]
         if filtered_reader is not None:
             for i in chosen:
@@ -271,11 +268,11 @@ def check_samples(
                 if data is not None:  # None: unreadable, already listed in ``fails``
                     on_sample(i, hashlib.sha256(data).digest(), data)
             ranges = []
-        if file_hash or not is_local(fs):
-            sha = _stream(url, storage_options, ranges, on_sample, on_bytes, want_data=decode)
+        if file_hash or not where.is_local:
+            sha = _stream(where, ranges, on_sample, on_bytes, want_data=decode)
             sha = sha if file_hash else ""
         else:
-            hash_local_ranges(path, ranges, on_sample, on_bytes)
+            hash_local_ranges(where.path, ranges, on_sample, on_bytes)
             sha = ""
         for pending in decoding:
             pending.result()

@@ -14,6 +14,7 @@ import pytest
 from h5forge.asset.ranges import RangeReader
 from h5forge.demo import write_image_folder
 from h5forge.files import make_marked_dir, mark
+from h5forge.location import Location
 from h5forge.locks import lock_file
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
@@ -39,7 +40,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> PackResult:
 
 
 def _ranges(path: str, rows: list[int]) -> list[tuple[int, int]]:
-    st = open_state(path, None, False, 10**8)
+    st = open_state(Location(path), False, 10**8)
     try:
         return [tuple(int(v) for v in st.index.byte_ranges[r]) for r in rows]  # type: ignore[misc]
     finally:
@@ -60,7 +61,9 @@ def published(packed: PackResult, s3_bucket: str, s3_storage_options: dict[str, 
 
 
 def _reader(url: str, options: dict[str, Any], store: BlockStore) -> RangeReader:
-    return RangeReader(url, options, block_bytes=BLOCK, keep_bytes=16 * BLOCK, store=store)
+    return RangeReader(
+        Location(url, options), block_bytes=BLOCK, keep_bytes=16 * BLOCK, store=store
+    )
 
 
 def test_a_second_reader_reads_stored_blocks_without_a_request(
@@ -221,7 +224,7 @@ def test_a_dataset_over_an_asset_larger_than_the_cache_keeps_its_blocks(
             assert reads  # from the server, and kept
         else:  # a new dataset (a new job) reads every sample from the kept blocks
             assert reads == [], reads
-    store = ds.cache.block_store(published)  # type: ignore[union-attr]
+    store = ds.cache.block_store(Location(published))  # type: ignore[union-attr]
     assert store is not None
     assert not list(tmp_path.glob("*/asset.h5"))  # no whole-file copy was made
     kept = sum(f.stat().st_size for f in tmp_path.glob("blocks-*/*.blk"))

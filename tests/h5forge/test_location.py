@@ -49,12 +49,16 @@ def test_it_prints_the_redacted_url_and_never_its_options() -> None:
 
 
 def test_it_is_immutable_and_refuses_options_twice() -> None:
-    where = Location.of("memory://a/b.h5")
+    where = Location.of("memory://a/b.h5", {"anon": True})
     with pytest.raises(AttributeError, match="immutable"):
         where.url = "memory://other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        where.options["anon"] = False  # type: ignore[index]
     assert Location.of(where) is where
     with pytest.raises(ValueError, match="carries its own storage options"):
         Location.of(where, {"key": "k"})
+    assert Location.of("memory://a/b.h5", {"anon": True}) == where
+    assert Location.of("memory://a/b.h5", {"anon": False}) != where
     with pytest.raises(ValueError, match="non-empty URL"):
         Location.of("")
 

@@ -18,13 +18,13 @@ import torch
 
 from h5forge.demo import write_image_folder
 from h5forge.errors import IntegrityError
-from h5forge.hashing import sha256_file
+from h5forge.location import MAX_ASSET_LIST_BYTES, Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
 from h5forge.publish.versions import version_url, write_pointer
-from h5forge.read.asset_list import MAX_ASSETS, MAX_MANIFEST_BYTES
+from h5forge.read.asset_list import MAX_ASSETS
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.mixing import MixingSampler
 from h5forge.read.multi import H5MultiDataset
@@ -217,7 +217,7 @@ def test_a_shard_manifest_names_assets_relative_to_itself(assets: list[str]) -> 
 @pytest.mark.parametrize(
     ("body", "error"),
     [
-        ("x" * (MAX_MANIFEST_BYTES + 1), "is over 4194304 bytes"),
+        ("x" * (MAX_ASSET_LIST_BYTES + 1), "is 4194305 bytes, over 4194304 bytes"),
         ("{not json", "is not JSON"),
         ("[" * 100_000 + "]" * 100_000, "is not JSON"),
         ({"format": "h5forge-pointer", "version": 1, "assets": []}, "not a shard manifest"),
@@ -343,7 +343,7 @@ def test_shuffled_loader_and_standard_dataloader_cover_every_sample(assets: list
 
 
 def _publish(local: str, base: str, options: dict[str, Any] | None = None, parent: str = "") -> str:
-    sha = sha256_file(local)
+    sha = Location.of(local).sha256()
     publish(local, version_url(base, sha), storage_options=options)
     write_pointer(base, sha, parent=parent, storage_options=options)
     return sha

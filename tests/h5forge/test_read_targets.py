@@ -15,6 +15,7 @@ from PIL import Image
 
 from h5forge.asset.ranges import RangeReader
 from h5forge.errors import IntegrityError
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
@@ -97,7 +98,7 @@ def _reads(path: Path, schema=SCHEMA, *, digests: bool = False) -> TargetReads:
 
 def _read_values(path: Path, reads: TargetReads, rows: list[int]) -> list[dict]:
     (ranges, bufs), every = reads.wanted(rows)
-    reader = RangeReader(str(path))
+    reader = RangeReader(Location(str(path)))
     try:
         reader.read_into(ranges, bufs)
     finally:

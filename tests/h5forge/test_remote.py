@@ -25,6 +25,7 @@ import torch
 
 from h5forge.asset.ranges import RangeReader
 from h5forge.demo import write_image_folder
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS, ImageConfig
@@ -173,7 +174,7 @@ def test_s3_loader_reads_whole_batches_with_few_requests(
 
 
 def _ranges(path: str, rows: Iterable[int]) -> list[list[int]]:
-    index = open_state(path, None, False, DEFAULT_MAX_PIXELS).index
+    index = open_state(Location(path), False, DEFAULT_MAX_PIXELS).index
     return cast(list[list[int]], index.byte_ranges[list(rows)].tolist())
 
 
@@ -204,7 +205,7 @@ def test_coalesced_reads_are_bounded_and_exact(
     ranges = _ranges(packed_120.path, range(0, 60, 3))
     size = ranges[0][1]
     reader = RangeReader(
-        url, s3_storage_options, max_gap=max_gap, max_request=max_request, keep_bytes=0
+        Location(url, s3_storage_options), max_gap=max_gap, max_request=max_request, keep_bytes=0
     )
     s3_requests.clear()
     bufs = [bytearray(n) for _, n in ranges]
@@ -267,7 +268,9 @@ def test_kept_bytes_serve_later_reads(
         raw = f.read()
     # One read-ahead block larger than the file: the first read rounds up to the whole file.
     for keep, new_requests in ((1 << 20, 0), (0, 1)):
-        reader = RangeReader(url, s3_storage_options, block_bytes=1 << 20, keep_bytes=keep)
+        reader = RangeReader(
+            Location(url, s3_storage_options), block_bytes=1 << 20, keep_bytes=keep
+        )
         for ranges in (first, second):
             bufs = [bytearray(n) for _, n in ranges]
             s3_requests.clear()
@@ -288,7 +291,7 @@ def test_random_batches_read_exact_bytes(block_bytes: int, packed_120: PackResul
     rng = np.random.default_rng(block_bytes)
     try:
         reader = RangeReader(
-            url,
+            Location(url),
             max_gap=1 << 20,
             max_request=5 * block_bytes // 2,
             block_bytes=block_bytes,
