@@ -253,8 +253,8 @@ class Location:
             return json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise DocumentError(
-                f"{what} {str(self)!r} is not JSON (not valid JSON: {type(e).__name__}: "
-                f"{str(e)[:120]}); remove it or write it again"
+                f"{what} {str(self)!r} is not JSON ({type(e).__name__}: {str(e)[:120]}): it "
+                "is not valid JSON; remove it or write it again"
             ) from None
 
     def _read_bounded(self, limit: int, what: str) -> tuple[bytes, int]:
