@@ -129,7 +129,7 @@ def discover(
     indices ``0..max`` are kept as given and the classes are named ``"0"``, ``"1"``, ...; an
     index must be below ``max(rows, LABEL_FLOOR)``, so the classes made are bounded by the
     manifest, never by a label's value. Manifest entries are used as listed (no extension
-    filter). Bounds (in :mod:`h5forge.discover.manifest`): ``MAX_MANIFEST_BYTES``,
+    filter). Bounds: ``h5forge.location.MAX_LISTING_BYTES``,
     ``MAX_MANIFEST_ROWS``, ``MAX_LINE_BYTES`` per physical line, ``csv.field_size_limit()``
     per CSV field, ``MAX_PATH_BYTES`` per path, ``MAX_LABEL_CHARS`` per label. CSV rows must
     have as many fields as the header; text must be UTF-8 (a BOM is allowed) without NUL bytes.

@@ -16,8 +16,8 @@ has a malformed ``bbox`` or breaks the boxes rule (NaN, negative size: the
 not list is counted (``annotation-unknown-image``). Refused with a ``ValueError`` naming the
 file: not JSON, not an object with the lists ``images`` and ``categories``, an entry of the wrong
 shape, a repeated id, name or file, a path that leaves ``images_root`` (links included) or is
-not a regular file, or a bound passed: :data:`MAX_COCO_BYTES`, :data:`MAX_COCO_IMAGES`,
-:data:`MAX_COCO_ANNOTATIONS`, ``MAX_CLASSES`` categories.
+not a regular file, or a bound passed: :data:`h5forge.location.MAX_COCO_BYTES`,
+:data:`MAX_COCO_IMAGES`, :data:`MAX_COCO_ANNOTATIONS`, ``MAX_CLASSES`` categories.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from h5forge.discover.listing import UNLABELLED, Listing
 from h5forge.discover.manifest import MAX_LABEL_CHARS, MAX_MANIFEST_ROWS, check_listing_file
 from h5forge.discover.rows import check_file, check_path
 from h5forge.errors import EmptyDatasetError
+from h5forge.location import MAX_COCO_BYTES
 from h5forge.paths import resolve
 from h5forge.targets.schema import MAX_CLASSES, Column, TargetError, check_value
 from h5forge.targets.shapes import Drawn, Shape
 from h5forge.text import printable
 
-__all__ = ["MAX_COCO_ANNOTATIONS", "MAX_COCO_BYTES", "MAX_COCO_IMAGES", "coco_listing"]
+__all__ = ["MAX_COCO_ANNOTATIONS", "MAX_COCO_IMAGES", "coco_listing"]
 
 # COCO 2017's train instances are 448 MB, 118k images and 860k annotations.
-MAX_COCO_BYTES = 2**30
 MAX_COCO_IMAGES = MAX_MANIFEST_ROWS
 MAX_COCO_ANNOTATIONS = 5 * MAX_MANIFEST_ROWS
 

@@ -22,6 +22,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from h5forge.location import MAX_LISTING_BYTES
 from h5forge.text import printable
 
 __all__ = [
@@ -30,7 +31,6 @@ __all__ = [
     "LABEL_FLOOR",
     "MAX_LABEL_CHARS",
     "MAX_LINE_BYTES",
-    "MAX_MANIFEST_BYTES",
     "MAX_MANIFEST_ROWS",
     "MAX_PATH_BYTES",
     "ManifestRow",
@@ -40,7 +40,6 @@ __all__ = [
 
 # Manifest bounds. Each is far above a real manifest (ImageNet-21k's 14 M rows are ~1 GB of
 # CSV and would be split) and keeps a hostile one from costing more than its size justifies.
-MAX_MANIFEST_BYTES = 2 * 2**30
 MAX_MANIFEST_ROWS = 10_000_000
 MAX_LINE_BYTES = 2**20  # one physical line; a CSV field is also capped by csv.field_size_limit()
 MAX_PATH_BYTES = 4096  # PATH_MAX
@@ -75,7 +74,7 @@ def read_rows(path: Path) -> list[ManifestRow]:
     check_listing_file(
         path,
         f"manifest '{printable(path)}'",
-        MAX_MANIFEST_BYTES,
+        MAX_LISTING_BYTES,
         "split it or pack from an ImageFolder",
     )
     return list(_read_jsonl(path) if path.suffix.lower() in JSONL_SUFFIXES else _read_csv(path))

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from h5forge.discover.catalog import UNLABELLED, discover
-from h5forge.discover.coco import MAX_COCO_BYTES
 from h5forge.discover.report import describe
 from h5forge.errors import EmptyDatasetError
+from h5forge.location import MAX_COCO_BYTES
 from h5forge.targets.schema import MAX_BOXES, check_value
 from tests.fixtures.targets_data import CocoWritten, write_coco_dataset
 
