@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -96,11 +97,50 @@ def _flow_run_text(flow_run_id: Any) -> str:
     return asyncio.run(read())
 
 
+def _server_text() -> str:
+    """Everything the test server holds about every run: each flow run and task run whole
+    (parameters, task inputs, cache keys, states and their result records), every log line
+    and every artifact; and every persisted result in local storage."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+
+    async def every(read: Any) -> list[Any]:
+        found: list[Any] = []
+        while page := await read(offset=len(found), limit=200):
+            found.extend(page)
+        return found
+
+    async def read() -> list[str]:
+        async with get_client() as client:
+            runs = await every(client.read_flow_runs)
+            tasks = await every(client.read_task_runs)
+            logs = await every(client.read_logs)
+            artifacts = await every(client.read_artifacts)
+        return [
+            *(r.model_dump_json() for r in runs),
+            *(t.model_dump_json() for t in tasks),
+            *(log.message for log in logs),
+            *(a.model_dump_json() for a in artifacts),
+        ]
+
+    texts = asyncio.run(read())
+    storage = Path(get_current_settings().results.local_storage_path)
+    if storage.is_dir():
+        texts += [
+            f.read_bytes().decode("utf-8", "replace") for f in storage.rglob("*") if f.is_file()
+        ]
+    return "\n".join(texts)
+
+
 def test_build_and_verify_over_s3_with_credentials_from_a_secret_block(
-    built: Any, s3_bucket: str, s3_storage_options: dict[str, Any]
+    built: Any, s3_bucket: str, s3_storage_options: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     from prefect.blocks.system import Secret
 
+    # Everything h5forge and Prefect log in this process (botocore's own DEBUG lines, which
+    # quote the signed request, are not ours to police).
+    caplog.set_level(logging.DEBUG, logger="h5forge")
+    caplog.set_level(logging.DEBUG, logger="prefect")
     # Moto accepts any key pair; distinctive values let the test look for leaks.
     options = {**s3_storage_options, "key": "AKIAH5FORGETEST", "secret": "s3cr3t-h5forge-test"}
     Secret(value=options).save("h5forge-test-s3", overwrite=True)
@@ -124,3 +164,10 @@ def test_build_and_verify_over_s3_with_credentials_from_a_secret_block(
         recorded = _flow_run_text(run.state_details.flow_run_id)
         assert "s3cr3t-h5forge-test" not in recorded
         assert "AKIAH5FORGETEST" not in recorded
+    # The storage options travel as a Location inside the library: none of it may reach a
+    # flow or task run's parameters, inputs, cache key, result, artifact or log, here or in
+    # what this process logged.
+    everything = _server_text() + caplog.text
+    assert url in everything  # the search reaches what the runs recorded
+    assert "s3cr3t-h5forge-test" not in everything
+    assert "AKIAH5FORGETEST" not in everything
