@@ -6,25 +6,29 @@ the file has been read back from the destination and matched byte for byte, so a
 finds a manifest can trust the file next to it. When replacing, the old manifest is removed
 first, so no reader ever sees a manifest that disagrees with its file.
 
-How the bytes are written (temp name, rename) is :meth:`h5forge.location.Location.put`; the
-read-back and stale-temp cleanup are :mod:`h5forge.publish.copy`; the manifest itself is
-:mod:`h5forge.publish.manifest`.
+How the bytes are written (temp name, rename) is :meth:`h5forge.location.Location.put`; here
+are the read-back and the cleanup of a killed publish's temp files (:func:`remove_stale_temps`
+removes only those whose lock it can take, and only regular files of this user with one link,
+never a symlink or what it points to); the manifest itself is :mod:`h5forge.publish.manifest`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from h5forge.location import Location, fsync_dir, temp_copy
-from h5forge.locks import folder_lock
-from h5forge.publish.copy import read_back, remove_stale_temps
+from h5forge.errors import ChecksumError
+from h5forge.files import NOFOLLOW, NONBLOCK
+from h5forge.location import SIDECAR_SUFFIX, TEMP_MARK, Location, fsync_dir, temp_copy
+from h5forge.locks import flock, folder_lock
 from h5forge.publish.manifest import (
     COMPUTED_FIELDS,
     MANIFEST_SUFFIX,
@@ -32,7 +36,7 @@ from h5forge.publish.manifest import (
     manifest_bytes,
 )
 
-__all__ = ["PublishResult", "publish"]
+__all__ = ["PublishResult", "publish", "read_back", "remove_stale_temps"]
 
 log = logging.getLogger(__name__)
 
@@ -222,3 +226,54 @@ def _check_sha256(value: str) -> str:
     if not isinstance(value, str) or not _SHA256_HEX.fullmatch(value):
         raise ValueError(f"sha256={value!r} is not 64 lower-case hexadecimal digits")
     return value
+
+
+def remove_stale_temps(parent: str, name: str) -> None:
+    """Remove temp files of ``name`` (and of its manifest) left by a killed publish.
+
+    Call it under :func:`h5forge.locks.folder_lock`: a live publisher unlocks its temp file
+    only under that lock, just before renaming it away.
+    """
+    prefixes = (f".{name}{TEMP_MARK}", f".{name}{SIDECAR_SUFFIX}{TEMP_MARK}")
+    with contextlib.suppress(FileNotFoundError), os.scandir(parent) as entries:
+        stale = [
+            e.path
+            for e in entries
+            if e.name.startswith(prefixes) and e.is_file(follow_symlinks=False)
+        ]
+    for tmp in stale:
+        try:  # never through a link, never blocking on a FIFO swapped in meanwhile
+            fd = os.open(tmp, os.O_RDONLY | NOFOLLOW | NONBLOCK)
+        except OSError:  # gone meanwhile, or now a link (ELOOP): not a temp file of ours
+            continue
+        try:
+            st = os.fstat(fd)
+            ours = (
+                stat.S_ISREG(st.st_mode)
+                and st.st_nlink == 1
+                and (not hasattr(os, "getuid") or st.st_uid == os.getuid())
+            )
+            if ours and flock(fd, wait=False):
+                log.info("removing %s, left by an interrupted publish", tmp)
+                os.remove(tmp)
+        finally:
+            os.close(fd)
+
+
+def read_back(where: Location, sha: str, size: int) -> None:
+    """Compare the size and streamed sha256 of the file at ``where`` with the local file's."""
+    fs, path = where.fs, where.path
+    fs.invalidate_cache(path)
+    found_size = fs.size(path)
+    found_sha = where.sha256() if found_size == size else "(not read: size differs)"
+    if found_size != size or found_sha != sha:
+        fs.rm_file(path)
+        raise ChecksumError(
+            f"read-back of {str(where)!r} does not match the local file: expected sha256 {sha} "
+            f"and {size} bytes, found {found_sha} and {found_size} bytes; the object was deleted, "
+            "publish again",
+            [
+                f"sha256 expected={sha} actual={found_sha}",
+                f"bytes expected={size} actual={found_size}",
+            ],
+        )

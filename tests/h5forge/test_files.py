@@ -29,8 +29,8 @@ from h5forge.output_lock import output_lock
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
-from h5forge.publish.copy import remove_stale_temps
 from h5forge.publish.preview import write_preview
+from h5forge.publish.storage import remove_stale_temps
 from h5forge.scale.merge import merge_shards
 from h5forge.verify.checks import verify
 
