@@ -24,7 +24,7 @@ from h5forge.asset.open import is_local, url_to_fs
 from h5forge.errors import IntegrityError
 from h5forge.platforms import require_calls
 
-__all__ = ["RangeReader", "open_ranges"]
+__all__ = ["RangeReader"]
 
 # Most buffers one preadv call takes (IOV_MAX).
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -149,7 +149,3 @@ class RangeReader:
             "truncated — re-fetch or re-pack it"
         )
 
-
-def open_ranges(url: str, storage_options: dict[str, Any] | None = None) -> RangeReader:
-    """Return a :class:`RangeReader` for ``url`` (default coalescing and read-ahead)."""
-    return RangeReader(url, storage_options)
