@@ -148,4 +148,3 @@ class RangeReader:
             f"{self.url}: read of {want} bytes at offset {offset} returned {got}; the file is "
             "truncated — re-fetch or re-pack it"
         )
-

@@ -23,8 +23,7 @@ from h5forge.asset.ranges import RangeReader
 from h5forge.asset.target_layout import file_schema, image_sizes
 from h5forge.errors import IntegrityError
 from h5forge.read.cache import FileCache
-from h5forge.read.target_reads import TargetReads
-from h5forge.read.targets import CLASS, select
+from h5forge.read.targets import CLASS, TargetReads, select
 
 __all__ = ["ProcessState", "open_state"]
 

@@ -1,6 +1,6 @@
 """The reader's ``target=``: resolving it against a schema, the values it hands out, their
 batches, damaged values, DataLoader workers and remote reads (h5forge.read.targets,
-h5forge.read.target_reads)."""
+h5forge.read.targets)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
 from h5forge.read.dataset import H5ImageDataset
-from h5forge.read.target_reads import TargetReads
-from h5forge.read.targets import select
+from h5forge.read.targets import TargetReads, select
 from h5forge.targets.geometry import Geometry
 from h5forge.targets.schema import Column
 from h5forge.targets.store import TargetSink, encode_targets
