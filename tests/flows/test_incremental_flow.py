@@ -20,7 +20,7 @@ from h5forge.demo import write_image_folder
 from h5forge.flows.build import BuildConfig, build_dataset
 from h5forge.pack.writer import pack
 from h5forge.publish.versions import read_pointer
-from tests.h5forge.test_incremental import CHANGES
+from tests.h5forge.pack.test_incremental import CHANGES
 
 pytestmark = pytest.mark.slow
 

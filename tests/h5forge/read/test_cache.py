@@ -156,7 +156,7 @@ def test_two_processes_with_workers_download_once(
     s3_requests: S3RequestLog,
     tmp_path: Path,
 ) -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _EPOCH, published, str(tmp_path)],

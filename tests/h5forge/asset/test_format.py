@@ -10,9 +10,9 @@ import pytest
 
 from h5forge.asset import format as fmt
 from h5forge.pack.writer import PackResult, pack
-from tests.h5forge.test_pack_targets import CONFIGS, SCHEMA, catalog, scene
+from tests.h5forge.pack.test_pack_targets import CONFIGS, SCHEMA, catalog, scene
 
-FORMAT_MD = Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md"
+FORMAT_MD = Path(__file__).resolve().parents[3] / "docs" / "FORMAT.md"
 
 
 def _section(text: str, heading: str) -> str:

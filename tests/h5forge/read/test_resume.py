@@ -13,7 +13,7 @@ from h5forge.pack.writer import PackResult
 from h5forge.read.dataset import H5ImageDataset
 from tests.fixtures.sampling import batches_of, make_loader, pixels_to_index
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # torchdata 0.11's StatefulDataLoader calls torch.set_vital, deprecated (a warning) in torch 2.13.
 STATEFUL = pytest.param(
     "stateful", marks=pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")

@@ -28,7 +28,7 @@ from h5forge.verify.checks import verify
 from tests.fixtures.hostile_h5 import KINDS, SECRET, Kind, craft, make_aux
 from tests.fixtures.servers import LoopbackHTTP
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BY_NAME = {k.name: k for k in KINDS}
 
 

@@ -6,7 +6,7 @@ under spawn here and fork in a training process of its own) and checks that the 
 next one, are version 1 byte for byte, while a dataset opened afterwards reads version 2.
 
 Request budget: ``version="latest"`` costs one GET of the pointer, in the constructing process
-only, on top of the file's own 2 requests per opening process (tests/h5forge/test_remote.py).
+only, on top of the file's own 2 requests per opening process (tests/h5forge/read/test_remote.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from h5forge.errors import IntegrityError, UnsealedFileError
 from h5forge.pack.writer import pack
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.verify.checks import verify
-from tests.h5forge.test_pack_targets import CONFIGS, catalog, scene
+from tests.h5forge.pack.test_pack_targets import CONFIGS, catalog, scene
 
 
 def _good(folder: Path, layout: str) -> Path:
