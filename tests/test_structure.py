@@ -248,3 +248,19 @@ def test_a_long_module_says_why(module: str) -> None:
         f"{MODULES[module].relative_to(ROOT)} has {lines} lines: split it by idea, or record "
         "in LONG_MODULES why it is one"
     )
+
+
+def test_the_library_tests_mirror_its_packages() -> None:
+    """``tests/h5forge/<package>/`` holds the tests of ``h5forge/<package>/``; tests of the
+    top-level modules sit in ``tests/h5forge/`` itself."""
+    tests = ROOT / "tests" / "h5forge"
+    folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__")
+    strays = [f for f in folders if not (ROOT / "h5forge" / f / "__init__.py").is_file()]
+    assert not strays, f"tests/h5forge/{strays[0]}/ names no package h5forge/{strays[0]}/"
+    packages = {
+        p.parent.name for p in (ROOT / "h5forge").glob("*/__init__.py") if not p.parent.is_symlink()
+    }
+    assert set(folders) <= packages
+    flat = sorted(p.name for p in tests.glob("test_*.py"))
+    named_for_a_package = [f for f in flat if f.removeprefix("test_").split("_")[0] in packages]
+    assert not named_for_a_package, f"move {named_for_a_package} into their package's folder"
