@@ -9,6 +9,7 @@ records: ``preadv`` locally, a few coalesced range requests remotely (``asset.co
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -89,6 +90,8 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
     Attributes:
         url: the file read; version: its full sha256 ("" when opened by ``url`` alone).
         options: the :class:`~h5forge.read.options.ReadOptions` it reads with.
+        transform, target_transform, transforms: its options' (as torchvision's datasets
+            have them); setting one replaces ``options`` with a value holding it.
 
     Where each sample came from: ``ds.source_path(i)`` (its path in the source, e.g.
     ``train/cat/001.jpg``), ``ds.sources`` (all of them), and ``ds.provenance`` (source URL
@@ -134,6 +137,32 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         self._orphans: list[ProcessState] = []
         self._indices: np.ndarray | None = None
         open_named(os.fspath(url), version, self.storage_options, self._open_file)
+
+    # torchvision's convention: a dataset's transforms may be set after it is made (a split's
+    # own augmentation, say). Each is a view of ``options``; setting one makes a new value.
+    @property
+    def transform(self) -> Callable[[Any], Any] | None:
+        return self.options.transform
+
+    @transform.setter
+    def transform(self, fn: Callable[[Any], Any] | None) -> None:
+        self.options = dataclasses.replace(self.options, transform=fn)
+
+    @property
+    def target_transform(self) -> Callable[[Any], Any] | None:
+        return self.options.target_transform
+
+    @target_transform.setter
+    def target_transform(self, fn: Callable[[Any], Any] | None) -> None:
+        self.options = dataclasses.replace(self.options, target_transform=fn)
+
+    @property
+    def transforms(self) -> Callable[[Any, Any], tuple[Any, Any]] | None:
+        return self.options.transforms
+
+    @transforms.setter
+    def transforms(self, fn: Callable[[Any, Any], tuple[Any, Any]] | None) -> None:
+        self.options = dataclasses.replace(self.options, transforms=fn)
 
     def _open_file(self, url: str, version: str) -> None:
         self.url, self.version = url, version

@@ -130,6 +130,18 @@ def test_options_as_one_value_read_as_the_keywords(packed_decoded: PackResult) -
         H5ImageDataset(packed_decoded.path, split="val", verify_reads=True, options=ReadOptions())
 
 
+def test_transforms_set_after_construction_apply_and_travel(packed_decoded: PackResult) -> None:
+    # torchvision's idiom: a dataset's transform set afterwards is used, and pickled with it.
+    ds = H5ImageDataset(packed_decoded.path)
+    ds.transform = TopLeft(4)
+    ds.target_transform = functools.partial(operator.add, 100)
+    assert ds.options.transform is ds.transform
+    for copy in (ds, pickle.loads(pickle.dumps(ds))):
+        image, label = copy[0]
+        assert image.shape == (3, 4, 4)
+        assert label >= 100
+
+
 def test_transforms_apply_after_decoding(packed_decoded: PackResult) -> None:
     ds = H5ImageDataset(
         packed_decoded.path, transform=lambda t: t.float() / 255, target_transform=lambda y: y + 100
