@@ -43,6 +43,7 @@ _LAZY = {
     "write_preview": "h5forge.publish.preview",
     "H5ImageDataset": "h5forge.read.dataset",
     "H5MultiDataset": "h5forge.read.multi",
+    "ReadOptions": "h5forge.read.options",
     "MixingSampler": "h5forge.read.mixing",
     "Sampler": "h5forge.read.sampler",
 }

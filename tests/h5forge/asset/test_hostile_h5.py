@@ -5,6 +5,7 @@ entry points — H5ImageDataset (local, loopback HTTP, moto S3), ``verify``, ``s
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -208,7 +209,7 @@ def test_max_pixels_is_the_callers_limit_not_the_files(bases: dict[str, Path]) -
     with pytest.raises(ValueError, match="max_pixels=0 must be an int >= 1"):
         verify(str(path), max_pixels=0)
     ds = H5ImageDataset(path, max_pixels=320)
-    assert ds.__getstate__()["max_pixels"] == 320
+    assert pickle.loads(pickle.dumps(ds)).options.max_pixels == 320
 
 
 def test_decode_stored_never_raises_its_limit_from_the_recorded_shape(

@@ -20,6 +20,7 @@ from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
 from h5forge.read.block_cache import BLOCKS_KIND, ENTRY_KIND, BlockStore
+from h5forge.read.options import ReadOptions
 from h5forge.read.state import open_state
 from tests.fixtures.servers import S3RequestLog
 
@@ -39,7 +40,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> PackResult:
 
 
 def _ranges(path: str, rows: list[int]) -> list[tuple[int, int]]:
-    st = open_state(path, None, False, 10**8)
+    st = open_state(path, None, ReadOptions(max_pixels=10**8))
     try:
         return [tuple(int(v) for v in st.index.byte_ranges[r]) for r in rows]  # type: ignore[misc]
     finally:
@@ -221,7 +222,7 @@ def test_a_dataset_over_an_asset_larger_than_the_cache_keeps_its_blocks(
             assert reads  # from the server, and kept
         else:  # a new dataset (a new job) reads every sample from the kept blocks
             assert reads == [], reads
-    store = ds.cache.block_store(published)  # type: ignore[union-attr]
+    store = ds.options.cache.block_store(published)  # type: ignore[union-attr]
     assert store is not None
     assert not list(tmp_path.glob("*/asset.h5"))  # no whole-file copy was made
     kept = sum(f.stat().st_size for f in tmp_path.glob("blocks-*/*.blk"))

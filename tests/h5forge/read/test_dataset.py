@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 import pickle
 from collections import Counter
 
@@ -12,7 +14,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from h5forge.pack.writer import PackResult
 from h5forge.read.dataset import H5ImageDataset
-from tests.fixtures.loaders import Indexed, as_list
+from h5forge.read.options import ReadOptions
+from tests.fixtures.loaders import Indexed, TopLeft, as_list
 
 
 def _truth(path: str) -> tuple[list[str], list[int]]:
@@ -84,29 +87,59 @@ def test_batched_reads_with_getitems(packed_decoded: PackResult) -> None:
         assert bool((a == b).all())
 
 
-def test_pickles_as_url_and_options_only(packed_decoded: PackResult) -> None:
-    ds = H5ImageDataset(packed_decoded.path, split="train")
-    ds[0]
-    state = ds.__getstate__()
-    assert set(state) == {
-        "url",
-        "version",
-        "split",
-        "target",
-        "multilabel",
-        "iscrowd",
-        "transform",
-        "target_transform",
-        "transforms",
-        "storage_options",
-        "verify_reads",
-        "max_pixels",
-        "cache",
-    }
+def test_pickled_and_spawned_copies_read_the_same_samples(packed_decoded: PackResult) -> None:
+    # Every reading option travels with the dataset: a copy unpickled here and one in a
+    # spawned worker (a fresh interpreter: nothing inherited) read exactly what the original
+    # reads, split, transform and target_transform included.
+    ds = H5ImageDataset(
+        packed_decoded.path,
+        split="train",
+        transform=TopLeft(8),
+        target_transform=functools.partial(operator.add, 100),
+        verify_reads=True,
+        max_pixels=32 * 48,
+    )
+    want = [ds[i] for i in range(len(ds))]
+    assert 0 < len(want) < packed_decoded.num_samples  # the split selected some
     clone = pickle.loads(pickle.dumps(ds))
-    assert len(clone) == len(ds)
     assert clone.classes == ds.classes
-    assert bool((clone[3][0] == ds[3][0]).all())
+    loader = DataLoader(
+        Indexed(clone), batch_size=4, num_workers=1, multiprocessing_context="spawn",
+        collate_fn=as_list,
+    )  # fmt: skip
+    for got in ([(i, *clone[i]) for i in range(len(clone))], [x for b in loader for x in b]):
+        assert [i for i, _, _ in got] == list(range(len(want)))
+        for (_, image, label), (want_image, want_label) in zip(got, want, strict=True):
+            assert label == want_label >= 100
+            assert image.shape == (3, 8, 8)
+            assert bool((image == want_image).all())
+
+
+def test_options_as_one_value_read_as_the_keywords(packed_decoded: PackResult) -> None:
+    by_keywords = H5ImageDataset(packed_decoded.path, split="val", target_transform=str)
+    by_value = H5ImageDataset(
+        packed_decoded.path, options=ReadOptions(split="val", target_transform=str)
+    )
+    assert by_value.options == by_keywords.options
+    assert [by_value[i][1] for i in range(len(by_value))] == [
+        by_keywords[i][1] for i in range(len(by_keywords))
+    ]
+    with pytest.raises(
+        ValueError, match=r"options= was given with split='val', verify_reads=True as well"
+    ):
+        H5ImageDataset(packed_decoded.path, split="val", verify_reads=True, options=ReadOptions())
+
+
+def test_transforms_set_after_construction_apply_and_travel(packed_decoded: PackResult) -> None:
+    # torchvision's idiom: a dataset's transform set afterwards is used, and pickled with it.
+    ds = H5ImageDataset(packed_decoded.path)
+    ds.transform = TopLeft(4)
+    ds.target_transform = functools.partial(operator.add, 100)
+    assert ds.options.transform is ds.transform
+    for copy in (ds, pickle.loads(pickle.dumps(ds))):
+        image, label = copy[0]
+        assert image.shape == (3, 4, 4)
+        assert label >= 100
 
 
 def test_transforms_apply_after_decoding(packed_decoded: PackResult) -> None:

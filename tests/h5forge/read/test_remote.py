@@ -27,9 +27,10 @@ from h5forge.asset.ranges import RangeReader
 from h5forge.demo import write_image_folder
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
-from h5forge.preprocess.config import DEFAULT_MAX_PIXELS, ImageConfig
+from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
 from h5forge.read.dataset import H5ImageDataset
+from h5forge.read.options import ReadOptions
 from h5forge.read.order import epoch_order
 from h5forge.read.state import open_state
 from tests.fixtures import remote_epoch
@@ -173,7 +174,7 @@ def test_s3_loader_reads_whole_batches_with_few_requests(
 
 
 def _ranges(path: str, rows: Iterable[int]) -> list[list[int]]:
-    index = open_state(path, None, False, DEFAULT_MAX_PIXELS).index
+    index = open_state(path, None, ReadOptions()).index
     return cast(list[list[int]], index.byte_ranges[list(rows)].tolist())
 
 
