@@ -41,9 +41,9 @@ from h5forge.deployments.build_options import (
     ExecutorChoice,
     KeepVersions,
     MinAgeS,
+    PartBytes,
+    PartSize,
     Sha256,
-    ShardBytes,
-    ShardSize,
     SmokeBatches,
     SmokeWorkers,
     Source,
@@ -115,11 +115,11 @@ def _print_summary(summary: Any) -> None:
     rates = ", ".join(f"{m} {r:,.0f} img/s" for m, r in summary.smoke_per_method.items())
     typer.echo(f"smoke-load:  {rates} (DataLoader workers, after start-up)")
     typer.echo("stages:      " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.seconds.items()))
-    if summary.shards is not None:
-        shards = summary.shards
+    if summary.parts is not None:
+        parts = summary.parts
         typer.echo(
-            f"shards:      {shards.total} on {shards.address}: {len(shards.packed)} packed, "
-            f"{len(shards.skipped)} already done in {printable(shards.staging)}"
+            f"parts:      {parts.total} on {parts.address}: {len(parts.packed)} packed, "
+            f"{len(parts.skipped)} already done in {printable(parts.staging)}"
         )
 
 
@@ -133,8 +133,8 @@ def build(
     smoke_batches: SmokeBatches = 4,
     executor: ExecutorChoice = Executor.local,
     dask_address: DaskAddress = None,
-    shard_size: ShardSize = 2000,
-    shard_bytes: ShardBytes = None,
+    part_size: PartSize = 2000,
+    part_bytes: PartBytes = None,
     staging: Staging = None,
     cache_dir: CacheDir = None,
     versioned: Versioned = False,
@@ -168,8 +168,8 @@ def build(
                 "smoke_batches": smoke_batches,
                 "executor": executor.value,
                 "dask_address": dask_address,
-                "shard_size": shard_size,
-                "shard_bytes": shard_bytes,
+                "part_size": part_size,
+                "part_bytes": part_bytes,
                 "staging": staging,
                 "versioned": versioned,
                 "keep_versions": keep_versions,

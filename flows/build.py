@@ -5,9 +5,9 @@ by the publish stage, which runs only after the packed file passed a full verify
 smoke-load through DataLoader workers. A failure anywhere before it fails the run with nothing
 published.
 
-With ``executor="dask"`` the pack stage cuts the dataset into shards, packs the ones not done
+With ``executor="dask"`` the pack stage cuts the dataset into parts, packs the ones not done
 yet as tasks on a Dask cluster (:mod:`h5forge.flows.dask_stage`) and merges them into the work dir;
-verify, smoke-load and publish then run unchanged. The shards are deleted once the asset is
+verify, smoke-load and publish then run unchanged. The parts are deleted once the asset is
 published, and kept after a failure so that a re-run packs only the missing ones.
 """
 
@@ -35,6 +35,7 @@ from h5forge.tasks.common import dataset_name
 from h5forge.tasks.discover import discover_samples
 from h5forge.tasks.fetch import fetch_task, source_dir
 from h5forge.tasks.pack import pack_images
+from h5forge.tasks.parts import executor_section
 from h5forge.tasks.publish import (
     as_published,
     asset_key,
@@ -45,7 +46,6 @@ from h5forge.tasks.publish import (
     publish_version_task,
 )
 from h5forge.tasks.report import render_report, write_report
-from h5forge.tasks.shards import executor_section
 from h5forge.tasks.smoke_load import smoke_load_file
 from h5forge.tasks.verify import verify_file
 from h5forge.workdir import work_dir
@@ -130,11 +130,11 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         reuse = None
         if basis is not None and config.executor == "local":
             reuse = find_reusable(basis, into=str(work), storage_options=options)
-        sharded = None
+        on_dask = None
         if config.executor == "dask":
             from h5forge.flows.dask_stage import pack_on_dask
 
-            sharded = pack_on_dask(
+            on_dask = pack_on_dask(
                 config,
                 root=catalog,  # what discover found: not listed again
                 out=str(work / dataset),
@@ -145,11 +145,11 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                 source_sha256=fetched.sha256,
                 seconds=seconds,
             )
-            packed: PackResult = sharded.packed
+            packed: PackResult = on_dask.packed
         else:
             with _stage(seconds, "pack"):
                 packed = pack_images(
-                    catalog,  # what discover found (config.manifest included): not listed again
+                    catalog,  # what discover found (config.listing included): not listed again
                     out=str(work / dataset),
                     dataset=dataset,
                     config=config.pack_config(),
@@ -203,9 +203,9 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                 )
                 version = released.version
                 published = as_published(released)  # the report shows the version
-        if sharded is not None:  # published: the shards are no longer needed to resume
-            sharded.remove_shards()
-    shards = sharded.stats if sharded is not None else None
+        if on_dask is not None:  # published: the parts are no longer needed to resume
+            on_dask.remove_parts()
+    parts = on_dask.stats if on_dask is not None else None
     preview = (
         redact_url(preview_url(config.destination))
         if basis is None
@@ -220,7 +220,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         preview=preview,
         format_version=verified.format_version,
         stage_seconds=seconds,
-    ) + executor_section(workers=config.workers, shards=shards, seconds=seconds)
+    ) + executor_section(workers=config.workers, parts=parts, seconds=seconds)
     write_report(markdown, dataset=dataset, preview=preview)
     logger.info(
         "published %s (%d samples, sha256 %s)", published.url, packed.num_samples, published.sha256
@@ -241,7 +241,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         smoke_per_method={m.start_method: round(m.images_per_second, 1) for m in smoke.methods},
         seconds=seconds,
         executor=config.executor,
-        shards=shards,
+        parts=parts,
         unchanged=False,
         version=version,
         reused=packed.reused,

@@ -34,6 +34,7 @@ from h5forge.source_options import check_sources
 __all__ = [
     "CODEC_LEVELS",
     "PACK_OPTIONS",
+    "RENAMED_OPTIONS",
     "SIZE_MAX",
     "SIZE_MIN",
     "Compression",
@@ -49,6 +50,7 @@ __all__ = [
     "format_size",
     "option",
     "parse_size",
+    "renamed_message",
 ]
 
 Layout = Literal["decoded", "encoded"]
@@ -113,14 +115,14 @@ def _levels() -> str:
 #: Every pack option, in the order ``--help`` lists them.
 PACK_OPTIONS: tuple[PackOption, ...] = (
     PackOption(
-        "manifest",
+        "listing",
         "path",
         None,
         optional=True,
         help="a CSV or JSONL file listing the images as path,label[,split], relative to the "
         "source folder (default: none; the class folders are the labels)",
-        description="A CSV (path,label[,split]) or JSONL manifest listing the images, as a "
-        "path relative to the source's root (or absolute); empty for the ImageFolder layout "
+        description="A sample listing: a CSV (path,label[,split]) or JSONL file of the images, "
+        "as a path relative to the source's root (or absolute); empty for the ImageFolder layout "
         "[split/]class/image.jpg.",
     ),
     PackOption(
@@ -155,9 +157,9 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "columns",
         None,
         optional=True,
-        help="manifest target columns NAME=KIND,... (multilabel, boxes, mask, text, number) "
+        help="the listing's target columns NAME=KIND,... (multilabel, boxes, mask, text, number) "
         "or none; default: inferred",
-        description="The manifest's target columns, NAME=KIND,... (multilabel, boxes, mask, "
+        description="The listing's target columns, NAME=KIND,... (multilabel, boxes, mask, "
         "text, number), e.g. tags=multilabel; 'none': no target; empty: inferred.",
     ),
     PackOption(
@@ -286,7 +288,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "overwrite",
         "bool",
         False,
-        help="replace the destination (and its manifest) if it exists",
+        help="replace the destination (and its sidecar) if it exists",
         description="Replace an existing asset at the destination.",
     ),
 )
@@ -297,3 +299,23 @@ _BY_NAME = {o.name: o for o in PACK_OPTIONS}
 def option(name: str) -> PackOption:
     """The pack option called ``name`` (``KeyError`` if there is none)."""
     return _BY_NAME[name]
+
+
+#: Option names an older h5forge used -> the name each has now. "manifest" named the sample
+#: listing and "shard" the Dask stage's parts; both words now name parts of a version. A saved
+#: deployment, a prefect.yaml or a script that gives an old name fails naming the new one
+#: (never silently means something else): :class:`h5forge.flows.config.BuildConfig` and the
+#: command line refuse them.
+RENAMED_OPTIONS: dict[str, str] = {
+    "manifest": "listing",
+    "shard_size": "part_size",
+    "shard_bytes": "part_bytes",
+}
+
+
+def renamed_message(old: str, *, flag: bool = False) -> str:
+    """Why the old option name ``old`` is refused, naming the new one (``flag``: as --flags)."""
+    new = RENAMED_OPTIONS[old]
+    if flag:
+        old, new = "--" + old.replace("_", "-"), "--" + new.replace("_", "-")
+    return f"{old} was renamed {new} (same meaning, same values); give {new} instead"

@@ -1,4 +1,4 @@
-"""The rules between the source-layout pack options (manifest, coco, masks, columns,
+"""The rules between the source-layout pack options (listing, coco, masks, columns,
 coco_masks), checked with the others before any work (:mod:`h5forge.options` re-exports
 :func:`check_sources`)."""
 
@@ -10,19 +10,21 @@ __all__ = ["check_sources"]
 
 
 def check_sources(
-    manifest: object, coco: object, masks: object, columns: object, coco_masks: object = False
+    listing: object, coco: object, masks: object, columns: object, coco_masks: object = False
 ) -> None:
-    """Refuse two source layouts at once, ``columns`` without a manifest, or ``coco_masks``
+    """Refuse two source layouts at once, ``columns`` without a listing, or ``coco_masks``
     without ``coco`` (``OptionError``)."""
-    given = [(n, v) for n, v in (("manifest", manifest), ("coco", coco), ("masks", masks)) if v]
+    given = [(n, v) for n, v in (("listing", listing), ("coco", coco), ("masks", masks)) if v]
     if len(given) > 1:
         raise OptionError(
             given[1][0],
             f"{' and '.join(f'{n}={v!r}' for n, v in given)} name two source layouts; give "
-            "one of manifest (a CSV/JSONL), coco (a COCO instances JSON) or masks (a folder)",
+            "one of listing (a CSV/JSONL), coco (a COCO instances JSON) or masks (a folder)",
         )
-    if columns is not None and columns != "" and not manifest:
-        raise OptionError("columns", f"columns={columns!r} describes a manifest; give manifest")
+    if columns is not None and columns != "" and not listing:
+        raise OptionError(
+            "columns", f"columns={columns!r} describes a sample listing; give listing"
+        )
     if coco_masks and not coco:
         raise OptionError(
             "coco_masks", f"coco_masks={coco_masks!r} draws a COCO file's masks; give coco"

@@ -225,8 +225,8 @@ GOOD = {"source": "/data/flowers.tar.gz", "destination": "/assets/flowers.h5"}
         ({"shorter_side": 100}, r"shorter_side=100 must be an int >= max\(size\) = 224"),
         ({"compression": "zstd", "compression_level": 0}, "out of range for zstd"),
         (
-            {"executor": "dask", "dask_address": "tcp://h:8786", "manifest": "m.csv"},
-            "manifest apply to executor='local' only",
+            {"executor": "dask", "dask_address": "tcp://h:8786", "listing": "m.csv"},
+            "listing apply to executor='local' only",
         ),
         (
             {"executor": "dask", "dask_address": "tcp://h:8786", "fletcher32": True},

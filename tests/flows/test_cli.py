@@ -318,7 +318,7 @@ def test_build_takes_every_pack_option(
         "build",
         str(small_folder),
         str(dest),
-        "--manifest",
+        "--listing",
         "labels.csv",
         "--size",
         "32x48",
