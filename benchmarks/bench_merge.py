@@ -1,17 +1,17 @@
 """Part merge against a plain file copy, and a Dask build against the local executor.
 
-1. Merge: the published parts of one build (each with its manifest) are merged with
+1. Merge: the published parts of one build (each with its sidecar) are merged with
    :func:`h5forge.scale.merge.merge_parts` and, in the same run, simply copied with
    ``shutil.copyfile`` (the kernel's copy, no parsing, no fsync) and with ``copyfile`` +
    ``fsync``. Target: merge >= 0.5x the copy's rate, against the copy that is as durable as
    the merge (copyfile + fsync): the copy left in the page cache is also shown, with the bound
    any durable copy has against it (``copyfile / (copyfile + fsync)``, 0.3-0.4x here).
    What the merge does, all timed: survey of the parts; each part file's sha256 checked
-   against its manifest (hashed through ``mmap`` on two threads, started in the survey, beside
+   against its sidecar (hashed through ``mmap`` on two threads, started in the survey, beside
    the copy); the stored bytes copied in the kernel (``copy_file_range``: raw-chunk runs and
    blobs) or, for compressed chunks, read one by one with ``pread`` and written with
    ``write_direct_chunk`` (never inflated); the structural verify, fsync, seal and rename.
-   The same parts without their manifests ("bare", the per-sample fallback: every sample's
+   The same parts without their sidecars ("bare", the per-sample fallback: every sample's
    sha256 from the bytes in hand, gzip chunks inflated) are merged in the same run too.
    Decoded (raw chunks), decoded + gzip (compressed chunks) and encoded (blob) parts.
 2. Build: the same catalog packed by ``pack(workers=2)`` (one process pool on this machine) and
@@ -106,7 +106,7 @@ def _copy_all(urls: list[str], dest: Path, *, sync: bool) -> None:
 
 
 def _bare(urls: list[str], dest: Path) -> list[str]:
-    """Copies of the parts without their manifests: merged sample by sample."""
+    """Copies of the parts without their sidecars: merged sample by sample."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir()
     for u in urls:
@@ -211,7 +211,7 @@ def _merge_vs_copy(
     report.add(
         "'merge' is everything merge_parts does with published parts: the survey "
         "(HDF5 header and index of every part), each part file's sha256 checked "
-        "against its manifest (mmap, two hash threads started in the survey, beside the "
+        "against its sidecar (mmap, two hash threads started in the survey, beside the "
         "copy; file identity checked before and after), the stored bytes copied "
         "(raw-chunk runs and blobs with copy_file_range in the kernel; gzip chunks read "
         "with pread and written with write_direct_chunk, not inflated), writeback started "
@@ -219,7 +219,7 @@ def _merge_vs_copy(
         "check_digests=False) (counts, labels, metadata digest, byte ranges against the "
         "HDF5 chunk index) beside the fsync, seal, fsync, rename. 'of which "
         "verify' is the verify_unsealed time measured inside the same run. 'bare "
-        "parts' are the same files without their manifests: the per-sample fallback "
+        "parts' are the same files without their sidecars: the per-sample fallback "
         "(every sample's sha256 computed from the bytes copied with pread/pwrite, gzip "
         "chunks inflated to hash the pixels). 'merge CPU s' is the CPU time of the process "
         "(all threads) in the best merge run; 'sha256 s' is hashlib over the same "

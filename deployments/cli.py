@@ -110,7 +110,7 @@ def _print_summary(summary: Any) -> None:
         typer.echo(f"version:     {summary.version}{unchanged}")
     typer.echo(f"sha256:      {summary.sha256}")
     typer.echo(f"size:        {summary.bytes:,} bytes")
-    typer.echo(f"manifest:    {printable(summary.manifest_url)}")
+    typer.echo(f"sidecar:     {printable(summary.sidecar_url)}")
     typer.echo(f"preview:     {printable(summary.preview_url)}")
     rates = ", ".join(f"{m} {r:,.0f} img/s" for m, r in summary.smoke_per_method.items())
     typer.echo(f"smoke-load:  {rates} (DataLoader workers, after start-up)")
@@ -118,7 +118,7 @@ def _print_summary(summary: Any) -> None:
     if summary.parts is not None:
         parts = summary.parts
         typer.echo(
-            f"parts:      {parts.total} on {parts.address}: {len(parts.packed)} packed, "
+            f"parts:       {parts.total} on {parts.address}: {len(parts.packed)} packed, "
             f"{len(parts.skipped)} already done in {printable(parts.staging)}"
         )
 

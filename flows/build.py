@@ -80,7 +80,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     (:mod:`h5forge.flows.entry`).
 
     Returns:
-        Where the asset, its manifest and its preview are, with counts, digest and timings.
+        Where the asset, its sidecar and its preview are, with counts, digest and timings.
 
     Raises:
         MainReimportError: called at a script's module level, where spawned children rerun it.
@@ -195,7 +195,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
                     config.destination,
                     preview_png=png,
                     sources=dict(basis.fingerprint.files) if basis.fingerprint else None,
-                    metadata={**metadata, **basis.manifest_fields(lineage)},
+                    metadata={**metadata, **basis.sidecar_fields(lineage)},
                     storage_options=options,
                     keep_versions=config.keep_versions,
                     min_age_s=config.min_age_s,
@@ -227,7 +227,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     )
     return BuildSummary(
         destination=published.url,
-        manifest_url=published.manifest_url,
+        sidecar_url=published.sidecar_url,
         preview_url=preview,
         asset_key=asset_key(config.destination),
         num_samples=packed.num_samples,

@@ -154,7 +154,9 @@ class BuildConfig(BaseModel):
         if isinstance(data, dict):
             old = [name for name in RENAMED_OPTIONS if name in data]
             if old:
-                raise ValueError("; ".join(renamed_message(name) for name in old))
+                raise ValueError(
+                    "; ".join(renamed_message(name, RENAMED_OPTIONS[name]) for name in old)
+                )
         return data
 
     @field_validator(*_CHOICES, mode="before")

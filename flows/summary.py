@@ -6,8 +6,8 @@ from pydantic import BaseModel, Field
 
 from h5forge.flows.config import BuildConfig
 from h5forge.publish.lineage import Basis
-from h5forge.publish.manifest import manifest_url
 from h5forge.publish.preview import preview_url
+from h5forge.publish.sidecar import sidecar_url
 from h5forge.publish.versions import KEY_HEX
 from h5forge.redact import redact_url
 from h5forge.tasks.parts import PartStats
@@ -20,7 +20,7 @@ class BuildSummary(BaseModel):
     """What a build published (URLs redacted)."""
 
     destination: str
-    manifest_url: str
+    sidecar_url: str
     preview_url: str
     asset_key: str
     num_samples: int
@@ -66,7 +66,7 @@ def unchanged_summary(config: BuildConfig, basis: Basis, seconds: dict[str, floa
     latest = basis.latest
     return BuildSummary(
         destination=redact_url(basis.latest_url),
-        manifest_url=redact_url(manifest_url(basis.latest_url)),
+        sidecar_url=redact_url(sidecar_url(basis.latest_url)),
         preview_url=redact_url(preview_url(basis.latest_url)),
         asset_key=asset_key(config.destination),
         num_samples=latest.get("num_samples", 0),

@@ -313,9 +313,6 @@ RENAMED_OPTIONS: dict[str, str] = {
 }
 
 
-def renamed_message(old: str, *, flag: bool = False) -> str:
-    """Why the old option name ``old`` is refused, naming the new one (``flag``: as --flags)."""
-    new = RENAMED_OPTIONS[old]
-    if flag:
-        old, new = "--" + old.replace("_", "-"), "--" + new.replace("_", "-")
+def renamed_message(old: str, new: str) -> str:
+    """Why the old option name (or flag) ``old`` is refused, naming the new one."""
     return f"{old} was renamed {new} (same meaning, same values); give {new} instead"

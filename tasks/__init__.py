@@ -35,8 +35,8 @@ _LAZY = {
     "render_report": "h5forge.tasks.report",
     "write_report": "h5forge.tasks.report",
     "smoke_load_file": "h5forge.tasks.smoke_load",
-    "check_manifest": "h5forge.tasks.verify",
-    "load_manifest": "h5forge.tasks.verify",
+    "check_sidecar": "h5forge.tasks.verify",
+    "load_sidecar": "h5forge.tasks.verify",
     "verify_file": "h5forge.tasks.verify",
 }
 

@@ -31,6 +31,7 @@ __all__ = [
     "check_pack_options",
     "pack_default",
     "pack_flag",
+    "renamed_flag",
     "with_pack_options",
 ]
 
@@ -129,16 +130,20 @@ _PY_TYPES = {
 }
 
 
-def _renamed_flag(old: str) -> Any:
-    """A hidden option for the flag an older h5forge called ``old``: given, it exits 2 naming
-    the new flag, while the command line is parsed (before anything slow starts)."""
+def renamed_flag(old: str, new: str) -> Any:
+    """A hidden option for the flag an older h5forge called ``old`` (now ``new``): given, it
+    exits 2 naming ``new`` while the command line is parsed (before anything slow starts)."""
 
     def refuse(value: object) -> object:
-        if value is not None:
-            raise fail(renamed_message(old, flag=True), EXIT_USAGE)
+        if value is not None and value is not False:
+            raise fail(renamed_message(old, new), EXIT_USAGE)
         return value
 
-    return typer.Option("--" + old.replace("_", "-"), hidden=True, callback=refuse, is_eager=True)
+    return typer.Option(old, hidden=True, callback=refuse, is_eager=True)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def with_pack_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -179,7 +184,7 @@ def with_pack_options(command: Callable[..., Any]) -> Callable[..., Any]:
             old,
             inspect.Parameter.KEYWORD_ONLY,
             default=None,
-            annotation=Annotated[str | None, _renamed_flag(old)],
+            annotation=Annotated[str | None, renamed_flag(_flag(old), _flag(new))],
         )
         for old, new in RENAMED_OPTIONS.items()
         if new in names

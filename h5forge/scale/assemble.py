@@ -87,7 +87,7 @@ class _Out:
     fd: int  # the .partial, for copies HDF5 does not see
     dst: np.ndarray | None  # (offset, size) of every raw chunk, allocated at creation
     blob_offset: int  # file offset of the output blob
-    check: CheckedCopy  # per-sample checks, for parts without a manifest
+    check: CheckedCopy  # per-sample checks, for parts without a sidecar
     copy: RangeCopy
     filters: tuple[int, ...]
     base: int = 0  # first sample of the next part
@@ -233,7 +233,7 @@ def assemble(
                 f"merging into {partial}: {len(failures)} sample(s) do not match the digests "
                 "their part recorded, so a part changed after it was packed; run the build "
                 "again (find_done_parts re-packs parts whose file no longer matches their "
-                "manifest) or re-pack the parts named below",
+                "sidecar) or re-pack the parts named below",
                 failures[:100],
             )
         if blob:

@@ -1,6 +1,6 @@
-"""Check whole part files against their manifests: one sha256 per file, on helper threads.
+"""Check whole part files against their sidecars: one sha256 per file, on helper threads.
 
-A published part has a manifest, written last by :func:`h5forge.publish.storage.publish`, that
+A published part has a sidecar, written last by :func:`h5forge.publish.storage.publish`, that
 records
 the whole file's sha256 and size. The file's sha256 covers every byte the merge copies (image
 bytes as stored, compressed or not, the index, the digests), so when it matches, what the merge
@@ -64,10 +64,10 @@ class FileIdentity:
 
 @dataclass(frozen=True)
 class Expected:
-    """A part's manifest, as far as the check needs it."""
+    """A part's sidecar, as far as the check needs it."""
 
     url: str  # the part, for messages
-    manifest_url: str  # its manifest, for messages
+    sidecar_url: str  # its sidecar, for messages
     sha256: str
     size: int
 
@@ -80,7 +80,7 @@ def _changed(url: str, first: str, a: FileIdentity, then: str, b: FileIdentity) 
     return IntegrityError(
         f"{url} changed during the merge: {first} it was ({a}), {then} ({b}); what was hashed "
         "may not be what was copied. Run the merge again once nothing writes to the part; if "
-        "it was re-packed, run the build again (find_done_parts checks it against its manifest)"
+        "it was re-packed, run the build again (find_done_parts checks it against its sidecar)"
     )
 
 
@@ -116,7 +116,7 @@ def _hash_threads() -> int:
 
 
 class FileChecks:
-    """Hashes whole files on a bounded pool of threads and checks them against their manifests.
+    """Hashes whole files on a bounded pool of threads and checks them against their sidecars.
 
     :meth:`start` queues a file's hash (one file per thread); :meth:`copied` records the identity
     the copy saw; :meth:`settle` waits for a file's hash and raises :class:`IntegrityError` on
@@ -151,7 +151,7 @@ class FileChecks:
         size = os.stat(path).st_size
         if size != expected.size:
             raise IntegrityError(
-                f"{expected.url} has {size} bytes, its manifest {expected.manifest_url} records "
+                f"{expected.url} has {size} bytes, its sidecar {expected.sidecar_url} records "
                 f"{expected.size}: the part changed after it was published. Run the build again "
                 "(find_done_parts sees the mismatch and re-packs it) or re-pack it with "
                 "h5forge.scale.parts.pack_part"
@@ -197,15 +197,15 @@ class FileChecks:
         """Wait for part ``key``'s hash; check it and the identities against the copy's.
 
         Raises:
-            IntegrityError: the sha256 differs from the manifest's, or the file the hash read
+            IntegrityError: the sha256 differs from the sidecar's, or the file the hash read
                 is not the one the copy read.
         """
         expected = self._expected.pop(key)
         actual, hashed = self._hashes.pop(key).result()
         if actual != expected.sha256:
             raise IntegrityError(
-                f"{expected.url}: sha256 of the part file is {actual}, its manifest "
-                f"{expected.manifest_url} records {expected.sha256}: the part changed after it "
+                f"{expected.url}: sha256 of the part file is {actual}, its sidecar "
+                f"{expected.sidecar_url} records {expected.sha256}: the part changed after it "
                 "was published. Run the build again (find_done_parts sees the mismatch and "
                 "re-packs it) or re-pack it with h5forge.scale.parts.pack_part"
             )

@@ -8,9 +8,9 @@ rebases ``/offsets``. Digests, labels, splits, paths and quarantine lists are co
 
 How the copy is checked, per part (:mod:`h5forge.scale.checked_copy`):
 
-- **A published part** (its manifest, written last by :func:`h5forge.publish.storage.publish`, lies
-  next to it): the whole part file's sha256 is checked against the manifest's
-  (:mod:`h5forge.scale.file_check`). The hashes start as soon as each manifest is read, in the
+- **A published part** (its sidecar, written last by :func:`h5forge.publish.storage.publish`, lies
+  next to it): the whole part file's sha256 is checked against the sidecar's
+  (:mod:`h5forge.scale.file_check`). The hashes start as soon as each sidecar is read, in the
   survey (:mod:`h5forge.scale.survey`), on a pool of threads (two files at once with two or
   more CPUs) reading the files through ``mmap`` while the copy runs; the copy itself stays in
   the kernel (``os.copy_file_range`` for raw chunks and blobs, :mod:`h5forge.scale.kernel_copy`;
@@ -18,7 +18,7 @@ How the copy is checked, per part (:mod:`h5forge.scale.checked_copy`):
   The file's identity (device, inode, size, mtime) when surveyed, hashed and copied must be one
   and the same. A mismatch raises :class:`~h5forge.errors.IntegrityError` naming the part,
   both digests and the fix.
-- **A bare sealed file** (no manifest, or an unreadable one): every sample's sha256 is
+- **A bare sealed file** (no sidecar, or an unreadable one): every sample's sha256 is
   computed from the bytes in hand (on helper threads, while the next block is copied with
   ``pread``/``pwrite``) and compared with its part's digest; a filtered chunk is
   decompressed for that (the digest covers the pixels).
@@ -83,7 +83,7 @@ def merge_parts(
             quarantined, over every part) was quarantined.
         source_url, source_sha256: recorded as root attributes (redact the URL first).
         storage_options: for remote part URLs; remote parts are downloaded one at a time.
-            A part whose manifest (``url + ".manifest.json"``) is found is checked by the
+            A part whose sidecar (``url + ".manifest.json"``) is found is checked by the
             whole file's sha256, otherwise sample by sample.
         overwrite: replace an existing ``out``.
         tmp_dir: local scratch folder for downloaded parts; default the system's.
@@ -95,7 +95,7 @@ def merge_parts(
         ValueError: no parts, or parts that disagree (configuration, classes, splits,
             storage, image shape, filters).
         UnsealedFileError: a part is ``.partial``, unsealed or of an unknown version.
-        IntegrityError: a published part's file does not match its manifest (sha256 or size)
+        IntegrityError: a published part's file does not match its sidecar (sha256 or size)
             or changed during the merge; a bare part's sample does not match its digest.
             Nothing is left at ``out``.
         TooManyBadImagesError: too many inputs were quarantined in total.

@@ -1,14 +1,14 @@
 """Part-parallel packing: pack each planned part to a staging URL, find those already done.
 
 A part (:class:`h5forge.scale.plan.PartSpec`) is packed anywhere (a Dask worker, this
-process) into a normal format-v1 file and published to ``STAGING/part-00003.h5``; its manifest,
+process) into a normal format-v1 file and published to ``STAGING/part-00003.h5``; its sidecar,
 written last by :func:`h5forge.publish.storage.publish`, is the commit marker and records the slice,
 the quarantined inputs and the configuration hash. :func:`find_done_parts` trusts a part only
-when manifest, size and sha256 all match, so a re-run redoes only the rest;
+when sidecar, size and sha256 all match, so a re-run redoes only the rest;
 :func:`h5forge.scale.merge.merge_parts` then copies the stored bytes of all parts into one file.
 
-A staging folder that an h5forge before the parts were named so left (``shard-00003.h5``,
-sidecar ``"kind": "h5forge-shard"``) is refused by :func:`find_done_parts`, naming the files and
+A staging folder left by an older h5forge, which called the parts shards (``shard-00003.h5``,
+sidecar ``"kind": "h5forge-shard"``), is refused by :func:`find_done_parts`, naming the files and
 the fix, rather than resumed: those files are never read, and a run that silently packed
 everything again beside them would leave them behind.
 
@@ -35,7 +35,7 @@ from h5forge.discover.catalog import Catalog
 from h5forge.hashing import sha256_file
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack_slice
-from h5forge.publish.manifest import MANIFEST_SUFFIX, read_manifest
+from h5forge.publish.sidecar import SIDECAR_SUFFIX, read_sidecar
 from h5forge.publish.storage import publish
 from h5forge.redact import redact_url
 from h5forge.scale.plan import PartSpec, part_catalog, part_url, refuse_targets
@@ -53,7 +53,7 @@ class PartResult:
     """What :func:`pack_part` published (small: safe to return from a remote task).
 
     Attributes:
-        url: the part file in the staging folder (redacted); manifest_url: its commit marker.
+        url: the part file in the staging folder (redacted); sidecar_url: its commit marker.
         quarantined: ``(relative path, reason)`` of the slice's inputs that were not packed.
         seconds: wall time on the worker, preprocessing, verify and upload included.
     """
@@ -62,7 +62,7 @@ class PartResult:
     start: int
     stop: int
     url: str
-    manifest_url: str
+    sidecar_url: str
     num_samples: int
     num_quarantined: int
     quarantined: tuple[tuple[str, str], ...]
@@ -81,7 +81,7 @@ def pack_part(
     storage_options: Mapping[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
 ) -> PartResult:
-    """Pack one part locally, publish it to ``staging_url``, and write its manifest last.
+    """Pack one part locally, publish it to ``staging_url``, and write its sidecar last.
 
     The part is a sealed format-v1 file of the slice with the whole catalog's classes and
     split names. Bad inputs are quarantined and listed, never fatal: the merge applies
@@ -118,12 +118,12 @@ def pack_part(
     dest = part_url(staging_url, spec)
     with tempfile.TemporaryDirectory(prefix="h5forge-part-", dir=tmp_dir) as tmp:
         packed = pack_slice(sub, Path(tmp) / spec.name, config=config, workers=processes)
-        # Drop the old commit marker first: publish() skips a destination whose manifest
+        # Drop the old commit marker first: publish() skips a destination whose sidecar
         # matches the new file, and a re-pack is usually byte-identical to a damaged part
-        # (same second in created_at) whose manifest still describes the good bytes.
+        # (same second in created_at) whose sidecar still describes the good bytes.
         fs, path = fsspec.core.url_to_fs(dest, **dict(storage_options or {}))
         with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(path + MANIFEST_SUFFIX)
+            fs.rm_file(path + SIDECAR_SUFFIX)
         extra = {
             "kind": PART_KIND,
             "index": spec.index,
@@ -144,7 +144,7 @@ def pack_part(
         start=spec.start,
         stop=spec.stop,
         url=published.url,
-        manifest_url=published.manifest_url,
+        sidecar_url=published.sidecar_url,
         num_samples=packed.num_samples,
         num_quarantined=packed.num_quarantined,
         quarantined=packed.quarantined,
@@ -163,10 +163,10 @@ def find_done_parts(
 ) -> set[int]:
     """The indices of the parts in ``specs`` that are already published and intact.
 
-    A part counts as done only when its manifest exists, names the same slice (index, start,
-    stop, fingerprint) and configuration hash, and the file next to it has the manifest's size
+    A part counts as done only when its sidecar exists, names the same slice (index, start,
+    stop, fingerprint) and configuration hash, and the file next to it has the sidecar's size
     and sha256 (read in full: a flipped byte makes the part count as not done). Anything else
-    (no manifest, a stale or unreadable one, a missing or damaged file) is simply not done.
+    (no sidecar, a stale or unreadable one, a missing or damaged file) is simply not done.
 
     Args:
         staging_url: the folder the parts were published to.
@@ -184,7 +184,7 @@ def find_done_parts(
     for spec in specs:
         url = part_url(staging_url, spec)
         try:
-            manifest = read_manifest(url, storage_options=options)
+            sidecar = read_sidecar(url, storage_options=options)
         except (FileNotFoundError, ValueError):  # none yet, or torn on a store without renames
             continue
         wanted = {
@@ -195,14 +195,14 @@ def find_done_parts(
             "fingerprint": spec.fingerprint,
             "config_sha256": config_sha,
         }
-        if any(manifest.get(k) != v for k, v in wanted.items()):
+        if any(sidecar.get(k) != v for k, v in wanted.items()):
             continue
         fs, path = fsspec.core.url_to_fs(url, **options)
         fs.invalidate_cache(path)
         try:
             if (
-                fs.size(path) != manifest["bytes"]
-                or sha256_file(url, storage_options=options) != manifest["sha256"]
+                fs.size(path) != sidecar["bytes"]
+                or sha256_file(url, storage_options=options) != sidecar["sha256"]
             ):
                 continue
         except FileNotFoundError:
@@ -230,14 +230,14 @@ def remove_parts(
 ) -> int:
     """Delete the plan's parts from ``staging`` (once the merged asset is published).
 
-    Each manifest goes before its file, so no reader pairs a manifest with a missing file.
+    Each sidecar goes before its file, so no reader pairs a sidecar with a missing file.
     Returns the number of files deleted.
     """
     fs, _ = fsspec.core.url_to_fs(staging, **(storage_options or {}))
     removed = 0
     for spec in specs:
         _, path = fsspec.core.url_to_fs(part_url(staging, spec), **(storage_options or {}))
-        for name in (path + MANIFEST_SUFFIX, path):
+        for name in (path + SIDECAR_SUFFIX, path):
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(name)
                 removed += 1

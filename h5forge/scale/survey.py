@@ -1,8 +1,8 @@
-"""Survey the parts of a merge: headers, counts, quarantine lists, manifests; refuse a mix.
+"""Survey the parts of a merge: headers, counts, quarantine lists, sidecars; refuse a mix.
 
 Every part is opened once (HDF5 header and index, a local or remote URL) before anything is
 written, so a mix of builds, an unsealed part or too many bad inputs fail the merge up front.
-A part with a manifest (``url + ".manifest.json"``, written last by
+A part with a sidecar (``url + ".manifest.json"``, written last by
 :func:`h5forge.publish.storage.publish`) is to be checked by its whole file's sha256: the hash of a
 local one starts here, on :class:`h5forge.scale.file_check.FileChecks`' threads, while the others
 are surveyed.
@@ -21,7 +21,7 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.index import check_labels, load_index
 from h5forge.asset.open import is_local, open_h5, url_to_fs
-from h5forge.publish.manifest import manifest_url, read_manifest
+from h5forge.publish.sidecar import read_sidecar, sidecar_url
 from h5forge.scale.file_check import Expected, FileChecks, FileIdentity
 
 __all__ = ["Part", "survey"]
@@ -54,21 +54,21 @@ class Part:
     split_names: tuple[str, ...]
     image_shape: tuple[int, ...]  # (H, W, C) for array storage, (B,) for blob storage
     filters: tuple[int, ...]  # HDF5 filter ids on /images
-    expected: Expected | None  # its manifest: the whole file is checked against it
+    expected: Expected | None  # its sidecar: the whole file is checked against it
     identity: FileIdentity | None  # of a local part when it was surveyed
 
 
 def _expected(url: str, options: dict[str, Any] | None) -> Expected | None:
-    """The part's manifest, or None for a bare file (checked sample by sample instead)."""
+    """The part's sidecar, or None for a bare file (checked sample by sample instead)."""
     try:
-        manifest = read_manifest(url, storage_options=options)
+        sidecar = read_sidecar(url, storage_options=options)
     except FileNotFoundError:
         return None
     except ValueError as e:  # torn or foreign: the per-sample check still covers the part
         log.warning("%s; checking %s sample by sample instead", e, url)
         return None
     return Expected(
-        url=url, manifest_url=manifest_url(url), sha256=manifest["sha256"], size=manifest["bytes"]
+        url=url, sidecar_url=sidecar_url(url), sha256=sidecar["sha256"], size=sidecar["bytes"]
     )
 
 
@@ -77,7 +77,7 @@ def survey(
 ) -> tuple[list[Part], np.ndarray, list[tuple[str, str]]]:
     """Read every part's header and index; refuse a mix; count samples per (split, class).
 
-    The hash of every local part that has a manifest starts here, before its survey.
+    The hash of every local part that has a sidecar starts here, before its survey.
     """
     parts: list[Part] = []
     counts = np.zeros(0, np.int64)

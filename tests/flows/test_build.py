@@ -60,9 +60,9 @@ def test_build_completes_and_the_published_asset_verifies(built: Any) -> None:
     assert set(summary.smoke_per_method) == {"fork", "spawn"}
     assert summary.smoke_images_per_second == min(summary.smoke_per_method.values()) > 0
 
-    manifest = json.loads(Path(str(built.dest) + ".manifest.json").read_text())
-    assert (manifest["sha256"], manifest["bytes"]) == (summary.sha256, summary.bytes)
-    assert manifest["num_samples"] == 300
+    sidecar = json.loads(Path(str(built.dest) + ".manifest.json").read_text())
+    assert (sidecar["sha256"], sidecar["bytes"]) == (summary.sha256, summary.bytes)
+    assert sidecar["num_samples"] == 300
     with Image.open(str(built.dest) + ".preview.png") as png:
         assert png.format == "PNG"
         assert png.width > 96

@@ -110,7 +110,7 @@ def _kill_when(staging: Path, parts: int, pid: int) -> threading.Thread:
     def watch() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if staging.exists() and len(_manifests(staging)) >= parts:
+            if staging.exists() and len(_sidecars(staging)) >= parts:
                 os.kill(pid, signal.SIGKILL)
                 return
             time.sleep(0.02)
@@ -153,7 +153,7 @@ def test_dask_build_equals_the_local_build_even_when_a_worker_dies(
     assert not list(staging.iterdir())  # published: the parts are gone
 
 
-def _manifests(staging: Path) -> set[str]:
+def _sidecars(staging: Path) -> set[str]:
     return {p.name.removesuffix(".manifest.json") for p in staging.glob("*.manifest.json")}
 
 
@@ -206,7 +206,7 @@ def test_a_killed_build_resumes_and_packs_only_the_missing_parts(
     )
     try:
         deadline = time.monotonic() + 120
-        while not staging.exists() or len(_manifests(staging)) < 3:
+        while not staging.exists() or len(_sidecars(staging)) < 3:
             assert run.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no part finished in 120 s"
             time.sleep(0.02)
@@ -215,7 +215,7 @@ def test_a_killed_build_resumes_and_packs_only_the_missing_parts(
         run.wait()
         log.close()
     _wait_until_idle(cluster)
-    done = _manifests(staging)
+    done = _sidecars(staging)
     k = len(done)
     assert 3 <= k < n, f"{k} of {n} parts finished before the kill landed"
     done_index = {int(name[len("part-") : -len(".h5")]) for name in done}
@@ -228,8 +228,8 @@ def test_a_killed_build_resumes_and_packs_only_the_missing_parts(
     assert len(_part_runs(run_id)) == n - k
     assert all(f"part-{i:05d}.h5" not in name for name in _part_runs(run_id) for i in done_index)
     _assert_same_samples(tmp_path / "out" / "demo.h5", built.dest)
-    manifest = json.loads(Path(str(tmp_path / "out" / "demo.h5") + ".manifest.json").read_text())
-    assert manifest["num_samples"] == 300
+    sidecar = json.loads(Path(str(tmp_path / "out" / "demo.h5") + ".manifest.json").read_text())
+    assert sidecar["num_samples"] == 300
 
 
 # --------------------------------------------------------------------------- BuildConfig

@@ -1,4 +1,4 @@
-"""The merge checks what it copies (each part file's sha256 against its manifest, or every
+"""The merge checks what it copies (each part file's sha256 against its sidecar, or every
 sample's digest for parts without one); the seal then verifies structure only."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """How the merge checks what it copies: published parts by their file's sha256 against the
-manifest (with the file's identity), bare parts sample by sample; the kernel copy's fallback."""
+sidecar (with the file's identity), bare parts sample by sample; the kernel copy's fallback."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from h5forge.errors import IntegrityError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
-from h5forge.publish.manifest import MANIFEST_SUFFIX
+from h5forge.publish.sidecar import SIDECAR_SUFFIX
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.scale.merge import merge_parts
 from h5forge.scale.parts import pack_part
@@ -58,7 +58,7 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> Catalog:
 
 @pytest.fixture(scope="module")
 def published(catalog: Catalog, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each build's staging folder: 3 published parts of 4 images, manifests beside them."""
+    """Each build's staging folder: 3 published parts of 4 images, sidecars beside them."""
     out: dict[str, Path] = {}
     for name, kw in BUILDS.items():
         staging = tmp_path_factory.mktemp(f"published_{name}")
@@ -75,11 +75,11 @@ def refs(catalog: Catalog, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 
 def _staging(published: dict[str, Path], build: str, tmp_path: Path) -> list[Path]:
-    """A private copy of a build's staging folder (parts and manifests) to damage."""
+    """A private copy of a build's staging folder (parts and sidecars) to damage."""
     staging = Path(shutil.copytree(published[build], tmp_path / "staging"))
     parts = sorted(staging.glob("part-*.h5"))
     assert len(parts) == 3
-    assert all(Path(str(s) + MANIFEST_SUFFIX).exists() for s in parts)
+    assert all(Path(str(s) + SIDECAR_SUFFIX).exists() for s in parts)
     return parts
 
 
@@ -122,7 +122,7 @@ def test_a_byte_flipped_after_publish_fails_the_file_hash(
     build: str, published: dict[str, Path], tmp_path: Path
 ) -> None:
     parts = _staging(published, build, tmp_path)
-    manifest = json.loads(Path(str(parts[1]) + MANIFEST_SUFFIX).read_text())
+    sidecar = json.loads(Path(str(parts[1]) + SIDECAR_SUFFIX).read_text())
     flip_sample_byte(parts[1], 2)
     actual = hashlib.sha256(parts[1].read_bytes()).hexdigest()
     out = tmp_path / "out" / "m.h5"
@@ -130,18 +130,18 @@ def test_a_byte_flipped_after_publish_fails_the_file_hash(
         merge_parts([str(s) for s in parts], out, max_bad_fraction=0.0)
     message = str(e.value)
     assert actual in message
-    assert manifest["sha256"] in message
+    assert sidecar["sha256"] in message
     assert "find_done_parts" in message  # the fix: the re-run re-packs it
     _assert_nothing_at(out)
 
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
-def test_without_its_manifest_the_same_part_is_checked_sample_by_sample(
+def test_without_its_sidecar_the_same_part_is_checked_sample_by_sample(
     build: str, published: dict[str, Path], tmp_path: Path
 ) -> None:
     parts = _staging(published, build, tmp_path)
     flip_sample_byte(parts[1], 2)
-    os.unlink(str(parts[1]) + MANIFEST_SUFFIX)  # a bare sealed file, among published ones
+    os.unlink(str(parts[1]) + SIDECAR_SUFFIX)  # a bare sealed file, among published ones
     out = tmp_path / "out" / "m.h5"
     with pytest.raises(IntegrityError, match=r"sample 6 \(sample 2 of .*part-00001\.h5\)"):
         merge_parts([str(s) for s in parts], out, max_bad_fraction=0.0)
@@ -166,7 +166,7 @@ def test_a_part_of_another_size_fails_before_anything_is_copied(
     with parts[0].open("ab") as f:
         f.write(b"\0" * 10)
     out = tmp_path / "m.h5"
-    with pytest.raises(IntegrityError, match=r"part-00000.h5 has \d+ bytes, its manifest"):
+    with pytest.raises(IntegrityError, match=r"part-00000.h5 has \d+ bytes, its sidecar"):
         merge_parts([str(s) for s in parts], out, max_bad_fraction=0.0)
     _assert_nothing_at(out)
 

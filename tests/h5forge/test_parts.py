@@ -231,7 +231,7 @@ def test_resume_redoes_only_the_missing_parts(
     n, k = len(specs), 3
     first = _build(client, source.catalog, specs[:k], staging, **kw)  # "crashed" after k
     assert sorted(r.index for r in first) == list(range(k))
-    # Killed between the upload and its manifest: a file with no commit marker is not done.
+    # Killed between the upload and its sidecar: a file with no commit marker is not done.
     torn = specs[k]
     shutil.copyfile(first[0].url, staging / torn.name)
     stamps = {p.name: p.stat().st_mtime_ns for p in staging.iterdir()}
@@ -258,13 +258,13 @@ def _truncate(path: Path) -> None:
     os.truncate(path, path.stat().st_size - 100)
 
 
-def _stale_manifest(path: Path) -> None:
+def _stale_sidecar(path: Path) -> None:
     m = Path(str(path) + ".manifest.json")
     data = json.loads(m.read_text())
     m.write_text(json.dumps({**data, "fingerprint": "0" * 64}))
 
 
-@pytest.mark.parametrize("damage", [_flip_byte, _truncate, _stale_manifest, os.unlink])
+@pytest.mark.parametrize("damage", [_flip_byte, _truncate, _stale_sidecar, os.unlink])
 def test_damaged_part_is_not_done_and_is_redone(
     damage: Any, source: Source, tmp_path: Path
 ) -> None:
