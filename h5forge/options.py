@@ -119,8 +119,8 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "path",
         None,
         optional=True,
-        help="a CSV or JSONL file listing the images as path,label[,split], relative to the "
-        "source folder (default: none; the class folders are the labels)",
+        help="the sample listing: a CSV or JSONL file of the images as path,label[,split], "
+        "relative to the source folder (default: none; the class folders are the labels)",
         description="A sample listing: a CSV (path,label[,split]) or JSONL file of the images, "
         "as a path relative to the source's root (or absolute); empty for the ImageFolder layout "
         "[split/]class/image.jpg.",
