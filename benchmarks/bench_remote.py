@@ -98,10 +98,10 @@ def main() -> None:
             fs.mkdir("bench")
             fs.put_file(local.path, "bench/decoded.h5")
             from h5forge.hashing import sha256_file
-            from h5forge.publish.manifest import manifest_bytes, manifest_url
+            from h5forge.publish.sidecar import sidecar_bytes, sidecar_url
 
             sha = sha256_file(local.path)
-            fs.pipe(manifest_url("bench/decoded.h5"), manifest_bytes(sha, local.bytes, {}))
+            fs.pipe(sidecar_url("bench/decoded.h5"), sidecar_bytes(sha, local.bytes, {}))
             for peer in peers:
                 fs.put(
                     str(tmp / ("mds" if peer == "mosaic" else "litdata")),

@@ -12,8 +12,8 @@ Two choices are made once, before the stages run, and the flow body never branch
   (:class:`_NewVersion`: fingerprints the source first, and stops there when it is unchanged;
   a local pack copies the previous version's unchanged samples);
 - **how it packs** (:func:`_pack_stage`): a local worker pool (:func:`_pack_locally`), or, with
-  ``executor="dask"``, shards packed as tasks on a Dask cluster and merged into the work dir
-  (:func:`_pack_on_dask`, :mod:`h5forge.flows.dask_stage`). The shards are deleted once the
+  ``executor="dask"``, parts packed as tasks on a Dask cluster and merged into the work dir
+  (:func:`_pack_on_dask`, :mod:`h5forge.flows.dask_stage`). The parts are deleted once the
   asset is published, and kept after a failure so that a re-run packs only the missing ones.
 """
 
@@ -47,6 +47,7 @@ from h5forge.tasks.common import dataset_name
 from h5forge.tasks.discover import discover_samples
 from h5forge.tasks.fetch import fetch_task, source_dir
 from h5forge.tasks.pack import pack_images
+from h5forge.tasks.parts import PartStats, executor_section
 from h5forge.tasks.publish import (
     as_published,
     asset_key,
@@ -57,7 +58,6 @@ from h5forge.tasks.publish import (
     publish_version_task,
 )
 from h5forge.tasks.report import render_report, write_report
-from h5forge.tasks.shards import ShardStats, executor_section
 from h5forge.tasks.smoke_load import smoke_load_file
 from h5forge.tasks.verify import verify_file
 from h5forge.workdir import work_dir
@@ -149,7 +149,7 @@ class _NewVersion:
             dest,
             preview_png=png,
             sources=dict(basis.fingerprint.files) if basis.fingerprint else None,
-            metadata={**metadata, **basis.manifest_fields(self.lineage)},
+            metadata={**metadata, **basis.sidecar_fields(self.lineage)},
             storage_options=self.storage_options,
             keep_versions=self.config.keep_versions,
             min_age_s=self.config.min_age_s,
@@ -189,15 +189,15 @@ class _LocalPacked:
     """A local pack's outcome, shaped as :class:`~h5forge.flows.dask_stage.DaskPacked`."""
 
     packed: PackResult
-    stats: ShardStats | None = None
+    stats: PartStats | None = None
 
-    def remove_shards(self) -> None:
-        """Nothing to remove: a local pack writes no shards."""
+    def remove_parts(self) -> None:
+        """Nothing to remove: a local pack writes no parts."""
 
 
 @dataclass(frozen=True)
 class _PackInputs:
-    """What the pack stage starts from: discover's catalog (``config.manifest`` included:
+    """What the pack stage starts from: discover's catalog (``config.listing`` included:
     never listed again), the fetched source, and where the packed file goes."""
 
     catalog: Catalog
@@ -243,7 +243,7 @@ def _pack_on_dask(
     target: _Target,
     seconds: dict[str, float],
 ) -> DaskPacked:
-    """The pack stage as shard tasks on the Dask cluster, merged into the work dir (it
+    """The pack stage as part tasks on the Dask cluster, merged into the work dir (it
     records its own ``pack`` and ``merge`` times)."""
     from h5forge.flows.dask_stage import pack_on_dask
 
@@ -297,7 +297,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     (:mod:`h5forge.flows.entry`).
 
     Returns:
-        Where the asset, its manifest and its preview are, with counts, digest and timings.
+        Where the asset, its sidecar and its preview are, with counts, digest and timings.
 
     Raises:
         MainReimportError: called at a script's module level, where spawned children rerun it.
@@ -348,7 +348,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
             published, version = target.publish(
                 packed.path, png=png, metadata=metadata, about=f"h5forge asset {dataset}"
             )
-        packing.remove_shards()  # published: the shards are no longer needed to resume
+        packing.remove_parts()  # published: the parts are no longer needed to resume
     preview = target.preview(published)
     markdown = render_report(
         dataset=dataset,
@@ -359,14 +359,14 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         preview=preview,
         format_version=verified.format_version,
         stage_seconds=seconds,
-    ) + executor_section(workers=config.workers, shards=packing.stats, seconds=seconds)
+    ) + executor_section(workers=config.workers, parts=packing.stats, seconds=seconds)
     write_report(markdown, dataset=dataset, preview=preview)
     logger.info(
         "published %s (%d samples, sha256 %s)", published.url, packed.num_samples, published.sha256
     )
     return BuildSummary(
         destination=published.url,
-        manifest_url=published.manifest_url,
+        sidecar_url=published.sidecar_url,
         preview_url=preview,
         asset_key=asset_key(config.destination),
         num_samples=packed.num_samples,
@@ -380,7 +380,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         smoke_per_method={m.start_method: round(m.images_per_second, 1) for m in smoke.methods},
         seconds=seconds,
         executor=config.executor,
-        shards=packing.stats,
+        parts=packing.stats,
         unchanged=False,
         version=version,
         reused=packed.reused,

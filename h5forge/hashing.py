@@ -1,7 +1,7 @@
 """The sha256 of a whole file, local or at any fsspec URL, in large streamed reads.
 
 Fetch checks archives and cache entries with it, publish reads back what it wrote, and the
-verify and scale stages compare files with their manifests: one function, one chunk size, so a
+verify and scale stages compare files with their sidecars: one function, one chunk size, so a
 digest means the same thing everywhere.
 """
 

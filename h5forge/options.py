@@ -25,6 +25,7 @@ from typing import Any, Literal, get_args
 __all__ = [
     "CODEC_LEVELS",
     "PACK_OPTIONS",
+    "RENAMED_OPTIONS",
     "SIZE_MAX",
     "SIZE_MIN",
     "Compression",
@@ -41,6 +42,7 @@ __all__ = [
     "format_size",
     "option",
     "parse_size",
+    "renamed_message",
 ]
 
 
@@ -281,14 +283,14 @@ def _levels() -> str:
 #: Every pack option, in the order ``--help`` lists them.
 PACK_OPTIONS: tuple[PackOption, ...] = (
     PackOption(
-        "manifest",
+        "listing",
         "path",
         None,
         optional=True,
-        help="a CSV or JSONL file listing the images as path,label[,split], relative to the "
-        "source folder (default: none; the class folders are the labels)",
-        description="A CSV (path,label[,split]) or JSONL manifest listing the images, as a "
-        "path relative to the source's root (or absolute); empty for the ImageFolder layout "
+        help="the sample listing: a CSV or JSONL file of the images as path,label[,split], "
+        "relative to the source folder (default: none; the class folders are the labels)",
+        description="A sample listing: a CSV (path,label[,split]) or JSONL file of the images, "
+        "as a path relative to the source's root (or absolute); empty for the ImageFolder layout "
         "[split/]class/image.jpg.",
     ),
     PackOption(
@@ -323,9 +325,9 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "columns",
         None,
         optional=True,
-        help="manifest target columns NAME=KIND,... (multilabel, boxes, mask, text, number) "
+        help="the listing's target columns NAME=KIND,... (multilabel, boxes, mask, text, number) "
         "or none; default: inferred",
-        description="The manifest's target columns, NAME=KIND,... (multilabel, boxes, mask, "
+        description="The listing's target columns, NAME=KIND,... (multilabel, boxes, mask, "
         "text, number), e.g. tags=multilabel; 'none': no target; empty: inferred.",
     ),
     PackOption(
@@ -454,7 +456,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "overwrite",
         "bool",
         False,
-        help="replace the destination (and its manifest) if it exists",
+        help="replace the destination (and its sidecar) if it exists",
         description="Replace an existing asset at the destination.",
     ),
 )
@@ -471,20 +473,41 @@ def option(name: str) -> PackOption:
 
 
 def check_sources(
-    manifest: object, coco: object, masks: object, columns: object, coco_masks: object = False
+    listing: object, coco: object, masks: object, columns: object, coco_masks: object = False
 ) -> None:
-    """Refuse two source layouts at once, ``columns`` without a manifest, or ``coco_masks``
+    """Refuse two source layouts at once, ``columns`` without a listing, or ``coco_masks``
     without ``coco`` (``OptionError``)."""
-    given = [(n, v) for n, v in (("manifest", manifest), ("coco", coco), ("masks", masks)) if v]
+    given = [(n, v) for n, v in (("listing", listing), ("coco", coco), ("masks", masks)) if v]
     if len(given) > 1:
         raise OptionError(
             given[1][0],
             f"{' and '.join(f'{n}={v!r}' for n, v in given)} name two source layouts; give "
-            "one of manifest (a CSV/JSONL), coco (a COCO instances JSON) or masks (a folder)",
+            "one of listing (a CSV/JSONL), coco (a COCO instances JSON) or masks (a folder)",
         )
-    if columns is not None and columns != "" and not manifest:
-        raise OptionError("columns", f"columns={columns!r} describes a manifest; give manifest")
+    if columns is not None and columns != "" and not listing:
+        raise OptionError(
+            "columns", f"columns={columns!r} describes a sample listing; give listing"
+        )
     if coco_masks and not coco:
         raise OptionError(
             "coco_masks", f"coco_masks={coco_masks!r} draws a COCO file's masks; give coco"
         )
+
+
+# Renamed options
+
+#: Option names an older h5forge used -> the name each has now. "manifest" named the sample
+#: listing and "shard" the Dask stage's parts; both words now name parts of a version. A saved
+#: deployment, a prefect.yaml or a script that gives an old name fails naming the new one
+#: (never silently means something else): :class:`h5forge.flows.config.BuildConfig` and the
+#: command line refuse them.
+RENAMED_OPTIONS: dict[str, str] = {
+    "manifest": "listing",
+    "shard_size": "part_size",
+    "shard_bytes": "part_bytes",
+}
+
+
+def renamed_message(old: str, new: str) -> str:
+    """Why the old option name (or flag) ``old`` is refused, naming the new one."""
+    return f"{old} was renamed {new} (same meaning, same values); give {new} instead"

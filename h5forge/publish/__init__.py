@@ -1,5 +1,5 @@
 """Stage 7, publish: copy an asset through fsspec, read it back, compare, and write the
-manifest last (``storage``: :func:`publish`; ``copy``; ``manifest``: :func:`read_manifest`;
+sidecar last (``storage``: :func:`publish`; ``copy``; ``sidecar``: :func:`read_sidecar`;
 ``preview``).
 
 Nothing is imported here, so that naming a module of this package stays cheap.

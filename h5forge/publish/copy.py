@@ -28,7 +28,7 @@ from h5forge.errors import ChecksumError
 from h5forge.files import NOFOLLOW, NONBLOCK, create_exclusive
 from h5forge.hashing import CHUNK, sha256_of
 from h5forge.locks import flock
-from h5forge.publish.manifest import MANIFEST_SUFFIX
+from h5forge.publish.sidecar import SIDECAR_SUFFIX
 
 __all__ = ["TempFile", "fsync_dir", "put", "read_back", "remove_stale_temps", "temp_copy"]
 
@@ -142,12 +142,12 @@ def _anonymous_file(parent: str) -> int | None:
 
 
 def remove_stale_temps(parent: str, name: str) -> None:
-    """Remove temp files of ``name`` (and of its manifest) left by a killed publish.
+    """Remove temp files of ``name`` (and of its sidecar) left by a killed publish.
 
     Call it under :func:`h5forge.locks.folder_lock`: a live publisher unlocks its temp file
     only under that lock, just before renaming it away.
     """
-    prefixes = (f".{name}{_TEMP}", f".{name}{MANIFEST_SUFFIX}{_TEMP}")
+    prefixes = (f".{name}{_TEMP}", f".{name}{SIDECAR_SUFFIX}{_TEMP}")
     with contextlib.suppress(FileNotFoundError), os.scandir(parent) as entries:
         stale = [
             e.path

@@ -27,7 +27,7 @@ from h5forge.read.asset_list import (
     AssetSource,
     check_same_targets,
     parse_sources,
-    read_asset_manifest,
+    read_asset_list,
     union_classes,
 )
 from h5forge.read.dataset import H5ImageDataset
@@ -58,8 +58,8 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
 
     Args:
         sources: a list of assets (URLs, ``(url, version)`` pairs, or dicts with ``url`` and
-            optionally ``version`` and ``weight``), or the URL (a string or path) of a shard
-            manifest; see :mod:`h5forge.read.asset_list` for the format and its limits.
+            optionally ``version`` and ``weight``), or the URL (a string or path) of an
+            asset list (JSON); see :mod:`h5forge.read.asset_list` for the format and its limits.
         split: only samples of this split, in every asset (each must have it).
         subset: ``None`` for all samples; a list of indices (into the concatenation, after
             ``split``; kept in the given order); or a fraction in (0, 1]: that share of the
@@ -81,9 +81,10 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             its ``transforms``, ``cache_dir`` and ``cache_limit`` must be left unset.
 
     Raises:
-        ValueError: a malformed list, manifest or subset; a missing split; class sets that
-            disagree (naming both assets) without ``remap``; target columns that differ;
-            ``options`` with other reading keywords, or with what this class does not take.
+        ValueError: a malformed list, asset list file or subset; a missing split; class
+            sets that disagree (naming both assets) without ``remap``; target columns that
+            differ; ``options`` with other reading keywords, or with what this class does not
+            take.
         FileNotFoundError, IntegrityError: as an asset's H5ImageDataset raises them.
 
     Attributes:
@@ -137,7 +138,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             raise ValueError(f"seed={seed!r} must be an int >= 0")
         if isinstance(sources, (str, os.PathLike)):
             self.name = redact_url(os.fspath(sources))
-            found = read_asset_manifest(os.fspath(sources), storage_options=storage_options)
+            found = read_asset_list(os.fspath(sources), storage_options=storage_options)
         else:
             found = parse_sources(sources)
             self.name = f"{len(found)} assets ({redact_url(found[0].url)}, ...)"

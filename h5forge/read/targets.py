@@ -270,7 +270,7 @@ def select(
             raise ValueError(
                 f"{where}: this asset has no target columns (format version 1), so "
                 f"target={a!r} cannot be read; only target='class' can. Pack it from a source "
-                "with target columns (a manifest with extra columns, COCO instances, or "
+                "with target columns (a sample listing with extra columns, COCO instances, or "
                 "images/ + masks/ folders) to read boxes, masks, labels lists, text or numbers"
             )
         if a in by_name:

@@ -1,4 +1,4 @@
-"""Packing at scale: shards planned (``plan``), packed in parallel (``shards``), surveyed
+"""Packing at scale: parts planned (``plan``), packed in parallel (``parts``), surveyed
 (``survey``) and merged into one asset (``merge``, ``assemble``) with checked copies
 (``stored_copy``, ``checked_copy``, ``kernel_copy``, ``file_check``, ``download``).
 

@@ -1,6 +1,6 @@
 """Opening any ``.h5`` is safe: crafted files (tests/fixtures/hostile_h5.py) through the real
 entry points — H5ImageDataset (local, loopback HTTP, moto S3), ``verify``, ``summarize`` /
-``render_preview``, ``merge_shards``, and ``h5forge verify|inspect`` as subprocesses."""
+``render_preview``, ``merge_parts``, and ``h5forge verify|inspect`` as subprocesses."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from h5forge.errors import IntegrityError
 from h5forge.preprocess.images import decode_stored
 from h5forge.publish.preview import render_preview
 from h5forge.read.dataset import H5ImageDataset
-from h5forge.scale.merge import merge_shards
+from h5forge.scale.merge import merge_parts
 from h5forge.summary import summarize
 from h5forge.verify.checks import verify
 from tests.fixtures.hostile_h5 import KINDS, SECRET, Kind, craft, make_aux
@@ -176,7 +176,7 @@ def test_cli_verify_and_inspect_refuse_with_exit_1(
 
 
 @pytest.mark.parametrize("name", ["ext-link-nested", "label-negative", "labels-float"])
-def test_merge_refuses_a_hostile_shard(
+def test_merge_refuses_a_hostile_part(
     name: str, bases: dict[str, Path], tmp_path: Path, aux: Path
 ) -> None:
     kind = BY_NAME[name]
@@ -185,7 +185,7 @@ def test_merge_refuses_a_hostile_shard(
     bad = _crafted(kind, bases, tmp_path, aux)
     out = tmp_path / "merged.h5"
     with pytest.raises(IntegrityError, match=kind.match):
-        merge_shards([good, bad], out)
+        merge_parts([good, bad], out)
     assert not out.exists()
     assert not Path(str(out) + ".partial").exists()
 

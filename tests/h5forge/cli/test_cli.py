@@ -1,7 +1,7 @@
 """The library CLI (pack, verify, inspect) as a user runs it: a subprocess, with exit codes.
 
 Exit codes (README): 0 success, 1 integrity or run failure, 2 usage. Every class of error of
-every command is provoked here for real: a flipped label, a manifest that contradicts its file,
+every command is provoked here for real: a flipped label, a sidecar that contradicts its file,
 a destination that exists, is inside the source, read-only (a read-only bind mount) or full (a
 tiny tmpfs), a source that is not there, names holding terminal escape sequences.
 """
@@ -22,7 +22,7 @@ from PIL import Image
 from h5forge.demo import write_image_folder
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
-from h5forge.publish.manifest import manifest_url
+from h5forge.publish.sidecar import sidecar_url
 from h5forge.publish.storage import publish
 from h5forge.summary import summarize
 from tests.fixtures.mounts import in_mounts
@@ -136,12 +136,12 @@ def test_too_many_bad_images_exit_1_listing_them(tmp_path: Path) -> None:
     assert not out.exists()
 
 
-# --------------------------------------------------------------------------- verify + manifest
+# --------------------------------------------------------------------------- verify + sidecar
 
 
 @pytest.fixture
 def published(small_tree: Path, packed: Path, tmp_path: Path) -> Path:
-    """``packed`` published with its manifest (counts, format version) in a fresh folder."""
+    """``packed`` published with its sidecar (counts, format version) in a fresh folder."""
     dest = tmp_path / "pub" / "asset.h5"
     info = summarize(str(packed))
     publish(
@@ -152,72 +152,87 @@ def published(small_tree: Path, packed: Path, tmp_path: Path) -> Path:
     return dest
 
 
-def test_verify_checks_the_sidecar_manifest(published: Path) -> None:
+def test_verify_checks_the_sidecar_sidecar(published: Path) -> None:
     r = _cli("verify", str(published))
     assert r.returncode == 0, r.stderr
-    assert f"matches its manifest {manifest_url(str(published))}" in r.stdout
-    assert json.loads(_cli("verify", str(published), "--json").stdout)["manifest"] == manifest_url(
+    assert f"matches its sidecar {sidecar_url(str(published))}" in r.stdout
+    assert json.loads(_cli("verify", str(published), "--json").stdout)["sidecar"] == sidecar_url(
         str(published)
     )
 
 
-def test_verify_refuses_a_resealed_file_its_manifest_contradicts(
+def test_verify_refuses_a_resealed_file_its_sidecar_contradicts(
     small_tree: Path, published: Path, tmp_path: Path
 ) -> None:
     # A different, consistently sealed file put where the published one was: it verifies on
-    # its own, but its manifest records another sha256, size and counts.
+    # its own, but its sidecar records another sha256, size and counts.
     other = tmp_path / "other.h5"
     pack(small_tree, other, workers=1, max_bad_fraction=0.5, config=PackConfig(compression="gzip"))
     shutil.copyfile(other, published)
-    assert _cli("verify", str(published), "--no-manifest").returncode == 0
+    assert _cli("verify", str(published), "--no-sidecar").returncode == 0
     r = _cli("verify", str(published))
     assert r.returncode == 1
     line = _error_line(r)
-    assert "does not match its manifest" in line
-    manifest = json.loads(Path(manifest_url(str(published))).read_text())
-    assert f"sha256: manifest says {manifest['sha256']!r}" in r.stderr
+    assert "does not match its sidecar" in line
+    sidecar = json.loads(Path(sidecar_url(str(published))).read_text())
+    assert f"sha256: sidecar says {sidecar['sha256']!r}" in r.stderr
     assert (
-        f"bytes: manifest says {manifest['bytes']!r}, the file has {other.stat().st_size}"
-        in r.stderr
+        f"bytes: sidecar says {sidecar['bytes']!r}, the file has {other.stat().st_size}" in r.stderr
     )
 
 
 def test_verify_names_a_counts_disagreement(published: Path) -> None:
-    path = Path(manifest_url(str(published)))
-    manifest = json.loads(path.read_text())
-    manifest["counts"] = {"": {"x": 5, "y": 3}}
-    path.write_text(json.dumps(manifest))
+    path = Path(sidecar_url(str(published)))
+    sidecar = json.loads(path.read_text())
+    sidecar["counts"] = {"": {"x": 5, "y": 3}}
+    path.write_text(json.dumps(sidecar))
     r = _cli("verify", str(published))
     assert r.returncode == 1
     assert (
-        "counts: manifest says {'': {'x': 5, 'y': 3}}, the file has {'': {'x': 4, 'y': 4}}"
+        "counts: sidecar says {'': {'x': 5, 'y': 3}}, the file has {'': {'x': 4, 'y': 4}}"
         in r.stderr
     )
 
 
-def test_verify_with_an_explicit_manifest(published: Path, packed: Path, tmp_path: Path) -> None:
-    # --manifest names one elsewhere (here: the published one, for the unpublished copy).
-    r = _cli("verify", str(packed), "--manifest", manifest_url(str(published)))
+def test_verify_with_an_explicit_sidecar(published: Path, packed: Path, tmp_path: Path) -> None:
+    # --sidecar names one elsewhere (here: the published one, for the unpublished copy).
+    r = _cli("verify", str(packed), "--sidecar", sidecar_url(str(published)))
     assert r.returncode == 0, r.stderr
-    assert "matches its manifest" in r.stdout
-    missing = _cli("verify", str(packed), "--manifest", str(tmp_path / "none.manifest.json"))
+    assert "matches its sidecar" in r.stdout
+    missing = _cli("verify", str(packed), "--sidecar", str(tmp_path / "none.manifest.json"))
     assert missing.returncode == 2
-    assert "no manifest at" in _error_line(missing)
-    both = _cli("verify", str(packed), "--manifest", "x", "--no-manifest")
+    assert "no sidecar at" in _error_line(missing)
+    both = _cli("verify", str(packed), "--sidecar", "x", "--no-sidecar")
     assert both.returncode == 2
 
 
-def test_verify_fails_on_a_manifest_that_is_not_one(published: Path) -> None:
-    Path(manifest_url(str(published))).write_text("{not json")
+@pytest.mark.parametrize(
+    ("old", "new", "value"),
+    [("--manifest", "--sidecar", ["x.json"]), ("--no-manifest", "--no-sidecar", [])],
+)
+def test_verify_refuses_the_old_sidecar_flags_naming_the_new_ones(
+    published: Path, old: str, new: str, value: list[str]
+) -> None:
+    # A script written for an older h5forge fails clearly, not with "no such option".
+    r = _cli("verify", str(published), old, *value)
+    assert r.returncode == 2
+    assert new in _error_line(r)
+    assert _error_line(r).endswith(
+        f"{old} was renamed {new} (same meaning, same values); give {new} instead"
+    )
+
+
+def test_verify_fails_on_a_sidecar_that_is_not_one(published: Path) -> None:
+    Path(sidecar_url(str(published))).write_text("{not json")
     r = _cli("verify", str(published))
     assert r.returncode == 1
     assert "is not valid JSON" in _error_line(r)
 
 
-def test_verify_without_a_manifest_says_so(packed: Path) -> None:
+def test_verify_without_a_sidecar_says_so(packed: Path) -> None:
     r = _cli("verify", str(packed))
     assert r.returncode == 0, r.stderr
-    assert "no manifest checked (none beside it)" in r.stdout
+    assert "no sidecar checked (none beside it)" in r.stdout
 
 
 # --------------------------------------------------------------------------- usage: exit 2

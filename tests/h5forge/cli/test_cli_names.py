@@ -50,7 +50,7 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Vers
         root = tmp / f"src{seed}"
         write_image_folder(root, classes=("a", "b"), per_class=3, seed=seed, size=(20, 24))
         local = pack(root, tmp / f"v{seed}" / "flowers.h5", workers=1).path
-        counts = summarize(local)["counts"]  # what a build records in the manifest
+        counts = summarize(local)["counts"]  # what a build records in the sidecar
         done.append(publish_version(local, str(dest), extra={"counts": counts}))
     assert not dest.exists()
     return dest, done
@@ -132,7 +132,7 @@ def test_verify_json_reports_a_failure_as_a_document(
     damaged = tmp_path / "damaged.h5"
     shutil.copyfile(published[1][0].url, damaged)
     flip_sample_byte(damaged, 2)
-    run = _cli("verify", str(damaged), "--json", "--no-manifest")
+    run = _cli("verify", str(damaged), "--json", "--no-sidecar")
     assert run.returncode == 1, run.stderr
     report = json.loads(run.stdout)
     assert report["ok"] is False
@@ -145,11 +145,11 @@ def test_verify_json_reports_a_failure_as_a_document(
     assert (good["ok"], good["failures"]) == (True, [])
 
 
-def test_verify_json_reports_a_manifest_mismatch_as_a_document(
+def test_verify_json_reports_a_sidecar_mismatch_as_a_document(
     published: tuple[Path, list[VersionResult]], tmp_path: Path
 ) -> None:
     _, (first, latest) = published
-    run = _cli("verify", first.url, "--manifest", latest.manifest_url, "--json")
+    run = _cli("verify", first.url, "--sidecar", latest.sidecar_url, "--json")
     assert run.returncode == 1, run.stderr
     report = json.loads(run.stdout)
     assert report["ok"] is False

@@ -1,4 +1,4 @@
-"""``h5forge pack`` with the source layouts of #15: --coco, --masks, --manifest with --columns;
+"""``h5forge pack`` with the source layouts of #15: --coco, --masks, --listing with --columns;
 the packed file read back (format 2, its columns), and the refusals before any work."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from h5forge.targets.schema import parse_schema
 from tests.fixtures.targets_data import (
     sample_rows,
     write_coco_dataset,
-    write_manifest_with_columns,
+    write_listing_with_columns,
     write_paired_folder,
 )
 
@@ -116,15 +116,15 @@ def test_pack_masks_stores_a_mask_per_image(tmp_path: Path) -> None:
             assert (mask == seg.value).any()
 
 
-def test_pack_manifest_columns_given_on_the_command_line(tmp_path: Path) -> None:
-    written = write_manifest_with_columns(tmp_path / "m", sample_rows(6))
+def test_pack_listing_columns_given_on_the_command_line(tmp_path: Path) -> None:
+    written = write_listing_with_columns(tmp_path / "m", sample_rows(6))
     out = tmp_path / "m.h5"
     r = _cli(
         "pack",
         str(written.root),
         str(out),
-        "--manifest",
-        written.manifest.name,
+        "--listing",
+        written.listing.name,
         "--columns",
         "tags=multilabel,caption=text",
         "--workers",
@@ -143,9 +143,9 @@ def test_pack_manifest_columns_given_on_the_command_line(tmp_path: Path) -> None
 
 def test_two_layouts_or_bad_columns_are_refused_before_any_work(tmp_path: Path) -> None:
     for args, message in (
-        (["--manifest", "a.csv", "--coco", "b.json"], "name two source layouts"),
+        (["--listing", "a.csv", "--coco", "b.json"], "name two source layouts"),
         (["--columns", "tags=video"], "kind 'video'"),
-        (["--columns", "tags=multilabel"], "describes a manifest"),
+        (["--columns", "tags=multilabel"], "describes a sample listing"),
         (["--coco-masks"], "give coco"),
     ):
         r = _cli("pack", str(tmp_path / "nowhere"), str(tmp_path / "o.h5"), *args)

@@ -1,4 +1,4 @@
-"""Tests for h5forge.discover.catalog: ImageFolder and manifest discovery."""
+"""Tests for h5forge.discover.catalog: ImageFolder and listing discovery."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from h5forge.discover.catalog import IMAGE_EXTENSIONS, MAX_DEPTH, SPLIT_NAMES, Catalog, discover
-from h5forge.discover.manifest import LABEL_FLOOR
+from h5forge.discover.listing import LABEL_FLOOR
 from h5forge.errors import EmptyDatasetError
 from h5forge.files import remove_tree
 from tests.fixtures.trees import deep_chain, touch_at
@@ -223,20 +223,20 @@ def test_missing_or_file_root(tmp_path: Path) -> None:
         discover(_touch(tmp_path / "x.png"))
 
 
-def _manifest_tree(tmp_path: Path) -> Path:
+def _listing_tree(tmp_path: Path) -> Path:
     for rel in ("imgs/1.jpg", "imgs/2.png", "imgs/sub/3.png", "other/4.png"):
         _touch(tmp_path / rel)
     return tmp_path
 
 
-def test_csv_manifest_with_names_and_splits(tmp_path: Path) -> None:
-    root = _manifest_tree(tmp_path)
+def test_csv_listing_with_names_and_splits(tmp_path: Path) -> None:
+    root = _listing_tree(tmp_path)
     (root / "labels.csv").write_text(
         "\ufeffpath,label,split,extra\nimgs/2.png,dog,val,z\nimgs/1.jpg,cat,train,z\n"
         "./imgs/sub/3.png,dog,train,z\nother/4.png,cat,val,z\n",
         encoding="utf-8",
     )
-    cat = discover(root, manifest="labels.csv")
+    cat = discover(root, listing="labels.csv")
     assert cat.root == str(root)
     assert cat.classes == ("cat", "dog")
     assert cat.splits == ("train", "val")
@@ -249,19 +249,19 @@ def test_csv_manifest_with_names_and_splits(tmp_path: Path) -> None:
     _check_invariants(cat)
 
 
-def test_csv_manifest_with_integer_labels(tmp_path: Path) -> None:
-    root = _manifest_tree(tmp_path)
+def test_csv_listing_with_integer_labels(tmp_path: Path) -> None:
+    root = _listing_tree(tmp_path)
     (root / "m.csv").write_text("path,label\nimgs/1.jpg,10\nimgs/2.png,2\n")
-    cat = discover(root, manifest=root / "m.csv")
+    cat = discover(root, listing=root / "m.csv")
     assert cat.classes == tuple(str(i) for i in range(11))
     assert [(s.relpath, s.label) for s in cat.samples] == [("imgs/2.png", 2), ("imgs/1.jpg", 10)]
 
 
-def test_jsonl_manifest(tmp_path: Path) -> None:
-    root = _manifest_tree(tmp_path)
+def test_jsonl_listing(tmp_path: Path) -> None:
+    root = _listing_tree(tmp_path)
     lines = [{"path": "imgs/1.jpg", "label": 1}, {"path": "imgs/2.png", "label": 0}]
     (root / "m.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
-    cat = discover(root, manifest="m.jsonl")
+    cat = discover(root, listing="m.jsonl")
     assert cat.classes == ("0", "1")
     assert cat.splits == ()
     assert [(s.relpath, s.label, s.split) for s in cat.samples] == [
@@ -271,7 +271,7 @@ def test_jsonl_manifest(tmp_path: Path) -> None:
     (root / "n.jsonl").write_text(
         json.dumps({"path": "other/4.png", "label": "ünï", "split": "test"}) + "\n"
     )
-    named = discover(root, manifest="n.jsonl")
+    named = discover(root, listing="n.jsonl")
     assert named.classes == ("ünï",)
     assert named.splits == ("test",)
 
@@ -318,18 +318,18 @@ def test_jsonl_manifest(tmp_path: Path) -> None:
         ("m.jsonl", '{"label": 1}\n', ValueError, r"m\.jsonl:1: .*string 'path'"),
     ],
 )
-def test_manifest_errors_name_the_line(
+def test_listing_errors_name_the_line(
     tmp_path: Path, name: str, text: str, error: type[Exception], match: str
 ) -> None:
-    root = _manifest_tree(tmp_path)
+    root = _listing_tree(tmp_path)
     (root / name).write_text(text)
     with pytest.raises(error, match=match):
-        discover(root, manifest=name)
+        discover(root, listing=name)
 
 
-def test_missing_manifest(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="manifest .* does not exist"):
-        discover(tmp_path, manifest="nope.csv")
+def test_missing_listing(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="listing .* does not exist"):
+        discover(tmp_path, listing="nope.csv")
 
 
 def test_extensions_and_split_names() -> None:
@@ -380,7 +380,7 @@ def test_discover_property(tree: dict[str, list[tuple[str, str]]]) -> None:
     assert keys == sorted(keys)
 
 
-# --------------------------------------------------------------------------- hostile manifests
+# --------------------------------------------------------------------------- hostile listings
 
 
 def _write(root: Path, name: str, data: str | bytes) -> str:
@@ -398,7 +398,7 @@ _BIG = "x" * (128 * 1024)
         (
             "m.csv",
             "path,label\nimgs/1.jpg,0\nimgs/2.png,1099511627776\n",
-            r"m\.csv:3: label 1099511627776 is out of range: a manifest of 2 rows may use integer "
+            r"m\.csv:3: label 1099511627776 is out of range: a listing of 2 rows may use integer "
             r"labels 0\.\.1,023",
         ),
         (
@@ -462,7 +462,7 @@ _BIG = "x" * (128 * 1024)
             "m.csv",
             b"path,label\nimgs/1.jpg,caf\xe9\n",
             r"m\.csv:2: byte 0xe9 at column 15 is not "
-            r"UTF-8; save the manifest as UTF-8",
+            r"UTF-8; save the listing as UTF-8",
         ),
         (
             "m.jsonl",
@@ -511,13 +511,13 @@ _BIG = "x" * (128 * 1024)
         ),
     ],
 )
-def test_hostile_manifest_errors_name_file_line_value_and_rule(
+def test_hostile_listing_errors_name_file_line_value_and_rule(
     tmp_path: Path, name: str, data: str | bytes, match: str
 ) -> None:
-    root = _manifest_tree(tmp_path)
+    root = _listing_tree(tmp_path)
     _write(root, name, data)
     with pytest.raises((ValueError, FileNotFoundError)) as info:
-        discover(root, manifest=name)
+        discover(root, listing=name)
     text = str(info.value)
     assert re.search(match, text), text
     assert str(root / name) in text
@@ -526,12 +526,12 @@ def test_hostile_manifest_errors_name_file_line_value_and_rule(
 
 
 def test_integer_labels_up_to_the_row_bound_are_kept(tmp_path: Path) -> None:
-    root = _manifest_tree(tmp_path)
+    root = _listing_tree(tmp_path)
     _write(root, "m.csv", f"path,label\nimgs/1.jpg,{LABEL_FLOOR - 1}\nimgs/2.png,0\n")
-    assert len(discover(root, manifest="m.csv").classes) == LABEL_FLOOR
+    assert len(discover(root, listing="m.csv").classes) == LABEL_FLOOR
     _write(root, "m.csv", f"path,label\nimgs/1.jpg,{LABEL_FLOOR}\nimgs/2.png,0\n")
     with pytest.raises(ValueError, match=f"m.csv:2: label {LABEL_FLOOR} is out of range"):
-        discover(root, manifest="m.csv")
+        discover(root, listing="m.csv")
 
 
 def test_many_rows_justify_many_classes(tmp_path: Path) -> None:
@@ -541,17 +541,17 @@ def test_many_rows_justify_many_classes(tmp_path: Path) -> None:
         (tmp_path / "imgs" / f"{i}.png").touch()
     body = "".join(f"imgs/{i}.png,{rows - 1 - i}\n" for i in range(rows))
     _write(tmp_path, "m.csv", "path,label\n" + body)
-    cat = discover(tmp_path, manifest="m.csv")
+    cat = discover(tmp_path, listing="m.csv")
     assert len(cat.classes) == rows
     _write(tmp_path, "m.csv", "path,label\n" + body.replace(f",{rows - 1}\n", f",{rows}\n"))
     with pytest.raises(
-        ValueError, match=f"m.csv:2: label {rows} is out of range: a manifest of {rows:,} rows"
+        ValueError, match=f"m.csv:2: label {rows} is out of range: a listing of {rows:,} rows"
     ):
-        discover(tmp_path, manifest="m.csv")
+        discover(tmp_path, listing="m.csv")
 
 
 def _links_tree(tmp_path: Path) -> Path:
-    root = _manifest_tree(tmp_path / "set")
+    root = _listing_tree(tmp_path / "set")
     secret = tmp_path / "secret.png"
     secret.write_bytes(b"not yours")
     (root / "out.png").symlink_to(secret)
@@ -570,86 +570,86 @@ def _links_tree(tmp_path: Path) -> Path:
         (
             "out.png",
             r"path 'out\.png' is a symbolic link \(or passes through one\) to '.*/secret"
-            r"\.png', outside the manifest's folder",
+            r"\.png', outside the listing's folder",
         ),
         ("hop.png", r"path 'hop\.png' is a symbolic link .* to '.*/secret\.png', outside"),
         ("updir/secret.png", r"path 'updir/secret\.png' is a symbolic link .*outside"),
-        ("/etc/passwd", r"path '/etc/passwd' must be relative to the manifest's folder"),
+        ("/etc/passwd", r"path '/etc/passwd' must be relative to the listing's folder"),
         (
             "imgs/../../secret.png",
             r"path 'imgs/\.\./\.\./secret\.png' must be relative to the "
-            r"manifest's folder and stay inside",
+            r"listing's folder and stay inside",
         ),
         ("loop.png", r"path 'loop\.png' passes more than 40 symbolic links"),
         ("pipe.png", r"path 'pipe\.png' is a FIFO \(named pipe\), not a regular file"),
         ("imgs", r"path 'imgs' is a folder, not a regular file"),
     ],
 )
-def test_manifest_paths_may_not_leave_the_folder_or_name_special_files(
+def test_listing_paths_may_not_leave_the_folder_or_name_special_files(
     tmp_path: Path, rel: str, match: str
 ) -> None:
     root = _links_tree(tmp_path)
     _write(root, "m.csv", f"path,label\nimgs/1.jpg,a\n{rel},b\n")
     with pytest.raises(ValueError, match=r"m\.csv:3: " + match):
-        discover(root, manifest="m.csv")
+        discover(root, listing="m.csv")
 
 
 def test_device_files_are_refused_without_opening_them(tmp_path: Path) -> None:
-    root = _manifest_tree(tmp_path)
+    root = _listing_tree(tmp_path)
     (root / "dev.png").symlink_to("/dev/zero")  # out of the folder: refused as such
     _write(root, "m.csv", "path,label\ndev.png,a\n")
-    with pytest.raises(ValueError, match="outside the manifest's folder"):
-        discover(root, manifest="m.csv")
+    with pytest.raises(ValueError, match="outside the listing's folder"):
+        discover(root, listing="m.csv")
     if os.geteuid() == 0:  # a device node inside the folder (mknod needs root)
         os.mknod(root / "null.png", 0o644 | stat.S_IFCHR, os.makedev(1, 3))
         _write(root, "m.csv", "path,label\nnull.png,a\n")
         with pytest.raises(ValueError, match="'null.png' is a character device, not a regular"):
-            discover(root, manifest="m.csv")
+            discover(root, listing="m.csv")
 
 
 def test_links_and_dotdot_that_stay_inside_are_allowed(tmp_path: Path) -> None:
     root = _links_tree(tmp_path)
     _write(root, "m.csv", "path,label\nin.png,a\nimgs/sub/../../other/4.png,b\n")
-    cat = discover(root, manifest="m.csv")
+    cat = discover(root, listing="m.csv")
     assert [s.relpath for s in cat.samples] == ["in.png", "other/4.png"]
     assert cat.samples[0].path == str(root / "in.png")
 
 
 @pytest.mark.timeout(20)
-def test_a_fifo_as_the_manifest_is_refused_without_blocking(tmp_path: Path) -> None:
+def test_a_fifo_as_the_listing_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "m.csv")
     with pytest.raises(
         ValueError,
-        match=r"manifest '.*m\.csv' is a FIFO \(named pipe\), not a "
+        match=r"listing '.*m\.csv' is a FIFO \(named pipe\), not a "
         "regular file",
     ):
-        discover(tmp_path, manifest="m.csv")
+        discover(tmp_path, listing="m.csv")
 
 
-def test_bom_and_crlf_manifests(tmp_path: Path) -> None:
-    root = _manifest_tree(tmp_path)
+def test_bom_and_crlf_listings(tmp_path: Path) -> None:
+    root = _listing_tree(tmp_path)
     _write(root, "m.csv", b"\xef\xbb\xbfpath,label\r\nimgs/1.jpg,a\r\n\r\nimgs/2.png,b\r\n")
-    assert [s.relpath for s in discover(root, manifest="m.csv").samples] == [
+    assert [s.relpath for s in discover(root, listing="m.csv").samples] == [
         "imgs/1.jpg",
         "imgs/2.png",
     ]
     _write(root, "m.jsonl", b'\xef\xbb\xbf{"path": "imgs/1.jpg", "label": "a"}\r\n')
-    assert discover(root, manifest="m.jsonl").classes == ("a",)
+    assert discover(root, listing="m.jsonl").classes == ("a",)
     _write(root, "m.csv", b"\xef\xbb\xbfpath,label\r\nimgs/1.jpg,a\r\nimgs/missing.png,b\r\n")
     with pytest.raises(FileNotFoundError, match=r"m\.csv:3: file 'imgs/missing\.png'"):
-        discover(root, manifest="m.csv")
+        discover(root, listing="m.csv")
 
 
 def test_extra_columns_become_targets_and_columns_empty_ignores_them(tmp_path: Path) -> None:
-    """Before target columns a manifest's extra columns were ignored; ``columns={}`` still does
-    that, giving the catalog of the same manifest without them."""
-    root = _manifest_tree(tmp_path)
+    """Before target columns a listing's extra columns were ignored; ``columns={}`` still does
+    that, giving the catalog of the same listing without them."""
+    root = _listing_tree(tmp_path)
     (root / "with.csv").write_text("path,label,split,extra\nimgs/2.png,dog,val,z\n")
     (root / "without.csv").write_text("path,label,split\nimgs/2.png,dog,val\n")
-    plain = discover(root, manifest="without.csv")
+    plain = discover(root, listing="without.csv")
     assert (plain.schema, plain.rejected, plain.samples[0].targets) == ((), (), ())
-    assert discover(root, manifest="with.csv", columns={}) == plain
-    extra = discover(root, manifest="with.csv")
+    assert discover(root, listing="with.csv", columns={}) == plain
+    extra = discover(root, listing="with.csv")
     assert [(c.name, c.kind) for c in extra.schema] == [("extra", "text")]
     assert extra.samples[0].targets == ("z",)
     assert extra.samples == tuple(dataclasses.replace(s, targets=("z",)) for s in plain.samples)

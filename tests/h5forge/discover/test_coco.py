@@ -160,8 +160,8 @@ def test_no_image_left_is_an_empty_dataset(tmp_path: Path) -> None:
     w.rewrite(dict(w.data, images=[{"id": 1, "file_name": "img/none.png"}]))
     with pytest.raises(EmptyDatasetError, match="leaves no image.*missing image"):
         discover(tmp_path, coco=w.annotations.name and "annotations/instances.json")
-    with pytest.raises(ValueError, match="give one source, not manifest and coco"):
-        discover(tmp_path, manifest="m.csv", coco="annotations/instances.json")
+    with pytest.raises(ValueError, match="give one source, not listing and coco"):
+        discover(tmp_path, listing="m.csv", coco="annotations/instances.json")
     assert json.loads(w.annotations.read_text())["images"][0]["id"] == 1
 
 

@@ -1,4 +1,4 @@
-"""Manifests with target columns: inferred and given schemas, round trips, hostile rows."""
+"""Listings with target columns: inferred and given schemas, round trips, hostile rows."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from h5forge.discover.catalog import UNLABELLED, Catalog, discover
-from h5forge.discover.manifest import MAX_LINE_BYTES
+from h5forge.discover.listing import MAX_LINE_BYTES
 from h5forge.discover.report import describe
 from h5forge.targets.schema import KINDS as KINDS_LIST
 from h5forge.targets.schema import MAX_TEXT_BYTES, Column, check_value
-from tests.fixtures.targets_data import sample_rows, write_manifest_with_columns
+from tests.fixtures.targets_data import sample_rows, write_listing_with_columns
 
 KINDS = {
     "tags": "multilabel",
@@ -58,8 +58,8 @@ def _targets(cat: Catalog) -> dict[str, tuple]:
 
 def test_jsonl_columns_are_inferred_and_round_trip(tmp_path: Path) -> None:
     rows = sample_rows(7)
-    w = write_manifest_with_columns(tmp_path, rows)
-    cat = discover(tmp_path, manifest=w.manifest.name)
+    w = write_listing_with_columns(tmp_path, rows)
+    cat = discover(tmp_path, listing=w.listing.name)
     assert [(c.name, c.kind, c.dtype) for c in cat.schema] == [
         ("tags", "multilabel", None),
         ("caption", "text", None),
@@ -73,7 +73,7 @@ def test_jsonl_columns_are_inferred_and_round_trip(tmp_path: Path) -> None:
     assert cat.rejected == ()
     assert _targets(cat) == _expected(tmp_path, rows, cat)
     assert [s.relpath for s in cat.samples] == sorted(r["path"] for r in rows)
-    assert discover(tmp_path, manifest=w.manifest.name) == cat
+    assert discover(tmp_path, listing=w.listing.name) == cat
     text = describe(cat)
     assert text.startswith("targets: tags (multilabel, 3 classes), caption (text)")
     assert "class (" not in text
@@ -82,13 +82,13 @@ def test_jsonl_columns_are_inferred_and_round_trip(tmp_path: Path) -> None:
 
 def test_csv_with_given_columns_round_trips_like_jsonl(tmp_path: Path) -> None:
     rows = sample_rows(6, seed=3)
-    w = write_manifest_with_columns(tmp_path, rows, name="m.csv")
-    cat = discover(tmp_path, manifest="m.csv", columns=KINDS)
+    w = write_listing_with_columns(tmp_path, rows, name="m.csv")
+    cat = discover(tmp_path, listing="m.csv", columns=KINDS)
     assert [c.name for c in cat.schema] == list(KINDS)
     assert _targets(cat) == _expected(tmp_path, rows, cat)
-    assert w.manifest.read_text().startswith("path,tags,caption")
+    assert w.listing.read_text().startswith("path,tags,caption")
     # without columns=, CSV infers numbers and text; a multilabel column needs columns=
-    inferred = {c.name: (c.kind, c.dtype) for c in discover(tmp_path, manifest="m.csv").schema}
+    inferred = {c.name: (c.kind, c.dtype) for c in discover(tmp_path, listing="m.csv").schema}
     assert inferred["tags"] == ("text", None)
     assert inferred["score"] == ("number", "float64")
     assert inferred["count"] == ("number", "int64")
@@ -97,19 +97,19 @@ def test_csv_with_given_columns_round_trips_like_jsonl(tmp_path: Path) -> None:
 
 def test_labels_with_targets_and_column_selection(tmp_path: Path) -> None:
     rows = [dict(r, label=["b", "a"][i % 2]) for i, r in enumerate(sample_rows(4))]
-    write_manifest_with_columns(tmp_path, rows)
-    cat = discover(tmp_path, manifest="manifest.jsonl", columns={"caption": "text"})
+    write_listing_with_columns(tmp_path, rows)
+    cat = discover(tmp_path, listing="listing.jsonl", columns={"caption": "text"})
     assert cat.classes == ("a", "b")
     assert [c.name for c in cat.schema] == ["caption"]
     want = {r["path"]: (cat.classes.index(r["label"]), (r["caption"],)) for r in rows}
     assert {s.relpath: (s.label, s.targets) for s in cat.samples} == want
     assert describe(cat) == "targets: class (2 classes), caption (text)"
-    plain = discover(tmp_path, manifest="manifest.jsonl", columns={})
+    plain = discover(tmp_path, listing="listing.jsonl", columns={})
     assert plain.schema == ()
     assert {s.targets for s in plain.samples} == {()}
     with pytest.raises(ValueError, match=r"columns= names \['capton'\].*does not have"):
-        discover(tmp_path, manifest="manifest.jsonl", columns={"capton": "text"})
-    with pytest.raises(ValueError, match="give manifest= too"):
+        discover(tmp_path, listing="listing.jsonl", columns={"capton": "text"})
+    with pytest.raises(ValueError, match="give listing= too"):
         discover(tmp_path, columns={"caption": "text"})
 
 
@@ -145,7 +145,7 @@ REASONS = {
     "long-caption": f"more than the limit of {MAX_TEXT_BYTES:,}",
     "missing-mask": "not found",
     "escaping-mask": "stay inside",
-    "linked-mask": "outside the manifest's folder",
+    "linked-mask": "outside the listing's folder",
     "fifo-mask": "FIFO",
     "no-caption": "no value on this row",
 }
@@ -157,13 +157,13 @@ def test_hostile_rows_are_quarantined_with_a_reason_and_the_rest_kept(
 ) -> None:
     rows = _hostile_rows(tmp_path)
     root = tmp_path / "ds"
-    write_manifest_with_columns(root, rows, name=name)
+    write_listing_with_columns(root, rows, name=name)
     columns = {
         "caption": "text",
         "boxes": Column("boxes", "boxes", classes=("cat", "dog")),
         "mask": "mask",
     }
-    cat = discover(root, manifest=name, columns=columns)
+    cat = discover(root, listing=name, columns=columns)
     csv = name.endswith(".csv")
     reasons = {k: v for k, v in REASONS.items() if not (csv and k == "no-caption")}
     kept = ["imgs/good0.png", "imgs/good1.png"] + (["imgs/no-caption.png"] if csv else [])
@@ -204,39 +204,39 @@ def test_hostile_rows_are_quarantined_with_a_reason_and_the_rest_kept(
 def test_structural_errors_name_file_line_and_fix(
     tmp_path: Path, lines: list[dict[str, object]], match: str
 ) -> None:
-    write_manifest_with_columns(tmp_path, lines, name="m.jsonl")
+    write_listing_with_columns(tmp_path, lines, name="m.jsonl")
     with pytest.raises(ValueError, match=match):
-        discover(tmp_path, manifest="m.jsonl")
+        discover(tmp_path, listing="m.jsonl")
 
 
 def test_label_is_required_without_target_columns(tmp_path: Path) -> None:
-    write_manifest_with_columns(tmp_path, [{"path": "a.png"}], name="m.csv")
+    write_listing_with_columns(tmp_path, [{"path": "a.png"}], name="m.csv")
     with pytest.raises(ValueError, match=r"lacks \['label'\]"):
-        discover(tmp_path, manifest="m.csv")
+        discover(tmp_path, listing="m.csv")
     (tmp_path / "n.csv").write_text("path,caption\na.png,hi\n")
     with pytest.raises(ValueError, match="neither labels nor target columns"):
-        discover(tmp_path, manifest="n.csv", columns={})
-    assert discover(tmp_path, manifest="n.csv").samples[0].targets == ("hi",)
+        discover(tmp_path, listing="n.csv", columns={})
+    assert discover(tmp_path, listing="n.csv").samples[0].targets == ("hi",)
 
 
 @pytest.mark.parametrize("name", ["m.jsonl", "m.csv"])
-def test_a_ten_megabyte_caption_refuses_the_manifest_naming_the_line(
+def test_a_ten_megabyte_caption_refuses_the_listing_naming_the_line(
     tmp_path: Path, name: str
 ) -> None:
     """Over MAX_LINE_BYTES a line cannot be parsed into a row to quarantine: the bound holds."""
     rows = [{"path": "a.png", "caption": "ok"}, {"path": "b.png", "caption": "x" * 10**7}]
-    write_manifest_with_columns(tmp_path, rows, name=name)
+    write_listing_with_columns(tmp_path, rows, name=name)
     assert MAX_LINE_BYTES < 10**7
     with pytest.raises(ValueError, match=rf"m\.{name[2:]}:\d: .*(longer than|field)"):
-        discover(tmp_path, manifest=name)
+        discover(tmp_path, listing=name)
 
 
 def test_every_row_quarantined_is_an_empty_dataset(tmp_path: Path) -> None:
-    write_manifest_with_columns(tmp_path, [{"path": "a.png", "n": 1.5}], name="m.jsonl")
+    write_listing_with_columns(tmp_path, [{"path": "a.png", "n": 1.5}], name="m.jsonl")
     with pytest.raises(ValueError, match="every row was quarantined.*expected an integer"):
-        discover(tmp_path, manifest="m.jsonl", columns={"n": Column("n", "number", dtype="int64")})
+        discover(tmp_path, listing="m.jsonl", columns={"n": Column("n", "number", dtype="int64")})
     (tmp_path / "m.jsonl").write_text(json.dumps({"path": "a.png", "n": 2}) + "\n")
-    assert discover(tmp_path, manifest="m.jsonl").samples[0].targets == (2,)
+    assert discover(tmp_path, listing="m.jsonl").samples[0].targets == (2,)
 
 
 @pytest.mark.parametrize(
@@ -248,8 +248,8 @@ def test_every_row_quarantined_is_an_empty_dataset(tmp_path: Path) -> None:
 )
 def test_multilabel_names_are_bounded(tmp_path: Path, tags: str, reason: str) -> None:
     (tmp_path / "m.csv").write_text(f"path,tags\na.png,a|b\nb.png,{tags}\n")
-    write_manifest_with_columns(tmp_path, [{"path": "a.png"}, {"path": "b.png"}], name="x.csv")
-    cat = discover(tmp_path, manifest="m.csv", columns={"tags": "multilabel"})
+    write_listing_with_columns(tmp_path, [{"path": "a.png"}, {"path": "b.png"}], name="x.csv")
+    cat = discover(tmp_path, listing="m.csv", columns={"tags": "multilabel"})
     assert cat.schema[0].classes == ("a", "b")  # the bad names make no class
     assert [s.targets for s in cat.samples] == [((0, 1),)]
     where = tmp_path / "m.csv"
@@ -281,15 +281,15 @@ def test_any_column_values_give_a_catalog_or_a_clear_error(rows, kinds, fmt) -> 
     check_value, or raises ValueError / FileNotFoundError: never another exception."""
     with tempfile.TemporaryDirectory() as tmp:
         full = [dict(r, path=f"i{i}.png") for i, r in enumerate(rows)]
-        write_manifest_with_columns(tmp, full, name=fmt, size=(4, 4), mask_columns=())
+        write_listing_with_columns(tmp, full, name=fmt, size=(4, 4), mask_columns=())
         try:
-            cat = discover(tmp, manifest=fmt, columns=kinds)
+            cat = discover(tmp, listing=fmt, columns=kinds)
         except (ValueError, FileNotFoundError) as e:
             error: Exception | None = e
         else:
             error = None
         if error is not None:
-            assert str(Path(tmp, fmt)) in str(error), error  # names the manifest
+            assert str(Path(tmp, fmt)) in str(error), error  # names the listing
             return
         assert len(cat.samples) + len(cat.rejected) == len(rows)
         for s in cat.samples:

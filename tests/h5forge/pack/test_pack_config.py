@@ -78,9 +78,9 @@ def test_to_json_is_the_config_json_the_writer_always_wrote() -> None:
 
 
 def test_sha256_is_stable_and_covers_every_field() -> None:
-    # Shard manifests record this value (find_done_shards compares it): these are the digests
-    # h5forge.scale.shards.shard_config_sha256 gave before PackConfig, so a resume still finds
-    # the shards an older run published.
+    # Part sidecars record this value (find_done_parts compares it), as do published assets
+    # (no-op builds compare it): these are the digests h5forge.scale.shards.shard_config_sha256
+    # gave before PackConfig, so an older run's asset still counts as unchanged.
     # The Pillow path (decoder and resample "pillow") keeps them: its pixels are those files'.
     pillow = {"decoder": "pillow", "resample": "pillow"}
     old = PackConfig(

@@ -19,8 +19,8 @@ from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
 from h5forge.read.dataset import H5ImageDataset
-from h5forge.scale.plan import plan_shards
-from h5forge.scale.shards import pack_shard
+from h5forge.scale.parts import pack_part
+from h5forge.scale.plan import plan_parts
 from h5forge.targets.columns import Columns
 from h5forge.targets.schema import Column, parse_schema
 from h5forge.verify.checks import verify
@@ -264,15 +264,15 @@ def test_an_incremental_pack_with_targets_reuses_nothing_and_says_why(tmp_path, 
         assert [cols.get("caption", i) for i in range(2)] == ["c0", "c1"]
 
 
-def test_a_sharded_build_refuses_target_columns_naming_the_option(tmp_path):
+def test_a_dask_build_refuses_target_columns_naming_the_option(tmp_path):
     cat = _two_samples(tmp_path)
     with pytest.raises(ValueError, match="executor='local'"):
-        plan_shards(cat, samples_per_shard=1)
+        plan_parts(cat, samples_per_part=1)
     # the worker's side too, before any work
     plain = catalog(tmp_path, [(Path(cat.samples[0].path), ())], schema=())
-    spec = plan_shards(plain, samples_per_shard=1)[0]
+    spec = plan_parts(plain, samples_per_part=1)[0]
     with pytest.raises(ValueError, match=r"target columns \['tags'"):
-        pack_shard(cat, spec, str(tmp_path / "staging"), config=CONFIGS["decoded"])
+        pack_part(cat, spec, str(tmp_path / "staging"), config=CONFIGS["decoded"])
     assert not (tmp_path / "staging").exists()
 
 

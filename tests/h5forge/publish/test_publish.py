@@ -24,7 +24,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from h5forge.errors import ChecksumError
 from h5forge.hashing import sha256_file
-from h5forge.publish.manifest import manifest_url, read_manifest
+from h5forge.publish.sidecar import read_sidecar, sidecar_url
 from h5forge.publish.storage import publish
 
 Event = tuple[str, str]  # ("write" | "delete" | "read", basename)
@@ -121,7 +121,7 @@ def _writes(events: list[Event]) -> list[str]:
     return [name for op, name in events if op == "write" and not name.startswith(".")]
 
 
-def test_publish_writes_file_then_manifest(backend: Backend, asset: Path):
+def test_publish_writes_file_then_sidecar(backend: Backend, asset: Path):
     url = f"{backend.base}/v1/set.h5"
     extra = {"counts": {"train": {"cat": 3, "key": 2}}, "source": SECRET_SOURCE, "token": "t0k"}
 
@@ -133,23 +133,23 @@ def test_publish_writes_file_then_manifest(backend: Backend, asset: Path):
         len(data),
         False,
     )
-    assert result.manifest_url == manifest_url(url) == url + ".manifest.json"
+    assert result.sidecar_url == sidecar_url(url) == url + ".manifest.json"
     fs = backend.fs()
     assert fs.cat_file(fsspec.core.url_to_fs(url, **backend.options)[1]) == data
-    manifest = read_manifest(url, storage_options=backend.options)
-    assert manifest["sha256"] == result.sha256
-    assert manifest["bytes"] == len(data)
-    assert manifest["format"] == "h5forge"
-    assert manifest["format_version"] == 1
-    assert manifest["counts"] == extra["counts"]  # a class named "key" is not a secret
-    assert manifest["source"] == "https://example.org/set.tar?X-Amz-Signature=REDACTED&v=2"
-    assert manifest["created_at"].endswith("+00:00")
-    raw = json.dumps(manifest)
+    sidecar = read_sidecar(url, storage_options=backend.options)
+    assert sidecar["sha256"] == result.sha256
+    assert sidecar["bytes"] == len(data)
+    assert sidecar["format"] == "h5forge"
+    assert sidecar["format_version"] == 1
+    assert sidecar["counts"] == extra["counts"]  # a class named "key" is not a secret
+    assert sidecar["source"] == "https://example.org/set.tar?X-Amz-Signature=REDACTED&v=2"
+    assert sidecar["created_at"].endswith("+00:00")
+    raw = json.dumps(sidecar)
     for secret in ("pwsecret", "sigsecret", "t0k", "alice"):
         assert secret not in raw
     events = backend.events()
     assert _writes(events)[-2:] == ["set.h5", "set.h5.manifest.json"]
-    if backend.name == "s3":  # read back from the server between upload and manifest
+    if backend.name == "s3":  # read back from the server between upload and sidecar
         order = [e for e in events if e[1] == "set.h5" or e[0] == "write"]
         upload = order.index(("write", "set.h5"))
         assert ("read", "set.h5") in order[upload : order.index(("write", "set.h5.manifest.json"))]
@@ -173,41 +173,41 @@ def test_identical_republish_is_a_noop(backend: Backend, asset: Path):
 def test_different_content_needs_overwrite(backend: Backend, asset: Path, tmp_path: Path):
     url = f"{backend.base}/set.h5"
     publish(asset, url, storage_options=backend.options)
-    old_manifest = read_manifest(url, storage_options=backend.options)
+    old_sidecar = read_sidecar(url, storage_options=backend.options)
     newer = tmp_path / "newer.h5"
     newer.write_bytes(b"\x89HDF\r\n\x1a\n" + os.urandom(30_000))
 
     with pytest.raises(FileExistsError, match=r"set\.h5.*overwrite=True"):
         publish(newer, url, storage_options=backend.options)
-    assert sha256_file(url, storage_options=backend.options) == old_manifest["sha256"]
-    assert read_manifest(url, storage_options=backend.options) == old_manifest
+    assert sha256_file(url, storage_options=backend.options) == old_sidecar["sha256"]
+    assert read_sidecar(url, storage_options=backend.options) == old_sidecar
 
     backend.clear()
     result = publish(newer, url, storage_options=backend.options, overwrite=True)
 
     assert not result.unchanged
     assert sha256_file(url, storage_options=backend.options) == result.sha256
-    assert read_manifest(url, storage_options=backend.options)["sha256"] == result.sha256
+    assert read_sidecar(url, storage_options=backend.options)["sha256"] == result.sha256
     events = [e for e in backend.events() if not e[1].startswith(".")]
     first_file_write = events.index(("write", "set.h5"))
     assert ("delete", "set.h5.manifest.json") in events[:first_file_write]
     assert _writes(events)[-1] == "set.h5.manifest.json"
 
 
-def test_file_without_manifest(backend: Backend, asset: Path, tmp_path: Path):
-    """An interrupted publish (file, no manifest) is completed; other content is refused."""
+def test_file_without_sidecar(backend: Backend, asset: Path, tmp_path: Path):
+    """An interrupted publish (file, no sidecar) is completed; other content is refused."""
     url = f"{backend.base}/set.h5"
     fs, path = fsspec.core.url_to_fs(url, **backend.options)
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
     fs.put_file(str(asset), path)
 
     result = publish(asset, url, storage_options=backend.options)
-    assert read_manifest(url, storage_options=backend.options)["sha256"] == result.sha256
+    assert read_sidecar(url, storage_options=backend.options)["sha256"] == result.sha256
 
     fs.rm_file(path + ".manifest.json")
     other = tmp_path / "other.h5"
     other.write_bytes(b"other")
-    with pytest.raises(FileExistsError, match="no manifest"):
+    with pytest.raises(FileExistsError, match="no sidecar"):
         publish(other, url, storage_options=backend.options)
 
 
@@ -235,32 +235,44 @@ def test_read_back_mismatch_deletes_object(asset: Path, monkeypatch: pytest.Monk
             fs.rm(base, recursive=True)
 
 
-def test_manifest_errors(tmp_path: Path, asset: Path):
+def test_sidecar_errors(tmp_path: Path, asset: Path):
     url = (tmp_path / "x.h5").as_uri()
     with pytest.raises(FileNotFoundError, match="not published"):
-        read_manifest(url)
+        read_sidecar(url)
     (tmp_path / "x.h5.manifest.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        read_manifest(url)
+        read_sidecar(url)
     (tmp_path / "x.h5.manifest.json").write_text('{"format": "other"}')
-    with pytest.raises(ValueError, match="not an h5forge manifest"):
-        read_manifest(url + ".manifest.json")
+    with pytest.raises(ValueError, match="not an h5forge sidecar"):
+        read_sidecar(url + ".manifest.json")
     with pytest.raises(ValueError, match="publish computes itself"):
         publish(asset, url, extra={"sha256": "0" * 64})
     with pytest.raises(FileNotFoundError, match="does not exist"):
         publish(tmp_path / "absent.h5", url)
-    assert manifest_url("https://h/x.h5?sig=1") == "https://h/x.h5.manifest.json?sig=1"
+    assert sidecar_url("https://h/x.h5?sig=1") == "https://h/x.h5.manifest.json?sig=1"
 
 
-def test_an_oversized_manifest_is_refused_after_a_bounded_read(backend: Backend) -> None:
-    from h5forge.publish.manifest import MAX_MANIFEST_BYTES
+def test_an_oversized_sidecar_is_refused_after_a_bounded_read(backend: Backend) -> None:
+    from h5forge.publish.sidecar import MAX_MANIFEST_BYTES
 
     url = f"{backend.base}/big.h5"
-    fs, path = fsspec.core.url_to_fs(manifest_url(url), **backend.options)
+    fs, path = fsspec.core.url_to_fs(sidecar_url(url), **backend.options)
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
     # Valid JSON at its start, so only the bound can refuse it.
     body = b'{"format": "h5forge", "pad": "' + b"x" * (MAX_MANIFEST_BYTES + 4096) + b'"}'
     size = len(body)
     fs.pipe_file(path, body)
     with pytest.raises(ValueError, match=rf"big\.h5\.manifest\.json.* is {size} bytes, over"):
-        read_manifest(url, storage_options=backend.options)
+        read_sidecar(url, storage_options=backend.options)
+
+
+def test_the_old_public_name_read_manifest_fails_naming_read_sidecar() -> None:
+    import h5forge
+
+    with pytest.raises(
+        ImportError, match=r"h5forge\.read_manifest was renamed h5forge\.read_sidecar"
+    ):
+        from h5forge import read_manifest  # noqa: F401
+    with pytest.raises(ImportError, match="read_sidecar"):
+        _ = h5forge.read_manifest
+    assert h5forge.read_sidecar is read_sidecar

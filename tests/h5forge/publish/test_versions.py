@@ -24,8 +24,8 @@ from h5forge.errors import BusyError, ChecksumError
 from h5forge.hashing import sha256_file
 from h5forge.pack.writer import PackResult
 from h5forge.publish.history import apply_retention, list_versions, scan_versions
-from h5forge.publish.manifest import manifest_url, read_manifest
 from h5forge.publish.release import publish_version
+from h5forge.publish.sidecar import read_sidecar, sidecar_url
 from h5forge.publish.storage import publish
 from h5forge.publish.versions import (
     asset_base,
@@ -105,8 +105,8 @@ def test_v2_becomes_latest_and_v1_still_opens(
     assert store.cat(v1.url) == Path(packed_decoded.path).read_bytes()
     with open_h5(v1.url, store.options) as h5:
         assert h5["images"].shape[0] == packed_decoded.num_samples
-    manifest = read_manifest(v2.url, storage_options=store.options)
-    assert (manifest["sha256"], manifest["parent"]) == (v2.sha256, v1.sha256)
+    sidecar = read_sidecar(v2.url, storage_options=store.options)
+    assert (sidecar["sha256"], sidecar["parent"]) == (v2.sha256, v1.sha256)
 
     listed = list_versions(url, storage_options=store.options)
     assert [(v.sha256, v.latest, v.parent) for v in listed] == [
@@ -312,7 +312,7 @@ def test_unrecognised_entries_under_v_are_skipped_and_never_deleted(
     planted = {
         "not-hex-at-all/set.h5": b"x",
         "ABCDEF0123456789/set.h5": b"x",  # upper case: not a key we write
-        "0123456789abcdef/set.h5": b"no manifest",
+        "0123456789abcdef/set.h5": b"no sidecar",
         "1111111111111111/set.h5.manifest.json": json.dumps({"format": "other"}).encode(),
         "2222222222222222/set.h5.manifest.json": good.encode(),  # sha does not match the key
         "3333333333333333/set.h5.manifest.json": b"{not json",
@@ -360,7 +360,7 @@ def test_a_flat_asset_stays_beside_its_versions(
 ) -> None:
     flat = f"{store.base}/flowers.h5"
     publish(packed_decoded.path, flat, storage_options=store.options)
-    old_file, old_manifest = store.cat(flat), store.cat(manifest_url(flat))
+    old_file, old_sidecar = store.cat(flat), store.cat(sidecar_url(flat))
     if store.requests is not None:
         store.requests.clear()
 
@@ -369,7 +369,7 @@ def test_a_flat_asset_stays_beside_its_versions(
     assert asset_base(flat) == f"{store.base}/flowers"
     assert v.url == f"{store.base}/flowers/v/{v.version}/flowers.h5"
     assert v.pointer_url == f"{store.base}/flowers.latest.json"
-    assert (store.cat(flat), store.cat(manifest_url(flat))) == (old_file, old_manifest)
+    assert (store.cat(flat), store.cat(sidecar_url(flat))) == (old_file, old_sidecar)
     with open_h5(flat, store.options) as h5:  # the flat asset keeps opening as a file
         assert h5["images"].shape[0] == packed_decoded.num_samples
     if store.requests is not None:
@@ -433,7 +433,7 @@ def test_cli_exits_1_when_the_asset_has_no_versions(tmp_path: Path) -> None:
     assert "names no asset" in r.stderr
 
 
-def test_retention_removes_manifest_then_preview_then_file(store: Store, tmp_path: Path) -> None:
+def test_retention_removes_sidecar_then_preview_then_file(store: Store, tmp_path: Path) -> None:
     url = f"{store.base}/set"
     old, _ = (publish_version(_blob(tmp_path, t), url, storage_options=store.options) for t in "ab")
     fs, old_path = fsspec.core.url_to_fs(old.url, **store.options)
@@ -484,13 +484,13 @@ def test_a_publish_based_on_a_stale_latest_is_refused_before_writing(
     before = store.files()
     called: list[str] = []
     with pytest.raises(BusyError, match=f"moved to version {v1.version} .*based on no version"):
-        publish_version(b, url, storage_options=store.options, based_on="", sidecars=called.append)
+        publish_version(b, url, storage_options=store.options, based_on="", beside=called.append)
     assert called == []  # refused before anything of b was written
     assert store.files() == before
     # The same bytes as latest are no conflict; a build based on latest publishes.
     assert publish_version(a, url, storage_options=store.options, based_on="").unchanged
     v2 = publish_version(
-        b, url, storage_options=store.options, based_on=v1.sha256, sidecars=called.append
+        b, url, storage_options=store.options, based_on=v1.sha256, beside=called.append
     )
     assert called == [v2.url]
     assert v2.parent == v1.sha256

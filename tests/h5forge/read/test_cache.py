@@ -55,7 +55,7 @@ def _truth(path: str) -> Counter[tuple[str, int]]:
 
 
 def _object_reads(log: S3RequestLog, name: str) -> list[Any]:
-    """GETs of the asset's bytes (not its manifest)."""
+    """GETs of the asset's bytes (not its sidecar)."""
     return [r for r in log() if r.method == "GET" and r.path.split("?")[0].endswith(f"/{name}")]
 
 
@@ -88,7 +88,7 @@ def test_second_epoch_reads_nothing_remote(
     again = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
     assert epoch(again, "spawn") == truth
     assert _object_reads(s3_requests, "a.h5") == []
-    # This process only: HEAD of the object, HEAD and GET of its manifest. The 2 workers get
+    # This process only: HEAD of the object, HEAD and GET of its sidecar. The 2 workers get
     # its check pickled and read the local copy without asking the server anything.
     assert len(s3_requests()) <= 3, s3_requests()
 

@@ -1,4 +1,4 @@
-"""Many assets as one: H5MultiDataset (concatenation, split, subsets, class sets, manifests,
+"""Many assets as one: H5MultiDataset (concatenation, split, subsets, class sets, asset lists,
 workers, versions, S3) and MixingSampler (proportions, determinism, without replacement)."""
 
 from __future__ import annotations
@@ -191,15 +191,15 @@ def test_class_sets_that_disagree_are_refused_or_remapped(
     assert H5MultiDataset([other, assets[0]], remap=True).classes == ["a", "x", "b", "c"]
 
 
-def _manifest(path: Path, body: Any) -> str:
+def _asset_list(path: Path, body: Any) -> str:
     path.write_text(body if isinstance(body, str) else json.dumps(body))
     return str(path)
 
 
-def test_a_shard_manifest_names_assets_relative_to_itself(assets: list[str]) -> None:
+def test_an_asset_list_names_assets_relative_to_itself(assets: list[str]) -> None:
     folder = Path(assets[0]).parent
-    url = _manifest(
-        folder / "shards.json",
+    url = _asset_list(
+        folder / "assets.json",
         {
             "format": "h5forge-shards",
             "version": 1,
@@ -208,7 +208,7 @@ def test_a_shard_manifest_names_assets_relative_to_itself(assets: list[str]) -> 
     )
     ds = H5MultiDataset(url, split="train")
     assert [s.weight for s in ds.sources] == [2.0, 1.0]
-    # The manifest's weights are the mixing's default: 9 and 12 train samples weighted 2:1
+    # The asset list's weights are the mixing's default: 9 and 12 train samples weighted 2:1
     # give floor(min(9 / (2/3), 12 / (1/3))) = 13 draws, 8.67 and 4.33 rounded to 9 + 4.
     assert MixingSampler(ds).quota.tolist() == [9, 4]
     _same(_samples(ds), _samples(H5MultiDataset([assets[0], assets[2]], split="train")))
@@ -220,8 +220,8 @@ def test_a_shard_manifest_names_assets_relative_to_itself(assets: list[str]) -> 
         ("x" * (MAX_MANIFEST_BYTES + 1), "is over 4194304 bytes"),
         ("{not json", "is not JSON"),
         ("[" * 100_000 + "]" * 100_000, "is not JSON"),
-        ({"format": "h5forge-pointer", "version": 1, "assets": []}, "not a shard manifest"),
-        ({"format": "h5forge-shards", "version": 2, "assets": []}, "manifest version 2"),
+        ({"format": "h5forge-pointer", "version": 1, "assets": []}, "not an asset list"),
+        ({"format": "h5forge-shards", "version": 2, "assets": []}, "asset list version 2"),
         ({"format": "h5forge-shards", "version": 1, "assets": []}, "1 to 10000 assets, not 0"),
         (
             {"format": "h5forge-shards", "version": 1, "assets": [{"url": "a"}] * (MAX_ASSETS + 1)},
@@ -243,11 +243,11 @@ def test_a_shard_manifest_names_assets_relative_to_itself(assets: list[str]) -> 
         ),
     ],
 )
-def test_a_hostile_manifest_is_refused_clearly(tmp_path: Path, body: Any, error: str) -> None:
-    url = _manifest(tmp_path / "shards.json", body)
+def test_a_hostile_asset_list_is_refused_clearly(tmp_path: Path, body: Any, error: str) -> None:
+    url = _asset_list(tmp_path / "assets.json", body)
     with pytest.raises(ValueError, match=error) as info:
         H5MultiDataset(url)
-    assert "shards.json" in str(info.value)
+    assert "assets.json" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -365,8 +365,8 @@ def test_an_asset_on_s3(
 
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3_storage_options)
     fs.put(assets[1], f"{s3_bucket}/data/b.h5")
-    manifest = {"format": "h5forge-shards", "version": 1, "assets": [{"url": "b.h5"}]}
-    fs.pipe(f"{s3_bucket}/data/shards.json", json.dumps(manifest).encode())
+    listed = {"format": "h5forge-shards", "version": 1, "assets": [{"url": "b.h5"}]}
+    fs.pipe(f"{s3_bucket}/data/assets.json", json.dumps(listed).encode())
     remote = H5MultiDataset(
         [f"s3://{s3_bucket}/data/b.h5", assets[0]], storage_options=s3_storage_options
     )
@@ -376,7 +376,7 @@ def test_an_asset_on_s3(
     for got, want in zip(remote.read_batch(order), local.read_batch(order), strict=True):
         assert torch.equal(got, want)
     listed = H5MultiDataset(
-        f"s3://{s3_bucket}/data/shards.json", storage_options=s3_storage_options
+        f"s3://{s3_bucket}/data/assets.json", storage_options=s3_storage_options
     )
     assert listed.datasets[0].url == f"s3://{s3_bucket}/data/b.h5"
     _same(_samples(listed), _samples(H5ImageDataset(assets[1])))

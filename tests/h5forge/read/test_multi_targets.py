@@ -16,7 +16,7 @@ from h5forge.read.multi import H5MultiDataset
 from tests.fixtures.targets_data import (
     sample_rows,
     write_coco_dataset,
-    write_manifest_with_columns,
+    write_listing_with_columns,
 )
 
 TARGET = ["class", "boxes", "caption"]
@@ -24,13 +24,13 @@ CONFIG = PackConfig(ImageConfig(resize="resize", size=(24, 32)))
 
 
 def _asset(tmp: Path, name: str, labels: tuple[str, ...]) -> str:
-    """A manifest asset of 6 samples with every target kind; the same rows (the same
+    """A listing asset of 6 samples with every target kind; the same rows (the same
     columns and classes) whatever ``labels`` are."""
     rows = sample_rows(6)
     for i, row in enumerate(rows):
         row["label"] = labels[i % len(labels)]
-    w = write_manifest_with_columns(tmp / name, rows)
-    return pack(w.root, tmp / f"{name}.h5", manifest=w.manifest.name, config=CONFIG).path
+    w = write_listing_with_columns(tmp / name, rows)
+    return pack(w.root, tmp / f"{name}.h5", listing=w.listing.name, config=CONFIG).path
 
 
 def _same_boxes(a: dict, b: dict) -> None:

@@ -26,7 +26,7 @@ from h5forge.hashing import sha256_file
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
-from h5forge.publish.manifest import manifest_url
+from h5forge.publish.sidecar import sidecar_url
 from h5forge.publish.storage import publish
 from h5forge.publish.versions import pointer_url, version_url, write_pointer
 from h5forge.read.dataset import H5ImageDataset
@@ -224,15 +224,15 @@ def test_a_pickled_dataset_keeps_its_version_after_the_pointer_moved(
     assert (plain.url, plain.version) == (os.fspath(v1.path), "")
 
 
-def test_a_manifest_outside_its_version_key_is_refused(
+def test_a_sidecar_outside_its_version_key_is_refused(
     versions: tuple[PackResult, PackResult], tmp_path: Path
 ) -> None:
     v1, v2 = versions
     base = str(tmp_path / NAME)
     sha1 = _publish(v1.path, base)
-    sidecar = Path(manifest_url(version_url(base, sha1)))
-    manifest = json.loads(sidecar.read_text())
-    manifest["sha256"] = sha256_file(v2.path)  # untrusted: names another version's digest
-    sidecar.write_text(json.dumps(manifest))
-    with pytest.raises(IntegrityError, match="manifest names sha256"):
+    sidecar = Path(sidecar_url(version_url(base, sha1)))
+    fields = json.loads(sidecar.read_text())
+    fields["sha256"] = sha256_file(v2.path)  # untrusted: names another version's digest
+    sidecar.write_text(json.dumps(fields))
+    with pytest.raises(IntegrityError, match="sidecar names sha256"):
         H5ImageDataset(base, version=sha1[:16])

@@ -1,5 +1,5 @@
-"""The merge checks what it copies (each shard file's sha256 against its manifest, or every
-sample's digest for shards without one); the seal then verifies structure only."""
+"""The merge checks what it copies (each part file's sha256 against its sidecar, or every
+sample's digest for parts without one); the seal then verifies structure only."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from h5forge.discover.catalog import discover
 from h5forge.errors import IntegrityError
 from h5forge.pack.config import PackConfig
 from h5forge.preprocess.config import ImageConfig
-from h5forge.scale.merge import merge_shards
-from h5forge.scale.plan import plan_shards
-from h5forge.scale.shards import pack_shard
+from h5forge.scale.merge import merge_parts
+from h5forge.scale.parts import pack_part
+from h5forge.scale.plan import plan_parts
 from h5forge.verify.checks import verify, verify_unsealed
 from tests.fixtures.damage import flip_sample_byte
 
@@ -39,8 +39,8 @@ BUILDS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
-    """Each build's shards (3 of 4 images) of a 2-class folder, packed in this process."""
+def parts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Each build's parts (3 of 4 images) of a 2-class folder, packed in this process."""
     root = tmp_path_factory.mktemp("merge_src")
     write_image_folder(
         root,
@@ -51,40 +51,40 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
         formats=("jpeg", "png"),
     )
     catalog = discover(root)
-    specs = plan_shards(catalog, samples_per_shard=4)
+    specs = plan_parts(catalog, samples_per_part=4)
     out: dict[str, list[str]] = {}
     for name, kw in BUILDS.items():
         staging = tmp_path_factory.mktemp(f"staging_{name}")
-        out[name] = [pack_shard(catalog, s, str(staging), **kw).url for s in specs]
+        out[name] = [pack_part(catalog, s, str(staging), **kw).url for s in specs]
     return out
 
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
 def test_merge_checks_every_sample_and_the_output_verifies(
-    build: str, shards: dict[str, list[str]], tmp_path: Path
+    build: str, parts: dict[str, list[str]], tmp_path: Path
 ) -> None:
-    merged = merge_shards(shards[build], tmp_path / "m.h5", max_bad_fraction=0.0)
+    merged = merge_parts(parts[build], tmp_path / "m.h5", max_bad_fraction=0.0)
     assert merged.num_samples == 12
     report = verify(merged.path)  # the full verify: every digest and the file sha256
     assert report.checked_samples == 12
 
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
-def test_merge_refuses_a_shard_damaged_after_packing(
-    build: str, shards: dict[str, list[str]], tmp_path: Path
+def test_merge_refuses_a_part_damaged_after_packing(
+    build: str, parts: dict[str, list[str]], tmp_path: Path
 ) -> None:
-    urls = [shutil.copy(u, tmp_path / Path(u).name) for u in shards[build]]
+    urls = [shutil.copy(u, tmp_path / Path(u).name) for u in parts[build]]
     flip_sample_byte(Path(urls[1]), 2)
-    with pytest.raises(IntegrityError, match=r"sample 6 \(sample 2 of .*shard-00001\.h5\)"):
-        merge_shards(urls, tmp_path / "out" / "m.h5", max_bad_fraction=0.0)
+    with pytest.raises(IntegrityError, match=r"sample 6 \(sample 2 of .*part-00001\.h5\)"):
+        merge_parts(urls, tmp_path / "out" / "m.h5", max_bad_fraction=0.0)
     assert not (tmp_path / "out" / "m.h5").exists()
     assert not (tmp_path / "out" / "m.h5.partial").exists()
 
 
 def test_verify_unsealed_without_digests_still_checks_structure(
-    shards: dict[str, list[str]], tmp_path: Path
+    parts: dict[str, list[str]], tmp_path: Path
 ) -> None:
-    path = Path(shutil.copy(shards["raw"][0], tmp_path / "s.h5"))
+    path = Path(shutil.copy(parts["raw"][0], tmp_path / "s.h5"))
     flip_sample_byte(path, 1)
     with pytest.raises(IntegrityError, match="sample 1: sha256"):
         verify_unsealed(str(path))

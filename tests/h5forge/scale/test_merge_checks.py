@@ -1,5 +1,5 @@
-"""How the merge checks what it copies: published shards by their file's sha256 against the
-manifest (with the file's identity), bare shards sample by sample; the kernel copy's fallback."""
+"""How the merge checks what it copies: published parts by their file's sha256 against the
+sidecar (with the file's identity), bare parts sample by sample; the kernel copy's fallback."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from h5forge.errors import IntegrityError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
-from h5forge.publish.manifest import MANIFEST_SUFFIX
+from h5forge.publish.sidecar import SIDECAR_SUFFIX
 from h5forge.read.dataset import H5ImageDataset
-from h5forge.scale.merge import merge_shards
-from h5forge.scale.plan import plan_shards
-from h5forge.scale.shards import pack_shard
+from h5forge.scale.merge import merge_parts
+from h5forge.scale.parts import pack_part
+from h5forge.scale.plan import plan_parts
 from h5forge.verify.checks import verify
 from tests.fixtures.damage import flip_sample_byte
 
@@ -58,12 +58,12 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> Catalog:
 
 @pytest.fixture(scope="module")
 def published(catalog: Catalog, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each build's staging folder: 3 published shards of 4 images, manifests beside them."""
+    """Each build's staging folder: 3 published parts of 4 images, sidecars beside them."""
     out: dict[str, Path] = {}
     for name, kw in BUILDS.items():
         staging = tmp_path_factory.mktemp(f"published_{name}")
-        for spec in plan_shards(catalog, samples_per_shard=4):
-            pack_shard(catalog, spec, str(staging), **kw)
+        for spec in plan_parts(catalog, samples_per_part=4):
+            pack_part(catalog, spec, str(staging), **kw)
         out[name] = staging
     return out
 
@@ -75,12 +75,12 @@ def refs(catalog: Catalog, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 
 def _staging(published: dict[str, Path], build: str, tmp_path: Path) -> list[Path]:
-    """A private copy of a build's staging folder (shards and manifests) to damage."""
+    """A private copy of a build's staging folder (parts and sidecars) to damage."""
     staging = Path(shutil.copytree(published[build], tmp_path / "staging"))
-    shards = sorted(staging.glob("shard-*.h5"))
-    assert len(shards) == 3
-    assert all(Path(str(s) + MANIFEST_SUFFIX).exists() for s in shards)
-    return shards
+    parts = sorted(staging.glob("part-*.h5"))
+    assert len(parts) == 3
+    assert all(Path(str(s) + SIDECAR_SUFFIX).exists() for s in parts)
+    return parts
 
 
 def _assert_nothing_at(out: Path) -> None:
@@ -108,11 +108,11 @@ def _assert_same_asset(got: str, ref: PackResult) -> None:
 
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
-def test_published_shards_merge_into_the_local_pack(
+def test_published_parts_merge_into_the_local_pack(
     build: str, published: dict[str, Path], refs: dict[str, PackResult], tmp_path: Path
 ) -> None:
     urls = [str(s) for s in _staging(published, build, tmp_path)]
-    merged = merge_shards(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
+    merged = merge_parts(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
     assert merged.num_samples == 12
     _assert_same_asset(merged.path, refs[build])
 
@@ -121,57 +121,57 @@ def test_published_shards_merge_into_the_local_pack(
 def test_a_byte_flipped_after_publish_fails_the_file_hash(
     build: str, published: dict[str, Path], tmp_path: Path
 ) -> None:
-    shards = _staging(published, build, tmp_path)
-    manifest = json.loads(Path(str(shards[1]) + MANIFEST_SUFFIX).read_text())
-    flip_sample_byte(shards[1], 2)
-    actual = hashlib.sha256(shards[1].read_bytes()).hexdigest()
+    parts = _staging(published, build, tmp_path)
+    sidecar = json.loads(Path(str(parts[1]) + SIDECAR_SUFFIX).read_text())
+    flip_sample_byte(parts[1], 2)
+    actual = hashlib.sha256(parts[1].read_bytes()).hexdigest()
     out = tmp_path / "out" / "m.h5"
-    with pytest.raises(IntegrityError, match="shard-00001.h5: sha256 of the shard file") as e:
-        merge_shards([str(s) for s in shards], out, max_bad_fraction=0.0)
+    with pytest.raises(IntegrityError, match="part-00001.h5: sha256 of the part file") as e:
+        merge_parts([str(s) for s in parts], out, max_bad_fraction=0.0)
     message = str(e.value)
     assert actual in message
-    assert manifest["sha256"] in message
-    assert "find_done_shards" in message  # the fix: the re-run re-packs it
+    assert sidecar["sha256"] in message
+    assert "find_done_parts" in message  # the fix: the re-run re-packs it
     _assert_nothing_at(out)
 
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
-def test_without_its_manifest_the_same_shard_is_checked_sample_by_sample(
+def test_without_its_sidecar_the_same_part_is_checked_sample_by_sample(
     build: str, published: dict[str, Path], tmp_path: Path
 ) -> None:
-    shards = _staging(published, build, tmp_path)
-    flip_sample_byte(shards[1], 2)
-    os.unlink(str(shards[1]) + MANIFEST_SUFFIX)  # a bare sealed file, among published ones
+    parts = _staging(published, build, tmp_path)
+    flip_sample_byte(parts[1], 2)
+    os.unlink(str(parts[1]) + SIDECAR_SUFFIX)  # a bare sealed file, among published ones
     out = tmp_path / "out" / "m.h5"
-    with pytest.raises(IntegrityError, match=r"sample 6 \(sample 2 of .*shard-00001\.h5\)"):
-        merge_shards([str(s) for s in shards], out, max_bad_fraction=0.0)
+    with pytest.raises(IntegrityError, match=r"sample 6 \(sample 2 of .*part-00001\.h5\)"):
+        merge_parts([str(s) for s in parts], out, max_bad_fraction=0.0)
     _assert_nothing_at(out)
 
 
 def test_the_file_hash_covers_the_index_too(published: dict[str, Path], tmp_path: Path) -> None:
     """A changed label is no sample's digest; the file's sha256 still catches it."""
-    shards = _staging(published, "raw", tmp_path)
-    with h5py.File(shards[2], "r+") as h5:
+    parts = _staging(published, "raw", tmp_path)
+    with h5py.File(parts[2], "r+") as h5:
         h5["labels"][0] = 1 - h5["labels"][0]
     out = tmp_path / "m.h5"
-    with pytest.raises(IntegrityError, match="shard-00002.h5: sha256 of the shard file"):
-        merge_shards([str(s) for s in shards], out, max_bad_fraction=0.0)
+    with pytest.raises(IntegrityError, match="part-00002.h5: sha256 of the part file"):
+        merge_parts([str(s) for s in parts], out, max_bad_fraction=0.0)
     _assert_nothing_at(out)
 
 
-def test_a_shard_of_another_size_fails_before_anything_is_copied(
+def test_a_part_of_another_size_fails_before_anything_is_copied(
     published: dict[str, Path], tmp_path: Path
 ) -> None:
-    shards = _staging(published, "blob", tmp_path)
-    with shards[0].open("ab") as f:
+    parts = _staging(published, "blob", tmp_path)
+    with parts[0].open("ab") as f:
         f.write(b"\0" * 10)
     out = tmp_path / "m.h5"
-    with pytest.raises(IntegrityError, match=r"shard-00000.h5 has \d+ bytes, its manifest"):
-        merge_shards([str(s) for s in shards], out, max_bad_fraction=0.0)
+    with pytest.raises(IntegrityError, match=r"part-00000.h5 has \d+ bytes, its sidecar"):
+        merge_parts([str(s) for s in parts], out, max_bad_fraction=0.0)
     _assert_nothing_at(out)
 
 
-def test_a_remote_shard_is_hashed_after_its_download(
+def test_a_remote_part_is_hashed_after_its_download(
     published: dict[str, Path], tmp_path: Path
 ) -> None:
     fs = fsspec.filesystem("memory")
@@ -179,25 +179,25 @@ def test_a_remote_shard_is_hashed_after_its_download(
     try:
         for name in sorted(os.listdir(published["blob"])):
             fs.pipe_file(f"{staging}/{name}", (published["blob"] / name).read_bytes())
-        urls = [f"{staging}/shard-{i:05d}.h5" for i in range(3)]
-        merged = merge_shards(urls, tmp_path / "good.h5", max_bad_fraction=0.0)
+        urls = [f"{staging}/part-{i:05d}.h5" for i in range(3)]
+        merged = merge_parts(urls, tmp_path / "good.h5", max_bad_fraction=0.0)
         assert merged.num_samples == 12
         data = bytearray(fs.cat_file(urls[1]))
         data[len(data) // 2] ^= 0x01
         fs.pipe_file(urls[1], bytes(data))
-        with pytest.raises(IntegrityError, match=r"memory://.*shard-00001.h5: sha256 of the sh"):
-            merge_shards(urls, tmp_path / "bad.h5", max_bad_fraction=0.0)
+        with pytest.raises(IntegrityError, match=r"memory://.*part-00001.h5: sha256 of the pa"):
+            merge_parts(urls, tmp_path / "bad.h5", max_bad_fraction=0.0)
     finally:
         fs.rm("/h5forge-test-merge-checks", recursive=True)
     _assert_nothing_at(tmp_path / "bad.h5")
 
 
 def _during_the_copy_of(
-    monkeypatch: pytest.MonkeyPatch, shard: Path, act: Callable[[], None]
+    monkeypatch: pytest.MonkeyPatch, part: Path, act: Callable[[], None]
 ) -> None:
-    """Run ``act`` once, right after the kernel copied the first range of ``shard``."""
+    """Run ``act`` once, right after the kernel copied the first range of ``part``."""
     real = os.copy_file_range
-    inode = shard.stat().st_ino
+    inode = part.stat().st_ino
     done: list[bool] = []
 
     def copy_file_range(src: int, dst: int, count: int, *args: Any) -> int:
@@ -220,7 +220,7 @@ def _rewrite_in_place(path: Path) -> None:
 
 
 def _replace_by_a_copy(path: Path) -> None:
-    """Another file of the same bytes renamed over the shard (what a re-publish does)."""
+    """Another file of the same bytes renamed over the part (what a re-publish does)."""
     tmp = path.with_suffix(".new")
     shutil.copyfile(path, tmp)
     os.replace(tmp, path)
@@ -229,18 +229,18 @@ def _replace_by_a_copy(path: Path) -> None:
 @needs_kernel_copy
 @pytest.mark.parametrize("change", [_rewrite_in_place, _replace_by_a_copy])
 @pytest.mark.parametrize("build", ["raw", "blob"])
-def test_a_shard_changed_during_the_merge_fails_the_identity_check(
+def test_a_part_changed_during_the_merge_fails_the_identity_check(
     build: str,
     change: Callable[[Path], None],
     published: dict[str, Path],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    shards = _staging(published, build, tmp_path)
-    _during_the_copy_of(monkeypatch, shards[1], lambda: change(shards[1]))
+    parts = _staging(published, build, tmp_path)
+    _during_the_copy_of(monkeypatch, parts[1], lambda: change(parts[1]))
     out = tmp_path / "m.h5"
-    with pytest.raises(IntegrityError, match="shard-00001.h5 changed during the merge"):
-        merge_shards([str(s) for s in shards], out, max_bad_fraction=0.0)
+    with pytest.raises(IntegrityError, match="part-00001.h5 changed during the merge"):
+        merge_parts([str(s) for s in parts], out, max_bad_fraction=0.0)
     _assert_nothing_at(out)
 
 
@@ -266,7 +266,7 @@ def test_without_the_kernel_copy_the_merge_copies_in_blocks(
 
     monkeypatch.setattr(os, "copy_file_range", copy_file_range)
     urls = [str(s) for s in _staging(published, build, tmp_path)]
-    merged = merge_shards(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
+    merged = merge_parts(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
     assert len(calls) == 1  # tried once, then blocks for the rest of the merge
     _assert_same_asset(merged.path, refs[build])
 
@@ -281,30 +281,30 @@ def test_another_copy_error_is_not_hidden(
     monkeypatch.setattr(os, "copy_file_range", copy_file_range)
     urls = [str(s) for s in _staging(published, "raw", tmp_path)]
     with pytest.raises(OSError, match="No space left"):
-        merge_shards(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
+        merge_parts(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
     _assert_nothing_at(tmp_path / "m.h5")
 
 
-def test_many_local_and_remote_shards_hashed_a_few_at_a_time(
+def test_many_local_and_remote_parts_hashed_a_few_at_a_time(
     catalog: Catalog, refs: dict[str, PackResult], tmp_path: Path
 ) -> None:
-    """One shard per image, the first two remote: hashes queue behind the copy; a remote
-    shard's turn comes at its copy; a damaged shard far down the queue is still caught."""
+    """One part per image, the first two remote: hashes queue behind the copy; a remote
+    part's turn comes at its copy; a damaged part far down the queue is still caught."""
     kw = BUILDS["blob"]
     fs = fsspec.filesystem("memory")
     remote = "memory://h5forge-test-merge-many"
-    specs = plan_shards(catalog, samples_per_shard=1)
+    specs = plan_parts(catalog, samples_per_part=1)
     assert len(specs) == 12
     try:
         urls = [
-            pack_shard(catalog, s, remote if s.index < 2 else str(tmp_path / "staging"), **kw).url
+            pack_part(catalog, s, remote if s.index < 2 else str(tmp_path / "staging"), **kw).url
             for s in specs
         ]
-        merged = merge_shards(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
+        merged = merge_parts(urls, tmp_path / "m.h5", max_bad_fraction=0.0)
         _assert_same_asset(merged.path, refs["blob"])
         flip_sample_byte(Path(urls[10]), 0)
-        with pytest.raises(IntegrityError, match="shard-00010.h5: sha256 of the shard file"):
-            merge_shards(urls, tmp_path / "bad.h5", max_bad_fraction=0.0)
+        with pytest.raises(IntegrityError, match="part-00010.h5: sha256 of the part file"):
+            merge_parts(urls, tmp_path / "bad.h5", max_bad_fraction=0.0)
     finally:
         fs.rm("/h5forge-test-merge-many", recursive=True)
     _assert_nothing_at(tmp_path / "bad.h5")

@@ -1,14 +1,19 @@
-"""Shard-parallel packing: pack each planned shard to a staging URL, find those already done.
+"""Part-parallel packing: pack each planned part to a staging URL, find those already done.
 
-A shard (:class:`h5forge.scale.plan.ShardSpec`) is packed anywhere (a Dask worker, this
-process) into a normal format-v1 file and published to ``STAGING/shard-00003.h5``; its manifest,
+A part (:class:`h5forge.scale.plan.PartSpec`) is packed anywhere (a Dask worker, this
+process) into a normal format-v1 file and published to ``STAGING/part-00003.h5``; its sidecar,
 written last by :func:`h5forge.publish.storage.publish`, is the commit marker and records the slice,
-the quarantined inputs and the configuration hash. :func:`find_done_shards` trusts a shard only
-when manifest, size and sha256 all match, so a re-run redoes only the rest;
-:func:`h5forge.scale.merge.merge_shards` then copies the stored bytes of all shards into one file.
+the quarantined inputs and the configuration hash. :func:`find_done_parts` trusts a part only
+when sidecar, size and sha256 all match, so a re-run redoes only the rest;
+:func:`h5forge.scale.merge.merge_parts` then copies the stored bytes of all parts into one file.
 
-Labels stay global: every shard carries the whole catalog's classes and split names. The
-quarantine limit is global too: shards accept any number of bad inputs and list them; the merge
+A staging folder left by an older h5forge, which called the parts shards (``shard-00003.h5``,
+sidecar ``"kind": "h5forge-shard"``), is refused by :func:`find_done_parts`, naming the files and
+the fix, rather than resumed: those files are never read, and a run that silently packed
+everything again beside them would leave them behind.
+
+Labels stay global: every part carries the whole catalog's classes and split names. The
+quarantine limit is global too: parts accept any number of bad inputs and list them; the merge
 applies ``max_bad_fraction`` to the total.
 """
 
@@ -30,22 +35,25 @@ from h5forge.discover.catalog import Catalog
 from h5forge.hashing import sha256_file
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack_slice
-from h5forge.publish.manifest import MANIFEST_SUFFIX, read_manifest
+from h5forge.publish.sidecar import SIDECAR_SUFFIX, read_sidecar
 from h5forge.publish.storage import publish
-from h5forge.scale.plan import ShardSpec, refuse_targets, shard_catalog, shard_url
+from h5forge.redact import redact_url
+from h5forge.scale.plan import PartSpec, part_catalog, part_url, refuse_targets
 
-__all__ = ["SHARD_KIND", "ShardResult", "find_done_shards", "pack_shard", "remove_shards"]
+__all__ = ["PART_KIND", "PartResult", "find_done_parts", "pack_part", "remove_parts"]
 
-#: The ``kind`` field of a shard manifest (a published asset's manifest has none).
-SHARD_KIND = "h5forge-shard"
+#: The ``kind`` field of a part's sidecar (a published asset's sidecar has none).
+PART_KIND = "h5forge-part"
+#: What an older h5forge named the parts in staging (then called shards): refused, not resumed.
+_OLD_PART_NAMES = "shard-[0-9][0-9][0-9][0-9][0-9].h5"
 
 
 @dataclass(frozen=True)
-class ShardResult:
-    """What :func:`pack_shard` published (small: safe to return from a remote task).
+class PartResult:
+    """What :func:`pack_part` published (small: safe to return from a remote task).
 
     Attributes:
-        url: the shard file in the staging folder (redacted); manifest_url: its commit marker.
+        url: the part file in the staging folder (redacted); sidecar_url: its commit marker.
         quarantined: ``(relative path, reason)`` of the slice's inputs that were not packed.
         seconds: wall time on the worker, preprocessing, verify and upload included.
     """
@@ -54,7 +62,7 @@ class ShardResult:
     start: int
     stop: int
     url: str
-    manifest_url: str
+    sidecar_url: str
     num_samples: int
     num_quarantined: int
     quarantined: tuple[tuple[str, str], ...]
@@ -63,34 +71,34 @@ class ShardResult:
     seconds: float
 
 
-def pack_shard(
+def pack_part(
     catalog: Catalog,
-    spec: ShardSpec,
+    spec: PartSpec,
     staging_url: str,
     *,
     config: PackConfig | None = None,
     processes: int | None = 1,
     storage_options: Mapping[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
-) -> ShardResult:
-    """Pack one shard locally, publish it to ``staging_url``, and write its manifest last.
+) -> PartResult:
+    """Pack one part locally, publish it to ``staging_url``, and write its sidecar last.
 
-    The shard is a sealed format-v1 file of the slice with the whole catalog's classes and
+    The part is a sealed format-v1 file of the slice with the whole catalog's classes and
     split names. Bad inputs are quarantined and listed, never fatal: the merge applies
     ``max_bad_fraction`` to the whole dataset.
 
     Args:
-        catalog: the whole catalog, or the shard's slice (:func:`shard_catalog`), which is
+        catalog: the whole catalog, or the part's slice (:func:`part_catalog`), which is
             what a remote task should carry.
-        spec: the slice, from :func:`plan_shards`.
+        spec: the slice, from :func:`plan_parts`.
         staging_url: folder (local path or fsspec URL) every worker and the merge can reach.
         config: as for :func:`h5forge.pack.writer.pack` (default :class:`PackConfig()`);
-            every shard of one build must use the same.
+            every part of one build must use the same.
         processes: preprocessing processes inside this task (``workers`` of ``pack``; named
             apart because ``Client.submit`` claims ``workers``). Default 1: on a Dask cluster
             the parallelism is one task per worker process.
         storage_options: for the staging URL; never recorded.
-        tmp_dir: local scratch folder for the shard before upload; default the system's.
+        tmp_dir: local scratch folder for the part before upload; default the system's.
 
     Raises:
         ValueError: ``spec`` does not fit the catalog, it has target columns, or an invalid
@@ -99,7 +107,7 @@ def pack_shard(
     """
     t0 = time.perf_counter()
     refuse_targets(catalog)
-    sub = shard_catalog(catalog, spec)  # ValueError before any work when spec does not fit
+    sub = part_catalog(catalog, spec)  # ValueError before any work when spec does not fit
     if processes != 1 and multiprocessing.current_process().daemon:
         raise ValueError(
             f"processes={processes!r} needs child processes, and this is a daemonic process "
@@ -107,17 +115,17 @@ def pack_shard(
             "workers, or start the workers with DASK_DISTRIBUTED__WORKER__DAEMON=False"
         )
     config = PackConfig() if config is None else config
-    dest = shard_url(staging_url, spec)
-    with tempfile.TemporaryDirectory(prefix="h5forge-shard-", dir=tmp_dir) as tmp:
+    dest = part_url(staging_url, spec)
+    with tempfile.TemporaryDirectory(prefix="h5forge-part-", dir=tmp_dir) as tmp:
         packed = pack_slice(sub, Path(tmp) / spec.name, config=config, workers=processes)
-        # Drop the old commit marker first: publish() skips a destination whose manifest
-        # matches the new file, and a re-pack is usually byte-identical to a damaged shard
-        # (same second in created_at) whose manifest still describes the good bytes.
+        # Drop the old commit marker first: publish() skips a destination whose sidecar
+        # matches the new file, and a re-pack is usually byte-identical to a damaged part
+        # (same second in created_at) whose sidecar still describes the good bytes.
         fs, path = fsspec.core.url_to_fs(dest, **dict(storage_options or {}))
         with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(path + MANIFEST_SUFFIX)
+            fs.rm_file(path + SIDECAR_SUFFIX)
         extra = {
-            "kind": SHARD_KIND,
+            "kind": PART_KIND,
             "index": spec.index,
             "start": spec.start,
             "stop": spec.stop,
@@ -131,12 +139,12 @@ def pack_shard(
         published = publish(
             packed.path, dest, storage_options=storage_options, overwrite=True, extra=extra
         )
-    return ShardResult(
+    return PartResult(
         index=spec.index,
         start=spec.start,
         stop=spec.stop,
         url=published.url,
-        manifest_url=published.manifest_url,
+        sidecar_url=published.sidecar_url,
         num_samples=packed.num_samples,
         num_quarantined=packed.num_quarantined,
         quarantined=packed.quarantined,
@@ -146,51 +154,55 @@ def pack_shard(
     )
 
 
-def find_done_shards(
+def find_done_parts(
     staging_url: str,
-    specs: Sequence[ShardSpec],
+    specs: Sequence[PartSpec],
     *,
     config: PackConfig | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> set[int]:
-    """The indices of the shards in ``specs`` that are already published and intact.
+    """The indices of the parts in ``specs`` that are already published and intact.
 
-    A shard counts as done only when its manifest exists, names the same slice (index, start,
-    stop, fingerprint) and configuration hash, and the file next to it has the manifest's size
-    and sha256 (read in full: a flipped byte makes the shard count as not done). Anything else
-    (no manifest, a stale or unreadable one, a missing or damaged file) is simply not done.
+    A part counts as done only when its sidecar exists, names the same slice (index, start,
+    stop, fingerprint) and configuration hash, and the file next to it has the sidecar's size
+    and sha256 (read in full: a flipped byte makes the part count as not done). Anything else
+    (no sidecar, a stale or unreadable one, a missing or damaged file) is simply not done.
 
     Args:
-        staging_url: the folder the shards were published to.
+        staging_url: the folder the parts were published to.
         specs: the plan.
         config: the pack configuration of this build (default :class:`PackConfig()`).
         storage_options: for the staging URL.
+
+    Raises:
+        ValueError: ``staging_url`` holds parts an older h5forge wrote (``shard-NNNNN.h5``).
     """
     config_sha = (PackConfig() if config is None else config).sha256()
     options = dict(storage_options or {})
+    _refuse_old_parts(staging_url, options)
     done: set[int] = set()
     for spec in specs:
-        url = shard_url(staging_url, spec)
+        url = part_url(staging_url, spec)
         try:
-            manifest = read_manifest(url, storage_options=options)
+            sidecar = read_sidecar(url, storage_options=options)
         except (FileNotFoundError, ValueError):  # none yet, or torn on a store without renames
             continue
         wanted = {
-            "kind": SHARD_KIND,
+            "kind": PART_KIND,
             "index": spec.index,
             "start": spec.start,
             "stop": spec.stop,
             "fingerprint": spec.fingerprint,
             "config_sha256": config_sha,
         }
-        if any(manifest.get(k) != v for k, v in wanted.items()):
+        if any(sidecar.get(k) != v for k, v in wanted.items()):
             continue
         fs, path = fsspec.core.url_to_fs(url, **options)
         fs.invalidate_cache(path)
         try:
             if (
-                fs.size(path) != manifest["bytes"]
-                or sha256_file(url, storage_options=options) != manifest["sha256"]
+                fs.size(path) != sidecar["bytes"]
+                or sha256_file(url, storage_options=options) != sidecar["sha256"]
             ):
                 continue
         except FileNotFoundError:
@@ -199,19 +211,33 @@ def find_done_shards(
     return done
 
 
-def remove_shards(
-    staging: str, specs: Sequence[ShardSpec], *, storage_options: dict[str, Any] | None = None
-) -> int:
-    """Delete the plan's shards from ``staging`` (once the merged asset is published).
+def _refuse_old_parts(staging_url: str, options: Mapping[str, Any]) -> None:
+    fs, path = fsspec.core.url_to_fs(staging_url, **options)
+    old = sorted(fs.glob(path.rstrip("/") + "/" + _OLD_PART_NAMES))
+    if old:
+        first = redact_url(staging_url).rstrip("/") + "/" + old[0].rsplit("/", 1)[-1]
+        raise ValueError(
+            f"staging {redact_url(staging_url)} holds {len(old)} part file(s) written by an "
+            f"older h5forge, named shard-NNNNN.h5 (first: {first}); this h5forge names them "
+            "part-NNNNN.h5 and does not resume the old ones. Finish that build with the "
+            "h5forge that started it, or delete those files (or give another staging) and "
+            "run again, which packs every part anew"
+        )
 
-    Each manifest goes before its file, so no reader pairs a manifest with a missing file.
+
+def remove_parts(
+    staging: str, specs: Sequence[PartSpec], *, storage_options: dict[str, Any] | None = None
+) -> int:
+    """Delete the plan's parts from ``staging`` (once the merged asset is published).
+
+    Each sidecar goes before its file, so no reader pairs a sidecar with a missing file.
     Returns the number of files deleted.
     """
     fs, _ = fsspec.core.url_to_fs(staging, **(storage_options or {}))
     removed = 0
     for spec in specs:
-        _, path = fsspec.core.url_to_fs(shard_url(staging, spec), **(storage_options or {}))
-        for name in (path + MANIFEST_SUFFIX, path):
+        _, path = fsspec.core.url_to_fs(part_url(staging, spec), **(storage_options or {}))
+        for name in (path + SIDECAR_SUFFIX, path):
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(name)
                 removed += 1

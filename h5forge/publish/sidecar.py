@@ -1,4 +1,4 @@
-"""The manifest sidecar of a published asset: its URL, how it is written, read and checked.
+"""The sidecar of a published asset: its URL, how it is written, read and checked.
 
 ``NAME.h5.manifest.json`` records the file's sha256, size, counts, format version, creation
 time and redacted source. It is written last, after the file was verified at the destination,
@@ -25,55 +25,55 @@ __all__ = [
     "check_verified",
     "COMPUTED_FIELDS",
     "FORMAT_NAME",
-    "MANIFEST_SUFFIX",
+    "SIDECAR_SUFFIX",
     "MAX_MANIFEST_BYTES",
-    "check_manifest",
-    "load_manifest",
-    "manifest_bytes",
-    "manifest_url",
-    "read_manifest",
+    "check_sidecar",
+    "load_sidecar",
+    "sidecar_bytes",
+    "sidecar_url",
+    "read_sidecar",
 ]
 
-MANIFEST_SUFFIX = ".manifest.json"
+SIDECAR_SUFFIX = ".manifest.json"
 FORMAT_NAME = "h5forge"
 # Used when ``extra`` carries no "format_version"; the writer passes the file's real version.
 _DEFAULT_FORMAT_VERSION = 1
 # Fields publish computes itself; a caller's ``extra`` may not set them.
 COMPUTED_FIELDS = frozenset({"format", "sha256", "bytes", "created_at"})
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-#: Largest manifest read: one is a few KiB (counts per class included); more is not ours.
+#: Largest sidecar read: one is a few KiB (counts per class included); more is not ours.
 MAX_MANIFEST_BYTES = 16 * 2**20
 
 
-def manifest_url(url: str) -> str:
-    """The manifest sidecar of ``url``: ``url + ".manifest.json"`` (before any query string)."""
+def sidecar_url(url: str) -> str:
+    """The sidecar of ``url``: ``url + ".manifest.json"`` (before any query string)."""
     if "://" in url and "?" in url:
         base, _, query = url.partition("?")
-        return f"{base}{MANIFEST_SUFFIX}?{query}"
-    return url + MANIFEST_SUFFIX
+        return f"{base}{SIDECAR_SUFFIX}?{query}"
+    return url + SIDECAR_SUFFIX
 
 
-def read_manifest(url: str, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Read and check the manifest of the asset at ``url`` (or of the manifest URL itself).
+def read_sidecar(url: str, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Read and check the sidecar of the asset at ``url`` (or of the sidecar URL itself).
 
     Raises:
-        FileNotFoundError: no manifest, i.e. the asset was never (completely) published.
-        ValueError: the manifest is not valid JSON or lacks format, sha256 or bytes.
+        FileNotFoundError: no sidecar, i.e. the asset was never (completely) published.
+        ValueError: the sidecar is not valid JSON or lacks format, sha256 or bytes.
     """
-    target = url if url.endswith(MANIFEST_SUFFIX) else manifest_url(url)
+    target = url if url.endswith(SIDECAR_SUFFIX) else sidecar_url(url)
     fs, path = fsspec.core.url_to_fs(target, **dict(storage_options or {}))
-    manifest = load_manifest(fs, path, redact_url(target))
-    if manifest is None:
+    sidecar = load_sidecar(fs, path, redact_url(target))
+    if sidecar is None:
         raise FileNotFoundError(
-            f"no manifest at {redact_url(target)!r}: the asset is not published (the manifest "
+            f"no sidecar at {redact_url(target)!r}: the asset is not published (the sidecar "
             "is written last, after the file is verified); publish it again"
         )
-    return manifest
+    return sidecar
 
 
-def check_manifest(
+def check_sidecar(
     url: str,
-    manifest: Mapping[str, Any],
+    sidecar: Mapping[str, Any],
     *,
     sha256: str,
     bytes: int,
@@ -82,15 +82,15 @@ def check_manifest(
     format_version: int,
     counts: Mapping[str, Mapping[str, int]] | None = None,
 ) -> None:
-    """Compare what the file at ``url`` is with what its manifest promises.
+    """Compare what the file at ``url`` is with what its sidecar promises.
 
-    The verify command, the re-verify flow and anyone holding a manifest call this one
-    function. ``sha256`` and ``bytes`` must be in the manifest; ``num_samples``,
+    The verify command, the re-verify flow and anyone holding a sidecar call this one
+    function. ``sha256`` and ``bytes`` must be in the sidecar; ``num_samples``,
     ``num_classes``, ``format_version`` and ``counts`` (split -> class -> n; compared when
-    given) must agree when the manifest records them.
+    given) must agree when the sidecar records them.
 
     Raises:
-        IntegrityError: one line per disagreement, naming the field, the manifest's value and
+        IntegrityError: one line per disagreement, naming the field, the sidecar's value and
             the file's.
     """
     found: dict[str, Any] = {
@@ -102,32 +102,32 @@ def check_manifest(
     }
     if counts is not None:
         found["counts"] = {split: dict(per) for split, per in counts.items()}
-    failures = [f"manifest lacks {k!r}" for k in ("bytes", "sha256") if k not in manifest]
+    failures = [f"sidecar lacks {k!r}" for k in ("bytes", "sha256") if k not in sidecar]
     for key, actual in found.items():
-        if key in manifest and manifest[key] != actual:
-            failures.append(f"{key}: manifest says {manifest[key]!r}, the file has {actual!r}")
+        if key in sidecar and sidecar[key] != actual:
+            failures.append(f"{key}: sidecar says {sidecar[key]!r}, the file has {actual!r}")
     if failures:
         raise IntegrityError(
-            f"{redact_url(url)} does not match its manifest (sha256, size, counts, format version)",
+            f"{redact_url(url)} does not match its sidecar (sha256, size, counts, format version)",
             failures,
         )
 
 
 def check_verified(
     url: str,
-    manifest: Mapping[str, Any],
+    sidecar: Mapping[str, Any],
     report: VerifyReport,
     *,
     counts: Mapping[str, Mapping[str, int]] | None = None,
 ) -> None:
-    """:func:`check_manifest` of what :func:`h5forge.verify.checks.verify` found in the file.
+    """:func:`check_sidecar` of what :func:`h5forge.verify.checks.verify` found in the file.
 
     Raises:
-        IntegrityError: one line per disagreement (see :func:`check_manifest`).
+        IntegrityError: one line per disagreement (see :func:`check_sidecar`).
     """
-    check_manifest(
+    check_sidecar(
         url,
-        manifest,
+        sidecar,
         sha256=report.sha256,
         bytes=report.bytes,
         num_samples=report.num_samples,
@@ -137,29 +137,29 @@ def check_verified(
     )
 
 
-def load_manifest(fs: Any, path: str, shown: str) -> dict[str, Any] | None:
-    """The checked manifest at ``path`` on ``fs`` (``shown`` in messages), None when absent.
+def load_sidecar(fs: Any, path: str, shown: str) -> dict[str, Any] | None:
+    """The checked sidecar at ``path`` on ``fs`` (``shown`` in messages), None when absent.
 
     Raises:
         ValueError: it is over :data:`MAX_MANIFEST_BYTES`, not valid JSON, or not an h5forge
-            manifest.
+            sidecar.
     """
     fs.invalidate_cache(path)
     try:
-        # Bounded: a store (or whoever wrote there) may put anything under a manifest's name.
+        # Bounded: a store (or whoever wrote there) may put anything under a sidecar's name.
         raw = fs.cat_file(path, start=0, end=MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
         return None
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ValueError(
-            f"manifest {shown!r} is {fs.size(path)} bytes, over the {MAX_MANIFEST_BYTES}-byte "
-            "bound (an h5forge manifest is a few KiB): not an h5forge manifest; remove it and "
+            f"sidecar {shown!r} is {fs.size(path)} bytes, over the {MAX_MANIFEST_BYTES}-byte "
+            "bound (an h5forge sidecar is a few KiB): not an h5forge sidecar; remove it and "
             "publish the asset again"
         )
     try:
         data = json.loads(raw)
     except ValueError as exc:
-        raise ValueError(f"manifest {shown!r} is not valid JSON: {exc}") from exc
+        raise ValueError(f"sidecar {shown!r} is not valid JSON: {exc}") from exc
     if not (
         isinstance(data, dict)
         and data.get("format") == FORMAT_NAME
@@ -168,17 +168,17 @@ def load_manifest(fs: Any, path: str, shown: str) -> dict[str, Any] | None:
         and isinstance(data.get("bytes"), int)
     ):
         raise ValueError(
-            f"manifest {shown!r} is not an h5forge manifest: need format={FORMAT_NAME!r}, "
+            f"sidecar {shown!r} is not an h5forge sidecar: need format={FORMAT_NAME!r}, "
             "a 64-hex sha256 and an integer bytes"
         )
     return data
 
 
-def manifest_bytes(sha: str, size: int, fields: dict[str, Any]) -> bytes:
-    """The manifest JSON; every recorded string goes through redaction first."""
+def sidecar_bytes(sha: str, size: int, fields: dict[str, Any]) -> bytes:
+    """The sidecar JSON; every recorded string goes through redaction first."""
     counts = fields.pop("counts", {}) if "counts" in fields else {}
     scrubbed = redact_storage_options({k: v for k, v in fields.items() if k != "source"})
-    manifest: dict[str, Any] = {
+    sidecar: dict[str, Any] = {
         "format": FORMAT_NAME,
         "format_version": fields.get("format_version", _DEFAULT_FORMAT_VERSION),
         "sha256": sha,
@@ -188,5 +188,5 @@ def manifest_bytes(sha: str, size: int, fields: dict[str, Any]) -> bytes:
         "source": redact_url(str(fields.get("source", ""))),
     }
     for key, value in scrubbed.items():
-        manifest.setdefault(key, REDACTED if is_sensitive_key(key) else value)
-    return json.dumps(manifest, indent=2, sort_keys=True).encode()
+        sidecar.setdefault(key, REDACTED if is_sensitive_key(key) else value)
+    return json.dumps(sidecar, indent=2, sort_keys=True).encode()
