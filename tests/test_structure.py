@@ -32,6 +32,8 @@ MAX_LINES = 500
 LONG_MODULES: dict[str, str] = {
     "h5forge.read.targets": "the reader's view of target columns, read as one: what target= "
     "selects, how one process reads those columns and checks their values, how they collate",
+    "h5forge.options": "every pack option defined once: what an option is and how a value is "
+    "checked, the table of options, the rules between them, the renamed names",
 }
 
 
