@@ -12,7 +12,8 @@
    blobs) or, for compressed chunks, read one by one with ``pread`` and written with
    ``write_direct_chunk`` (never inflated); the structural verify, fsync, seal and rename.
    The same parts without their sidecars ("bare", the per-sample fallback: every sample's
-   sha256 from the bytes in hand, gzip chunks inflated) are merged in the same run too.
+   sha256 from the bytes the output holds, read back after the kernel copy; gzip chunks inflated
+   in hand) are merged in the same run too.
    Decoded (raw chunks), decoded + gzip (compressed chunks) and encoded (blob) parts.
 2. Build: the same catalog packed by ``pack(workers=2)`` (one process pool on this machine) and
    by a ``distributed.LocalCluster`` of 2 single-thread worker processes running
@@ -220,8 +221,9 @@ def _merge_vs_copy(
         "HDF5 chunk index) beside the fsync, seal, fsync, rename. 'of which "
         "verify' is the verify_unsealed time measured inside the same run. 'bare "
         "parts' are the same files without their sidecars: the per-sample fallback "
-        "(every sample's sha256 computed from the bytes copied with pread/pwrite, gzip "
-        "chunks inflated to hash the pixels). 'merge CPU s' is the CPU time of the process "
+        "(raw chunks and blobs copied in the kernel, then every sample's sha256 computed "
+        "from the bytes the output holds; gzip chunks inflated to hash the pixels). "
+        "'merge CPU s' is the CPU time of the process "
         "(all threads) in the best merge run; 'sha256 s' is hashlib over the same "
         "parts on one thread; 'bound' is the best merge / copyfile ratio any merge "
         f"that hashes and copies every byte could reach on these {usable_cpus()} CPUs: "

@@ -8,6 +8,10 @@
 * imports point down the layers: ``h5forge.deployments`` -> ``h5forge.flows`` ->
   ``h5forge.tasks`` -> the library (the rest of ``h5forge``), and the library imports neither
   Prefect nor anything above it, so ``pip install h5forge`` without extras reads assets;
+* inside the library, a package never imports one that builds on it (:data:`BUILDS_ON`):
+  ``h5forge.scale`` builds on ``h5forge.pack`` (its commit, config, writer), so nothing of
+  ``h5forge.pack`` imports ``h5forge.scale``; what both need (the stored-copy kernel) lives
+  in a package neither owns;
 * one top-level import name: ``flows/``, ``tasks/`` and ``deployments/`` are reached as
   ``h5forge.flows`` (and so on) through links under ``h5forge/``;
 * a module past about 500 lines says why it is one idea (:data:`LONG_MODULES`): size is a
@@ -26,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("h5forge",)
 #: The packages above the library, top first, each in its own folder of the repository.
 LAYERS = ("deployments", "flows", "tasks")
+#: Library packages that build on others: none of the packages named on the right imports the
+#: one on the left.
+BUILDS_ON: dict[str, tuple[str, ...]] = {"h5forge.scale": ("h5forge.pack",)}
 #: About this many lines is a hint to look at a module; past it, a reason is recorded here.
 MAX_LINES = 500
 #: Modules longer than ``MAX_LINES``, each with why it is still one idea.
@@ -165,6 +172,40 @@ def test_imports_point_down_the_layers(module: str) -> None:
             elif top == "prefect" and _layer(module) == 0:
                 up.append(f"line {node.lineno}: the library imports Prefect")
     assert not up, f"{MODULES[module].relative_to(ROOT)}: " + "; ".join(up)
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def _imports_of_what_builds_on_it(module: str, tree: ast.Module) -> list[str]:
+    """The imports in ``tree`` (the code of ``module``) of a package built on ``module``'s."""
+    above = {top for top, below in BUILDS_ON.items() if _package(module) in below}
+    return [
+        f"line {node.lineno}: imports {target}, and {_package(target)} builds on "
+        f"{_package(module)}: move what both need below both (e.g. into h5forge.asset)"
+        for node in _imports(tree)
+        for target, _ in _targets(module, node)
+        if _package(target) in above
+    ]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _layer(m) == 0))
+def test_a_package_never_imports_one_that_builds_on_it(module: str) -> None:
+    found = _imports_of_what_builds_on_it(module, _tree(MODULES[module]))
+    assert not found, f"{MODULES[module].relative_to(ROOT)}: " + "; ".join(found)
+
+
+def test_the_package_rule_sees_pack_importing_scale() -> None:
+    """Either spelling, even inside a function; not the other way round."""
+    code = "def f():\n    from h5forge.scale.merge import merge_shards\nimport h5forge.scale.plan\n"
+    found = _imports_of_what_builds_on_it("h5forge.pack.sink", ast.parse(code))
+    assert sorted(line.split(",")[0] for line in found) == [
+        "line 2: imports h5forge.scale.merge",
+        "line 3: imports h5forge.scale.plan",
+    ]
+    upward = ast.parse("from h5forge.pack.commit import staged\n")
+    assert _imports_of_what_builds_on_it("h5forge.scale.merge", upward) == []
 
 
 def test_the_layer_finder_sees_an_upward_import() -> None:

@@ -29,10 +29,9 @@ from h5forge.pack.bar import PackProgress
 from h5forge.pack.checks import check_pack, check_quarantine
 from h5forge.pack.commit import Staged, staged
 from h5forge.pack.config import PackConfig
-from h5forge.pack.copied import CopiedMismatch
 from h5forge.pack.result import PackResult
 from h5forge.pack.reuse import Reuse, SampleSource
-from h5forge.pack.sink import Sink
+from h5forge.pack.sink import CopiedMismatch, Sink
 from h5forge.pack.targets import PackTargets
 from h5forge.targets.schema import parse_columns
 

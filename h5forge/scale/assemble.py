@@ -24,15 +24,14 @@ from h5forge.asset.chunks import chunk_ranges
 from h5forge.asset.index import load_index
 from h5forge.asset.open import open_h5
 from h5forge.asset.placement import Head, early_allocation
+from h5forge.asset.range_copy import writeback_starter
+from h5forge.asset.stored_copy import StoredCopy, copy_blob, copy_filtered, copy_raw
 from h5forge.errors import IntegrityError, UnsafePathError
 from h5forge.files import same_file
 from h5forge.pack.commit import Staged
 from h5forge.pack.config import PackConfig
-from h5forge.scale.checked_copy import CheckedCopy
 from h5forge.scale.download import local_copy
 from h5forge.scale.file_check import FileChecks, FileIdentity
-from h5forge.scale.kernel_copy import RangeCopy, writeback_starter
-from h5forge.scale.stored_copy import copy_blob, copy_filtered, copy_raw
 from h5forge.scale.survey import Part
 
 __all__ = ["assemble"]
@@ -87,18 +86,27 @@ class _Out:
     fd: int  # the .partial, for copies HDF5 does not see
     dst: np.ndarray | None  # (offset, size) of every raw chunk, allocated at creation
     blob_offset: int  # file offset of the output blob
-    check: CheckedCopy  # per-sample checks, for parts without a sidecar
-    copy: RangeCopy
+    copy: StoredCopy  # checks samples of parts without a sidecar from the output's bytes
     filters: tuple[int, ...]
     base: int = 0  # first sample of the next part
     pos: int = 0  # blob bytes copied so far
+
+
+def _label(parts: list[Part], row: int) -> str:
+    """``sample ROW (sample J of URL)``: a row of the output named by its part."""
+    base = 0
+    for part in parts:
+        if row < base + part.n:
+            return f"sample {row} (sample {row - base} of {part.url})"
+        base += part.n
+    raise AssertionError(f"row {row} is past the {base} samples merged")
 
 
 def _copy_part(out: _Out, part: Part, local: str, src_fd: int) -> None:
     """Copy one part's index and stored image bytes into the output."""
     ds, base, stop = out.head.ds, out.base, out.base + part.n
     # A published part is checked by its file's sha256: no per-sample hash.
-    check = None if part.expected is not None else out.check
+    check = part.expected is None
     # Through the checked open: a downloaded part is a new file, not the one surveyed.
     with open_h5(local) as src:
         if load_index(src, where=part.url).header.num_samples != part.n:
@@ -113,7 +121,7 @@ def _copy_part(out: _Out, part: Part, local: str, src_fd: int) -> None:
             ds[name][base:stop] = src[name][()]
         ds[fmt.PATHS][base:stop] = src[fmt.PATHS].asstr()[()].astype(object)
 
-        def label(j: int) -> str:
+        def label(j: int) -> str:  # the same name _label gives row base + j
             return f"sample {base + j} (sample {j} of {part.url})"
 
         if part.attrs[fmt.A_STORAGE] == "blob":
@@ -121,7 +129,7 @@ def _copy_part(out: _Out, part: Part, local: str, src_fd: int) -> None:
             ds[fmt.OFFSETS][base + 1 : stop + 1] = offsets[1:] + np.uint64(out.pos)
             ds[fmt.SHAPES][base:stop] = src[fmt.SHAPES][()]
             out.pos += copy_blob(
-                check,
+                out.copy,
                 src_fd,
                 local,
                 src[fmt.IMAGES],
@@ -129,16 +137,32 @@ def _copy_part(out: _Out, part: Part, local: str, src_fd: int) -> None:
                 out.blob_offset + out.pos,
                 offsets,
                 digests,
-                label,
-                out.copy,
+                base=base,
+                check=check,
             )
         elif out.dst is not None:
             copy_raw(
-                check, src_fd, src[fmt.IMAGES], out.fd, out.dst[base:stop], digests, label, out.copy
+                out.copy,
+                src_fd,
+                src[fmt.IMAGES],
+                out.fd,
+                out.dst[base:stop],
+                digests,
+                base=base,
+                check=check,
+                label=label,
             )
         else:
             copy_filtered(
-                check, src_fd, src[fmt.IMAGES], out.head.images, base, digests, label, out.filters
+                out.copy,
+                src_fd,
+                src[fmt.IMAGES],
+                out.head.images,
+                digests,
+                base=base,
+                check=check,
+                label=label,
+                filters=out.filters,
             )
     out.base = stop
 
@@ -195,8 +219,7 @@ def assemble(
             fd=fd,
             dst=chunk_ranges(images, n) if raw else None,
             blob_offset=(images.id.get_offset() or 0) if blob else 0,
-            check=stack.enter_context(CheckedCopy()),
-            copy=RangeCopy(),
+            copy=stack.enter_context(StoredCopy(os.fspath(partial))),
             filters=first.filters,
         )
         # Written pages start going to disk while later parts are copied, so the fsync
@@ -221,20 +244,20 @@ def assemble(
                             files.settle(i)
                 finally:
                     os.close(src_fd)
-            if out.check.failures:  # stop at the first damaged part
+            if out.copy.failed:  # stop at the first damaged part found
                 break
             files.settle_finished()
             if flushing is None or flushing.done():
                 flushing = flusher.submit(writeback, fd)
         files.settle_all()
-        failures = out.check.wait()
+        failures = out.copy.wait()
         if failures:
             raise IntegrityError(
                 f"merging into {partial}: {len(failures)} sample(s) do not match the digests "
                 "their part recorded, so a part changed after it was packed; run the build "
                 "again (find_done_parts re-packs parts whose file no longer matches their "
                 "sidecar) or re-pack the parts named below",
-                failures[:100],
+                [f"{_label(parts, m.row)}: {m.reason}" for m in failures[:100]],
             )
         if blob:
             ds[fmt.OFFSETS][0] = 0

@@ -6,22 +6,24 @@ ones are not touched: unfiltered chunks go file to file in runs (into chunks all
 carried over). Blob storage copies each part's ``/images`` bytes into the output blob and
 rebases ``/offsets``. Digests, labels, splits, paths and quarantine lists are concatenated.
 
-How the copy is checked, per part (:mod:`h5forge.scale.checked_copy`):
+How the copy is checked, per part (:mod:`h5forge.asset.stored_copy`, the stored-copy kernel):
 
 - **A published part** (its sidecar, written last by :func:`h5forge.publish.storage.publish`, lies
   next to it): the whole part file's sha256 is checked against the sidecar's
   (:mod:`h5forge.scale.file_check`). The hashes start as soon as each sidecar is read, in the
   survey (:mod:`h5forge.scale.survey`), on a pool of threads (two files at once with two or
   more CPUs) reading the files through ``mmap`` while the copy runs; the copy itself stays in
-  the kernel (``os.copy_file_range`` for raw chunks and blobs, :mod:`h5forge.scale.kernel_copy`;
+  the kernel (``os.copy_file_range`` for raw chunks and blobs, :mod:`h5forge.asset.range_copy`;
   filtered chunks are read with ``pread`` and written with ``write_direct_chunk``, not inflated).
   The file's identity (device, inode, size, mtime) when surveyed, hashed and copied must be one
   and the same. A mismatch raises :class:`~h5forge.errors.IntegrityError` naming the part,
   both digests and the fix.
-- **A bare sealed file** (no sidecar, or an unreadable one): every sample's sha256 is
-  computed from the bytes in hand (on helper threads, while the next block is copied with
-  ``pread``/``pwrite``) and compared with its part's digest; a filtered chunk is
-  decompressed for that (the digest covers the pixels).
+- **A bare sealed file** (no sidecar, or an unreadable one): raw chunks and blobs are copied
+  in the kernel as above, then every sample's sha256 is computed from the bytes the OUTPUT
+  holds (read back on helper threads while the next part is copied) and compared with its
+  part's digest; a filtered chunk is copied as stored and decompressed on helper threads to
+  be checked (the digest covers the pixels). The same kernel checks an incremental pack's
+  reused samples.
 
 Every check is settled before the seal: a mismatch leaves nothing at ``out``. The output is
 then sealed after a structural verify (counts, labels, metadata digest, byte ranges against the
@@ -33,8 +35,9 @@ rename as :func:`h5forge.pack.writer.pack` (:mod:`h5forge.pack.commit`).
 The output is written by :func:`h5forge.scale.assemble.assemble`, with the writer's physical
 layout. Remote parts are downloaded one at a time and the local copy is what is hashed.
 
-Memory: no image byte passes through Python for a published part of raw chunks or a blob;
-otherwise image bytes stream in blocks (at most 48 MiB wait for their hash); per-sample index
+Memory: no image byte passes through Python for raw chunks or a blob (a bare part's are read
+back through ``mmap`` of the page cache); filtered chunks stream one by one (at most 48 MiB wait
+for their hash); per-sample index
 arrays are read one part at a time; only the quarantine list and, for array storage, the chunk
 ``/byte_ranges`` (16 bytes per sample) are held whole.
 """

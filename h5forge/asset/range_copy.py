@@ -56,8 +56,8 @@ def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 class RangeCopy:
     """Copies byte ranges file to file in the kernel (``os.copy_file_range``), else in blocks.
 
-    Falls back to ``pread``/``pwrite`` through one reused 16 MiB buffer, for the rest of the
-    merge, when ``copy_file_range`` is missing, raises ``EXDEV``, ``ENOSYS``, ``EOPNOTSUPP`` or
+    Falls back to ``pread``/``pwrite`` through one reused 16 MiB buffer, for the rest of its
+    copies, when ``copy_file_range`` is missing, raises ``EXDEV``, ``ENOSYS``, ``EOPNOTSUPP`` or
     ``EINVAL``, or returns 0 before the range is done (the fallback then reports a source that
     really ends early).
     """
