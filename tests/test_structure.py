@@ -14,8 +14,10 @@
   in a package neither owns;
 * one top-level import name: ``flows/``, ``tasks/`` and ``deployments/`` are reached as
   ``h5forge.flows`` (and so on) through links under ``h5forge/``;
+* a library module imported by one module only says why it stands alone (:data:`ALONE`);
 * a module past about 500 lines says why it is one idea (:data:`LONG_MODULES`): size is a
-  hint to look, not a wall that splits an idea across files.
+  hint to look, not a wall that splits an idea across files;
+* the library's tests mirror its packages (``tests/h5forge/<package>/``).
 """
 
 from __future__ import annotations
@@ -307,3 +309,123 @@ def test_the_library_tests_mirror_its_packages() -> None:
     flat = sorted(p.name for p in tests.glob("test_*.py"))
     named_for_a_package = [f for f in flat if f.removeprefix("test_").split("_")[0] in packages]
     assert not named_for_a_package, f"move {named_for_a_package} into their package's folder"
+
+
+def _importers() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module in MODULES:
+        for target in _edges(module):
+            found[target].add(module)
+    return found
+
+
+IMPORTERS = _importers()
+#: Library modules imported by one module only, each with why it stands on its own (a boundary
+#: read on its own, an idea with its own tests, a public name): without a reason, fold it into
+#: its importer.
+ALONE: dict[str, str] = {
+    "h5forge.asset.declared": (
+        "declared shapes and counts checked at open: a boundary on untrusted files"
+    ),
+    "h5forge.asset.ranges": (
+        "the reader's batched byte-range reads (local pread, remote coalescing)"
+    ),
+    "h5forge.cli.summary": (
+        "the inspect summary's words, apart from the command wiring in cli.app"
+    ),
+    "h5forge.cli.verify": (
+        "the verify command's report and exit codes, apart from the command wiring"
+    ),
+    "h5forge.demo": ("public: the built-in demo dataset, used by the CLI, the docs and the tests"),
+    "h5forge.discover.coco": ("one listing format (COCO instances): its own bounds and tests"),
+    "h5forge.discover.coco_masks": (
+        "COCO segmentations drawn into masks: its own format rules and tests"
+    ),
+    "h5forge.discover.paired": (
+        "one source layout (images/ + masks/ by stem): its own rules and tests"
+    ),
+    "h5forge.discover.report": (
+        "a catalog in words for the task's log and report; no discover rule lives there"
+    ),
+    "h5forge.fetch.extract": ("safe archive extraction: a security boundary read on its own"),
+    "h5forge.fetch.fingerprint": (
+        "a source's identity without reading a file, shared by fetch and lineage"
+    ),
+    "h5forge.fetch.http": (
+        "the download loop (limits, retries, watchdog): a boundary read on its own"
+    ),
+    "h5forge.fetch.members": (
+        "archive member names checked before extraction: a security boundary"
+    ),
+    "h5forge.fetch.objects": ("object and prefix copies through fsspec, one kind of source"),
+    "h5forge.pack.chunk_writes": (
+        "gathered chunk writes: a measured I/O technique with its own tests"
+    ),
+    "h5forge.pack.previous": ("the checked index of the version an incremental pack reuses"),
+    "h5forge.pack.sink": ("collecting results into /images: the writer's storage half"),
+    "h5forge.preprocess.decode": (
+        "decode + resize for one image, apart from quarantine and targets"
+    ),
+    "h5forge.preprocess.jpeg": ("one decoder backend (libjpeg-turbo, DCT scaling)"),
+    "h5forge.preprocess.pool": ("the decode pool: processes, ordering, the ring, start methods"),
+    "h5forge.preprocess.resample": (
+        "one resize kernel (torch antialiased), checked against Pillow"
+    ),
+    "h5forge.preprocess.ring": ("the shared-memory ring results come back in"),
+    "h5forge.publish.diff": ("comparing two versions' indexes: its own command and tests"),
+    "h5forge.publish.overlay": (
+        "drawing boxes and masks on the preview: image code apart from publishing"
+    ),
+    "h5forge.publish.release": ("publishing a version: pointer last, then retention"),
+    "h5forge.read.asset_list": (
+        "the asset list: an untrusted document with its own bounds and tests"
+    ),
+    "h5forge.read.block_cache": ("read-ahead blocks on disk, each checked: its own idea and tests"),
+    "h5forge.read.mixing": ("weighted mixing of assets: its own sampler and tests"),
+    "h5forge.read.provenance": ("a sample's source path and provenance, read on request"),
+    "h5forge.read.sampler": ("public: the resumable, distributed Sampler"),
+    "h5forge.read.samples": (
+        "reading and checking one sample's bytes: the integrity boundary of reads"
+    ),
+    "h5forge.scale.assemble": ("writing the merged file, apart from the merge's checks and plan"),
+    "h5forge.scale.download": ("a checked local copy of a remote part"),
+    "h5forge.scale.merge": ("public: merge_parts, the Dask stage's merge"),
+    "h5forge.smoke.expected": (
+        "what each sample must read back as, apart from running the workers"
+    ),
+    "h5forge.targets.columns": (
+        "a file's target columns as byte ranges: the targets' storage model"
+    ),
+    "h5forge.targets.drawn": (
+        "drawing polygons and RLE into masks: geometry code with its own tests"
+    ),
+    "h5forge.targets.stats": ("the build report's target figures"),
+    "h5forge.verify.layout": ("byte ranges against the chunk index: one check of verify"),
+    "h5forge.verify.metadata": ("the metadata digest check: one check of verify"),
+    "h5forge.verify.targets": (
+        "every target column's digests and value rules: one check of verify"
+    ),
+    "h5forge.workdir": ("a run's work folder, swept when its owner died (with locks.py)"),
+}
+
+
+def _alone() -> list[str]:
+    return sorted(
+        m
+        for m in MODULES
+        if _layer(m) == 0 and MODULES[m].name != "__init__.py" and len(IMPORTERS[m]) == 1
+    )
+
+
+@pytest.mark.parametrize("module", _alone())
+def test_a_module_with_one_importer_says_why(module: str) -> None:
+    (importer,) = IMPORTERS[module]
+    assert module in ALONE, (
+        f"{MODULES[module].relative_to(ROOT)} is imported only by {importer}: fold it into "
+        "that module, or record in ALONE why it is an idea of its own"
+    )
+
+
+def test_every_recorded_reason_is_still_needed() -> None:
+    stale = sorted(set(ALONE) - set(_alone()))
+    assert not stale, f"{stale} no longer have a single importer: remove them from ALONE"

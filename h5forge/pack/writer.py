@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +29,40 @@ from h5forge.pack.bar import PackProgress
 from h5forge.pack.checks import check_pack, check_quarantine
 from h5forge.pack.commit import Staged, staged
 from h5forge.pack.config import PackConfig
-from h5forge.pack.result import PackResult
 from h5forge.pack.reuse import Reuse, SampleSource
 from h5forge.pack.sink import CopiedMismatch, Sink
 from h5forge.pack.targets import PackTargets
 from h5forge.targets.schema import parse_columns
 
 __all__ = ["PackResult", "pack", "pack_slice"]
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What :func:`pack` wrote.
+
+    Attributes:
+        path: the sealed file.
+        counts: ``split -> class name -> number of samples`` ('' is the split of unsplit data).
+        quarantined: ``(relative path, reason)`` of every input that was not packed.
+        seconds: wall time of the whole pack, verification included.
+        reused, reuse_mismatched: samples taken from ``reuse``; those failing their digest.
+        target_stats: per target column, its counts (:mod:`h5forge.targets.stats`).
+    """
+
+    path: str
+    num_samples: int
+    num_quarantined: int
+    num_classes: int
+    classes: tuple[str, ...]
+    quarantined: tuple[tuple[str, str], ...]
+    bytes: int
+    seconds: float
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    reused: int = 0
+    reuse_mismatched: int = 0
+    target_stats: dict[str, dict[str, object]] = field(default_factory=dict)
+
 
 _HOW = "(CLI: --overwrite) "
 log = logging.getLogger(__name__)
