@@ -42,11 +42,11 @@ import h5py
 import numpy as np
 
 from benchmarks._common import best, image_root, interleave, parser, start_report, table, verdict
+from h5forge.asset.range_copy import RangeCopy
 from h5forge.pack.config import PackConfig
 from h5forge.pack.reuse import Reuse, unchanged_paths
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
-from h5forge.scale.kernel_copy import RangeCopy
 
 TARGETS = {"incremental 1%": 0.05, "incremental 10%": 0.2, "no-op": 0.02}
 

@@ -1,26 +1,27 @@
-"""Shard merge against a plain file copy, and a Dask build against the local executor.
+"""Part merge against a plain file copy, and a Dask build against the local executor.
 
-1. Merge: the published shards of one build (each with its manifest) are merged with
-   :func:`h5forge.scale.merge.merge_shards` and, in the same run, simply copied with
+1. Merge: the published parts of one build (each with its sidecar) are merged with
+   :func:`h5forge.scale.merge.merge_parts` and, in the same run, simply copied with
    ``shutil.copyfile`` (the kernel's copy, no parsing, no fsync) and with ``copyfile`` +
    ``fsync``. Target: merge >= 0.5x the copy's rate, against the copy that is as durable as
    the merge (copyfile + fsync): the copy left in the page cache is also shown, with the bound
    any durable copy has against it (``copyfile / (copyfile + fsync)``, 0.3-0.4x here).
-   What the merge does, all timed: survey of the shards; each shard file's sha256 checked
-   against its manifest (hashed through ``mmap`` on two threads, started in the survey, beside
+   What the merge does, all timed: survey of the parts; each part file's sha256 checked
+   against its sidecar (hashed through ``mmap`` on two threads, started in the survey, beside
    the copy); the stored bytes copied in the kernel (``copy_file_range``: raw-chunk runs and
    blobs) or, for compressed chunks, read one by one with ``pread`` and written with
    ``write_direct_chunk`` (never inflated); the structural verify, fsync, seal and rename.
-   The same shards without their manifests ("bare", the per-sample fallback: every sample's
-   sha256 from the bytes in hand, gzip chunks inflated) are merged in the same run too.
-   Decoded (raw chunks), decoded + gzip (compressed chunks) and encoded (blob) shards.
+   The same parts without their sidecars ("bare", the per-sample fallback: every sample's
+   sha256 from the bytes the output holds, read back after the kernel copy; gzip chunks inflated
+   in hand) are merged in the same run too.
+   Decoded (raw chunks), decoded + gzip (compressed chunks) and encoded (blob) parts.
 2. Build: the same catalog packed by ``pack(workers=2)`` (one process pool on this machine) and
    by a ``distributed.LocalCluster`` of 2 single-thread worker processes running
-   :func:`h5forge.scale.shards.pack_shard` per shard, then the merge. Cluster start-up is reported
+   :func:`h5forge.scale.parts.pack_part` per part, then the merge. Cluster start-up is reported
    apart: a real cluster is already running when a build starts.
 
     python -m benchmarks.bench_merge                  # 2000 generated photos, best of 3
-    python -m benchmarks.bench_merge --images DIR --shard-size 500
+    python -m benchmarks.bench_merge --images DIR --part-size 500
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ from h5forge.discover.catalog import Catalog, discover
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
-from h5forge.scale.merge import merge_shards
-from h5forge.scale.plan import ShardSpec, plan_shards, shard_catalog, shard_url
-from h5forge.scale.shards import pack_shard
+from h5forge.scale.merge import merge_parts
+from h5forge.scale.parts import pack_part
+from h5forge.scale.plan import PartSpec, part_catalog, part_url, plan_parts
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "decoded 224 (raw chunks)": {"config": PackConfig()},
@@ -56,20 +57,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _pack_shards(
-    catalog: Catalog, specs: list[ShardSpec], staging: Path, kw: dict[str, Any]
+def _pack_parts(
+    catalog: Catalog, specs: list[PartSpec], staging: Path, kw: dict[str, Any]
 ) -> list[str]:
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(2) as pool:
         futures = [
-            pool.submit(pack_shard, shard_catalog(catalog, s), s, str(staging), **kw) for s in specs
+            pool.submit(pack_part, part_catalog(catalog, s), s, str(staging), **kw) for s in specs
         ]
         return [f.result().url for f in futures]
 
 
 class _VerifyClock:
-    """Times the verify inside merge_shards (a measurement hook; behaviour unchanged)."""
+    """Times the verify inside merge_parts (a measurement hook; behaviour unchanged)."""
 
     def __init__(self) -> None:
         from h5forge.verify import checks
@@ -106,7 +107,7 @@ def _copy_all(urls: list[str], dest: Path, *, sync: bool) -> None:
 
 
 def _bare(urls: list[str], dest: Path) -> list[str]:
-    """Copies of the shards without their manifests: merged sample by sample."""
+    """Copies of the parts without their sidecars: merged sample by sample."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir()
     for u in urls:
@@ -115,14 +116,14 @@ def _bare(urls: list[str], dest: Path) -> list[str]:
 
 
 def _sha256_files(urls: list[str]) -> None:
-    """hashlib sha256 of every shard on one thread, through mmap as the merge hashes them."""
+    """hashlib sha256 of every part on one thread, through mmap as the merge hashes them."""
     for u in urls:
         with open(u, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             hashlib.sha256(m).hexdigest()
 
 
 def _compare(name: str, urls: list[str], work: Path, repeat: int) -> list[object]:
-    """One table row: copyfile, copyfile+fsync, sha256, merge and bare merge of the same shards."""
+    """One table row: copyfile, copyfile+fsync, sha256, merge and bare merge of the same parts."""
     merge_runs: list[tuple[float, float]] = []  # (wall s, CPU s of this process)
     copies = work / "copies"
     bare = _bare(urls, work / "bare")
@@ -130,12 +131,12 @@ def _compare(name: str, urls: list[str], work: Path, repeat: int) -> list[object
     def merge() -> None:
         cpu = time.process_time()
         wall = _timed(
-            lambda: merge_shards(urls, work / "merged.h5", overwrite=True, max_bad_fraction=1.0)
+            lambda: merge_parts(urls, work / "merged.h5", overwrite=True, max_bad_fraction=1.0)
         )
         merge_runs.append((wall, time.process_time() - cpu))
 
     def merge_bare() -> None:
-        merge_shards(bare, work / "merged-bare.h5", overwrite=True, max_bad_fraction=1.0)
+        merge_parts(bare, work / "merged-bare.h5", overwrite=True, max_bad_fraction=1.0)
 
     with _VerifyClock() as clock:
         times = interleave(
@@ -144,7 +145,7 @@ def _compare(name: str, urls: list[str], work: Path, repeat: int) -> list[object
                 "copyfile+fsync": lambda: _copy_all(urls, copies, sync=True),
                 "sha256, 1 thread": lambda: _sha256_files(urls),
                 "merge": merge,
-                "merge, bare shards": merge_bare,
+                "merge, bare parts": merge_bare,
             },
             repeat,
         )
@@ -172,25 +173,25 @@ def _compare(name: str, urls: list[str], work: Path, repeat: int) -> list[object
         f"{c / m:.2f}x",
         f"{c / cs:.2f}x",
         f"{bound:.2f}x",
-        f"{c / best(times['merge, bare shards']):.2f}x",
+        f"{c / best(times['merge, bare parts']):.2f}x",
         f"**{cs / m:.2f}x**",
         verdict(cs / m, 0.5),
     ]
 
 
 def _merge_vs_copy(
-    catalog: Catalog, specs: list[ShardSpec], work: Path, repeat: int, report: Any
+    catalog: Catalog, specs: list[PartSpec], work: Path, repeat: int, report: Any
 ) -> None:
     rows: list[list[object]] = []
     for name, kw in VARIANTS.items():
         staging = work / f"staging-{len(rows)}"
-        print(f"packing {len(specs)} shards: {name} ...", flush=True)
-        rows.append(_compare(name, _pack_shards(catalog, specs, staging, kw), work, repeat))
+        print(f"packing {len(specs)} parts: {name} ...", flush=True)
+        rows.append(_compare(name, _pack_parts(catalog, specs, staging, kw), work, repeat))
         shutil.rmtree(staging)
     report.add(
         table(
             [
-                "shards",
+                "parts",
                 "MB",
                 "copyfile MB/s",
                 "copyfile+fsync MB/s",
@@ -201,7 +202,7 @@ def _merge_vs_copy(
                 "merge / copyfile",
                 "durable bound: copyfile / (copyfile+fsync)",
                 "hash bound: hash + copy on these CPUs",
-                "bare shards: merge / copyfile",
+                "bare parts: merge / copyfile",
                 "merge / (copyfile+fsync)",
                 "target (>= 0.5x a copy as durable)",
             ],
@@ -209,21 +210,22 @@ def _merge_vs_copy(
         )
     )
     report.add(
-        "'merge' is everything merge_shards does with published shards: the survey "
-        "(HDF5 header and index of every shard), each shard file's sha256 checked "
-        "against its manifest (mmap, two hash threads started in the survey, beside the "
+        "'merge' is everything merge_parts does with published parts: the survey "
+        "(HDF5 header and index of every part), each part file's sha256 checked "
+        "against its sidecar (mmap, two hash threads started in the survey, beside the "
         "copy; file identity checked before and after), the stored bytes copied "
         "(raw-chunk runs and blobs with copy_file_range in the kernel; gzip chunks read "
         "with pread and written with write_direct_chunk, not inflated), writeback started "
-        "after each shard (sync_file_range), the structural verify_unsealed("
+        "after each part (sync_file_range), the structural verify_unsealed("
         "check_digests=False) (counts, labels, metadata digest, byte ranges against the "
         "HDF5 chunk index) beside the fsync, seal, fsync, rename. 'of which "
         "verify' is the verify_unsealed time measured inside the same run. 'bare "
-        "shards' are the same files without their manifests: the per-sample fallback "
-        "(every sample's sha256 computed from the bytes copied with pread/pwrite, gzip "
-        "chunks inflated to hash the pixels). 'merge CPU s' is the CPU time of the process "
+        "parts' are the same files without their sidecars: the per-sample fallback "
+        "(raw chunks and blobs copied in the kernel, then every sample's sha256 computed "
+        "from the bytes the output holds; gzip chunks inflated to hash the pixels). "
+        "'merge CPU s' is the CPU time of the process "
         "(all threads) in the best merge run; 'sha256 s' is hashlib over the same "
-        "shards on one thread; 'bound' is the best merge / copyfile ratio any merge "
+        "parts on one thread; 'bound' is the best merge / copyfile ratio any merge "
         f"that hashes and copies every byte could reach on these {usable_cpus()} CPUs: "
         "copyfile / max(copyfile, sha256 / 2 threads, (sha256 + copyfile) / CPUs). "
         "The merge fsyncs its output before sealing it (nothing is called done before "
@@ -241,7 +243,7 @@ def _timed(fn: Callable[[], object]) -> float:
 
 
 def _build_vs_local(
-    catalog: Catalog, specs: list[ShardSpec], work: Path, repeat: int, report: Any
+    catalog: Catalog, specs: list[PartSpec], work: Path, repeat: int, report: Any
 ) -> None:
     from distributed import Client, LocalCluster
 
@@ -254,7 +256,7 @@ def _build_vs_local(
     client = Client(cluster)
     client.wait_for_workers(2)
     startup = time.perf_counter() - t0
-    phases: dict[str, list[float]] = {"shards": [], "merge": []}
+    phases: dict[str, list[float]] = {"parts": [], "merge": []}
     try:
 
         def local() -> None:
@@ -272,18 +274,18 @@ def _build_vs_local(
             shutil.rmtree(staging, ignore_errors=True)
             t = time.perf_counter()
             futures = client.map(
-                pack_shard,
-                [shard_catalog(catalog, s) for s in specs],
+                pack_part,
+                [part_catalog(catalog, s) for s in specs],
                 specs,
                 staging_url=str(staging),
                 config=PackConfig(image),
                 pure=False,
             )
             client.gather(futures)
-            phases["shards"].append(time.perf_counter() - t)
+            phases["parts"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            merge_shards(
-                [shard_url(str(staging), s) for s in specs],
+            merge_parts(
+                [part_url(str(staging), s) for s in specs],
                 work / "dask.h5",
                 overwrite=True,
                 max_bad_fraction=1.0,
@@ -298,33 +300,33 @@ def _build_vs_local(
     rows = [
         ["local pack, process pool of 2", f"{loc:.2f}", n / loc, "", ""],
         [
-            "dask LocalCluster 2 workers x 1 thread, shards + merge",
+            "dask LocalCluster 2 workers x 1 thread, parts + merge",
             f"{dsk:.2f}",
             n / dsk,
-            f"{best(phases['shards']):.2f}",
+            f"{best(phases['parts']):.2f}",
             f"{best(phases['merge']):.2f}",
         ],
     ]
     report.add(
-        table(["build (decoded 224, no compression)", "s", "img/s", "shards s", "merge s"], rows)
+        table(["build (decoded 224, no compression)", "s", "img/s", "parts s", "merge s"], rows)
     )
     report.add(
-        f"Dask / local throughput: {loc / dsk:.2f}x ({len(specs)} shards of up to "
+        f"Dask / local throughput: {loc / dsk:.2f}x ({len(specs)} parts of up to "
         f"{specs[0].count} images; cluster start-up {startup:.1f} s, not counted)."
     )
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--shard-size", type=int, default=250, help="images per shard")
+    p.add_argument("--part-size", type=int, default=250, help="images per part")
     p.add_argument("--skip-build", action="store_true", help="only the merge comparison")
     args = p.parse_args()
     root, described = image_root(args)
-    report = start_report("Shard merge vs file copy; Dask build vs local (bench_merge.py)")
+    report = start_report("Part merge vs file copy; Dask build vs local (bench_merge.py)")
     catalog = discover(root)
-    specs = plan_shards(catalog, samples_per_shard=args.shard_size)
+    specs = plan_parts(catalog, samples_per_part=args.part_size)
     report.add(
-        f"Input: {described}. {len(specs)} shards of up to {args.shard_size} images; "
+        f"Input: {described}. {len(specs)} parts of up to {args.part_size} images; "
         f"best of {args.repeat}, variants interleaved."
     )
     with tempfile.TemporaryDirectory(prefix="bench-merge-") as tmp:

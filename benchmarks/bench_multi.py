@@ -1,7 +1,7 @@
 """Many assets as one: H5MultiDataset and MixingSampler against one asset of the same pixels.
 
-The photo set is packed once, decoded at 224, as 8 shard files (``pack_slice`` over
-``plan_shards``); the **one asset** is those 8 merged byte for byte (``merge_shards``), so every
+The photo set is packed once, decoded at 224, as 8 part files (``pack_slice`` over
+``plan_parts``); the **one asset** is those 8 merged byte for byte (``merge_parts``), so every
 reader serves the very same pixels. All read through ``loader()`` (2 workers, batch 64,
 persistent workers, one ``read_batch`` per batch), a timed round being one epoch of
 ``--batches`` random batches; rounds are interleaved, the order rotated each round,
@@ -57,8 +57,8 @@ def main() -> None:
     from h5forge.read.dataset import H5ImageDataset
     from h5forge.read.mixing import MixingSampler
     from h5forge.read.multi import H5MultiDataset
-    from h5forge.scale.merge import merge_shards
-    from h5forge.scale.plan import plan_shards, shard_catalog
+    from h5forge.scale.merge import merge_parts
+    from h5forge.scale.plan import part_catalog, plan_parts
 
     report = start_report("multi: many assets as one, and mixing, vs one asset")
     root, what = image_root(args)
@@ -66,23 +66,23 @@ def main() -> None:
     try:
         catalog = discover(root)
 
-        def shards(k: int, name: str) -> list[str]:
+        def packed_parts(k: int, name: str) -> list[str]:
             """The photo set packed as ``k`` files of consecutive samples."""
             per = math.ceil(len(catalog.samples) / k)
             return [
                 pack_slice(
-                    shard_catalog(catalog, spec),
+                    part_catalog(catalog, spec),
                     tmp / f"{name}-{spec.index}.h5",
                     config=PackConfig(),
                     workers=None,
                 ).path
-                for spec in plan_shards(catalog, samples_per_shard=per)
+                for spec in plan_parts(catalog, samples_per_part=per)
             ]
 
-        parts = shards(PARTS, "part")
-        one = merge_shards(parts, tmp / "one.h5").path
+        parts = packed_parts(PARTS, "part")
+        one = merge_parts(parts, tmp / "one.h5").path
         # The mixing's sources hold all the pixels too, cut in 2 and in 4 files.
-        groups = {k: shards(k, f"group{k}") for k in (2, 4)}
+        groups = {k: packed_parts(k, f"group{k}") for k in (2, 4)}
         for f in [*parts, one, *groups[2], *groups[4]]:
             with open(f, "rb") as fh:  # page cache warm for every reader
                 while fh.read(16 << 20):
@@ -109,7 +109,7 @@ def main() -> None:
         rates, cost = epoch_rounds(feeds, _epoch, args.repeat)
         best = {name: max(r) for name, r in rates.items()}
         report.add(
-            f"Input: {what}, decoded at 224 into {len(parts)} shard files, and their "
+            f"Input: {what}, decoded at 224 into {len(parts)} part files, and their "
             "byte-copy merge as the one asset; the mixing's sources are the same set packed "
             f"as 2 and as 4 files. DataLoader: {args.workers} "
             f"workers, batch {args.batch_size}, epochs of {args.batches} random batches, "

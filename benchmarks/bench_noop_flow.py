@@ -3,7 +3,7 @@
 Issue 13's third target: a scheduled run over a source that did not change ends "unchanged"
 and publishes nothing in <= 0.02x of a full build's time, excluding Prefect start-up. Both runs
 are the real ``build_dataset`` flow (fetch, discover, pack, verify, smoke-load, publish for the
-full one; the source fingerprint against the latest version's manifest for the no-op) on a
+full one; the source fingerprint against the latest version's sidecar for the no-op) on a
 local folder, published to a local destination, against one Prefect test server
 (``prefect_test_harness``), whose start-up is timed and reported on its own.
 

@@ -98,10 +98,10 @@ def main() -> None:
             fs.mkdir("bench")
             fs.put_file(local.path, "bench/decoded.h5")
             from h5forge.location import Location
-            from h5forge.publish.manifest import manifest_bytes, manifest_url
+            from h5forge.publish.sidecar import sidecar_bytes, sidecar_url
 
             sha = Location.of(local.path).sha256()
-            fs.pipe(manifest_url("bench/decoded.h5"), manifest_bytes(sha, local.bytes, {}))
+            fs.pipe(sidecar_url("bench/decoded.h5"), sidecar_bytes(sha, local.bytes, {}))
             for peer in peers:
                 fs.put(
                     str(tmp / ("mds" if peer == "mosaic" else "litdata")),

@@ -23,8 +23,8 @@ __all__ = [
     "KeepVersions",
     "MinAgeS",
     "Sha256",
-    "ShardBytes",
-    "ShardSize",
+    "PartBytes",
+    "PartSize",
     "SmokeBatches",
     "SmokeWorkers",
     "Source",
@@ -34,7 +34,7 @@ __all__ = [
 
 
 class Executor(str, Enum):
-    """Where ``build`` packs: this machine's process pool, or shards on a Dask cluster."""
+    """Where ``build`` packs: this machine's process pool, or parts on a Dask cluster."""
 
     local = "local"
     dask = "dask"
@@ -94,7 +94,7 @@ ExecutorChoice = Annotated[
     Executor,
     typer.Option(
         help="where the images are packed: local, a process pool on this machine; dask, "
-        "shards packed on a Dask cluster (--dask-address), merged here",
+        "parts packed on a Dask cluster (--dask-address), merged here",
     ),
 ]
 
@@ -106,14 +106,14 @@ DaskAddress = Annotated[
     ),
 ]
 
-ShardSize = Annotated[
-    int, typer.Option(help="with --executor dask: images per shard (one task on a worker)")
+PartSize = Annotated[
+    int, typer.Option(help="with --executor dask: images per part (one task on a worker)")
 ]
 
-ShardBytes = Annotated[
+PartBytes = Annotated[
     int | None,
     typer.Option(
-        help="with --executor dask: also close a shard once its source files reach this "
+        help="with --executor dask: also close a part once its source files reach this "
         "many bytes, e.g. 67108864 (64 MiB) (default: no byte limit)",
     ),
 ]
@@ -122,7 +122,7 @@ Staging = Annotated[
     str | None,
     typer.Option(
         help="with --executor dask: the folder every worker reaches (a shared path or a "
-        "bucket URL) where shards are written (default: a folder in the fetch cache, "
+        "bucket URL) where parts are written (default: a folder in the fetch cache, "
         "which only workers on this machine reach)",
     ),
 ]

@@ -41,9 +41,9 @@ from h5forge.deployments.build_options import (
     ExecutorChoice,
     KeepVersions,
     MinAgeS,
+    PartBytes,
+    PartSize,
     Sha256,
-    ShardBytes,
-    ShardSize,
     SmokeBatches,
     SmokeWorkers,
     Source,
@@ -110,16 +110,16 @@ def _print_summary(summary: Any) -> None:
         typer.echo(f"version:     {summary.version}{unchanged}")
     typer.echo(f"sha256:      {summary.sha256}")
     typer.echo(f"size:        {summary.bytes:,} bytes")
-    typer.echo(f"manifest:    {printable(summary.manifest_url)}")
+    typer.echo(f"sidecar:     {printable(summary.sidecar_url)}")
     typer.echo(f"preview:     {printable(summary.preview_url)}")
     rates = ", ".join(f"{m} {r:,.0f} img/s" for m, r in summary.smoke_per_method.items())
     typer.echo(f"smoke-load:  {rates} (DataLoader workers, after start-up)")
     typer.echo("stages:      " + ", ".join(f"{k} {v:.1f}s" for k, v in summary.seconds.items()))
-    if summary.shards is not None:
-        shards = summary.shards
+    if summary.parts is not None:
+        parts = summary.parts
         typer.echo(
-            f"shards:      {shards.total} on {shards.address}: {len(shards.packed)} packed, "
-            f"{len(shards.skipped)} already done in {printable(shards.staging)}"
+            f"parts:       {parts.total} on {parts.address}: {len(parts.packed)} packed, "
+            f"{len(parts.skipped)} already done in {printable(parts.staging)}"
         )
 
 
@@ -133,8 +133,8 @@ def build(
     smoke_batches: SmokeBatches = 4,
     executor: ExecutorChoice = Executor.local,
     dask_address: DaskAddress = None,
-    shard_size: ShardSize = 2000,
-    shard_bytes: ShardBytes = None,
+    part_size: PartSize = 2000,
+    part_bytes: PartBytes = None,
     staging: Staging = None,
     cache_dir: CacheDir = None,
     versioned: Versioned = False,
@@ -168,8 +168,8 @@ def build(
                 "smoke_batches": smoke_batches,
                 "executor": executor.value,
                 "dask_address": dask_address,
-                "shard_size": shard_size,
-                "shard_bytes": shard_bytes,
+                "part_size": part_size,
+                "part_bytes": part_bytes,
                 "staging": staging,
                 "versioned": versioned,
                 "keep_versions": keep_versions,

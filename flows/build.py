@@ -5,36 +5,49 @@ by the publish stage, which runs only after the packed file passed a full verify
 smoke-load through DataLoader workers. A failure anywhere before it fails the run with nothing
 published.
 
-With ``executor="dask"`` the pack stage cuts the dataset into shards, packs the ones not done
-yet as tasks on a Dask cluster (:mod:`h5forge.flows.dask_stage`) and merges them into the work dir;
-verify, smoke-load and publish then run unchanged. The shards are deleted once the asset is
-published, and kept after a failure so that a re-run packs only the missing ones.
+Two choices are made once, before the stages run, and the flow body never branches on them:
+
+- **where it publishes** (:func:`_publish_target`): the plain file ``DEST.h5``
+  (:class:`_PlainFile`), or, with ``versioned``, a new version of ``DEST`` on top of its latest
+  (:class:`_NewVersion`: fingerprints the source first, and stops there when it is unchanged;
+  a local pack copies the previous version's unchanged samples);
+- **how it packs** (:func:`_pack_stage`): a local worker pool (:func:`_pack_locally`), or, with
+  ``executor="dask"``, parts packed as tasks on a Dask cluster and merged into the work dir
+  (:func:`_pack_on_dask`, :mod:`h5forge.flows.dask_stage`). The parts are deleted once the
+  asset is published, and kept after a failure so that a re-run packs only the missing ones.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 
+from h5forge.discover.catalog import Catalog
+from h5forge.fetch.sources import FetchResult
 from h5forge.flows.config import BuildConfig
 from h5forge.flows.credentials import load_storage_options
 from h5forge.flows.entry import entry_flow
 from h5forge.flows.summary import BuildSummary, unchanged_summary
 from h5forge.flows.urls import check_url
+from h5forge.pack.reuse import Reuse
 from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
 from h5forge.publish.lineage import Basis
 from h5forge.publish.preview import PREVIEW_SUFFIX, preview_url
+from h5forge.publish.storage import PublishResult
 from h5forge.redact import redact_url
 from h5forge.tasks.common import dataset_name
 from h5forge.tasks.discover import discover_samples
 from h5forge.tasks.fetch import fetch_task, source_dir
 from h5forge.tasks.pack import pack_images
+from h5forge.tasks.parts import PartStats, executor_section
 from h5forge.tasks.publish import (
     as_published,
     asset_key,
@@ -45,10 +58,12 @@ from h5forge.tasks.publish import (
     publish_version_task,
 )
 from h5forge.tasks.report import render_report, write_report
-from h5forge.tasks.shards import executor_section
 from h5forge.tasks.smoke_load import smoke_load_file
 from h5forge.tasks.verify import verify_file
 from h5forge.workdir import work_dir
+
+if TYPE_CHECKING:
+    from h5forge.flows.dask_stage import DaskPacked
 
 __all__ = ["DEFAULT_CACHE_DIR", "BuildConfig", "BuildSummary", "build_dataset", "check_url"]
 
@@ -66,6 +81,208 @@ def _stage(seconds: dict[str, float], name: str) -> Iterator[None]:
         seconds[name] = round(time.perf_counter() - start, 3)
 
 
+@dataclass(frozen=True)
+class _PlainFile:
+    """Publish to the plain file ``DEST.h5`` (written over only with ``overwrite``)."""
+
+    config: BuildConfig
+    storage_options: dict[str, Any]
+    lineage: None = None
+
+    def already_published(self, seconds: dict[str, float]) -> BuildSummary | None:
+        """Never: a plain file is built whenever asked."""
+        return None
+
+    def reusable(self, work: Path) -> Reuse | None:
+        """Nothing: a plain file has no previous version to copy samples from."""
+        return None
+
+    def publish(
+        self, path: str, *, png: str, metadata: dict[str, Any], about: str
+    ) -> tuple[PublishResult, str]:
+        """The published file and its version key ("": a plain file has none)."""
+        dest = self.config.destination
+        published = publish_task(dest, description=about)(
+            path,
+            dest,
+            preview_png=png,
+            overwrite=self.config.overwrite,
+            metadata=metadata,
+            storage_options=self.storage_options,
+        )
+        return published, ""
+
+    def preview(self, published: PublishResult) -> str:
+        return redact_url(preview_url(self.config.destination))
+
+
+@dataclass(frozen=True)
+class _NewVersion:
+    """Publish a new version of ``DEST`` on top of ``basis`` (its latest, fingerprinted)."""
+
+    config: BuildConfig
+    storage_options: dict[str, Any]
+    basis: Basis
+    lineage: dict[str, str] | None  # None when the source is unchanged: nothing to build
+
+    def already_published(self, seconds: dict[str, float]) -> BuildSummary | None:
+        """The latest version's summary when it is built from this source and configuration."""
+        if not self.basis.unchanged:
+            return None
+        get_run_logger().info(
+            "unchanged: %s is built from this source", redact_url(self.basis.latest_url)
+        )
+        return unchanged_summary(self.config, self.basis, seconds)
+
+    def reusable(self, work: Path) -> Reuse | None:
+        """Incremental: the previous version's samples whose source file is unchanged."""
+        return find_reusable(self.basis, into=str(work), storage_options=self.storage_options)
+
+    def publish(
+        self, path: str, *, png: str, metadata: dict[str, Any], about: str
+    ) -> tuple[PublishResult, str]:
+        """The version's file (what the report shows) and its version key."""
+        assert self.lineage is not None
+        basis, dest = self.basis, self.config.destination
+        released = publish_version_task(dest, description=about)(
+            path,
+            dest,
+            preview_png=png,
+            sources=dict(basis.fingerprint.files) if basis.fingerprint else None,
+            metadata={**metadata, **basis.sidecar_fields(self.lineage)},
+            storage_options=self.storage_options,
+            keep_versions=self.config.keep_versions,
+            min_age_s=self.config.min_age_s,
+            based_on=basis.latest_sha256,  # refused if another build published since
+        )
+        return as_published(released), released.version
+
+    def preview(self, published: PublishResult) -> str:
+        return published.url + PREVIEW_SUFFIX
+
+
+_Target = _PlainFile | _NewVersion
+
+
+def _publish_target(
+    config: BuildConfig, options: dict[str, Any], seconds: dict[str, float]
+) -> _Target:
+    """Where this build publishes, chosen once; a version fingerprints its source here."""
+    if not config.versioned:
+        return _PlainFile(config, options)
+    with _stage(seconds, "fingerprint"):
+        basis = check_source(
+            config.source,
+            config.destination,
+            config_sha256=config.pack_config().sha256(),
+            sha256=config.sha256,
+            storage_options=options,
+        )
+    if basis.unchanged:
+        return _NewVersion(config, options, basis, lineage=None)
+    lineage = basis.lineage(str(flow_run.id or ""), storage_options=options)
+    return _NewVersion(config, options, basis, lineage)
+
+
+@dataclass(frozen=True)
+class _LocalPacked:
+    """A local pack's outcome, shaped as :class:`~h5forge.flows.dask_stage.DaskPacked`."""
+
+    packed: PackResult
+    stats: PartStats | None = None
+
+    def remove_parts(self) -> None:
+        """Nothing to remove: a local pack writes no parts."""
+
+
+@dataclass(frozen=True)
+class _PackInputs:
+    """What the pack stage starts from: discover's catalog (``config.listing`` included:
+    never listed again), the fetched source, and where the packed file goes."""
+
+    catalog: Catalog
+    fetched: FetchResult
+    work: Path
+    dataset: str
+    cache: Path
+    storage_options: dict[str, Any]
+
+    @property
+    def out(self) -> str:
+        return str(self.work / self.dataset)
+
+
+def _pack_locally(
+    config: BuildConfig,
+    inputs: _PackInputs,
+    target: _Target,
+    seconds: dict[str, float],
+) -> _LocalPacked:
+    """The pack stage on this machine's worker pool, copying what the target lets it reuse."""
+    reuse = target.reusable(inputs.work)
+    with _stage(seconds, "pack"):
+        return _LocalPacked(
+            pack_images(
+                inputs.catalog,
+                out=inputs.out,
+                dataset=inputs.dataset,
+                config=config.pack_config(),
+                workers=config.workers,
+                max_bad_fraction=config.max_bad_fraction,
+                source_url=inputs.fetched.source_url,
+                source_sha256=inputs.fetched.sha256,
+                lineage=target.lineage,
+                reuse=reuse,
+            )
+        )
+
+
+def _pack_on_dask(
+    config: BuildConfig,
+    inputs: _PackInputs,
+    target: _Target,
+    seconds: dict[str, float],
+) -> DaskPacked:
+    """The pack stage as part tasks on the Dask cluster, merged into the work dir (it
+    records its own ``pack`` and ``merge`` times)."""
+    from h5forge.flows.dask_stage import pack_on_dask
+
+    return pack_on_dask(
+        config,
+        root=inputs.catalog,
+        out=inputs.out,
+        dataset=inputs.dataset,
+        cache=inputs.cache,
+        storage_options=inputs.storage_options,
+        source_url=inputs.fetched.source_url,
+        source_sha256=inputs.fetched.sha256,
+        seconds=seconds,
+    )
+
+
+_PackStage = Callable[
+    [BuildConfig, _PackInputs, _Target, dict[str, float]], "_LocalPacked | DaskPacked"
+]
+
+
+def _pack_stage(config: BuildConfig) -> _PackStage:
+    """How this build packs, chosen once from ``config.executor``."""
+    return _pack_on_dask if config.executor == "dask" else _pack_locally
+
+
+def _fetch(config: BuildConfig, cache: Path, work: Path, options: dict[str, Any]) -> FetchResult:
+    """The source, fetched into the cache (a pinned ``sha256``) or the work dir."""
+    pinned = source_dir(cache, config.source, config.sha256)
+    dest = pinned if pinned is not None else work / "source"
+    return fetch_task(cache, dest)(
+        config.source,
+        dest=str(dest),
+        sha256=config.sha256,
+        download_cache=str(cache / "downloads"),
+        storage_options=options,
+    )
+
+
 @entry_flow(name="build-h5-dataset")
 def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSummary:
     """Build, verify, smoke-load and publish one HDF5 image asset.
@@ -80,7 +297,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     (:mod:`h5forge.flows.entry`).
 
     Returns:
-        Where the asset, its manifest and its preview are, with counts, digest and timings.
+        Where the asset, its sidecar and its preview are, with counts, digest and timings.
 
     Raises:
         MainReimportError: called at a script's module level, where spawned children rerun it.
@@ -98,68 +315,19 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
     dataset = dataset_name(config.destination)
     seconds: dict[str, float] = {}
-    basis: Basis | None = None
-    lineage: dict[str, str] | None = None
-    if config.versioned:
-        with _stage(seconds, "fingerprint"):
-            basis = check_source(
-                config.source,
-                config.destination,
-                config_sha256=config.pack_config().sha256(),
-                sha256=config.sha256,
-                storage_options=options,
-            )
-        if basis.unchanged:
-            logger.info("unchanged: %s is built from this source", redact_url(basis.latest_url))
-            return unchanged_summary(config, basis, seconds)
-        lineage = basis.lineage(str(flow_run.id or ""), storage_options=options)
+    target = _publish_target(config, options, seconds)
+    done = target.already_published(seconds)
+    if done is not None:
+        return done
+    pack = _pack_stage(config)
     with work_dir() as work:
         with _stage(seconds, "fetch"):
-            pinned = source_dir(cache, config.source, config.sha256)
-            dest = pinned if pinned is not None else work / "source"
-            fetched = fetch_task(cache, dest)(
-                config.source,
-                dest=str(dest),
-                sha256=config.sha256,
-                download_cache=str(cache / "downloads"),
-                storage_options=options,
-            )
+            fetched = _fetch(config, cache, work, options)
         with _stage(seconds, "discover"):
             catalog = discover_samples(fetched.root, **config.discover_options())
-        # Incremental: the previous version's samples whose source file is unchanged.
-        reuse = None
-        if basis is not None and config.executor == "local":
-            reuse = find_reusable(basis, into=str(work), storage_options=options)
-        sharded = None
-        if config.executor == "dask":
-            from h5forge.flows.dask_stage import pack_on_dask
-
-            sharded = pack_on_dask(
-                config,
-                root=catalog,  # what discover found: not listed again
-                out=str(work / dataset),
-                dataset=dataset,
-                cache=cache,
-                storage_options=options,
-                source_url=fetched.source_url,
-                source_sha256=fetched.sha256,
-                seconds=seconds,
-            )
-            packed: PackResult = sharded.packed
-        else:
-            with _stage(seconds, "pack"):
-                packed = pack_images(
-                    catalog,  # what discover found (config.manifest included): not listed again
-                    out=str(work / dataset),
-                    dataset=dataset,
-                    config=config.pack_config(),
-                    workers=config.workers,
-                    max_bad_fraction=config.max_bad_fraction,
-                    source_url=fetched.source_url,
-                    source_sha256=fetched.sha256,
-                    lineage=lineage,
-                    reuse=reuse,
-                )
+        inputs = _PackInputs(catalog, fetched, work, dataset, cache, options)
+        packing = pack(config, inputs, target, seconds)
+        packed = packing.packed
         with _stage(seconds, "verify"):
             verified = verify_file(packed.path, sample_fraction=1.0, asset=config.destination)
         with _stage(seconds, "smoke-load"):
@@ -176,41 +344,12 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
             "format_version": verified.format_version,
             "source": fetched.source_url,
         }
-        about = f"h5forge asset {dataset}"
         with _stage(seconds, "publish"):
-            if basis is None:
-                published = publish_task(config.destination, description=about)(
-                    packed.path,
-                    config.destination,
-                    preview_png=png,
-                    overwrite=config.overwrite,
-                    metadata=metadata,
-                    storage_options=options,
-                )
-                version = ""
-            else:
-                assert lineage is not None
-                released = publish_version_task(config.destination, description=about)(
-                    packed.path,
-                    config.destination,
-                    preview_png=png,
-                    sources=dict(basis.fingerprint.files) if basis.fingerprint else None,
-                    metadata={**metadata, **basis.manifest_fields(lineage)},
-                    storage_options=options,
-                    keep_versions=config.keep_versions,
-                    min_age_s=config.min_age_s,
-                    based_on=basis.latest_sha256,  # refused if another build published since
-                )
-                version = released.version
-                published = as_published(released)  # the report shows the version
-        if sharded is not None:  # published: the shards are no longer needed to resume
-            sharded.remove_shards()
-    shards = sharded.stats if sharded is not None else None
-    preview = (
-        redact_url(preview_url(config.destination))
-        if basis is None
-        else published.url + PREVIEW_SUFFIX
-    )
+            published, version = target.publish(
+                packed.path, png=png, metadata=metadata, about=f"h5forge asset {dataset}"
+            )
+        packing.remove_parts()  # published: the parts are no longer needed to resume
+    preview = target.preview(published)
     markdown = render_report(
         dataset=dataset,
         source=fetched.source_url,
@@ -220,14 +359,14 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         preview=preview,
         format_version=verified.format_version,
         stage_seconds=seconds,
-    ) + executor_section(workers=config.workers, shards=shards, seconds=seconds)
+    ) + executor_section(workers=config.workers, parts=packing.stats, seconds=seconds)
     write_report(markdown, dataset=dataset, preview=preview)
     logger.info(
         "published %s (%d samples, sha256 %s)", published.url, packed.num_samples, published.sha256
     )
     return BuildSummary(
         destination=published.url,
-        manifest_url=published.manifest_url,
+        sidecar_url=published.sidecar_url,
         preview_url=preview,
         asset_key=asset_key(config.destination),
         num_samples=packed.num_samples,
@@ -241,7 +380,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         smoke_per_method={m.start_method: round(m.images_per_second, 1) for m in smoke.methods},
         seconds=seconds,
         executor=config.executor,
-        shards=shards,
+        parts=packing.stats,
         unchanged=False,
         version=version,
         reused=packed.reused,

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from h5forge.flows.dask_fields import DaskAddress, Executor, ShardBytes, ShardSize, Staging
+from h5forge.flows.dask_fields import DaskAddress, Executor, PartBytes, PartSize, Staging
 from h5forge.flows.pack_fields import pack_default, pack_field
 from h5forge.flows.urls import check_dask_address, check_url
 from h5forge.flows.version_fields import (
@@ -23,6 +23,7 @@ from h5forge.flows.version_fields import (
 )
 from h5forge.options import (
     PACK_OPTIONS,
+    RENAMED_OPTIONS,
     Compression,
     Encoding,
     Layout,
@@ -31,6 +32,7 @@ from h5forge.options import (
     check_size,
     check_sources,
     option,
+    renamed_message,
 )
 from h5forge.pack.config import PackConfig
 from h5forge.preprocess.config import ImageConfig
@@ -56,7 +58,7 @@ class BuildConfig(BaseModel):
         Field(
             description="Where the images are: a local folder or archive, or any fsspec URL "
             "(https://host/data.tar.gz, s3://bucket/prefix/). ImageFolder layout: "
-            "[split/]class/image.jpg; or give manifest, coco or masks below for images with "
+            "[split/]class/image.jpg; or give listing, coco or masks below for images with "
             "other targets (several labels, boxes, masks, captions).",
             examples=["https://example.org/flowers.tar.gz", "s3://bucket/datasets/flowers/"],
         ),
@@ -72,7 +74,7 @@ class BuildConfig(BaseModel):
         str,
         Field(
             description="Where to publish the .h5 asset: a local path or a writable fsspec URL "
-            "ending in .h5. Its .manifest.json and .preview.png are written beside it.",
+            "ending in .h5. Its sidecar (.manifest.json) and .preview.png are written beside it.",
             examples=["s3://bucket/assets/flowers-224.h5"],
         ),
     ]
@@ -85,7 +87,7 @@ class BuildConfig(BaseModel):
     ] = None
     # The pack options: types, defaults, bounds and texts come from h5forge.options, shared
     # with `h5forge pack` and `h5forge build`; the validators below check them with its rules.
-    manifest: Annotated[str | None, pack_field("manifest")] = pack_default("manifest")
+    listing: Annotated[str | None, pack_field("listing")] = pack_default("listing")
     coco: Annotated[str | None, pack_field("coco")] = pack_default("coco")
     coco_masks: Annotated[bool, pack_field("coco_masks")] = pack_default("coco_masks")
     masks: Annotated[str | None, pack_field("masks")] = pack_default("masks")
@@ -141,9 +143,21 @@ class BuildConfig(BaseModel):
     min_age_s: MinAgeS = DEFAULT_MIN_AGE_S
     executor: Executor = "local"
     dask_address: DaskAddress = None
-    shard_size: ShardSize = 2000
-    shard_bytes: ShardBytes = None
+    part_size: PartSize = 2000
+    part_bytes: PartBytes = None
     staging: Staging = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        # Before pydantic's "extra inputs are not permitted", which would not say the new name.
+        if isinstance(data, dict):
+            old = [name for name in RENAMED_OPTIONS if name in data]
+            if old:
+                raise ValueError(
+                    "; ".join(renamed_message(name, RENAMED_OPTIONS[name]) for name in old)
+                )
+        return data
 
     @field_validator(*_CHOICES, mode="before")
     @classmethod
@@ -215,7 +229,7 @@ class BuildConfig(BaseModel):
         if self.executor == "local":
             dask_only = [
                 name
-                for name in ("dask_address", "staging", "shard_bytes")
+                for name in ("dask_address", "staging", "part_bytes")
                 if getattr(self, name) is not None
             ]
             if dask_only:
@@ -230,11 +244,11 @@ class BuildConfig(BaseModel):
         # Checked also when resize='none' ignores it: a value is valid or not, whatever else
         # is set (as on the command line).
         check_size((self.size, self.width or self.size), self.resize)
-        check_sources(self.manifest, self.coco, self.masks, self.columns, self.coco_masks)
+        check_sources(self.listing, self.coco, self.masks, self.columns, self.coco_masks)
         if self.executor == "dask":
             local_only = [
                 name
-                for name in ("manifest", "coco", "coco_masks", "masks", "columns", "fletcher32")
+                for name in ("listing", "coco", "coco_masks", "masks", "columns", "fletcher32")
                 if getattr(self, name)
             ]
             if local_only:
@@ -246,13 +260,13 @@ class BuildConfig(BaseModel):
         return self
 
     def discover_options(self) -> dict[str, Any]:
-        """The source layout for :func:`h5forge.discover.catalog.discover`: manifest, coco,
-        masks and the manifest's columns (parsed)."""
+        """The source layout for :func:`h5forge.discover.catalog.discover`: listing, coco,
+        masks and the listing's columns (parsed)."""
         from h5forge.targets.schema import parse_columns
 
         columns = None if self.columns in (None, "") else parse_columns(self.columns)
         return {
-            "manifest": self.manifest,
+            "listing": self.listing,
             "coco": self.coco,
             "masks": self.masks,
             "columns": columns,

@@ -1,7 +1,7 @@
-"""The pack stage of a Dask build: plan shards, pack the missing ones on the cluster, merge.
+"""The pack stage of a Dask build: plan parts, pack the missing ones on the cluster, merge.
 
 :func:`h5forge.flows.build.build_dataset` calls :func:`pack_on_dask` when ``config.executor`` is
-``"dask"``. The shard tasks go to prefect-dask's ``DaskTaskRunner`` connected to the configured
+``"dask"``. The part tasks go to prefect-dask's ``DaskTaskRunner`` connected to the configured
 scheduler: they run on the cluster's workers, report to the same Prefect API, and show up as
 task runs of the build's flow run. Planning and the merge run in the flow's process; the merged
 file then goes through verify, smoke-load and publish exactly as a local pack does.
@@ -25,17 +25,17 @@ from h5forge.discover.catalog import Catalog
 from h5forge.flows.config import BuildConfig
 from h5forge.pack.writer import PackResult
 from h5forge.redact import redact_url
-from h5forge.scale.plan import ShardSpec, shard_catalog, shard_url
-from h5forge.scale.shards import ShardResult
+from h5forge.scale.parts import PartResult
+from h5forge.scale.plan import PartSpec, part_catalog, part_url
 from h5forge.tasks.common import dataset_name
 from h5forge.tasks.pack import artifact_key
-from h5forge.tasks.shards import (
-    ShardPlan,
-    ShardStats,
+from h5forge.tasks.parts import (
+    PartPlan,
+    PartStats,
     merge_task,
-    pack_shard_task,
-    plan_shard_build,
-    remove_shards,
+    pack_part_task,
+    plan_part_build,
+    remove_parts,
 )
 
 __all__ = ["DaskPacked", "default_staging", "pack_on_dask"]
@@ -43,24 +43,24 @@ __all__ = ["DaskPacked", "default_staging", "pack_on_dask"]
 
 @dataclass(frozen=True)
 class DaskPacked:
-    """The merged file (in the work dir) and how the shards went."""
+    """The merged file (in the work dir) and how the parts went."""
 
     packed: PackResult
-    stats: ShardStats
+    stats: PartStats
     staging: str
-    specs: tuple[ShardSpec, ...]
+    specs: tuple[PartSpec, ...]
     storage_options: dict[str, Any] | None
 
-    def remove_shards(self) -> None:
-        """Delete the shards from staging; call once the merged asset is published."""
-        remove_shards(self.staging, self.specs, storage_options=self.storage_options)
+    def remove_parts(self) -> None:
+        """Delete the parts from staging; call once the merged asset is published."""
+        remove_parts(self.staging, self.specs, storage_options=self.storage_options)
 
 
 def default_staging(cache: Path, config: BuildConfig) -> str:
     """A staging folder in the local cache, one per destination and source.
 
-    Named after both, so builds of other datasets never share shard names, and a re-run of
-    the same build finds the shards its failed predecessor left.
+    Named after both, so builds of other datasets never share part names, and a re-run of
+    the same build finds the parts its failed predecessor left.
     """
     key = hashlib.sha256(
         "\0".join([config.destination, config.source, config.sha256 or ""]).encode()
@@ -80,10 +80,10 @@ def pack_on_dask(
     source_sha256: str,
     seconds: dict[str, float],
 ) -> DaskPacked:
-    """Plan → pack the shards not done yet on the cluster → merge them into ``out``.
+    """Plan → pack the parts not done yet on the cluster → merge them into ``out``.
 
     ``root`` is the catalog the discover task returned, or the fetched folder (catalogued
-    again, with ``config.manifest``). Records the ``pack`` (plan and shard tasks) and
+    again, with ``config.listing``). Records the ``pack`` (plan and part tasks) and
     ``merge`` stage times in ``seconds``.
     The Secret block's ``storage_options`` go to the workers only when staging is remote: a
     local or shared-disk staging needs none, and every copy sent is one more place a secret
@@ -95,20 +95,20 @@ def pack_on_dask(
     options = storage_options if remote and storage_options else None
     pack_config = config.pack_config()
     start = time.perf_counter()
-    plan = plan_shard_build(
+    plan = plan_part_build(
         root,
         staging=staging,
-        samples_per_shard=config.shard_size,
-        bytes_per_shard=config.shard_bytes,
+        samples_per_part=config.part_size,
+        bytes_per_part=config.part_bytes,
         config=pack_config,
-        manifest=config.manifest,
+        listing=config.listing,
         storage_options=options,
     )
     _run_on_cluster(config, plan, staging=staging, dataset=dataset, options=options)
     seconds["pack"] = round(time.perf_counter() - start, 3)
     start = time.perf_counter()
     merged = merge_task(
-        [shard_url(staging, s) for s in plan.specs],
+        [part_url(staging, s) for s in plan.specs],
         out=out,
         dataset=dataset,
         max_bad_fraction=config.max_bad_fraction,
@@ -118,14 +118,14 @@ def pack_on_dask(
         tmp_dir=str(Path(out).parent),
     )
     seconds["merge"] = round(time.perf_counter() - start, 3)
-    stats = ShardStats(
+    stats = PartStats(
         address=config.dask_address,
         staging=redact_url(staging),
         total=len(plan.specs),
         packed=tuple(s.index for s in plan.todo),
         skipped=tuple(sorted(plan.done)),
-        samples_per_shard=config.shard_size,
-        bytes_per_shard=config.shard_bytes,
+        samples_per_part=config.part_size,
+        bytes_per_part=config.part_bytes,
     )
     return DaskPacked(
         packed=merged, stats=stats, staging=staging, specs=plan.specs, storage_options=options
@@ -134,16 +134,16 @@ def pack_on_dask(
 
 def _run_on_cluster(
     config: BuildConfig,
-    plan: ShardPlan,
+    plan: PartPlan,
     *,
     staging: str,
     dataset: str,
     options: dict[str, Any] | None,
-) -> list[ShardResult]:
+) -> list[PartResult]:
     """Pack ``plan.todo`` as tasks on the Dask cluster; wait for all, then fail if any did.
 
-    Waiting for every shard before failing keeps the work of the others: they are committed
-    (manifest written), and the re-run packs only the failed ones.
+    Waiting for every part before failing keeps the work of the others: they are committed
+    (sidecar written), and the re-run packs only the failed ones.
     """
     from prefect_dask import DaskTaskRunner  # distributed is slow to import; only Dask builds
 
@@ -155,16 +155,16 @@ def _run_on_cluster(
         create_progress_artifact(
             100.0 * (total - len(todo)) / total,
             key=artifact_key("pack-progress", dataset),
-            description=f"shards of {dataset} packed",
+            description=f"parts of {dataset} packed",
         ),
     )
     if not todo:
-        logger.info("all %d shards are already done in %s", total, redact_url(staging))
+        logger.info("all %d parts are already done in %s", total, redact_url(staging))
         return []
     logger.info(
-        "packing %d of %d shards on the Dask cluster at %s", len(todo), total, config.dask_address
+        "packing %d of %d parts on the Dask cluster at %s", len(todo), total, config.dask_address
     )
-    outcomes: dict[int, ShardResult | BaseException] = {}
+    outcomes: dict[int, PartResult | BaseException] = {}
     with DaskTaskRunner(address=config.dask_address) as runner:
         try:
             runner.client  # noqa: B018 - connect now, to fail with a clear message
@@ -173,12 +173,12 @@ def _run_on_cluster(
                 f"cannot reach the Dask scheduler at {config.dask_address} ({e}); is "
                 "`dask scheduler` running there, and is its port open from this machine?"
             ) from e
-        futures: dict[PrefectFuture[ShardResult], ShardSpec] = {}
+        futures: dict[PrefectFuture[PartResult], PartSpec] = {}
         for spec in todo:
             future = runner.submit(
-                pack_shard_task,
+                pack_part_task,
                 parameters={
-                    "catalog": shard_catalog(plan.catalog, spec),
+                    "catalog": part_catalog(plan.catalog, spec),
                     "spec": spec,
                     "staging_url": staging,
                     "dataset": dataset,
@@ -194,13 +194,13 @@ def _run_on_cluster(
     failed = {i: o for i, o in outcomes.items() if isinstance(o, BaseException)}
     if failed:
         for i, error in sorted(failed.items()):
-            logger.error("shard %d failed: %s: %s", i, type(error).__name__, error)
+            logger.error("part %d failed: %s: %s", i, type(error).__name__, error)
         raise failed[min(failed)]
-    return [cast(ShardResult, outcomes[s.index]) for s in todo]
+    return [cast(PartResult, outcomes[s.index]) for s in todo]
 
 
-def _outcome(future: PrefectFuture[ShardResult]) -> ShardResult | BaseException:
+def _outcome(future: PrefectFuture[PartResult]) -> PartResult | BaseException:
     try:
         return future.result()
-    except Exception as e:  # noqa: BLE001 - a failed shard or a lost worker: re-raised above
+    except Exception as e:  # noqa: BLE001 - a failed part or a lost worker: re-raised above
         return e

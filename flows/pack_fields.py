@@ -7,8 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from h5forge.option_spec import SIZE_MAX, SIZE_MIN
-from h5forge.options import option
+from h5forge.options import SIZE_MAX, SIZE_MIN, option
 
 __all__ = ["pack_default", "pack_field"]
 

@@ -6,12 +6,12 @@ from pydantic import BaseModel, Field
 
 from h5forge.flows.config import BuildConfig
 from h5forge.publish.lineage import Basis
-from h5forge.publish.manifest import manifest_url
 from h5forge.publish.preview import preview_url
+from h5forge.publish.sidecar import sidecar_url
 from h5forge.publish.versions import KEY_HEX
 from h5forge.redact import redact_url
+from h5forge.tasks.parts import PartStats
 from h5forge.tasks.publish import asset_key
-from h5forge.tasks.shards import ShardStats
 
 __all__ = ["BuildSummary", "unchanged_summary"]
 
@@ -20,7 +20,7 @@ class BuildSummary(BaseModel):
     """What a build published (URLs redacted)."""
 
     destination: str
-    manifest_url: str
+    sidecar_url: str
     preview_url: str
     asset_key: str
     num_samples: int
@@ -39,13 +39,13 @@ class BuildSummary(BaseModel):
     seconds: dict[str, float] = Field(description="wall time of each stage, in run order")
     executor: str = Field(
         "local",
-        description="local (process pool) or dask (shards packed "
+        description="local (process pool) or dask (parts packed "
         "on a Dask cluster, merged in the flow's process)",
     )
-    shards: ShardStats | None = Field(
+    parts: PartStats | None = Field(
         None,
-        description="executor dask: the shard plan, the "
-        "shards this run packed and those it found done",
+        description="executor dask: the part plan, the "
+        "parts this run packed and those it found done",
     )
     unchanged: bool = Field(
         default=False,
@@ -66,7 +66,7 @@ def unchanged_summary(config: BuildConfig, basis: Basis, seconds: dict[str, floa
     latest = basis.latest
     return BuildSummary(
         destination=redact_url(basis.latest_url),
-        manifest_url=redact_url(manifest_url(basis.latest_url)),
+        sidecar_url=redact_url(sidecar_url(basis.latest_url)),
         preview_url=redact_url(preview_url(basis.latest_url)),
         asset_key=asset_key(config.destination),
         num_samples=latest.get("num_samples", 0),
@@ -80,7 +80,7 @@ def unchanged_summary(config: BuildConfig, basis: Basis, seconds: dict[str, floa
         smoke_per_method={},
         seconds=seconds,
         executor=config.executor,
-        shards=None,
+        parts=None,
         unchanged=True,
         version=basis.latest_sha256[:KEY_HEX],
     )

@@ -1,6 +1,6 @@
-"""Flow ``verify-h5-asset``: re-check a published asset against its manifest (e.g. nightly).
+"""Flow ``verify-h5-asset``: re-check a published asset against its sidecar (e.g. nightly).
 
-The manifest is the publisher's commit marker: it records the file's size, sha256, counts and
+The sidecar is the publisher's commit marker: it records the file's size, sha256, counts and
 format version. This flow recomputes them from the stored bytes (the whole file is hashed;
 ``sample_fraction`` of the per-sample digests are re-checked) and fails on any difference.
 """
@@ -16,7 +16,7 @@ from pydantic import Field
 from h5forge.flows.build import check_url
 from h5forge.flows.credentials import load_storage_options
 from h5forge.redact import redact_url
-from h5forge.tasks.verify import check_manifest, load_manifest, resolve_asset, verify_file
+from h5forge.tasks.verify import check_sidecar, load_sidecar, resolve_asset, verify_file
 
 __all__ = ["verify_asset"]
 
@@ -42,22 +42,22 @@ def verify_asset(
         The verified facts: url, sha256, bytes, counts, samples checked, seconds.
 
     Raises:
-        IntegrityError: the file differs from its manifest or fails verification.
+        IntegrityError: the file differs from its sidecar or fails verification.
     """
     check_url(url, what="url")
     options = load_storage_options(credentials_block)
     asset, url = url, resolve_asset(url, storage_options=options)  # a versioned asset: latest
-    manifest = load_manifest(url, storage_options=options)
+    sidecar = load_sidecar(url, storage_options=options)
     for _ in range(_REPUBLISHED_TRIES):
         report = verify_file(
             url, sample_fraction=sample_fraction, storage_options=options, asset=asset
         )
-        latest = load_manifest(url, storage_options=options)
-        if latest == manifest:
+        latest = load_sidecar(url, storage_options=options)
+        if latest == sidecar:
             break
-        # Republished while it was verified: the file may be the new one, the manifest in hand
-        # the old one. Verify again against the new manifest instead of reporting a mismatch.
-        manifest = latest
-    check_manifest(url, manifest=manifest, report=report, asset=asset)
-    get_run_logger().info("%s matches its manifest (sha256 %s)", redact_url(url), report.sha256)
+        # Republished while it was verified: the file may be the new one, the sidecar in hand
+        # the old one. Verify again against the new sidecar instead of reporting a mismatch.
+        sidecar = latest
+    check_sidecar(url, sidecar=sidecar, report=report, asset=asset)
+    get_run_logger().info("%s matches its sidecar (sha256 %s)", redact_url(url), report.sha256)
     return dataclasses.asdict(report)

@@ -40,10 +40,11 @@ _LAZY = {
     "verify": "h5forge.verify.checks",
     "VerifyReport": "h5forge.verify.checks",
     "publish": "h5forge.publish.storage",
-    "read_manifest": "h5forge.publish.manifest",
+    "read_sidecar": "h5forge.publish.sidecar",
     "write_preview": "h5forge.publish.preview",
     "H5ImageDataset": "h5forge.read.dataset",
     "H5MultiDataset": "h5forge.read.multi",
+    "ReadOptions": "h5forge.read.options",
     "MixingSampler": "h5forge.read.mixing",
     "Sampler": "h5forge.read.sampler",
 }
@@ -83,11 +84,23 @@ __all__ = [
 ]
 
 
+#: Public names an older h5forge had -> the name each has now. ImportError, not AttributeError:
+#: ``from h5forge import read_manifest`` would turn an AttributeError into a bare "cannot import
+#: name" and drop the new name.
+_RENAMED = {"read_manifest": "read_sidecar"}
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        raise ImportError(
+            f"h5forge.{name} was renamed h5forge.{new} (same arguments, same result); use {new}",
+            name="h5forge",
+        )
     raise AttributeError(f"module 'h5forge' has no attribute {name!r}")
 
 

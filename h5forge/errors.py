@@ -105,18 +105,18 @@ class DestinationExistsError(H5ForgeError, FileExistsError):
 
 
 class PreviewPublishError(H5ForgeError):
-    """The asset and its manifest were published; only the preview beside them failed.
+    """The asset and its sidecar were published; only the preview beside them failed.
 
-    The asset is complete and valid (the manifest is its commit marker); the cause (e.g. a
+    The asset is complete and valid (the sidecar is its commit marker); the cause (e.g. a
     full disk) is ``__cause__``.
 
     Attributes:
-        url: the published asset (redacted); manifest_url: its manifest; preview_url: the
+        url: the published asset (redacted); sidecar_url: its sidecar; preview_url: the
             preview that could not be written.
     """
 
-    def __init__(self, message: str, *, url: str, manifest_url: str, preview_url: str) -> None:
-        self.url, self.manifest_url, self.preview_url = url, manifest_url, preview_url
+    def __init__(self, message: str, *, url: str, sidecar_url: str, preview_url: str) -> None:
+        self.url, self.sidecar_url, self.preview_url = url, sidecar_url, preview_url
         super().__init__(message)
 
 

@@ -8,9 +8,9 @@ take these options; the Typer options and the pydantic fields are derived from
 wherever it is given.
 
 What one option is and how a value is checked (:class:`PackOption`, :class:`OptionError`, the
-``--size`` grammar) is :mod:`h5forge.option_spec`; its names are part of this module's API too.
-Codec levels are checked here (:func:`check_compression`), at configuration time, before any
-work.
+``--size`` grammar) comes first; then the options themselves (:data:`PACK_OPTIONS`); then the
+rules between them: codec levels (:func:`check_compression`) and the source layouts
+(:func:`check_sources`), checked at configuration time, before any work.
 
 No Prefect, no heavy imports: the command line validates its arguments with this module before
 it starts anything.
@@ -18,26 +18,19 @@ it starts anything.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
-from h5forge.option_spec import (
-    SIZE_MAX,
-    SIZE_MIN,
-    OptionError,
-    PackOption,
-    check_size,
-    format_size,
-    parse_size,
-)
-from h5forge.source_options import check_sources
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 __all__ = [
     "CODEC_LEVELS",
     "PACK_OPTIONS",
+    "RENAMED_OPTIONS",
     "SIZE_MAX",
     "SIZE_MIN",
     "Compression",
     "Encoding",
+    "Kind",
     "Layout",
     "Mode",
     "OptionError",
@@ -49,7 +42,184 @@ __all__ = [
     "format_size",
     "option",
     "parse_size",
+    "renamed_message",
 ]
+
+
+# One option and its checks; the --size grammar
+
+#: Output height and width, in pixels: below 8 nothing is recognisable, above 4096 one decoded
+#: RGB sample is 48 MiB, past what a DataLoader batch should hold.
+SIZE_MIN, SIZE_MAX = 8, 4096
+_SIZE = re.compile(r"^\s*(\d{1,9})\s*(?:[xX]\s*(\d{1,9}))?\s*$")
+
+
+class OptionError(ValueError):
+    """A pack option has a value outside its type, choices or bounds.
+
+    Attributes:
+        option: the option's name (``quality``); the CLI flag is ``--`` + dashes.
+    """
+
+    def __init__(self, option: str, message: str) -> None:
+        self.option = option
+        super().__init__(message)
+
+
+Kind = Literal["choice", "int", "float", "bool", "path", "size", "columns"]
+
+
+@dataclass(frozen=True)
+class PackOption:
+    """One pack option.
+
+    Attributes:
+        name: the Python and pydantic name (``compression_level``); the flag is :attr:`flag`.
+        kind: ``choice``, ``int``, ``float``, ``bool``, ``path``, ``size`` (the grammar of
+            :func:`parse_size`) or ``columns`` (that of
+            :func:`h5forge.targets.schema.parse_columns`, given as text).
+        default: the default value (``None``: empty, the library decides).
+        help: one line for ``--help``.
+        description: the longer text the UI form shows under the field.
+        choices: the allowed values of a ``choice``.
+        low, high: inclusive bounds of an ``int`` or ``float`` (``None``: unbounded).
+        optional: ``None`` is allowed (an empty form field).
+    """
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    description: str
+    choices: tuple[str, ...] = ()
+    low: float | None = None
+    high: float | None = None
+    optional: bool = False
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag, e.g. ``--compression-level``."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def bounds(self) -> str:
+        """The allowed values in words: ``in 1..100``, ``'RGB', 'L'``, ``>= 1``."""
+        if self.kind == "choice":
+            return ", ".join(map(repr, self.choices))
+        if self.low is not None and self.high is not None:
+            return f"in {self.low:g}..{self.high:g}"
+        return f">= {self.low:g}" if self.low is not None else "of any value"
+
+    def check(self, value: Any) -> Any:
+        """Return ``value`` when this option allows it.
+
+        Raises:
+            OptionError: naming the option, the value found, what is allowed and the default.
+        """
+        if value is None and self.optional:
+            return None
+        if self.kind == "choice":
+            if value not in self.choices:
+                raise OptionError(self.name, f"{self.name}={value!r} is not one of {self.bounds}")
+            return value
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise OptionError(self.name, f"{self.name}={value!r} must be true or false")
+            return value
+        if self.kind == "path":
+            if value == "" and self.optional:
+                return None  # an empty form field or an empty flag: not given
+            if not isinstance(value, str) or not value.strip() or "\x00" in value:
+                raise OptionError(self.name, f"{self.name}={value!r} must be a non-empty path")
+            return value
+        if self.kind == "size":
+            return check_size(value)
+        if self.kind == "columns":
+            if value == "" and self.optional:
+                return None
+            from h5forge.targets.schema import parse_columns
+
+            try:
+                parse_columns(value) if isinstance(value, str) else parse_columns("")
+            except ValueError as e:
+                raise OptionError(self.name, f"{self.name}={value!r}: {e}") from None
+            return value
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if self.kind == "int":
+            number = number and isinstance(value, int)
+        in_range = (
+            number
+            and (self.low is None or value >= self.low)
+            and (self.high is None or value <= self.high)
+        )
+        if not in_range:
+            what = "an int" if self.kind == "int" else "a number"
+            hint = (
+                " or empty for the default"
+                if self.default is None
+                else f" (default {self.default!r})"
+            )
+            raise OptionError(
+                self.name, f"{self.name}={value!r} must be {what} {self.bounds}{hint}"
+            )
+        return value
+
+
+def format_size(size: tuple[int, int] | None) -> str:
+    """``(224, 224)`` -> ``224``, ``(224, 256)`` -> ``224x256``, ``None`` -> ``none``."""
+    if size is None:
+        return "none"
+    h, w = size
+    return str(h) if h == w else f"{h}x{w}"
+
+
+def check_size(size: Any, resize: str | None = None) -> tuple[int, int] | None:
+    """Check an output size ``(H, W)`` (or ``None``) against the bounds and ``resize``.
+
+    Raises:
+        OptionError: a dimension outside ``SIZE_MIN..SIZE_MAX``, or ``None`` while ``resize``
+            is not ``"none"``.
+    """
+    if size is None:
+        if resize is not None and resize != "none":
+            raise OptionError(
+                "size",
+                f"size=None needs resize='none' (size none keeps each "
+                f"image's size), got resize={resize!r}; give a size such as 224 "
+                "or 224x256, or set resize to 'none'",
+            )
+        return None
+    if (
+        not isinstance(size, tuple)
+        or len(size) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in size)
+    ):
+        raise OptionError("size", f"size={size!r} must be (H, W), two ints, or None")
+    if not all(SIZE_MIN <= v <= SIZE_MAX for v in size):
+        raise OptionError(
+            "size",
+            f"size {format_size(size)} is out of range: height and width "
+            f"must be {SIZE_MIN}..{SIZE_MAX} pixels (e.g. 224 or 224x256)",
+        )
+    return size
+
+
+def parse_size(text: str, resize: str | None = None) -> tuple[int, int] | None:
+    """Parse the ``--size`` grammar: ``S`` (square), ``HxW``, or ``none``; then check it.
+
+    Raises:
+        OptionError: not that grammar, or out of bounds (see :func:`check_size`).
+    """
+    if text.strip().lower() == "none":
+        return check_size(None, resize)
+    match = _SIZE.match(text)
+    if not match:
+        raise OptionError("size", f"size {text!r} is not S, HxW or none (e.g. 224, 224x256, none)")
+    h = int(match.group(1))
+    return check_size((h, int(match.group(2) or h)), resize)
+
+
+# The options
 
 Layout = Literal["decoded", "encoded"]
 Encoding = Literal["original", "jpeg", "png", "webp"]
@@ -113,14 +283,14 @@ def _levels() -> str:
 #: Every pack option, in the order ``--help`` lists them.
 PACK_OPTIONS: tuple[PackOption, ...] = (
     PackOption(
-        "manifest",
+        "listing",
         "path",
         None,
         optional=True,
-        help="a CSV or JSONL file listing the images as path,label[,split], relative to the "
-        "source folder (default: none; the class folders are the labels)",
-        description="A CSV (path,label[,split]) or JSONL manifest listing the images, as a "
-        "path relative to the source's root (or absolute); empty for the ImageFolder layout "
+        help="the sample listing: a CSV or JSONL file of the images as path,label[,split], "
+        "relative to the source folder (default: none; the class folders are the labels)",
+        description="A sample listing: a CSV (path,label[,split]) or JSONL file of the images, "
+        "as a path relative to the source's root (or absolute); empty for the ImageFolder layout "
         "[split/]class/image.jpg.",
     ),
     PackOption(
@@ -155,9 +325,9 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "columns",
         None,
         optional=True,
-        help="manifest target columns NAME=KIND,... (multilabel, boxes, mask, text, number) "
+        help="the listing's target columns NAME=KIND,... (multilabel, boxes, mask, text, number) "
         "or none; default: inferred",
-        description="The manifest's target columns, NAME=KIND,... (multilabel, boxes, mask, "
+        description="The listing's target columns, NAME=KIND,... (multilabel, boxes, mask, "
         "text, number), e.g. tags=multilabel; 'none': no target; empty: inferred.",
     ),
     PackOption(
@@ -286,7 +456,7 @@ PACK_OPTIONS: tuple[PackOption, ...] = (
         "overwrite",
         "bool",
         False,
-        help="replace the destination (and its manifest) if it exists",
+        help="replace the destination (and its sidecar) if it exists",
         description="Replace an existing asset at the destination.",
     ),
 )
@@ -297,3 +467,47 @@ _BY_NAME = {o.name: o for o in PACK_OPTIONS}
 def option(name: str) -> PackOption:
     """The pack option called ``name`` (``KeyError`` if there is none)."""
     return _BY_NAME[name]
+
+
+# Source layouts
+
+
+def check_sources(
+    listing: object, coco: object, masks: object, columns: object, coco_masks: object = False
+) -> None:
+    """Refuse two source layouts at once, ``columns`` without a listing, or ``coco_masks``
+    without ``coco`` (``OptionError``)."""
+    given = [(n, v) for n, v in (("listing", listing), ("coco", coco), ("masks", masks)) if v]
+    if len(given) > 1:
+        raise OptionError(
+            given[1][0],
+            f"{' and '.join(f'{n}={v!r}' for n, v in given)} name two source layouts; give "
+            "one of listing (a CSV/JSONL), coco (a COCO instances JSON) or masks (a folder)",
+        )
+    if columns is not None and columns != "" and not listing:
+        raise OptionError(
+            "columns", f"columns={columns!r} describes a sample listing; give listing"
+        )
+    if coco_masks and not coco:
+        raise OptionError(
+            "coco_masks", f"coco_masks={coco_masks!r} draws a COCO file's masks; give coco"
+        )
+
+
+# Renamed options
+
+#: Option names an older h5forge used -> the name each has now. "manifest" named the sample
+#: listing and "shard" the Dask stage's parts; both words now name parts of a version. A saved
+#: deployment, a prefect.yaml or a script that gives an old name fails naming the new one
+#: (never silently means something else): :class:`h5forge.flows.config.BuildConfig` and the
+#: command line refuse them.
+RENAMED_OPTIONS: dict[str, str] = {
+    "manifest": "listing",
+    "shard_size": "part_size",
+    "shard_bytes": "part_bytes",
+}
+
+
+def renamed_message(old: str, new: str) -> str:
+    """Why the old option name (or flag) ``old`` is refused, naming the new one."""
+    return f"{old} was renamed {new} (same meaning, same values); give {new} instead"

@@ -1,6 +1,6 @@
-"""Path safety for names h5forge did not choose: archive members, object keys, manifest paths.
+"""Path safety for names h5forge did not choose: archive members, object keys, sample listing paths.
 
-A name from someone else's archive, bucket or manifest is split and checked before it becomes a
+A name from someone else's archive, bucket or listing is split and checked before it becomes a
 path (:func:`split_member_name`: relative, no ``..``, no NUL, bounded depth and length), and a
 path that may pass through links planted by that someone is resolved without recursion
 (:func:`resolve`, bounded by the kernel's own link limit) and checked to stay below its root

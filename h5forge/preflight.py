@@ -201,7 +201,7 @@ def check_destination(
         if src.is_dir() and src in target.parents:
             raise ValueError(
                 f"destination {printable(dest)} is inside the source folder "
-                f"{printable(source)}: the asset, its manifest and its preview would become "
+                f"{printable(source)}: the asset, its sidecar and its preview would become "
                 "part of the source; choose a destination outside it"
             )
     if target.is_dir():

@@ -1,7 +1,7 @@
 """Redaction of credentials from URLs, free text and ``storage_options`` before they are recorded.
 
 Everything h5forge records — log lines, error messages, Prefect artifacts, HDF5 attributes,
-manifests — goes through these helpers first. Redaction removes the secret but keeps the shape
+sidecars — goes through these helpers first. Redaction removes the secret but keeps the shape
 of the value, so a redacted URL still says which host and object were involved.
 """
 

@@ -1,6 +1,6 @@
-"""Safe display of untrusted names: archive members, class names, manifest paths.
+"""Safe display of untrusted names: archive members, class names, sample listing paths.
 
-A name that came from someone else's archive, manifest or folder can hold terminal control
+A name that came from someone else's archive, sample listing or folder can hold terminal control
 sequences (``ESC [ 2 J`` clears the screen, ``ESC ] 52`` writes the clipboard), carriage
 returns that overwrite the line they are printed on, bidi overrides that show ``exe.txt`` for
 ``txt.exe``, or bytes that are not UTF-8 at all. Every error message and log line h5forge
@@ -22,7 +22,7 @@ import os
 
 __all__ = ["DEFAULT_LIMIT", "printable"]
 
-# Longest name shown whole. A manifest field can be 128 KB: a message quoting it whole would
+# Longest name shown whole. A listing field can be 128 KB: a message quoting it whole would
 # bury the line that says what is wrong. Head and tail are kept, because both ends of a path
 # carry information (its folder, its file name).
 DEFAULT_LIMIT = 512

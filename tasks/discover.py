@@ -20,21 +20,21 @@ __all__ = ["discover_samples"]
 def discover_samples(
     root: str,
     *,
-    manifest: str | None = None,
+    listing: str | None = None,
     coco: str | None = None,
     masks: str | None = None,
     coco_masks: bool = False,
     columns: ColumnSpec | None = None,
 ) -> Catalog:
     """Catalog ``root`` (see :func:`h5forge.discover.catalog.discover`: an ImageFolder, or the
-    layout ``manifest``, ``coco`` or ``masks`` names); the pack stage packs this catalog
+    layout ``listing``, ``coco`` or ``masks`` names); the pack stage packs this catalog
     instead of listing the folder again.
 
     Raises:
         EmptyDatasetError: the source holds no image at all.
     """
     cat = discover(
-        root, manifest=manifest, coco=coco, masks=masks, columns=columns, coco_masks=coco_masks
+        root, listing=listing, coco=coco, masks=masks, columns=columns, coco_masks=coco_masks
     )
     if not cat.samples:
         raise EmptyDatasetError(

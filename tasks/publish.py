@@ -1,4 +1,4 @@
-"""Publish stage: upload the verified file, its manifest and its preview; record the asset.
+"""Publish stage: upload the verified file, its sidecar and its preview; record the asset.
 
 The upload is a Prefect asset materialisation keyed by the destination URL, so every build of
 one destination shows up as one asset with its metadata (counts, sha256, bytes, format version);
@@ -82,7 +82,7 @@ def _publish(
     metadata: dict[str, Any] | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> PublishResult:
-    """Publish ``local_file`` with its manifest (``metadata`` added to it) and its preview."""
+    """Publish ``local_file`` with its sidecar (``metadata`` added to it) and its preview."""
     result = publish(
         local_file,
         dest,
@@ -97,7 +97,7 @@ def _publish(
             **(metadata or {}),
             "sha256": result.sha256,
             "bytes": result.bytes,
-            "manifest_url": redact_url(result.manifest_url),
+            "sidecar_url": redact_url(result.sidecar_url),
             "preview_url": preview,
         },
     )
@@ -163,7 +163,7 @@ def _publish_version(
 ) -> VersionResult:
     """Publish ``local_file`` as a new version of the asset ``dest`` (its preview and its
     per-file map first, in the version's folder, unless that version already exists; then the
-    file, its manifest and the pointer, last; then retention, as ``keep_versions`` and
+    file, its sidecar and the pointer, last; then retention, as ``keep_versions`` and
     ``min_age_s`` say). With ``based_on`` (the latest version's sha256 when the build began,
     "" for none) it refuses when another build has moved the pointer since.
 
@@ -190,7 +190,7 @@ def _publish_version(
         min_age_s=min_age_s,
         sha256=sha,
         based_on=based_on,
-        sidecars=beside,
+        beside=beside,
     )
     changes = (metadata or {}).get("changes") or {}
     add_asset_metadata(
@@ -203,7 +203,7 @@ def _publish_version(
             "version": result.version,
             "removed_versions": list(result.removed),
             "bytes": result.bytes,
-            "manifest_url": result.manifest_url,
+            "sidecar_url": result.sidecar_url,
             "preview_url": redact_url(preview_url(target)),
         },
     )
@@ -234,7 +234,7 @@ def as_published(result: VersionResult) -> PublishResult:
     """The version's own file as a :class:`PublishResult` (what the build report shows)."""
     return PublishResult(
         url=result.url,
-        manifest_url=result.manifest_url,
+        sidecar_url=result.sidecar_url,
         sha256=result.sha256,
         bytes=result.bytes,
         unchanged=result.unchanged,

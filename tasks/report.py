@@ -114,7 +114,7 @@ def render_report(
         "",
         f"- **asset**: `{published.url}` ({mb:,.1f} MB, format v{format_version})",
         f"- **sha256**: `{published.sha256}`",
-        f"- **manifest**: `{published.manifest_url}`",
+        f"- **sidecar**: `{published.sidecar_url}`",
         f"- **preview**: [{Path(preview).name}]({viewable_url(preview)})",
         f"- **source**: `{source}`",
         f"- **samples**: {n} in {pack.num_classes} classes; "

@@ -18,7 +18,7 @@ from prefect.events import emit_event
 
 from h5forge.errors import IntegrityError
 from h5forge.location import Location
-from h5forge.publish import manifest as manifests
+from h5forge.publish import sidecar as sidecars
 from h5forge.publish.versions import read_pointer
 from h5forge.redact import redact_text, redact_url
 from h5forge.tasks.common import run_name, with_retries
@@ -30,9 +30,9 @@ __all__ = [
     "MAX_EVENT_FAILURES",
     "MAX_EVENT_LINE",
     "VERIFY_FAILED",
-    "check_manifest",
+    "check_sidecar",
     "emit_verify_failed",
-    "load_manifest",
+    "load_sidecar",
     "verify_file",
 ]
 
@@ -99,20 +99,20 @@ def verify_file(
 
 
 @task(
-    name="read-manifest",
-    task_run_name=run_name("read-manifest"),
+    name="read-sidecar",
+    task_run_name=run_name("read-sidecar"),
     **with_retries(3),
 )
-def load_manifest(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``.manifest.json`` beside ``url`` (:func:`h5forge.publish.manifest.read_manifest`)."""
-    return manifests.read_manifest(url, storage_options=storage_options)
+def load_sidecar(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``.manifest.json`` beside ``url`` (:func:`h5forge.publish.sidecar.read_sidecar`)."""
+    return sidecars.read_sidecar(url, storage_options=storage_options)
 
 
-@task(name="check-manifest", task_run_name=run_name("check-manifest"))
-def check_manifest(
-    url: str, *, manifest: dict[str, Any], report: VerifyReport, asset: str | None = None
+@task(name="check-sidecar", task_run_name=run_name("check-sidecar"))
+def check_sidecar(
+    url: str, *, sidecar: dict[str, Any], report: VerifyReport, asset: str | None = None
 ) -> None:
-    """:func:`h5forge.publish.manifest.check_manifest` of what verify found (``report``);
+    """:func:`h5forge.publish.sidecar.check_sidecar` of what verify found (``report``);
     ``asset`` names the asset in the failure event (default ``url``).
 
     Raises:
@@ -120,9 +120,9 @@ def check_manifest(
             :data:`VERIFY_FAILED` is emitted first.
     """
     try:
-        manifests.check_verified(url, manifest, report)
+        sidecars.check_verified(url, sidecar, report)
     except IntegrityError as e:
-        emit_verify_failed(asset or url, e, check="manifest")
+        emit_verify_failed(asset or url, e, check="sidecar")
         raise
 
 

@@ -8,10 +8,16 @@
 * imports point down the layers: ``h5forge.deployments`` -> ``h5forge.flows`` ->
   ``h5forge.tasks`` -> the library (the rest of ``h5forge``), and the library imports neither
   Prefect nor anything above it, so ``pip install h5forge`` without extras reads assets;
+* inside the library, a package never imports one that builds on it (:data:`BUILDS_ON`):
+  ``h5forge.scale`` builds on ``h5forge.pack`` (its commit, config, writer), so nothing of
+  ``h5forge.pack`` imports ``h5forge.scale``; what both need (the stored-copy kernel) lives
+  in a package neither owns;
 * one top-level import name: ``flows/``, ``tasks/`` and ``deployments/`` are reached as
   ``h5forge.flows`` (and so on) through links under ``h5forge/``;
+* a library module imported by one module only says why it stands alone (:data:`ALONE`);
 * a module past about 500 lines says why it is one idea (:data:`LONG_MODULES`): size is a
-  hint to look, not a wall that splits an idea across files.
+  hint to look, not a wall that splits an idea across files;
+* the library's tests mirror its packages (``tests/h5forge/<package>/``).
 """
 
 from __future__ import annotations
@@ -26,10 +32,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("h5forge",)
 #: The packages above the library, top first, each in its own folder of the repository.
 LAYERS = ("deployments", "flows", "tasks")
+#: Library packages that build on others: none of the packages named on the right imports the
+#: one on the left.
+BUILDS_ON: dict[str, tuple[str, ...]] = {"h5forge.scale": ("h5forge.pack",)}
 #: About this many lines is a hint to look at a module; past it, a reason is recorded here.
 MAX_LINES = 500
 #: Modules longer than ``MAX_LINES``, each with why it is still one idea.
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "h5forge.read.targets": "the reader's view of target columns, read as one: what target= "
+    "selects, how one process reads those columns and checks their values, how they collate",
+    "h5forge.options": "every pack option defined once: what an option is and how a value is "
+    "checked, the table of options, the rules between them, the renamed names",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -162,6 +176,40 @@ def test_imports_point_down_the_layers(module: str) -> None:
     assert not up, f"{MODULES[module].relative_to(ROOT)}: " + "; ".join(up)
 
 
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def _imports_of_what_builds_on_it(module: str, tree: ast.Module) -> list[str]:
+    """The imports in ``tree`` (the code of ``module``) of a package built on ``module``'s."""
+    above = {top for top, below in BUILDS_ON.items() if _package(module) in below}
+    return [
+        f"line {node.lineno}: imports {target}, and {_package(target)} builds on "
+        f"{_package(module)}: move what both need below both (e.g. into h5forge.asset)"
+        for node in _imports(tree)
+        for target, _ in _targets(module, node)
+        if _package(target) in above
+    ]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _layer(m) == 0))
+def test_a_package_never_imports_one_that_builds_on_it(module: str) -> None:
+    found = _imports_of_what_builds_on_it(module, _tree(MODULES[module]))
+    assert not found, f"{MODULES[module].relative_to(ROOT)}: " + "; ".join(found)
+
+
+def test_the_package_rule_sees_pack_importing_scale() -> None:
+    """Either spelling, even inside a function; not the other way round."""
+    code = "def f():\n    from h5forge.scale.merge import merge_shards\nimport h5forge.scale.plan\n"
+    found = _imports_of_what_builds_on_it("h5forge.pack.sink", ast.parse(code))
+    assert sorted(line.split(",")[0] for line in found) == [
+        "line 2: imports h5forge.scale.merge",
+        "line 3: imports h5forge.scale.plan",
+    ]
+    upward = ast.parse("from h5forge.pack.commit import staged\n")
+    assert _imports_of_what_builds_on_it("h5forge.scale.merge", upward) == []
+
+
 def test_the_layer_finder_sees_an_upward_import() -> None:
     assert (
         _layer("h5forge.deployments.cli")
@@ -245,3 +293,139 @@ def test_a_long_module_says_why(module: str) -> None:
         f"{MODULES[module].relative_to(ROOT)} has {lines} lines: split it by idea, or record "
         "in LONG_MODULES why it is one"
     )
+
+
+def test_the_library_tests_mirror_its_packages() -> None:
+    """``tests/h5forge/<package>/`` holds the tests of ``h5forge/<package>/``; tests of the
+    top-level modules sit in ``tests/h5forge/`` itself."""
+    tests = ROOT / "tests" / "h5forge"
+    folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__")
+    strays = [f for f in folders if not (ROOT / "h5forge" / f / "__init__.py").is_file()]
+    assert not strays, f"tests/h5forge/{strays[0]}/ names no package h5forge/{strays[0]}/"
+    packages = {
+        p.parent.name for p in (ROOT / "h5forge").glob("*/__init__.py") if not p.parent.is_symlink()
+    }
+    assert set(folders) <= packages
+    flat = sorted(p.name for p in tests.glob("test_*.py"))
+    named_for_a_package = [f for f in flat if f.removeprefix("test_").split("_")[0] in packages]
+    assert not named_for_a_package, f"move {named_for_a_package} into their package's folder"
+
+
+def _importers() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module in MODULES:
+        for target in _edges(module):
+            found[target].add(module)
+    return found
+
+
+IMPORTERS = _importers()
+#: Library modules imported by one module only, each with why it stands on its own (a boundary
+#: read on its own, an idea with its own tests, a public name): without a reason, fold it into
+#: its importer.
+ALONE: dict[str, str] = {
+    "h5forge.asset.declared": (
+        "declared shapes and counts checked at open: a boundary on untrusted files"
+    ),
+    "h5forge.asset.ranges": (
+        "the reader's batched byte-range reads (local pread, remote coalescing)"
+    ),
+    "h5forge.cli.summary": (
+        "the inspect summary's words, apart from the command wiring in cli.app"
+    ),
+    "h5forge.cli.verify": (
+        "the verify command's report and exit codes, apart from the command wiring"
+    ),
+    "h5forge.demo": ("public: the built-in demo dataset, used by the CLI, the docs and the tests"),
+    "h5forge.discover.coco": ("one listing format (COCO instances): its own bounds and tests"),
+    "h5forge.discover.coco_masks": (
+        "COCO segmentations drawn into masks: its own format rules and tests"
+    ),
+    "h5forge.discover.paired": (
+        "one source layout (images/ + masks/ by stem): its own rules and tests"
+    ),
+    "h5forge.discover.report": (
+        "a catalog in words for the task's log and report; no discover rule lives there"
+    ),
+    "h5forge.fetch.extract": ("safe archive extraction: a security boundary read on its own"),
+    "h5forge.fetch.fingerprint": (
+        "a source's identity without reading a file, shared by fetch and lineage"
+    ),
+    "h5forge.fetch.http": (
+        "the download loop (limits, retries, watchdog): a boundary read on its own"
+    ),
+    "h5forge.fetch.members": (
+        "archive member names checked before extraction: a security boundary"
+    ),
+    "h5forge.fetch.objects": ("object and prefix copies through fsspec, one kind of source"),
+    "h5forge.pack.chunk_writes": (
+        "gathered chunk writes: a measured I/O technique with its own tests"
+    ),
+    "h5forge.pack.previous": ("the checked index of the version an incremental pack reuses"),
+    "h5forge.pack.sink": ("collecting results into /images: the writer's storage half"),
+    "h5forge.preprocess.decode": (
+        "decode + resize for one image, apart from quarantine and targets"
+    ),
+    "h5forge.preprocess.jpeg": ("one decoder backend (libjpeg-turbo, DCT scaling)"),
+    "h5forge.preprocess.pool": ("the decode pool: processes, ordering, the ring, start methods"),
+    "h5forge.preprocess.resample": (
+        "one resize kernel (torch antialiased), checked against Pillow"
+    ),
+    "h5forge.preprocess.ring": ("the shared-memory ring results come back in"),
+    "h5forge.publish.diff": ("comparing two versions' indexes: its own command and tests"),
+    "h5forge.publish.overlay": (
+        "drawing boxes and masks on the preview: image code apart from publishing"
+    ),
+    "h5forge.publish.release": ("publishing a version: pointer last, then retention"),
+    "h5forge.read.asset_list": (
+        "the asset list: an untrusted document with its own bounds and tests"
+    ),
+    "h5forge.read.block_cache": ("read-ahead blocks on disk, each checked: its own idea and tests"),
+    "h5forge.read.mixing": ("weighted mixing of assets: its own sampler and tests"),
+    "h5forge.read.provenance": ("a sample's source path and provenance, read on request"),
+    "h5forge.read.sampler": ("public: the resumable, distributed Sampler"),
+    "h5forge.read.samples": (
+        "reading and checking one sample's bytes: the integrity boundary of reads"
+    ),
+    "h5forge.scale.assemble": ("writing the merged file, apart from the merge's checks and plan"),
+    "h5forge.scale.download": ("a checked local copy of a remote part"),
+    "h5forge.scale.merge": ("public: merge_parts, the Dask stage's merge"),
+    "h5forge.smoke.expected": (
+        "what each sample must read back as, apart from running the workers"
+    ),
+    "h5forge.targets.columns": (
+        "a file's target columns as byte ranges: the targets' storage model"
+    ),
+    "h5forge.targets.drawn": (
+        "drawing polygons and RLE into masks: geometry code with its own tests"
+    ),
+    "h5forge.targets.stats": ("the build report's target figures"),
+    "h5forge.verify.layout": ("byte ranges against the chunk index: one check of verify"),
+    "h5forge.verify.metadata": ("the metadata digest check: one check of verify"),
+    "h5forge.verify.targets": (
+        "every target column's digests and value rules: one check of verify"
+    ),
+    "h5forge.workdir": ("a run's work folder, swept when its owner died (with locks.py)"),
+}
+
+
+def _alone() -> list[str]:
+    return sorted(
+        m
+        for m in MODULES
+        if _layer(m) == 0 and MODULES[m].name != "__init__.py" and len(IMPORTERS[m]) == 1
+    )
+
+
+@pytest.mark.parametrize("module", _alone())
+def test_a_module_with_one_importer_says_why(module: str) -> None:
+    (importer,) = IMPORTERS[module]
+    assert module in ALONE, (
+        f"{MODULES[module].relative_to(ROOT)} is imported only by {importer}: fold it into "
+        "that module, or record in ALONE why it is an idea of its own"
+    )
+
+
+def test_every_recorded_reason_is_still_needed() -> None:
+    stale = sorted(set(ALONE) - set(_alone()))
+    assert not stale, f"{stale} no longer have a single importer: remove them from ALONE"

@@ -67,7 +67,7 @@ def pack(
         str,
         typer.Argument(
             help="the local image folder to pack: class folders (ImageFolder: "
-            "class/image.jpg or split/class/image.jpg), or the folder a --manifest or --coco "
+            "class/image.jpg or split/class/image.jpg), or the folder a --listing or --coco "
             "file refers to",
             show_default=False,
         ),

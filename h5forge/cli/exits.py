@@ -3,7 +3,7 @@
 ====  ===========================================================================
 0     success
 1     integrity or run failure: a file failed its checks or disagrees with its
-      manifest, too many images were quarantined, the disk filled up mid-run
+      sidecar, too many images were quarantined, the disk filled up mid-run
 2     usage: a bad option or value, a source that does not exist, a destination
       that exists (without ``--overwrite``), is read-only, full, or inside the source
 130   interrupted (Ctrl-C): ``build``, ``demo`` and ``serve`` stop what they started

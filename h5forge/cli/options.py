@@ -12,15 +12,17 @@ from typing import Annotated, Any
 
 import typer
 
-from h5forge.cli.exits import usage_error
+from h5forge.cli.exits import EXIT_USAGE, fail, usage_error
 from h5forge.options import (
     PACK_OPTIONS,
+    RENAMED_OPTIONS,
     OptionError,
     check_compression,
     check_sources,
     format_size,
     option,
     parse_size,
+    renamed_message,
 )
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "check_pack_options",
     "pack_default",
     "pack_flag",
+    "renamed_flag",
     "with_pack_options",
 ]
 
@@ -102,8 +105,8 @@ def check_pack_options(values: Mapping[str, Any]) -> dict[str, Any]:
             check_compression(
                 values["compression"], values.get("compression_level"), fixed_size_decoded=fixed
             )
-        if "manifest" in values:
-            names = ("manifest", "coco", "masks", "columns", "coco_masks")
+        if "listing" in values:
+            names = ("listing", "coco", "masks", "columns", "coco_masks")
             check_sources(*(values.get(k) for k in names))
     except OptionError as e:
         raise usage_error(e) from e
@@ -127,13 +130,30 @@ _PY_TYPES = {
 }
 
 
+def renamed_flag(old: str, new: str) -> Any:
+    """A hidden option for the flag an older h5forge called ``old`` (now ``new``): given, it
+    exits 2 naming ``new`` while the command line is parsed (before anything slow starts)."""
+
+    def refuse(value: object) -> object:
+        if value is not None and value is not False:
+            raise fail(renamed_message(old, new), EXIT_USAGE)
+        return value
+
+    return typer.Option(old, hidden=True, callback=refuse, is_eager=True)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def with_pack_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give ``command`` every option of :data:`h5forge.options.PACK_OPTIONS` as a Typer option.
 
     The options are declared once, in :mod:`h5forge.options`; ``pack`` and ``build`` take them
     from there instead of restating them. ``command`` receives them as one dict, its keyword
     ``pack_options`` (name -> value as typed; ``size`` as text), and lists them in ``--help``
-    after its own parameters.
+    after its own parameters. The old spelling of each of its options that was renamed
+    (:data:`h5forge.options.RENAMED_OPTIONS`) is refused, naming the new one.
     """
     # The command's own annotations evaluated in its module (they are strings under
     # ``from __future__ import annotations``): the wrapper lives here, where they would not
@@ -158,13 +178,27 @@ def with_pack_options(command: Callable[..., Any]) -> Callable[..., Any]:
             )
         )
 
+    names = {p.name for p in own} | {o.name for o in PACK_OPTIONS}
+    renamed = [
+        inspect.Parameter(
+            old,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[str | None, renamed_flag(_flag(old), _flag(new))],
+        )
+        for old, new in RENAMED_OPTIONS.items()
+        if new in names
+    ]
+
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
         chosen = {o.name: kwargs.pop(o.name) for o in PACK_OPTIONS}
+        for p in renamed:  # None: their callbacks exit when one is given
+            kwargs.pop(p.name)
         return command(*args, pack_options=chosen, **kwargs)
 
     signature = inspect.Signature(
-        [*(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own), *added]
+        [*(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own), *added, *renamed]
     )
     run.__signature__ = signature  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}

@@ -1,4 +1,4 @@
-"""``h5forge verify``: the file's own checks, then its manifest; one report, text or JSON.
+"""``h5forge verify``: the file's own checks, then its sidecar; one report, text or JSON.
 
 With ``--json`` the report is one JSON document on stdout whatever the outcome: on a failure it
 says ``"ok": false`` and lists the failures, one per failed check, and the exit code is the
@@ -14,49 +14,49 @@ from typing import Annotated, Any
 import typer
 
 from h5forge.cli.exits import EXIT_USAGE, fail, run_guarded
-from h5forge.cli.options import AssetName, AssetVersion
+from h5forge.cli.options import AssetName, AssetVersion, renamed_flag
 from h5forge.errors import H5ForgeError, IntegrityError
 from h5forge.text import printable
 
 __all__ = ["verify"]
 
 
-def _verify_with_manifest(
-    file: str, manifest_url: str | None, verify_file: Callable[[], Any]
+def _verify_with_sidecar(
+    file: str, sidecar_url: str | None, verify_file: Callable[[], Any]
 ) -> tuple[Any, str | None]:
-    """Verify ``file`` with ``verify_file()``; then compare it with its manifest (the sidecar,
-    or ``manifest_url``).
+    """Verify ``file`` with ``verify_file()``; then compare it with its sidecar
+    (``FILE.manifest.json``, or ``sidecar_url``).
 
-    Returns the report and the manifest URL checked (None when there is none beside the file).
-    A manifest that changed while the file was verified (a republish) is checked again.
+    Returns the report and the sidecar URL checked (None when there is none beside the file).
+    A sidecar that changed while the file was verified (a republish) is checked again.
     """
-    from h5forge.publish.manifest import check_verified, read_manifest
-    from h5forge.publish.manifest import manifest_url as sidecar
+    from h5forge.publish.sidecar import check_verified, read_sidecar
+    from h5forge.publish.sidecar import sidecar_url as sidecar_of
     from h5forge.summary import summarize
 
-    target = manifest_url or sidecar(file)
+    target = sidecar_url or sidecar_of(file)
 
     def load() -> dict[str, Any] | None:
         try:
-            return read_manifest(target)
+            return read_sidecar(target)
         except FileNotFoundError:
-            if manifest_url is not None:  # named on the command line: it must be there
+            if sidecar_url is not None:  # named on the command line: it must be there
                 raise
             return None
-        except ValueError as e:  # a manifest that is not one is a failed check, not usage
+        except ValueError as e:  # a sidecar that is not one is a failed check, not usage
             raise IntegrityError(str(e)) from e
 
-    manifest = load()
+    sidecar = load()
     for _ in range(3):
         report = verify_file()
         latest = load()
-        if latest == manifest:
+        if latest == sidecar:
             break
-        manifest = latest
-    if manifest is None:
+        sidecar = latest
+    if sidecar is None:
         return report, None
-    counts = summarize(file)["counts"] if "counts" in manifest else None
-    check_verified(file, manifest, report, counts=counts)
+    counts = summarize(file)["counts"] if "counts" in sidecar else None
+    check_verified(file, sidecar, report, counts=counts)
     return report, target
 
 
@@ -87,15 +87,18 @@ def verify(
             help="seed choosing the samples when --sample-fraction < 1 (same seed, same samples)"
         ),
     ] = 0,
-    manifest: Annotated[
+    sidecar: Annotated[
         str | None,
         typer.Option(
-            help="the manifest to compare with (default: FILE.manifest.json when it exists)"
+            help="the sidecar to compare with (default: FILE.manifest.json when it exists)"
         ),
     ] = None,
-    no_manifest: Annotated[
-        bool, typer.Option("--no-manifest", help="do not compare with a manifest")
+    no_sidecar: Annotated[
+        bool, typer.Option("--no-sidecar", help="do not compare with a sidecar")
     ] = False,
+    # The old spellings: refused naming the new ones (the values never reach this body).
+    manifest: Annotated[str | None, renamed_flag("--manifest", "--sidecar")] = None,
+    no_manifest: Annotated[bool | None, renamed_flag("--no-manifest", "--no-sidecar")] = None,
     as_json: Annotated[
         bool,
         typer.Option(
@@ -105,13 +108,13 @@ def verify(
         ),
     ] = False,
 ) -> None:
-    """Verify structure, labels, byte ranges, digests, and the manifest; exit 1 on any failure.
+    """Verify structure, labels, byte ranges, digests, and the sidecar; exit 1 on any failure.
 
-    When FILE.manifest.json is beside FILE (or --manifest names one), its sha256, size, counts
+    When FILE.manifest.json is beside FILE (or --sidecar names one), its sha256, size, counts
     and format version must agree with the file.
     """
-    if no_manifest and manifest is not None:
-        raise fail("--manifest and --no-manifest contradict each other; give one", EXIT_USAGE)
+    if no_sidecar and sidecar is not None:
+        raise fail("--sidecar and --no-sidecar contradict each other; give one", EXIT_USAGE)
     from h5forge.read.version import resolve_asset
     from h5forge.verify.checks import verify as do_verify
 
@@ -124,9 +127,9 @@ def verify(
         def verify_file() -> Any:
             return do_verify(url, sample_fraction=sample_fraction, seed=seed, progress=not as_json)
 
-        if no_manifest:
+        if no_sidecar:
             return verify_file(), None, sha
-        return (*_verify_with_manifest(url, manifest, verify_file), sha)
+        return (*_verify_with_sidecar(url, sidecar, verify_file), sha)
 
     def check_reporting_failures() -> tuple[Any, str | None, str]:
         try:
@@ -138,13 +141,13 @@ def verify(
 
     report, checked, sha = run_guarded(check_reporting_failures, what=file)
     if as_json:
-        document = {**report.__dict__, "manifest": checked, "version": sha}
+        document = {**report.__dict__, "sidecar": checked, "version": sha}
         typer.echo(json.dumps({"ok": True, **document, "failures": []}, indent=2))
         return
     against = (
-        f"; matches its manifest {printable(checked)}"
+        f"; matches its sidecar {printable(checked)}"
         if checked
-        else "; no manifest checked" + ("" if no_manifest else " (none beside it)")
+        else "; no sidecar checked" + ("" if no_sidecar else " (none beside it)")
     )
     typer.echo(
         f"OK {printable(report.path)}: {report.num_samples} samples, "

@@ -1,5 +1,5 @@
 """Stage 2, discover: list the samples and their labels, from an ImageFolder layout or a
-manifest (``catalog``: :func:`discover`, :class:`Catalog`; ``folder``; ``manifest``; ``rows``).
+sample listing (``catalog``: :func:`discover`, :class:`Catalog`; ``folder``; ``listing``; ``rows``).
 
 Nothing is imported here, so that naming a module of this package stays cheap.
 """

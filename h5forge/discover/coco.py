@@ -1,8 +1,8 @@
 """COCO instances JSON: the images it lists, each with its boxes, read as untrusted input.
 
 ``discover(images_root, coco="annotations/instances_train.json")``: every entry of ``images``
-(``id``, ``file_name`` relative to ``images_root``, checked like a manifest path) is a sample of
-the class :data:`~h5forge.discover.listing.UNLABELLED` with one target column ``boxes`` (kind
+(``id``, ``file_name`` relative to ``images_root``, checked like a listing path) is a sample of
+the class :data:`~h5forge.discover.source_samples.UNLABELLED` with one target column ``boxes`` (kind
 boxes): each annotation's ``bbox`` ``[x, y, w, h]`` becomes XYXY ``(x, y, x + w, y + h)``, its
 class the index of its category's name among the sorted category names, ``iscrowd`` kept (0 when
 absent). An image without annotations has no boxes. With ``masks`` (``coco_masks=True``), a
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from h5forge.discover.coco_masks import CROWD, MAX_MASK_CLASSES, WHERE, drawn, shape_of
-from h5forge.discover.listing import UNLABELLED, Listing
-from h5forge.discover.manifest import MAX_LABEL_CHARS, MAX_MANIFEST_ROWS, check_listing_file
+from h5forge.discover.listing import MAX_LABEL_CHARS, MAX_MANIFEST_ROWS, check_listing_file
 from h5forge.discover.rows import check_file, check_path
+from h5forge.discover.source_samples import UNLABELLED, SourceSamples
 from h5forge.errors import EmptyDatasetError
 from h5forge.location import MAX_COCO_BYTES
 from h5forge.paths import resolve
@@ -37,7 +37,7 @@ from h5forge.targets.schema import MAX_CLASSES, Column, TargetError, check_value
 from h5forge.targets.shapes import Drawn, Shape
 from h5forge.text import printable
 
-__all__ = ["MAX_COCO_ANNOTATIONS", "MAX_COCO_IMAGES", "coco_listing"]
+__all__ = ["MAX_COCO_ANNOTATIONS", "MAX_COCO_IMAGES", "coco_samples"]
 
 # COCO 2017's train instances are 448 MB, 118k images and 860k annotations.
 MAX_COCO_IMAGES = MAX_MANIFEST_ROWS
@@ -47,7 +47,7 @@ Box = tuple[object, ...]
 _ROOT = "the images root"
 
 
-def coco_listing(root: Path, path: Path, *, masks: bool = False) -> Listing:
+def coco_samples(root: Path, path: Path, *, masks: bool = False) -> SourceSamples:
     """The samples of the COCO instances file ``path``, images relative to ``root``; with
     ``masks``, each with its segmentation mask too.
 
@@ -89,7 +89,7 @@ def coco_listing(root: Path, path: Path, *, masks: bool = False) -> Listing:
     boxes, shapes, problems, unknown = _annotations(
         data.get("annotations", []), shown, ids, category, sizes
     )
-    out = Listing([], (UNLABELLED,), (), schema=schema)
+    out = SourceSamples([], (UNLABELLED,), (), schema=schema)
     if unknown:
         out.skipped["annotation-unknown-image"] = unknown
     root_real = resolve(root)

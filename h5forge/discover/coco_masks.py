@@ -1,6 +1,6 @@
 """COCO segmentations as a mask column: each image's polygons and RLE, checked, to be drawn.
 
-With ``coco_masks`` (:func:`h5forge.discover.coco.coco_listing`), a COCO source gets a second
+With ``coco_masks`` (:func:`h5forge.discover.coco.coco_samples`), a COCO source gets a second
 target column, ``segmentation`` (kind mask): one class-id mask per image, drawn by the pack
 (:mod:`h5forge.targets.drawn`) from the annotations in file order, later ones over earlier:
 an annotation paints ``1 +`` its class index (the ``boxes`` column's classes; 0 is

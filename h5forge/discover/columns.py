@@ -1,10 +1,10 @@
-"""A manifest's target columns: the schema, given or inferred, and each row's raw values.
+"""A listing's target columns: the schema, given or inferred, and each row's raw values.
 
-Every manifest column other than ``path``, ``label`` and ``split`` is a target column
+Every listing column other than ``path``, ``label`` and ``split`` is a target column
 (:mod:`h5forge.targets.schema`). ``columns=`` gives the schema: ``{name: kind}`` or
-``{name: Column}`` (a ``Column`` fixes the classes or the dtype); columns of the manifest it does
+``{name: Column}`` (a ``Column`` fixes the classes or the dtype); columns of the listing it does
 not name are ignored (``columns={}`` ignores them all, as before targets existed), and a name it
-gives that the manifest lacks is an error. Without ``columns=`` every other column is inferred:
+gives that the listing lacks is an error. Without ``columns=`` every other column is inferred:
 
 - a name ``mask`` or ending in ``_mask``: ``mask`` (a path, checked like an image path);
 - a name ``boxes`` or ending in ``_boxes``: ``boxes``;
@@ -20,7 +20,7 @@ Values: multilabel JSONL a list of class names; boxes a list of ``[x1, y1, x2, y
 text). A column's classes are the sorted set of names seen. A value that breaks its column's
 rule (:func:`h5forge.targets.schema.check_value`, a mask path that is missing or leaves the
 folder, a box of a class the given ``Column`` lacks) raises :class:`TargetError`: the row is
-quarantined, the manifest is not.
+quarantined, the listing is not.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from h5forge.discover.manifest import MAX_LABEL_CHARS
+from h5forge.discover.listing import MAX_LABEL_CHARS
 from h5forge.discover.rows import check_file, check_path
 from h5forge.targets.schema import (
     KINDS,
@@ -43,7 +43,7 @@ from h5forge.targets.schema import (
     check_value,
 )
 
-__all__ = ["ColumnSpec", "RowTargets", "manifest_schema"]
+__all__ = ["ColumnSpec", "RowTargets", "listing_schema"]
 
 #: What ``discover(..., columns=)`` takes: a kind per column name, or a whole ``Column``.
 ColumnSpec = Mapping[str, "Kind | Column"]
@@ -52,20 +52,20 @@ _INT = re.compile(r"[+-]?[0-9]{1,18}")
 _FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?|[+-]?(nan|inf)", re.I)
 
 
-def manifest_schema(
+def listing_schema(
     shown: str,
     extras: list[tuple[int, dict[str, object]]],
     columns: ColumnSpec | None,
     *,
     csv: bool,
 ) -> Schema:
-    """The target columns of a manifest (``shown``, its printable name) from the extra columns
+    """The target columns of a listing (``shown``, its printable name) from the extra columns
     of each row (``(line, extras)``): ``columns`` checked, or inferred; ``csv``: values are CSV
     text, else JSON values.
 
     Raises:
         ValueError: a name that is not a valid column name, more than ``MAX_COLUMNS`` columns,
-            a given name the manifest lacks, or a column whose values mix kinds.
+            a given name the listing lacks, or a column whose values mix kinds.
     """
     seen: dict[str, None] = {}
     for _, row in extras:
@@ -80,7 +80,7 @@ def manifest_schema(
         absent = [name for name in columns if name not in seen]
         if absent:
             raise ValueError(
-                f"{shown}: columns= names {absent}, which the manifest does not have (its "
+                f"{shown}: columns= names {absent}, which the listing does not have (its "
                 f"columns: {list(seen)[:20]}); fix the name or drop it from columns="
             )
     specs: Mapping[str, Kind | Column | None] = (
@@ -109,9 +109,9 @@ class RowTargets:
     """Checks each row's target values against a schema (class indexes built once).
 
     Args:
-        schema: the columns, from :func:`manifest_schema`.
+        schema: the columns, from :func:`listing_schema`.
         csv: whether field values are CSV text.
-        folder: the manifest's folder; mask paths are relative to it.
+        folder: the listing's folder; mask paths are relative to it.
         folder_real: its real path.
         folders: the real-path cache :func:`~h5forge.discover.rows.check_file` shares.
     """

@@ -48,7 +48,7 @@ def scan_folder(
     if not top:
         raise EmptyDatasetError(
             f"no class folders in {str(root)!r}; expected root/<class>/<file> "
-            "or root/<split>/<class>/<file>, or pass a manifest"
+            "or root/<split>/<class>/<file>, or pass a listing"
         )
     split_dirs = [n for n in top if n in SPLIT_NAMES]
     if split_dirs and len(split_dirs) != len(top):

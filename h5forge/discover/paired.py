@@ -8,7 +8,7 @@ inside ``root``, hidden entries, special files and too-deep folders left out and
 Splits: when every image lies below a first-level folder named as a split (``images/train/...``,
 ``images/val/...``), that folder is the sample's split (the masks mirror it:
 ``masks/train/...``). One target column, ``mask`` (kind mask); every sample is of the class
-:data:`~h5forge.discover.listing.UNLABELLED`. An image without a mask is quarantined
+:data:`~h5forge.discover.source_samples.UNLABELLED`. An image without a mask is quarantined
 (``no mask for ...``); a mask without an image is counted (``mask-without-image``).
 """
 
@@ -19,14 +19,14 @@ from collections import Counter
 from pathlib import Path
 
 from h5forge.discover.folder import SPLIT_NAMES, Found, walk_images
-from h5forge.discover.listing import UNLABELLED, Listing
 from h5forge.discover.rows import check_path
+from h5forge.discover.source_samples import UNLABELLED, SourceSamples
 from h5forge.errors import EmptyDatasetError
 from h5forge.paths import is_within, resolve
 from h5forge.targets.schema import Column
 from h5forge.text import printable
 
-__all__ = ["IMAGES_FOLDER", "MASK_COLUMN", "paired_listing"]
+__all__ = ["IMAGES_FOLDER", "MASK_COLUMN", "paired_samples"]
 
 #: The folder below the root that holds the images.
 IMAGES_FOLDER = "images"
@@ -34,7 +34,7 @@ IMAGES_FOLDER = "images"
 MASK_COLUMN = Column("mask", "mask")
 
 
-def paired_listing(root: Path, masks: str) -> Listing:
+def paired_samples(root: Path, masks: str) -> SourceSamples:
     """The samples of ``root/images`` paired with their masks in ``root/<masks>``.
 
     Raises:
@@ -66,7 +66,7 @@ def paired_listing(root: Path, masks: str) -> Listing:
     if not images:
         raise EmptyDatasetError(f"{where}: '{printable(images_dir)}' holds no image file")
     split_mode = all(rel.partition("/")[0] in SPLIT_NAMES and "/" in rel for rel in images)
-    out = Listing([], (UNLABELLED,), (), skipped, schema=(MASK_COLUMN,))
+    out = SourceSamples([], (UNLABELLED,), (), skipped, schema=(MASK_COLUMN,))
     used: set[str] = set()
     for rel in images:
         stem = os.path.splitext(rel)[0]

@@ -8,7 +8,7 @@ pack will store before it runs (the columns worded by
 from __future__ import annotations
 
 from h5forge.discover.catalog import Catalog
-from h5forge.discover.listing import UNLABELLED
+from h5forge.discover.source_samples import UNLABELLED
 from h5forge.targets.words import count_classes, describe_columns
 
 __all__ = ["describe"]

@@ -1,8 +1,8 @@
-"""Checks of manifest rows: integer labels bounded, every path inside the folder, a regular file.
+"""Checks of listing rows: integer labels bounded, every path inside the folder, a regular file.
 
 :func:`check_label_range` bounds integer labels by the number of rows, so the classes made from
 them never depend on a label's value. :func:`check_path` and :func:`check_file` keep every
-listed path inside the manifest's folder, symbolic links included (their real target is
+listed path inside the listing's folder, symbolic links included (their real target is
 checked), and refuse anything that is not a regular file without opening it.
 """
 
@@ -12,35 +12,35 @@ import os
 import stat
 from pathlib import Path
 
-from h5forge.discover.manifest import LABEL_FLOOR, MAX_PATH_BYTES, ManifestRow, file_kind
+from h5forge.discover.listing import LABEL_FLOOR, MAX_PATH_BYTES, ListingRow, file_kind
 from h5forge.paths import MAX_LINKS, is_within, resolve
 from h5forge.text import printable
 
 __all__ = ["check_file", "check_label_range", "check_path"]
 
 
-def check_label_range(shown: str, rows: list[ManifestRow]) -> None:
+def check_label_range(shown: str, rows: list[ListingRow]) -> None:
     """Refuse an integer label at or above ``max(len(rows), LABEL_FLOOR)``.
 
     Integer labels name classes ``0..max``: bound ``max`` by what the rows can justify.
 
     ``max + 1`` class names are made, so a label of 2**40 would allocate for 2**40 names. A
-    manifest of R rows uses at most R classes; up to :data:`LABEL_FLOOR` is allowed whatever
-    the row count, so a small manifest can keep the indices of a 1,000-class dataset.
+    listing of R rows uses at most R classes; up to :data:`LABEL_FLOOR` is allowed whatever
+    the row count, so a small listing can keep the indices of a 1,000-class dataset.
     """
     bound = max(len(rows), LABEL_FLOOR)
     for line, _, label, *_ in rows:
         if isinstance(label, int) and label >= bound:
             raise ValueError(
-                f"{shown}:{line}: label {printable(label, limit=40)} is out of range: a manifest "
+                f"{shown}:{line}: label {printable(label, limit=40)} is out of range: a listing "
                 f"of {len(rows):,} rows may use integer labels 0..{bound - 1:,} (at most one "
-                f"class per row, or {LABEL_FLOOR:,} for a small manifest); number the classes "
+                f"class per row, or {LABEL_FLOOR:,} for a small listing); number the classes "
                 "from 0, or give class names instead of numbers"
             )
 
 
-def check_path(where: str, rel: str, *, folder: str = "the manifest's folder") -> str:
-    """Return the normalised POSIX form of a manifest path (``folder``: what it is relative to,
+def check_path(where: str, rel: str, *, folder: str = "the listing's folder") -> str:
+    """Return the normalised POSIX form of a listing path (``folder``: what it is relative to,
     in words, for the messages).
 
     Raises:
@@ -73,16 +73,16 @@ def check_file(
     folder_real: str,
     folders: dict[str, str],
     *,
-    folder: str = "the manifest's folder",
+    folder: str = "the listing's folder",
 ) -> None:
     """Check that ``full`` is a regular file whose real path (links resolved) is in the folder.
 
     Args:
         where: ``FILE:LINE``, the start of every message.
-        rel: the path as the manifest wrote it (shown, escaped, in messages).
+        rel: the path as the listing wrote it (shown, escaped, in messages).
         norm: its normalised form (from :func:`check_path`); ``full`` is the folder / ``norm``.
         full: the path to check.
-        folder_real: the manifest folder's real path.
+        folder_real: the listing folder's real path.
         folders: a cache of the real path of each parent folder seen, shared across rows, so
             a plain file costs one ``lstat``.
         folder: the folder in words, for the messages.
@@ -114,7 +114,7 @@ def check_file(
         raise ValueError(
             f"{where}: path '{printable(rel)}' is a symbolic link (or passes through one) to "
             f"'{printable(real)}', outside {folder} '{printable(folder_real)}'; "
-            "copy the file in, or put the manifest in a folder that holds both"
+            "copy the file in, or put the listing in a folder that holds both"
         )
     try:
         st = st or os.stat(real)  # stat, never open: opening a FIFO would block

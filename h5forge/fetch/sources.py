@@ -41,7 +41,7 @@ class FetchResult:
     """Where a fetched dataset lies.
 
     Attributes:
-        root: local directory holding the dataset (ImageFolder root or manifest dir).
+        root: local directory holding the dataset (ImageFolder root or sample listing dir).
         source_url: the URL fetched, redacted (no userinfo, no signature tokens).
         sha256: of the archive when the source is one file; ``""`` for a directory.
         cached: the archive came from the content-addressed cache, nothing was downloaded.

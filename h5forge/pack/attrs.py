@@ -38,7 +38,7 @@ def root_attrs(
     Args:
         config_json, compression: of the file's :class:`~h5forge.pack.config.PackConfig`
             (:meth:`~PackConfig.to_json`, :attr:`~PackConfig.compression_attr`); a merge
-            gives its shards' own. ``config_sha256`` is the sha256 of ``config_json``
+            gives its parts' own. ``config_sha256`` is the sha256 of ``config_json``
             (:meth:`~PackConfig.sha256`).
         num_samples, num_quarantined: placeholders while packing (fixed up in place at the end).
         lineage: the optional lineage attributes (see :func:`check_lineage`); none by default.

@@ -65,7 +65,7 @@ def check_every_class(present: Collection[int], classes: Sequence[str], where: s
     Args:
         present: the labels of the packed samples.
         classes: every class name, by label.
-        where: names the input in the message (a folder, or "the 8 shards").
+        where: names the input in the message (a folder, or "the 8 parts").
     """
     for label, name in enumerate(classes):
         if label not in present:

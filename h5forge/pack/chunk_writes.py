@@ -13,7 +13,7 @@ the chunks of consecutive samples and writes each stretch of up to 1 MiB with on
 
 from __future__ import annotations
 
-from h5forge.scale.kernel_copy import pwrite_all
+from h5forge.asset.range_copy import pwrite_all
 
 __all__ = ["ChunkWriter"]
 

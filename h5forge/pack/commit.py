@@ -1,6 +1,6 @@
 """The local commit protocol of a new h5forge file: stage, verify, seal, fsync, rename.
 
-A pack (:func:`h5forge.pack.writer.pack`) and a merge (:func:`h5forge.scale.merge.merge_shards`)
+A pack (:func:`h5forge.pack.writer.pack`) and a merge (:func:`h5forge.scale.merge.merge_parts`)
 both write ``OUT.partial`` and commit it the same way, here:
 
 1. :func:`check_output` refuses a bad output name, or an existing ``OUT`` without
@@ -115,7 +115,7 @@ class Staged:
         """Digest the metadata, verify, seal (attribute last), fsync, rename to ``out_path``.
 
         ``check_digests=False`` verifies structure only, for writers that already checked every
-        sample's digest from the bytes they wrote (the shard merge).
+        sample's digest from the bytes they wrote (the part merge).
         """
         from h5forge.verify.checks import verify_unsealed
 

@@ -2,11 +2,11 @@
 
 The image policy (:class:`~h5forge.preprocess.images.ImageConfig`), the HDF5 codec and its
 level, and the per-chunk checksum travel together from the build form
-(:meth:`h5forge.flows.config.BuildConfig.pack_config`) or the command line to the writer, the shard
+(:meth:`h5forge.flows.config.BuildConfig.pack_config`) or the command line to the writer, the part
 packer and the merge. The value validates itself when it is made (the rules and messages of
 :mod:`h5forge.options`), serialises itself (:meth:`PackConfig.to_json`, the ``config_json``
 root attribute of every file), reads itself back (:meth:`PackConfig.from_json`), hashes itself
-(:meth:`PackConfig.sha256`, the ``config_sha256`` attribute and a shard manifest's
+(:meth:`PackConfig.sha256`, the ``config_sha256`` attribute and a part sidecar's
 ``config_sha256``), and gives the ``create_dataset`` filter options of ``/images``
 (:meth:`PackConfig.filter_kwargs`).
 """
@@ -115,7 +115,7 @@ class PackConfig:
             raise ValueError(f"config_json {text[:200]!r} is not a pack configuration: {e}") from e
 
     def sha256(self) -> str:
-        """sha256 hex of :meth:`to_json`: the ``config_sha256`` attribute and shard manifests'."""
+        """sha256 hex of :meth:`to_json`: the ``config_sha256`` attribute and part sidecars'."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
     def filter_kwargs(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 :class:`Previous` is what was read and checked of it: its identity and per-row index. Its filtered
 chunks are read through HDF5 (which decompresses them; the sink compresses them as a full
 build would) and checked in hand against its ``/digests``; unfiltered bytes never pass through
-Python (:mod:`h5forge.pack.copied`).
+Python (:mod:`h5forge.asset.stored_copy`).
 """
 
 from __future__ import annotations

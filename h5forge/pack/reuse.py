@@ -11,7 +11,7 @@ new catalog, so the file is the one a full rebuild writes, sample for sample.
 
 The previous file is untrusted; each reused sample's sha256 is compared once with the previous
 ``/digests``. Unfiltered bytes (array chunks, blob) go file to file in runs
-(:class:`~h5forge.pack.copied.StoredRun`), checked from the new file; a mismatch makes the
+(:class:`~h5forge.asset.stored_copy.StoredRun`), checked from the new file; a mismatch makes the
 writer pack again, preprocessing it. Filtered chunks are read through HDF5 and checked in hand
 (:class:`~h5forge.pack.previous.Previous`); a mismatch is preprocessed from source. Both are
 counted in ``PackResult.reuse_mismatched``. A previous file that fails its checks is not used
@@ -31,11 +31,11 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.index import check_index, load_index
 from h5forge.asset.open import H5_DAMAGE, open_h5
+from h5forge.asset.stored_copy import StoredRun
 from h5forge.discover.catalog import Catalog
 from h5forge.errors import H5ForgeError
 from h5forge.location import Location
 from h5forge.pack.config import PackConfig
-from h5forge.pack.copied import StoredRun
 from h5forge.pack.previous import Previous, file_identity
 from h5forge.pack.targets import stored_schema
 from h5forge.preprocess.images import Processed, Quarantined, process_file

@@ -4,7 +4,7 @@ Array storage (decoded pixels of one size) writes each sample as one chunk of ``
 it arrives; unfiltered chunks are allocated when ``/images`` is created, so the chunks of
 consecutive samples are written together, in large writes (:mod:`h5forge.pack.chunk_writes`),
 and the runs of chunks an incremental pack reuses are copied into them file to file
-(:mod:`h5forge.pack.copied`).
+(:mod:`h5forge.asset.stored_copy`).
 Blob storage (encoded bytes, or ``resize='none'``) spools the bytes of the samples it
 preprocesses, since ``/images`` can only be created once the packed count and sizes are known,
 and copies them behind the head at the end, in the kernel (``copy_file_range``). The runs an
@@ -25,18 +25,27 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.chunks import chunk_ranges
 from h5forge.asset.placement import early_allocation
+from h5forge.asset.range_copy import RangeCopy
+from h5forge.asset.stored_copy import StoredCopy, StoredRun
 from h5forge.discover.catalog import Catalog
 from h5forge.errors import IntegrityError
 from h5forge.output_lock import OutputLock
 from h5forge.pack.bar import PackProgress
 from h5forge.pack.chunk_writes import ChunkWriter
 from h5forge.pack.config import PackConfig
-from h5forge.pack.copied import CopiedCheck, CopiedMismatch, StoredRun
 from h5forge.pack.targets import PackTargets
 from h5forge.preprocess.images import Processed, Quarantined
-from h5forge.scale.kernel_copy import RangeCopy
 
-__all__ = ["Sink"]
+__all__ = ["CopiedMismatch", "Sink"]
+
+
+class CopiedMismatch(IntegrityError):
+    """Copied samples whose bytes in the new file do not match the previous ``/digests``; the
+    writer packs again, preprocessing them (:attr:`paths`, their relative paths)."""
+
+    def __init__(self, message: str, paths: frozenset[str]) -> None:
+        super().__init__(message, sorted(paths)[:100])
+        self.paths = paths
 
 
 class Sink:
@@ -63,7 +72,7 @@ class Sink:
         self.images: h5py.Dataset | None = None
         self._spool = None
         self._direct = not self.filters
-        self._copies: CopiedCheck | None = None
+        self._copies: StoredCopy | None = None
         self._dst: np.ndarray | None = None  # file offset of every chunk, allocated at creation
         self._writer: ChunkWriter | None = None  # consecutive chunks, written together
         self._copied: list[bool] = []  # per row: taken from the previous version
@@ -106,7 +115,7 @@ class Sink:
         assert self._direct, "unfiltered storage"
         if self.storage == "array":
             self._chunks()
-        self._copies = CopiedCheck(path)
+        self._copies = StoredCopy(path)
 
     def images_kwargs(self, total: int) -> dict[str, Any]:
         """``create_dataset`` arguments of ``/images`` (blob: after every sample was added)."""
@@ -170,8 +179,9 @@ class Sink:
             if (sizes != int(np.prod(self._shape))).any():  # check_index refuses such a file
                 raise AssertionError(f"reused rows {j}..{j + k - 1}: a chunk of another size")
             dst, fd = self._dst[j : j + k], self.images.file.id.get_vfd_handle()
-            self._copies.copy(run, fd, dst)
-            self._copies.check(range(j, j + k), dst, sizes, run.digests, writeback=fd)
+            self._copies.copy_rows(
+                range(j, j + k), run.fd, run.src, sizes, run.digests, fd, dst, writeback=True
+            )
         else:  # copied in finish(): the previous file's descriptor closes before that
             if run.fd not in self._held:
                 self._held[run.fd] = os.dup(run.fd)
@@ -196,7 +206,7 @@ class Sink:
         ranges = byte_ranges[rest].astype(np.int64)
         wants = np.frombuffer(b"".join(self.digests[j] for j in rest), np.uint8)
         self._copies.check(rest, ranges[:, 0], ranges[:, 1], wants.reshape(-1, fmt.DIGEST_SIZE))
-        failed = self._copies.wait()
+        failed = [m.row for m in self._copies.wait()]
         fresh = [f"sample {j} ({paths[j]})" for j in failed if not self._copied[j]]
         if fresh:
             raise IntegrityError(
@@ -283,5 +293,6 @@ class Sink:
                 else:
                     run, at = step[1], base + step[2]
                     assert self._copies is not None, "runs come with copy_into()"
-                    self._copies.copy(run, out, at + np.cumsum(run.sizes) - run.sizes)
+                    dst = at + np.cumsum(run.sizes) - run.sizes
+                    self._copies.copy(run.fd, out, run.src, dst, run.sizes)
         return np.stack([offsets[:-1] + np.uint64(base), np.diff(offsets)], axis=1), offsets

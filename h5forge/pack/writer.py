@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +29,40 @@ from h5forge.pack.bar import PackProgress
 from h5forge.pack.checks import check_pack, check_quarantine
 from h5forge.pack.commit import Staged, staged
 from h5forge.pack.config import PackConfig
-from h5forge.pack.copied import CopiedMismatch
-from h5forge.pack.result import PackResult
 from h5forge.pack.reuse import Reuse, SampleSource
-from h5forge.pack.sink import Sink
+from h5forge.pack.sink import CopiedMismatch, Sink
 from h5forge.pack.targets import PackTargets
 from h5forge.targets.schema import parse_columns
 
 __all__ = ["PackResult", "pack", "pack_slice"]
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What :func:`pack` wrote.
+
+    Attributes:
+        path: the sealed file.
+        counts: ``split -> class name -> number of samples`` ('' is the split of unsplit data).
+        quarantined: ``(relative path, reason)`` of every input that was not packed.
+        seconds: wall time of the whole pack, verification included.
+        reused, reuse_mismatched: samples taken from ``reuse``; those failing their digest.
+        target_stats: per target column, its counts (:mod:`h5forge.targets.stats`).
+    """
+
+    path: str
+    num_samples: int
+    num_quarantined: int
+    num_classes: int
+    classes: tuple[str, ...]
+    quarantined: tuple[tuple[str, str], ...]
+    bytes: int
+    seconds: float
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    reused: int = 0
+    reuse_mismatched: int = 0
+    target_stats: dict[str, dict[str, object]] = field(default_factory=dict)
+
 
 _HOW = "(CLI: --overwrite) "
 log = logging.getLogger(__name__)
@@ -49,7 +75,7 @@ def pack(
     config: PackConfig | None = None,
     workers: int | None = None,
     max_bad_fraction: float = 0.01,
-    manifest: str | os.PathLike[str] | None = None,
+    listing: str | os.PathLike[str] | None = None,
     coco: str | os.PathLike[str] | None = None,
     masks: str | None = None,
     coco_masks: bool = False,
@@ -62,19 +88,19 @@ def pack(
     overwrite: bool = False,
     reuse: Reuse | None = None,
 ) -> PackResult:
-    """Pack an image folder, manifest or :class:`Catalog` into a sealed h5forge file.
+    """Pack an image folder, sample listing or :class:`Catalog` into a sealed h5forge file.
 
     Args:
-        src: dataset root (ImageFolder layout, or the folder a ``manifest`` is relative to), or
+        src: dataset root (ImageFolder layout, or the folder a ``listing`` is relative to), or
             a catalog from :func:`h5forge.discover.catalog.discover`.
         out: path of the ``.h5`` file to write (local).
         config: image policy, codec and checksums; default :class:`PackConfig()`: decoded RGB
             224x224, uncompressed.
         workers: preprocessing processes; default: CPU count.
         max_bad_fraction: fail when more than this fraction of inputs is quarantined.
-        manifest, coco, masks, columns: the source layout when ``src`` is a folder: a CSV/JSONL
+        listing, coco, masks, columns: the source layout when ``src`` is a folder: a CSV/JSONL
             listing, a COCO instances JSON, or the masks folder beside ``images/``; and a
-            manifest's target columns (``{name: kind}``, or the ``NAME=KIND,...`` text of
+            listing's target columns (``{name: kind}``, or the ``NAME=KIND,...`` text of
             :func:`h5forge.targets.schema.parse_columns`); see
             :func:`h5forge.discover.catalog.discover`.
         source_url, source_sha256, lineage: root attributes (redact the URL; lineage: optional).
@@ -101,7 +127,7 @@ def pack(
         src
         if isinstance(src, Catalog)
         else discover(
-            src, manifest=manifest, coco=coco, masks=masks, columns=spec, coco_masks=coco_masks
+            src, listing=listing, coco=coco, masks=masks, columns=spec, coco_masks=coco_masks
         )
     )
     damaged: frozenset[str] = frozenset()  # copied, then found not to match: packed anew
@@ -134,7 +160,7 @@ def pack(
 def pack_slice(
     catalog: Catalog, out: str | os.PathLike[str], *, config: PackConfig, workers: int | None
 ) -> PackResult:
-    """Pack a slice of a catalog (a shard) into ``out``, replacing it.
+    """Pack a slice of a catalog (a part) into ``out``, replacing it.
 
     Unlike :func:`pack`, a class may have no sample in the slice, and any number of inputs
     may be quarantined: the merge applies ``max_bad_fraction`` to the whole dataset.

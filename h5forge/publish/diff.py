@@ -93,7 +93,7 @@ def resolve_pair(
     Raises:
         ValueError: not two or three references, or a version is not of that form.
         FileNotFoundError: no such file, asset or version.
-        IntegrityError: a version's manifest contradicts its key.
+        IntegrityError: a version's sidecar contradicts its key.
     """
     if len(refs) == 2:
         a, b = refs

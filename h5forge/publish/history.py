@@ -1,7 +1,7 @@
-"""The versions an asset holds under ``BASE/v/``, read from their manifests, and retention.
+"""The versions an asset holds under ``BASE/v/``, read from their sidecars, and retention.
 
 A listing of a bucket is untrusted input: an entry counts as a version of the asset only when
-its folder is named by 16 hex digits and holds ``NAME.h5.manifest.json``, an h5forge manifest
+its folder is named by 16 hex digits and holds ``NAME.h5.manifest.json``, an h5forge sidecar
 whose sha256 starts with that name (what :func:`h5forge.publish.release.publish_version`
 writes). Anything else is skipped and counted, never trusted and never deleted.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from h5forge.location import Location
-from h5forge.publish.manifest import MANIFEST_SUFFIX, load_manifest
+from h5forge.publish.sidecar import SIDECAR_SUFFIX, load_sidecar
 from h5forge.publish.versions import KEY_HEX, asset_base, read_pointer, version_url
 from h5forge.redact import redact_url
 
@@ -43,17 +43,17 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class VersionInfo:
-    """One version of an asset, as its manifest describes it.
+    """One version of an asset, as its sidecar describes it.
 
     Attributes:
         sha256: the file's full sha256 (hex).
         version: its key, the first 16 hex digits of ``sha256``.
         url: the version's file (redacted).
         bytes: the file's size.
-        created_at: when its manifest was written (ISO 8601, UTC).
+        created_at: when its sidecar was written (ISO 8601, UTC).
         parent: the sha256 of the version that was latest when it was published, "" for none.
         latest: the asset's pointer names this version.
-        num_samples: samples in the file, when the manifest records them.
+        num_samples: samples in the file, when the sidecar records them.
     """
 
     sha256: str
@@ -77,7 +77,7 @@ class VersionScan:
 def scan_versions(
     url: str | Location, *, storage_options: dict[str, Any] | None = None
 ) -> VersionScan:
-    """Read the manifest of every version under ``BASE/v/``; see :func:`list_versions`."""
+    """Read the sidecar of every version under ``BASE/v/``; see :func:`list_versions`."""
     asset = Location.of(url, storage_options)
     base = asset_base(asset.url)
     name = posixpath.basename(base)
@@ -101,8 +101,8 @@ def scan_versions(
         info = None
         if _KEY.match(key) and entry.get("type") == "directory" and not entry.get("islink"):
             # The folder's path is recomputed from the key, never taken from the listing.
-            sidecar = versions.join(key, f"{name}.h5").sidecar
-            info = _read_version(sidecar, base, key, pointer.sha256 if pointer else "")
+            where = versions.join(key, f"{name}.h5").sidecar
+            info = _read_version(where, base, key, pointer.sha256 if pointer else "")
         if info is None:
             skipped += 1
             log.warning("%s/v: skipped %r, not a version h5forge wrote", redact_url(base), key)
@@ -112,28 +112,28 @@ def scan_versions(
 
 
 def _read_version(
-    sidecar: Location, base: str, key: str, latest: str
+    where: Location, base: str, key: str, latest: str
 ) -> tuple[dt.datetime, VersionInfo] | None:
-    """The version whose manifest is ``sidecar``, or None when it is not one of ours."""
+    """The version whose sidecar is at ``where``, or None when it is not one of ours."""
     try:
-        manifest = load_manifest(sidecar)
+        sidecar = load_sidecar(where)
     except (ValueError, NotADirectoryError, IsADirectoryError):
         return None
-    if manifest is None or not manifest["sha256"].startswith(key):
+    if sidecar is None or not sidecar["sha256"].startswith(key):
         return None
-    created = _when(manifest.get("created_at"))
+    created = _when(sidecar.get("created_at"))
     if created is None:
         return None
-    # When publish_version published it (microseconds), else the manifest's time (seconds).
-    order = _when(manifest.get("published_at")) or created
-    parent = manifest.get("parent", "")
-    samples = manifest.get("num_samples")
-    sha = manifest["sha256"]
+    # When publish_version published it (microseconds), else the sidecar's time (seconds).
+    order = _when(sidecar.get("published_at")) or created
+    parent = sidecar.get("parent", "")
+    samples = sidecar.get("num_samples")
+    sha = sidecar["sha256"]
     return order, VersionInfo(
         sha256=sha,
         version=key,
         url=redact_url(version_url(base, sha)),
-        bytes=manifest["bytes"],
+        bytes=sidecar["bytes"],
         created_at=created.isoformat(),
         parent=parent if isinstance(parent, str) and _SHA256.match(parent) else "",
         latest=sha == latest,
@@ -172,7 +172,7 @@ def list_versions(
     """The versions of the asset at ``url`` (``BASE`` or ``BASE.h5``), oldest first.
 
     Entries under ``BASE/v/`` that are not versions h5forge wrote (a folder not named by 16
-    hex digits, no manifest, a manifest of another format or whose sha256 does not start with
+    hex digits, no sidecar, a sidecar of another format or whose sha256 does not start with
     the folder's name) are skipped; :func:`scan_versions` counts them.
 
     Raises:
@@ -215,8 +215,8 @@ def apply_retention(
     """Remove all but the newest ``keep_versions`` versions of the asset at ``url``.
 
     Never removes the version the pointer names, one younger than ``min_age_s`` seconds, or
-    anything :func:`list_versions` does not recognise. Each version goes manifest first, then
-    its preview and its sources map, then its file, so no reader pairs a manifest with a missing
+    anything :func:`list_versions` does not recognise. Each version goes sidecar first, then
+    its preview and its sources map, then its file, so no reader pairs a sidecar with a missing
     file.
 
     Args:
@@ -249,7 +249,7 @@ def apply_retention(
             continue
         folder = f"{vpath}/{v.version}"
         file = f"{folder}/{name}.h5"
-        for path in (file + MANIFEST_SUFFIX, file + PREVIEW_SUFFIX, file + SOURCES_SUFFIX, file):
+        for path in (file + SIDECAR_SUFFIX, file + PREVIEW_SUFFIX, file + SOURCES_SUFFIX, file):
             # A preview and a sources map are optional; a file already gone is what we wanted.
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(path)

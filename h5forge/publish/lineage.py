@@ -2,12 +2,12 @@
 
 Before fetching, :func:`build_basis` takes the source's fingerprint
 (:func:`h5forge.fetch.fingerprint.source_fingerprint`) and reads the asset's latest version's
-manifest. When both the fingerprint digest and the pack configuration's sha256 equal what that
-manifest records (``source_fingerprint``, ``config_sha256``), the build has nothing to do.
+sidecar. When both the fingerprint digest and the pack configuration's sha256 equal what that
+sidecar records (``source_fingerprint``, ``config_sha256``), the build has nothing to do.
 Otherwise the new version records them, its ``parent``, the ``changes`` of the source since
 the parent (from the parent's ``NAME.h5.sources.json``, the per-file map) and the flow run.
 
-The pointer, the manifest and the sources map are untrusted input: the version they name is
+The pointer, the sidecar and the sources map are untrusted input: the version they name is
 recomputed from the asset's base (:func:`h5forge.publish.versions.read_pointer`), and the map
 is size-bounded and type-checked.
 """
@@ -24,7 +24,7 @@ from h5forge.asset import format as fmt
 from h5forge.fetch.fingerprint import SourceFingerprint, source_fingerprint
 from h5forge.location import MAX_LINEAGE_BYTES, Location
 from h5forge.pack.reuse import Reuse, unchanged_paths
-from h5forge.publish.manifest import load_manifest
+from h5forge.publish.sidecar import load_sidecar
 from h5forge.publish.versions import read_pointer
 
 __all__ = [
@@ -53,7 +53,7 @@ class Basis:
         config_sha256: :meth:`h5forge.pack.config.PackConfig.sha256` of this build.
         latest_url: the latest version's file URL ("" when the asset has no version).
         latest_sha256: its sha256 ("" when none).
-        latest: its manifest ({} when none).
+        latest: its sidecar ({} when none).
     """
 
     fingerprint: SourceFingerprint | None
@@ -72,8 +72,8 @@ class Basis:
             and self.latest.get("config_sha256") == self.config_sha256
         )
 
-    def manifest_fields(self, lineage: Mapping[str, str]) -> dict[str, Any]:
-        """The new version's manifest fields: what the next build compares, and ``lineage``
+    def sidecar_fields(self, lineage: Mapping[str, str]) -> dict[str, Any]:
+        """The new version's sidecar fields: what the next build compares, and ``lineage``
         (from :meth:`lineage`) with its ``changes`` as an object."""
         fields: dict[str, Any] = {
             "source_fingerprint": lineage[fmt.A_SOURCE_FINGERPRINT],
@@ -116,8 +116,8 @@ def build_basis(
     """Fingerprint ``source`` and read the latest version of ``asset`` (``BASE`` or ``BASE.h5``).
 
     Raises:
-        ValueError: the pointer or the latest version's manifest is not h5forge's, or the
-            manifest's sha256 is not the one the pointer names.
+        ValueError: the pointer or the latest version's sidecar is not h5forge's, or the
+            sidecar's sha256 is not the one the pointer names.
         FileNotFoundError: nothing exists at ``source``.
     """
     fingerprint = source_fingerprint(source, sha256=sha256, storage_options=storage_options)
@@ -125,11 +125,11 @@ def build_basis(
     latest: dict[str, Any] = {}
     if pointer is not None:
         target = Location.of(pointer.url, storage_options).sidecar
-        latest = load_manifest(target) or {}
+        latest = load_sidecar(target) or {}
         if latest and latest["sha256"] != pointer.sha256:
             raise ValueError(
                 f"{target} records sha256 {latest['sha256']}, but the pointer "
-                f"names {pointer.sha256}: not the version's own manifest; publish again"
+                f"names {pointer.sha256}: not the version's own sidecar; publish again"
             )
     return Basis(
         fingerprint=fingerprint,

@@ -92,7 +92,7 @@ def write_preview(
 
 
 def preview_url(dest: str) -> str:
-    """The preview PNG's URL: the destination plus ``.preview.png``, beside the manifest."""
+    """The preview PNG's URL: the destination plus ``.preview.png``, beside the sidecar."""
     return dest + PREVIEW_SUFFIX
 
 
@@ -118,7 +118,7 @@ def publish_preview(
         The preview's URL, redacted.
 
     Raises:
-        PreviewPublishError: the upload failed; the message says the asset and its manifest
+        PreviewPublishError: the upload failed; the message says the asset and its sidecar
             were published (the cause is ``__cause__``).
     """
     url = preview_url(dest)
@@ -129,10 +129,10 @@ def publish_preview(
         with contextlib.suppress(OSError):
             where.fs.rm_file(where.path)
         raise PreviewPublishError(
-            f"{redact_url(published.url)} and its manifest were published; only the preview "
+            f"{redact_url(published.url)} and its sidecar were published; only the preview "
             f"{redact_url(url)} could not be written: {describe_os_error(e)}",
             url=redact_url(published.url),
-            manifest_url=redact_url(published.manifest_url),
+            sidecar_url=redact_url(published.sidecar_url),
             preview_url=redact_url(url),
         ) from e
     return redact_url(url)

@@ -6,7 +6,7 @@
 :func:`h5forge.publish.history.apply_retention`. A reader that resolved the pointer before the
 publish keeps reading its version; nothing it reads is rewritten.
 
-An asset published by the flat layout (``s3://b/NAME.h5`` and its manifest) is left alone: its
+An asset published by the flat layout (``s3://b/NAME.h5`` and its sidecar) is left alone: its
 versions go to ``s3://b/NAME/v/...`` and the pointer to ``s3://b/NAME.latest.json`` beside it.
 """
 
@@ -24,7 +24,7 @@ from h5forge.errors import BusyError
 from h5forge.location import Location
 from h5forge.locks import folder_lock
 from h5forge.publish.history import apply_retention, check_retention
-from h5forge.publish.manifest import manifest_url
+from h5forge.publish.sidecar import sidecar_url
 from h5forge.publish.storage import publish
 from h5forge.publish.versions import (
     KEY_HEX,
@@ -47,7 +47,7 @@ class VersionResult:
 
     Attributes:
         url: the version's file, ``BASE/v/<version>/NAME.h5``.
-        manifest_url: its manifest.
+        sidecar_url: its sidecar.
         pointer_url: the asset's pointer, ``BASE.latest.json``.
         sha256: the file's full sha256 (hex), verified at the destination.
         version: the version's key, the first 16 hex digits of ``sha256``.
@@ -58,7 +58,7 @@ class VersionResult:
     """
 
     url: str
-    manifest_url: str
+    sidecar_url: str
     pointer_url: str
     sha256: str
     version: str
@@ -78,21 +78,21 @@ def publish_version(
     min_age_s: float = 0.0,
     sha256: str | None = None,
     based_on: str | None = None,
-    sidecars: Callable[[str], None] | None = None,
+    beside: Callable[[str], None] | None = None,
 ) -> VersionResult:
     """Publish ``local_file`` as the latest version of the asset at ``url``.
 
     The version's key is derived from the file's sha256. When a version with this sha256 is
-    already published (its manifest says so), nothing of it is written and the pointer is
+    already published (its sidecar says so), nothing of it is written and the pointer is
     only moved to it if it names another version. Otherwise the file is published under its
-    key with its manifest (recording ``parent``, the previous latest's sha256), and the
+    key with its sidecar (recording ``parent``, the previous latest's sha256), and the
     pointer is written last. Retention then runs (also when unchanged).
 
     Args:
         local_file: the finished, sealed file.
         url: the asset, ``BASE`` or ``BASE.h5`` (local path, fsspec URL or ``Location``).
         storage_options: passed to fsspec with a URL string; never recorded.
-        extra: more manifest fields, as for :func:`h5forge.publish.storage.publish`;
+        extra: more sidecar fields, as for :func:`h5forge.publish.storage.publish`;
             ``parent`` and ``published_at`` are set here and may not be given.
         keep_versions: versions retention keeps (>= 1; the latest is always kept).
         min_age_s: versions younger than this are never removed (a reader may still be on one).
@@ -104,7 +104,7 @@ def publish_version(
             another build published meanwhile (on a local store the check and the publish are
             one step under the asset's lock; on an object store a race remains, which the
             deployment's concurrency limit closes).
-        sidecars: called with the version's file URL, before the file, unless that version is
+        beside: called with the version's file URL, before the file, unless that version is
             already published: writes what goes beside it (its preview, its sources map).
 
     Raises:
@@ -148,8 +148,8 @@ def publish_version(
             parent = pointer.parent
         else:
             parent = pointer.sha256
-        if sidecars is not None and _unpublished(asset.with_url(target)):
-            sidecars(target)
+        if beside is not None and _unpublished(asset.with_url(target)):
+            beside(target)
         published = publish(
             local,
             asset.with_url(target),
@@ -164,7 +164,7 @@ def publish_version(
         removed = apply_retention(asset, keep_versions=keep_versions, min_age_s=min_age_s)
     return VersionResult(
         url=published.url,
-        manifest_url=redact_url(manifest_url(target)),
+        sidecar_url=redact_url(sidecar_url(target)),
         pointer_url=redact_url(pointer_url(url)),
         sha256=sha,
         version=sha[:KEY_HEX],
@@ -189,7 +189,7 @@ def _asset_lock(asset: Location) -> Iterator[None]:
 
 
 def _unpublished(version: Location) -> bool:
-    """The version at ``version`` has no manifest yet (its sidecars may still be written)."""
+    """The version at ``version`` has no sidecar yet (what goes beside it may still be written)."""
     sidecar = version.sidecar
     sidecar.fs.invalidate_cache(sidecar.path)
     return not sidecar.fs.exists(sidecar.path)

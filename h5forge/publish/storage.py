@@ -1,15 +1,15 @@
-"""Publish a finished file to any fsspec URL, verified, with its manifest as the commit marker.
+"""Publish a finished file to any fsspec URL, verified, with its sidecar as the commit marker.
 
-A published asset is two objects: ``NAME.h5`` and ``NAME.h5.manifest.json``. The manifest
+A published asset is two objects: ``NAME.h5`` and ``NAME.h5.manifest.json``. The sidecar
 (sha256, size, counts, format version, creation time, redacted source) is written last, after
 the file has been read back from the destination and matched byte for byte, so a consumer that
-finds a manifest can trust the file next to it. When replacing, the old manifest is removed
-first, so no reader ever sees a manifest that disagrees with its file.
+finds a sidecar can trust the file next to it. When replacing, the old sidecar is removed
+first, so no reader ever sees a sidecar that disagrees with its file.
 
 How the bytes are written (temp name, rename) is :meth:`h5forge.location.Location.put`; here
 are the read-back and the cleanup of a killed publish's temp files (:func:`remove_stale_temps`
 removes only those whose lock it can take, and only regular files of this user with one link,
-never a symlink or what it points to); the manifest itself is :mod:`h5forge.publish.manifest`.
+never a symlink or what it points to); the sidecar itself is :mod:`h5forge.publish.sidecar`.
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ from h5forge.errors import ChecksumError
 from h5forge.files import NOFOLLOW, NONBLOCK
 from h5forge.location import SIDECAR_SUFFIX, TEMP_MARK, Location, fsync_dir, temp_copy
 from h5forge.locks import flock, folder_lock
-from h5forge.publish.manifest import (
+from h5forge.publish.sidecar import (
     COMPUTED_FIELDS,
-    MANIFEST_SUFFIX,
-    load_manifest,
-    manifest_bytes,
+    load_sidecar,
+    sidecar_bytes,
 )
 
 __all__ = ["PublishResult", "publish", "read_back", "remove_stale_temps"]
@@ -49,14 +48,14 @@ class PublishResult:
 
     Attributes:
         url: the published file.
-        manifest_url: its manifest sidecar.
+        sidecar_url: its sidecar.
         sha256: hex digest of the file, verified at the destination.
         bytes: size of the file.
         unchanged: the destination already held this exact asset; nothing was written.
     """
 
     url: str
-    manifest_url: str
+    sidecar_url: str
     sha256: str
     bytes: int
     unchanged: bool
@@ -71,14 +70,14 @@ def publish(
     extra: Mapping[str, Any] | None = None,
     sha256: str | None = None,
 ) -> PublishResult:
-    """Copy ``local_file`` to ``dest_url``, verify it there, then write its manifest.
+    """Copy ``local_file`` to ``dest_url``, verify it there, then write its sidecar.
 
     Local destinations get a temporary name in the same folder, fsync, a read-back of the
     temp file, then — under a lock on the folder, so concurrent publishers take turns — the old
-    manifest is removed, the file renamed into place and the new manifest written. Temp files
+    sidecar is removed, the file renamed into place and the new sidecar written. Temp files
     of a killed publish are removed by the next one. Other stores get a direct upload (the
-    manifest, not the object, is the commit marker), read back before the manifest is written.
-    Either way the bytes are checked — size and a streamed sha256 — before the manifest is
+    sidecar, not the object, is the commit marker), read back before the sidecar is written.
+    Either way the bytes are checked — size and a streamed sha256 — before the sidecar is
     written.
 
     Args:
@@ -86,7 +85,7 @@ def publish(
         dest_url: where to publish it (local path, fsspec URL or :class:`Location`).
         storage_options: passed to fsspec with a URL string; never recorded.
         overwrite: replace a destination that holds different content.
-        extra: more manifest fields: ``counts``, ``format_version``, ``source`` (a URL,
+        extra: more sidecar fields: ``counts``, ``format_version``, ``source`` (a URL,
             redacted before recording) and any JSON-serialisable metadata (strings redacted).
         sha256: the local file's sha256 when the caller has just computed it (it is not hashed
             again); the copy at the destination is checked against it either way.
@@ -116,25 +115,25 @@ def publish(
     else:
         sidecar = dest.sidecar
         if sidecar.fs.exists(sidecar.path):
-            # First: a reader must never pair the old manifest with a new file.
+            # First: a reader must never pair the old sidecar with a new file.
             sidecar.fs.rm_file(sidecar.path)
         dest.put(local=local)
         read_back(dest, asset.sha, asset.size)
-        sidecar.put(data=asset.manifest())  # last: the commit marker
+        sidecar.put(data=asset.sidecar())  # last: the commit marker
     log.info("published %s (%d bytes, sha256 %s)", dest, asset.size, asset.sha)
     return asset.result(dest, unchanged=False)
 
 
 @dataclass(frozen=True)
 class _Asset:
-    """What one publish writes: the file's digest and size, and its manifest's fields."""
+    """What one publish writes: the file's digest and size, and its sidecar's fields."""
 
     sha: str
     size: int
     fields: dict[str, Any]
 
-    def manifest(self) -> bytes:
-        return manifest_bytes(self.sha, self.size, dict(self.fields))
+    def sidecar(self) -> bytes:
+        return sidecar_bytes(self.sha, self.size, dict(self.fields))
 
     def result(self, dest: Location, *, unchanged: bool) -> PublishResult:
         return PublishResult(str(dest), str(dest.sidecar), self.sha, self.size, unchanged=unchanged)
@@ -143,14 +142,14 @@ class _Asset:
 def _settled(dest: Location, asset: _Asset, *, overwrite: bool) -> PublishResult | None:
     """What the destination already holds decides the publish, or None to go ahead.
 
-    Returns ``unchanged`` when this exact asset is published; commits (writes the manifest of)
+    Returns ``unchanged`` when this exact asset is published; commits (writes the sidecar of)
     a file left without one by an interrupted publish of these same bytes.
 
     Raises:
         FileExistsError: different content is there and ``overwrite`` is False.
     """
     fs, path = dest.fs, dest.path
-    old = load_manifest(dest.sidecar)
+    old = load_sidecar(dest.sidecar)
     fs.invalidate_cache(path)
     if not fs.exists(path):
         return None
@@ -160,10 +159,10 @@ def _settled(dest: Location, asset: _Asset, *, overwrite: bool) -> PublishResult
     if overwrite:
         return None
     if old is None and fs.size(path) == asset.size and dest.sha256() == asset.sha:
-        # Same bytes without a manifest: an interrupted publish. Just commit it.
-        dest.sidecar.put(data=asset.manifest())
+        # Same bytes without a sidecar: an interrupted publish. Just commit it.
+        dest.sidecar.put(data=asset.sidecar())
         return asset.result(dest, unchanged=False)
-    found = old["sha256"] if old else "unknown (no manifest)"
+    found = old["sha256"] if old else "unknown (no sidecar)"
     raise FileExistsError(
         f"{str(dest)!r} already exists with different content (sha256 {found}, "
         f"publishing {asset.sha}); pass overwrite=True to replace it"
@@ -175,7 +174,7 @@ def _publish_local(
 ) -> PublishResult | None:
     """Copy to a temp name and read it back, then swap it in under a folder lock.
 
-    The old manifest goes, the file is renamed into place and the new manifest is written in
+    The old sidecar goes, the file is renamed into place and the new sidecar is written in
     one short critical section, so the asset is unpublished only for a few system calls (not
     for the whole copy), and concurrent publishers of one destination take turns: each one
     re-checks what the other committed before replacing it.
@@ -192,24 +191,24 @@ def _publish_local(
             if settled is not None:
                 return settled
             if sidecar.fs.exists(sidecar.path):
-                os.remove(sidecar.path)  # first: never the old manifest beside the new file
+                os.remove(sidecar.path)  # first: never the old sidecar beside the new file
             # Unlock before the rename: HDF5 readers take a shared lock on the file they open
             # and would fail on ours. Stale-temp cleanup also runs under the folder lock, so
             # it cannot take the temp file in between.
             tmp.unlock()
             os.rename(tmp.path, path)
             fsync_dir(parent)
-            sidecar.put(data=asset.manifest())  # the commit marker
+            sidecar.put(data=asset.sidecar())  # the commit marker
     return None
 
 
 def _check_args(local: str, dest: Location, extra: Mapping[str, Any] | None) -> dict[str, Any]:
     if not os.path.isfile(local):
         raise FileNotFoundError(f"local_file {local!r} does not exist or is not a file")
-    if dest.url.endswith(MANIFEST_SUFFIX):
+    if dest.url.endswith(SIDECAR_SUFFIX):
         raise ValueError(
             f"dest_url={str(dest)!r} is not a file URL: pass the asset's URL "
-            f"(e.g. s3://bucket/data.h5), not empty or a *{MANIFEST_SUFFIX}"
+            f"(e.g. s3://bucket/data.h5), not empty or a *{SIDECAR_SUFFIX}"
         )
     fields = dict(extra or {})
     reserved = sorted(COMPUTED_FIELDS & fields.keys())
@@ -229,7 +228,7 @@ def _check_sha256(value: str) -> str:
 
 
 def remove_stale_temps(parent: str, name: str) -> None:
-    """Remove temp files of ``name`` (and of its manifest) left by a killed publish.
+    """Remove temp files of ``name`` (and of its sidecar) left by a killed publish.
 
     Call it under :func:`h5forge.locks.folder_lock`: a live publisher unlocks its temp file
     only under that lock, just before renaming it away.

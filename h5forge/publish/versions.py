@@ -113,7 +113,7 @@ def write_pointer(
 ) -> Pointer:
     """Make the version with this sha256 the asset's latest, in one step; written last.
 
-    The caller has published the version (file read back, manifest written) before calling.
+    The caller has published the version (file read back, sidecar written) before calling.
     """
     if not _SHA256.match(sha256) or (parent and not _SHA256.match(parent)):
         raise ValueError(f"sha256 {sha256!r} / parent {parent!r} must be 64 lower-case hex digits")

@@ -1,9 +1,9 @@
-"""Which assets a multi-asset dataset reads (a list of URLs, or a shard manifest), and the one
+"""Which assets a multi-asset dataset reads (a list of URLs, or an asset list), and the one
 class list they share (:func:`union_classes`).
 
 :class:`H5MultiDataset <h5forge.read.multi.H5MultiDataset>` takes either. A list names each
 asset as a URL, a ``(url, version)`` pair or a dict ``{"url": ..., "version": ..., "weight":
-...}``. A **shard manifest** is a small JSON file (read as untrusted input)::
+...}``. An **asset list** is a small JSON file (read as untrusted input)::
 
     {"format": "h5forge-shards", "version": 1,
      "assets": [{"url": "s3://bucket/flowers", "version": "latest", "weight": 2.0},
@@ -12,7 +12,7 @@ asset as a URL, a ``(url, version)`` pair or a dict ``{"url": ..., "version": ..
 ``url`` is required; ``version`` (``"latest"`` or a sha256 prefix, see
 :func:`h5forge.read.version.pin_version`) and ``weight`` (a finite number > 0, default 1; the
 asset's share in :class:`h5forge.read.mixing.MixingSampler`) are optional, other keys are
-refused. A relative ``url`` is relative to the manifest's folder. A manifest is at most
+refused. A relative ``url`` is relative to the asset list's folder. An asset list is at most
 :data:`h5forge.location.MAX_ASSET_LIST_BYTES` and names at most :data:`MAX_ASSETS` assets.
 """
 
@@ -22,6 +22,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -30,16 +31,17 @@ from h5forge.targets.schema import Column
 from h5forge.targets.words import describe_columns
 
 __all__ = [
-    "MANIFEST_FORMAT",
+    "ASSET_LIST_FORMAT",
     "MAX_ASSETS",
     "AssetSource",
     "check_same_targets",
     "parse_sources",
-    "read_asset_manifest",
+    "read_asset_list",
     "union_classes",
 ]
 
-MANIFEST_FORMAT = "h5forge-shards"
+# An on-disk name from before the asset list had its own word: kept, so old lists still read.
+ASSET_LIST_FORMAT = "h5forge-shards"
 MAX_ASSETS = 10_000
 _MAX_URL_CHARS = 4096
 _KEYS = frozenset({"url", "version", "weight"})
@@ -101,7 +103,7 @@ def parse_sources(sources: Sequence[object]) -> list[AssetSource]:
     """
     if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence):
         raise ValueError(
-            f"sources must be a list of assets or the URL of a shard manifest, not "
+            f"sources must be a list of assets or the URL of an asset list, not "
             f"{type(sources).__name__}"
         )
     if not 1 <= len(sources) <= MAX_ASSETS:
@@ -109,30 +111,37 @@ def parse_sources(sources: Sequence[object]) -> list[AssetSource]:
     return [_entry(item, f"sources[{k}]") for k, item in enumerate(sources)]
 
 
-def _relative_to(manifest: str, url: str) -> str:
-    if "://" in url or url.startswith("/") or "/" not in manifest:
+def _relative_to(listed_in: str, url: str) -> str:
+    if "://" in url or url.startswith("/") or "/" not in listed_in:
         return url
-    return manifest.rsplit("/", 1)[0] + "/" + url  # "memory://m.json" -> "memory://" + url
+    return listed_in.rsplit("/", 1)[0] + "/" + url  # "memory://m.json" -> "memory://" + url
 
 
-def read_asset_manifest(where: Location) -> list[AssetSource]:
-    """The assets a shard manifest names, checked (see the module for the format).
+def read_asset_list(
+    url: str | Location, *, storage_options: dict[str, Any] | None = None
+) -> list[AssetSource]:
+    """The assets an asset list names, checked (see the module for the format).
+
+    Args:
+        url: the asset list (local path, fsspec URL or :class:`~h5forge.location.Location`).
+        storage_options: passed to fsspec with a URL string.
 
     Raises:
-        FileNotFoundError: no manifest at ``where``.
-        ValueError: the manifest is over :data:`h5forge.location.MAX_ASSET_LIST_BYTES`, not
+        FileNotFoundError: no asset list at ``url``.
+        ValueError: the asset list is over :data:`h5forge.location.MAX_ASSET_LIST_BYTES`, not
             JSON, of another format or version, names no asset or more than
-            :data:`MAX_ASSETS`, or an entry is malformed; the message names the manifest (and
+            :data:`MAX_ASSETS`, or an entry is malformed; the message names the asset list (and
             the entry).
     """
+    where = Location.of(url, storage_options)
     shown = str(where)
     # One bounded read: never more than the limit is fetched, whatever the file's size.
     body = where.read_json(limit=MAX_ASSET_LIST_BYTES, what="asset list")
-    if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f'{shown} is not a shard manifest: it needs "format": "{MANIFEST_FORMAT}"')
+    if not isinstance(body, dict) or body.get("format") != ASSET_LIST_FORMAT:
+        raise ValueError(f'{shown} is not an asset list: it needs "format": "{ASSET_LIST_FORMAT}"')
     if body.get("version") != 1:
         raise ValueError(
-            f"{shown} has manifest version {body.get('version')!r:.40}; this h5forge reads "
+            f"{shown} has asset list version {body.get('version')!r:.40}; this h5forge reads "
             "version 1: upgrade h5forge"
         )
     assets = body.get("assets")

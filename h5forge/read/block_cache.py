@@ -6,7 +6,7 @@ read remotely, and with a :class:`BlockStore` the aligned read-ahead blocks of
 job) reads the blocks it fetched before from disk:
 
 - **Key**: the asset's identity (the same key as a whole-file entry: canonical URL, sha256 of
-  the manifest or pinned version, size, ETag), so a replaced asset never gets another's blocks.
+  the sidecar or pinned version, size, ETag), so a replaced asset never gets another's blocks.
   Blocks live in one folder per key carrying h5forge's marker (:mod:`h5forge.files`).
 - **Validated**: each block file is its bytes followed by their sha256, written when they came
   from the server; a block is used only when its length is the block's and its sha256 matches

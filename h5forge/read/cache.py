@@ -5,9 +5,9 @@ disk: the first process to need it downloads it, every later process (workers, e
 jobs on the machine) reads it with ``pread`` like a local file.
 
 - **Key**: the asset's identity, never its name alone: canonical URL, the sha256 of its
-  manifest (``NAME.h5.manifest.json``, written by publish) or of its pinned version, its size
+  sidecar (``NAME.h5.manifest.json``, written by publish) or of its pinned version, its size
   and ETag. A replaced asset has a new key, so a stale copy is never served.
-- **Validated**: a download is hashed as it arrives and kept only when it matches the manifest's
+- **Validated**: a download is hashed as it arrives and kept only when it matches the sidecar's
   sha256 and size; the entry records the copy's inode, size, mtime and ctime, and a later change
   (a flipped byte is a write: it moves mtime and ctime) makes the next open hash it again and,
   on a mismatch, fetch it again. The dataset's workers get the main process's check pickled and
@@ -38,7 +38,7 @@ from h5forge.errors import IntegrityError
 from h5forge.files import create_exclusive, is_ours, make_marked_dir, replace_file
 from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
 from h5forge.locks import lock_file
-from h5forge.publish.manifest import load_manifest
+from h5forge.publish.sidecar import load_sidecar
 from h5forge.read.block_cache import ENTRY_KIND, BlockStore, evict_cache
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned"]
@@ -120,17 +120,17 @@ class FileCache:
         local already or larger than the limit (then read it remotely, its blocks kept in
         :meth:`block_store`).
 
-        Costs three requests on a hit (the object's size and ETag; its manifest's HEAD and GET)
+        Costs three requests on a hit (the object's size and ETag; its sidecar's HEAD and GET)
         the first time; later calls on this object or its pickled copies (DataLoader workers)
         ask nothing: the copy validated is served while its inode, size, mtime and ctime are
         unchanged, hashed again if they changed (a mismatch or a missing copy asks the server).
 
         Args:
-            sha256: the asset's full sha256 when known (a pinned version); else the manifest's.
+            sha256: the asset's full sha256 when known (a pinned version); else the sidecar's.
 
         Raises:
-            IntegrityError: the download does not match the manifest (the message says how).
-            ValueError: no manifest and no ``sha256``: nothing to validate a copy against.
+            IntegrityError: the download does not match the sidecar (the message says how).
+            ValueError: no sidecar and no ``sha256``: nothing to validate a copy against.
             UnsafePathError: the entry's name in ``cache_dir`` is taken by something not ours.
         """
         if (key := (where.key, sha256)) in self.stores:
@@ -155,24 +155,24 @@ class FileCache:
         return self.stores.get((where.key, sha256))
 
     def _check(self, where: Location, sha256: str) -> Pinned | None:
-        """:meth:`local_copy` asking the server: the object's identity, its manifest."""
+        """:meth:`local_copy` asking the server: the object's identity, its sidecar."""
         fs, path, shown = where.fs, where.path, str(where)
         with ThreadPoolExecutor(1) as pool:  # the two requests overlap: one latency, not two
             head = pool.submit(fs.info, path)
-            manifest = load_manifest(where.sidecar)
+            sidecar = load_sidecar(where.sidecar)
             info = head.result()
         size = int(info["size"])
-        want = sha256 or (manifest["sha256"] if manifest else "")
+        want = sha256 or (sidecar["sha256"] if sidecar else "")
         if not want:
             raise ValueError(
-                f"cache_dir needs {shown}'s manifest ({shown}.manifest.json, written by "
+                f"cache_dir needs {shown}'s sidecar ({shown}.manifest.json, written by "
                 "publish) or a pinned version to validate a copy against; publish the asset "
                 "with h5forge, or leave cache_dir unset"
             )
-        if manifest is not None and manifest["bytes"] != size:
+        if sidecar is not None and sidecar["bytes"] != size:
             raise IntegrityError(
-                f"{shown} has {size} bytes, its manifest records {manifest['bytes']}; the "
-                "asset is being republished or its manifest is stale — retry once it is done"
+                f"{shown} has {size} bytes, its sidecar records {sidecar['bytes']}; the "
+                "asset is being republished or its sidecar is stale — retry once it is done"
             )
         tag = str(info.get("ETag") or info.get("etag") or info.get("mtime") or "")
         key = hashlib.sha256(f"{where.key}\n{want}\n{size}\n{tag}".encode()).hexdigest()
@@ -277,7 +277,7 @@ class FileCache:
             if got != size or h.hexdigest() != want:
                 raise IntegrityError(
                     f"{shown}: downloaded {got} bytes with sha256 {h.hexdigest()}; expected "
-                    f"{size} bytes with sha256 {want} (its manifest or version); the asset is "
+                    f"{size} bytes with sha256 {want} (its sidecar or version); the asset is "
                     "being replaced or damaged — retry, or run `h5forge verify` on it"
                 )
             os.replace(part, os.path.join(entry, _ASSET))

@@ -1,6 +1,7 @@
 """``H5ImageDataset``: a map-style PyTorch Dataset over an h5forge file, local or remote.
 
-Safe in DataLoader workers by construction: the object pickles as its URL and options only, and
+Safe in DataLoader workers by construction: the object pickles as its URL, storage options,
+version and :class:`~h5forge.read.options.ReadOptions` only, and
 every process opens its own handles lazily on first use (the pid is checked on each access, so a
 handle inherited through ``fork`` is never used). A batch is read at the offsets the file
 records: ``preadv`` locally, a few coalesced range requests remotely (``asset.coalesce``).
@@ -8,6 +9,7 @@ records: ``preadv`` locally, a few coalesced range requests remotely (``asset.co
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -21,8 +23,9 @@ from h5forge.asset.target_layout import file_schema
 from h5forge.location import Location
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import collate as _collate
-from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
+from h5forge.read.cache import DEFAULT_CACHE_LIMIT
 from h5forge.read.loader import BatchLoading
+from h5forge.read.options import ReadOptions, pick_options
 from h5forge.read.provenance import SampleSources
 from h5forge.read.samples import read_batch, read_images, read_with_targets
 from h5forge.read.stacked import plain
@@ -32,12 +35,6 @@ from h5forge.read.version import open_named
 from h5forge.targets.schema import Column
 
 __all__ = ["H5ImageDataset"]
-
-# What a DataLoader worker receives: where the file is and how to read it, never a handle.
-_PICKLED = (
-    "url", "version", "split", "target", "multilabel", "iscrowd", "transform",
-    "target_transform", "transforms", "storage_options", "verify_reads", "max_pixels", "cache",
-)  # fmt: skip
 
 
 class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
@@ -74,6 +71,9 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             file's ``/shapes`` are checked against it at open and never raise it.
         cache_dir: read a remote asset from a verified local copy kept in this folder, shared
             by workers, epochs and jobs (:mod:`h5forge.read.cache`); ``cache_limit``: its bytes.
+        options: all of the above but ``url``, ``version`` and ``storage_options`` as one
+            :class:`~h5forge.read.options.ReadOptions`, instead of those keywords (giving both
+            is refused).
 
     Opening checks the whole file before reading any sample (docs/FORMAT.md, "What readers
     refuse"): links, virtual datasets, external storage, declared sizes, labels, byte ranges.
@@ -84,11 +84,15 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         MissingExtraError: the file is compressed with a codec that needs ``hdf5plugin``.
         FileNotFoundError: no such file, pointer (``latest``) or version.
         ValueError: ``split`` is not in the file, ``target`` names no column of it (the message
-            lists its columns) or the file has none, or ``max_pixels`` or ``version`` is
-            invalid. All raised here, in the constructing process, before any worker starts.
+            lists its columns) or the file has none, ``max_pixels`` or ``version`` is
+            invalid, or ``options`` comes with other reading keywords. All raised here, in the
+            constructing process, before any worker starts.
 
     Attributes:
         url: the file read; version: its full sha256 ("" when opened by ``url`` alone).
+        options: the :class:`~h5forge.read.options.ReadOptions` it reads with.
+        transform, target_transform, transforms: its options' (as torchvision's datasets
+            have them); setting one replaces ``options`` with a value holding it.
 
     Where each sample came from: ``ds.source_path(i)`` (its path in the source, e.g.
     ``train/cat/001.jpg``), ``ds.sources`` (all of them), and ``ds.provenance`` (source URL
@@ -113,36 +117,68 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         max_pixels: int = DEFAULT_MAX_PIXELS,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int = DEFAULT_CACHE_LIMIT,
+        options: ReadOptions | None = None,
     ) -> None:
-        if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
-            raise ValueError(
-                f"max_pixels={max_pixels!r} must be an int >= 1 (default {DEFAULT_MAX_PIXELS})"
-            )
-        self.max_pixels = max_pixels
-        self.split = split
-        self.target = list(target) if isinstance(target, (list, tuple)) else target
-        self.multilabel = multilabel
-        self.iscrowd = iscrowd
-        self.transform = transform
-        self.target_transform = target_transform
-        self.transforms = transforms
+        given = ReadOptions(
+            split=split,
+            target=target,
+            multilabel=multilabel,
+            iscrowd=iscrowd,
+            transform=transform,
+            target_transform=target_transform,
+            transforms=transforms,
+            verify_reads=verify_reads,
+            max_pixels=max_pixels,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+        )
+        self.options = pick_options(options, given)
         where = Location.of(url, storage_options)
         self.storage_options = dict(where.options)
-        self.verify_reads = verify_reads
-        self.cache = None if cache_dir is None else FileCache(os.fspath(cache_dir), cache_limit)
         self._state: ProcessState | None = None
         self._orphans: list[ProcessState] = []
         self._indices: np.ndarray | None = None
         open_named(where, version, self._open_file)
+
+    # torchvision's convention: a dataset's transforms may be set after it is made (a split's
+    # own augmentation, say). Each is a view of ``options``; setting one makes a new value.
+    @property
+    def transform(self) -> Callable[[Any], Any] | None:
+        return self.options.transform
+
+    @transform.setter
+    def transform(self, fn: Callable[[Any], Any] | None) -> None:
+        self.options = dataclasses.replace(self.options, transform=fn)
+
+    @property
+    def target_transform(self) -> Callable[[Any], Any] | None:
+        return self.options.target_transform
+
+    @target_transform.setter
+    def target_transform(self, fn: Callable[[Any], Any] | None) -> None:
+        self.options = dataclasses.replace(self.options, target_transform=fn)
+
+    @property
+    def transforms(self) -> Callable[[Any, Any], tuple[Any, Any]] | None:
+        return self.options.transforms
+
+    @transforms.setter
+    def transforms(self, fn: Callable[[Any, Any], tuple[Any, Any]] | None) -> None:
+        self.options = dataclasses.replace(self.options, transforms=fn)
 
     def _open_file(self, url: str, version: str) -> None:
         self.url, self.version = url, version
         fmt.refuse_partial(url)
         self._open()
 
-    # --- pickling: URL and options only ------------------------------------------------------
+    # --- pickling: where the file is and how to read it, never a handle -----------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {k: self.__dict__[k] for k in _PICKLED}
+        return {
+            "url": self.url,
+            "version": self.version,
+            "storage_options": self.storage_options,
+            "options": self.options,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -159,29 +195,23 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             # Inherited through fork: never use or close the parent's handles here.
             self._orphans.append(st)
         st = self._state = open_state(
-            Location(self.url, self.storage_options),
-            self.verify_reads,
-            self.max_pixels,
-            self.cache,
-            self.version,
-            self.target,
-            self.multilabel,
-            self.iscrowd,
+            Location(self.url, self.storage_options), self.options, self.version
         )
         if self._indices is None:
             self._select(st.index)
         return st
 
     def _select(self, index: AssetIndex) -> None:
-        if self.split is None:
+        split = self.options.split
+        if split is None:
             self._indices = np.arange(index.header.num_samples)
         else:
-            if self.split not in index.split_names:
+            if split not in index.split_names:
                 raise ValueError(
-                    f"split {self.split!r} is not in {self.url}; it has "
+                    f"split {split!r} is not in {self.url}; it has "
                     f"{[s for s in index.split_names if s] or 'no splits'}"
                 )
-            code = index.split_names.index(self.split)
+            code = index.split_names.index(split)
             self._indices = np.flatnonzero(index.split_codes == code)
         self.classes = list(index.classes)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
@@ -239,27 +269,25 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             )
         return cast(list[int], self._indices[where].tolist())
 
-    def _transformed(self) -> bool:
-        return any(t is not None for t in (self.transform, self.target_transform, self.transforms))
-
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
         st = self._open()
         rows = self._rows(indices)
+        o = self.options
         if st.selection.columns or st.selection.as_dict:
-            images, targets = read_with_targets(st, rows, max_pixels=self.max_pixels)
+            images, targets = read_with_targets(st, rows, max_pixels=o.max_pixels)
         else:
-            images = read_images(st, rows, max_pixels=self.max_pixels)
+            images = read_images(st, rows, max_pixels=o.max_pixels)
             targets = st.index.labels[rows].tolist()
-        if not self._transformed():
+        if not o.transformed:
             return list(zip(images, targets, strict=True))
         out = []
         for image, target in zip(images, targets, strict=True):
-            if self.transform is not None:
-                image = self.transform(image)
-            if self.target_transform is not None:
-                target = self.target_transform(target)
-            if self.transforms is not None:
-                image, target = self.transforms(image, target)
+            if o.transform is not None:
+                image = o.transform(image)
+            if o.target_transform is not None:
+                target = o.target_transform(target)
+            if o.transforms is not None:
+                image, target = o.transforms(image, target)
             out.append((image, target))
         return out
 
@@ -288,7 +316,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         st = self._open()
         idx = st.index
         in_worker = get_worker_info() is not None
-        if idx.header.storage != "array" or idx.filtered or self._transformed():
+        if idx.header.storage != "array" or idx.filtered or self.options.transformed:
             items = self.__getitems__(indices)
             if st.selection.columns or st.selection.as_dict:
                 return st.selection.batch(items, url=self.url)

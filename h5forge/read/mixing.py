@@ -91,7 +91,7 @@ class MixingSampler(Sampler[int]):
 
     Args:
         dataset: the multi-asset dataset.
-        weights: one weight (> 0) per asset; default the sources' own (manifest ``weight``).
+        weights: one weight (> 0) per asset; default the sources' own (the asset list's ``weight``).
         length: draws per epoch (>= 1); default as in rule 1.
         seed: the seed of the schedule (>= 0).
 

@@ -1,14 +1,16 @@
 """``H5MultiDataset``: several h5forge assets read as one map-style Dataset, and their mixing.
 
 Each asset is an :class:`~h5forge.read.dataset.H5ImageDataset` (pinned, checked and pickled
-as its arguments). Index ``i`` is found by bisecting the assets' cumulative lengths (after
-``split``, applied to every asset), through the ``subset`` if any. A batch is grouped by asset
-and put back in its order: fixed-size decoded samples straight into one batch buffer, each
-asset's share with one ``read_into``; others through ``__getitems__``. Mixing: ``read.mixing``.
+as its URL and :class:`~h5forge.read.options.ReadOptions`, one value for every asset). Index
+``i`` is found by bisecting the assets' cumulative lengths (after ``split``, applied to every
+asset), through the ``subset`` if any. A batch is grouped by asset and put back in its order:
+fixed-size decoded samples straight into one batch buffer, each asset's share with one
+``read_into``; others through ``__getitems__``. Mixing: ``read.mixing``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -26,12 +28,13 @@ from h5forge.read.asset_list import (
     AssetSource,
     check_same_targets,
     parse_sources,
-    read_asset_manifest,
+    read_asset_list,
     union_classes,
 )
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.loader import BatchLoading
 from h5forge.read.mixing import select_subset
+from h5forge.read.options import ReadOptions, pick_options
 from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
@@ -56,8 +59,8 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
 
     Args:
         sources: a list of assets (URLs, ``(url, version)`` pairs, or dicts with ``url`` and
-            optionally ``version`` and ``weight``), or the URL (a string or path) of a shard
-            manifest; see :mod:`h5forge.read.asset_list` for the format and its limits.
+            optionally ``version`` and ``weight``), or the URL (a string or path) of an
+            asset list (JSON); see :mod:`h5forge.read.asset_list` for the format and its limits.
         split: only samples of this split, in every asset (each must have it).
         subset: ``None`` for all samples; a list of indices (into the concatenation, after
             ``split``; kept in the given order); or a fraction in (0, 1]: that share of the
@@ -73,15 +76,24 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         target_transform: applied to each label (after any remap), or target.
         storage_options, verify_reads, max_pixels: as for
             :class:`~h5forge.read.dataset.H5ImageDataset`, for every asset.
+        options: the reading keywords above (``split``, ``target``, ``multilabel``,
+            ``iscrowd``, ``transform``, ``target_transform``, ``verify_reads``, ``max_pixels``)
+            as one :class:`~h5forge.read.options.ReadOptions`, instead of those keywords;
+            its ``transforms``, ``cache_dir`` and ``cache_limit`` must be left unset.
 
     Raises:
-        ValueError: a malformed list, manifest or subset; a missing split; class sets that
-            disagree (naming both assets) without ``remap``; target columns that differ.
+        ValueError: a malformed list, asset list file or subset; a missing split; class
+            sets that disagree (naming both assets) without ``remap``; target columns that
+            differ; ``options`` with other reading keywords, or with what this class does not
+            take.
         FileNotFoundError, IntegrityError: as an asset's H5ImageDataset raises them.
 
     Attributes:
         sources: the :class:`~h5forge.read.asset_list.AssetSource` of each asset.
         datasets: each asset's H5ImageDataset (versions pinned once, here).
+        options: the :class:`~h5forge.read.options.ReadOptions` it reads with; each asset's
+            dataset reads with the same, less ``target_transform`` (applied here, after any
+            remap).
         cumulative_sizes: the running total of the assets' lengths (as ConcatDataset's).
         classes, class_to_idx: the union mapping that every label refers to.
     """
@@ -102,7 +114,25 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         storage_options: dict[str, Any] | None = None,
         verify_reads: bool = False,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        options: ReadOptions | None = None,
     ) -> None:
+        given = ReadOptions(
+            split=split,
+            target=target,
+            multilabel=multilabel,
+            iscrowd=iscrowd,
+            transform=transform,
+            target_transform=target_transform,
+            verify_reads=verify_reads,
+            max_pixels=max_pixels,
+        )
+        self.options = pick_options(options, given)
+        if self.options.transforms is not None or self.options.cache_dir is not None:
+            raise ValueError(
+                f"options has transforms={self.options.transforms!r:.100}, cache_dir="
+                f"{self.options.cache_dir!r:.100}: H5MultiDataset takes neither (its "
+                "target_transform runs after the labels are remapped); leave both unset"
+            )
         if isinstance(subset, float) and not 0.0 < subset <= 1.0:
             raise ValueError(f"subset={subset!r}: give a fraction in (0, 1]")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -111,35 +141,23 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             listed = Location.of(sources, storage_options)
             storage_options = dict(listed.options)
             self.name = str(listed)
-            found = read_asset_manifest(listed)
+            found = read_asset_list(listed)
         else:
             found = parse_sources(sources)
             self.name = f"{len(found)} assets ({redact_url(found[0].url)}, ...)"
         self.sources: list[AssetSource] = found
-        self.transform, self.target_transform = transform, target_transform
-        self.target = list(target) if isinstance(target, (list, tuple)) else target
         self._handles: _Handles | None = None
         self._orphans: list[_Handles] = []
+        each = dataclasses.replace(self.options, target_transform=None)
         self.datasets = [
-            H5ImageDataset(
-                s.url,
-                version=s.version,
-                split=split,
-                target=target,
-                multilabel=multilabel,
-                iscrowd=iscrowd,
-                transform=transform,
-                storage_options=storage_options,
-                verify_reads=verify_reads,
-                max_pixels=max_pixels,
-            )
+            H5ImageDataset(s.url, version=s.version, storage_options=storage_options, options=each)
             for s in found
         ]
         self.classes, self._maps = union_classes(
             [(d.url, d.classes) for d in self.datasets], remap=remap
         )
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        if self.target != CLASS:
+        if self.options.target != CLASS:
             check_same_targets([(d.url, d.schema) for d in self.datasets])
         self._sizes = np.array([len(d) for d in self.datasets], dtype=np.int64)
         self.cumulative_sizes = np.cumsum(self._sizes)
@@ -202,17 +220,17 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
                 self._orphans.append(h)
             h = self._handles = _Handles(int(self.cumulative_sizes[-1]))
         if a not in h.states:  # opened on first use, in the process that reads
-            d = self.datasets[a]
-            st = open_state(Location(d.url, d.storage_options), d.verify_reads, d.max_pixels)
+            d, split = self.datasets[a], self.options.split
+            st = open_state(Location(d.url, d.storage_options), d.options, d.version)
             idx = st.index
             rows = np.arange(idx.header.num_samples)
-            if d.split is not None:
-                code = idx.split_names.index(d.split) if d.split in idx.split_names else -1
+            if split is not None:
+                code = idx.split_names.index(split) if split in idx.split_names else -1
                 rows = np.flatnonzero(idx.split_codes == code)
             if len(rows) != self._sizes[a]:
                 st.close()
                 raise IntegrityError(
-                    f"{d.url} has {len(rows)} samples (split {d.split!r}) now, "
+                    f"{d.url} has {len(rows)} samples (split {split!r}) now, "
                     f"{self._sizes[a]} when the dataset was opened: it was replaced; open "
                     "the dataset again, or pin a version"
                 )
@@ -227,7 +245,8 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
     def _read_direct(self, asset: np.ndarray, local: np.ndarray, *, slot: bool) -> Any:
         """The batch read straight into one :class:`~h5forge.read.batches.Batch`; None when
         a transform is set or an asset's samples are not fixed-size, decoded and unfiltered."""
-        if self.transform is not None or self.target_transform is not None or self.target != CLASS:
+        o = self.options
+        if o.transform is not None or o.target_transform is not None or o.target != CLASS:
             return None
         order = np.argsort(asset, kind="stable")  # positions grouped by asset, in batch order
         cuts = np.flatnonzero(np.diff(asset[order])) + 1
@@ -273,10 +292,10 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             for p, (image, label) in zip(at.tolist(), items, strict=True):
                 if lut is not None and isinstance(label, dict) and CLASS in label:
                     label = {**label, CLASS: int(lut[label[CLASS]])}
-                elif lut is not None and self.target == CLASS:
+                elif lut is not None and self.options.target == CLASS:
                     label = int(lut[label])
-                if self.target_transform is not None:
-                    label = self.target_transform(label)
+                if self.options.target_transform is not None:
+                    label = self.options.target_transform(label)
                 out[p] = (image, label)
         return out
 
@@ -297,6 +316,6 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         if direct is not None:
             return direct
         slot = use_slots and get_worker_info() is not None
-        if self.target != CLASS:  # batched alike by every asset (the same columns)
+        if self.options.target != CLASS:  # batched alike by every asset (the same columns)
             return self.datasets[0].collate(self.__getitems__(indices))
         return _collate.collate(self.__getitems__(indices), slot=slot, url=self.name)

@@ -24,7 +24,7 @@ from h5forge.read.state import ProcessState
 __all__ = ["Extra", "fill", "read_batch", "read_images", "read_with_targets"]
 
 #: More byte ranges to read in the same call as the images, and a buffer each (the target
-#: columns' values, :meth:`h5forge.read.target_reads.TargetReads.wanted`): remotely, ranges
+#: columns' values, :meth:`h5forge.read.targets.TargetReads.wanted`): remotely, ranges
 #: that lie close together are fetched with one request.
 Extra = tuple[list[tuple[int, int]], list[memoryview]]
 _NO_EXTRA: Extra = ([], [])

@@ -23,9 +23,8 @@ from h5forge.asset.ranges import RangeReader
 from h5forge.asset.target_layout import file_schema, image_sizes
 from h5forge.errors import IntegrityError
 from h5forge.location import Location
-from h5forge.read.cache import FileCache
-from h5forge.read.target_reads import TargetReads
-from h5forge.read.targets import CLASS, select
+from h5forge.read.options import ReadOptions
+from h5forge.read.targets import TargetReads, select
 
 __all__ = ["ProcessState", "open_state"]
 
@@ -63,8 +62,10 @@ def _same_file(h5: Any, reader: RangeReader) -> bool:
 
 class ProcessState:
     """Per-process handles: index, range reader and (for filtered files) an HDF5 handle;
-    ``selection`` (what ``target`` resolved to, :func:`h5forge.read.targets.select`) and
-    ``targets``, the columns it reads (None for ``"class"`` alone).
+    ``selection`` (what ``options.target`` resolved to, :func:`h5forge.read.targets.select`)
+    and ``targets``, the columns it reads (None for ``"class"`` alone). Of ``options`` it uses
+    what opening needs: ``verify_reads`` (digests loaded), ``max_pixels``, ``target``,
+    ``multilabel`` and ``iscrowd``.
 
     Raises:
         _Replaced: the file changed identity while it was opened (:func:`open_state` opens
@@ -74,25 +75,26 @@ class ProcessState:
     def __init__(
         self,
         where: Location,
-        want_digests: bool,
-        max_pixels: int,
-        target: object = CLASS,
-        multilabel: str = "multihot",
+        options: ReadOptions,
         store: BlockSource | None = None,
-        iscrowd: bool = False,
     ):
         self.pid = os.getpid()
         self.url = url = where.url
         self.opened = open_h5(where)
         self.targets: TargetReads | None = None
+        want_digests = options.verify_reads
         try:
             h5 = self.opened.h5
             self.index = load_index(h5, where=url)
-            check_index(self.index, h5.id.get_filesize(), where=url, max_pixels=max_pixels)
+            check_index(self.index, h5.id.get_filesize(), where=url, max_pixels=options.max_pixels)
             self.digests = _digests(h5, url) if want_digests else None
             schema = file_schema(self.index.header, where=url)
             self.selection = select(
-                target, schema, where=url, multilabel=multilabel, iscrowd=iscrowd
+                options.target,
+                schema,
+                where=url,
+                multilabel=options.multilabel,
+                iscrowd=options.iscrowd,
             )
             if self.selection.columns:
                 self.targets = TargetReads(
@@ -151,18 +153,13 @@ class ProcessState:
 
 def open_state(
     where: Location,
-    want_digests: bool,
-    max_pixels: int,
-    cache: FileCache | None = None,
+    options: ReadOptions,
     sha256: str = "",
-    target: object = CLASS,
-    multilabel: str = "multihot",
-    iscrowd: bool = False,
 ) -> ProcessState:
-    """This process's :class:`ProcessState` for ``where``, opened again if a publish replaced the
-    file while it was being opened.
+    """This process's :class:`ProcessState` for ``where``, read with ``options``, opened again
+    if a publish replaced the file while it was being opened.
 
-    With ``cache``, a remote ``where`` is read from its validated local copy
+    With ``options.cache``, a remote ``where`` is read from its validated local copy
     (:meth:`h5forge.read.cache.FileCache.local_copy`, ``sha256`` the pinned version's; one
     larger than the cache's limit is read remotely with its blocks kept there), and the
     copy opened must be the inode that was validated (an eviction or refetch in between opens
@@ -171,28 +168,14 @@ def open_state(
     Raises:
         IntegrityError: the file was replaced 3 times in a row, or is damaged.
     """
+    cache = options.cache
     for _ in range(3):
         pinned = cache.local_copy(where, sha256) if cache is not None else None
         try:
             if pinned is None:
                 store = cache.block_store(where, sha256) if cache is not None else None
-                return ProcessState(
-                    where,
-                    want_digests,
-                    max_pixels,
-                    target,
-                    multilabel,
-                    store,
-                    iscrowd=iscrowd,
-                )
-            st = ProcessState(
-                Location(pinned.path),
-                want_digests,
-                max_pixels,
-                target,
-                multilabel,
-                iscrowd=iscrowd,
-            )
+                return ProcessState(where, options, store)
+            st = ProcessState(Location(pinned.path), options)
         except _Replaced:
             continue
         except FileNotFoundError:

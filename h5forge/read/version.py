@@ -20,7 +20,7 @@ from typing import Any
 
 from h5forge.errors import IntegrityError
 from h5forge.location import Location
-from h5forge.publish.manifest import read_manifest
+from h5forge.publish.sidecar import read_sidecar
 from h5forge.publish.versions import KEY_HEX, asset_base, pointer_url, resolve_version
 from h5forge.redact import redact_url
 
@@ -32,12 +32,12 @@ def pin_version(where: Location, version: str | None) -> tuple[str, str]:
     None.
 
     ``latest`` costs one read of the pointer (it names the full sha256). A prefix costs an
-    existence check of the version's file and one read of its manifest, whose sha256 must
-    start with the version's key (the manifest is untrusted) and with the whole prefix.
+    existence check of the version's file and one read of its sidecar, whose sha256 must
+    start with the version's key (the sidecar is untrusted) and with the whole prefix.
 
     Raises:
         FileNotFoundError: no pointer (``latest``), or no version with this prefix.
-        IntegrityError: the version's manifest names a sha256 outside the version's key.
+        IntegrityError: the version's sidecar names a sha256 outside the version's key.
         ValueError: ``version`` is not None, ``latest`` or 16-64 lower-case hex digits.
     """
     url = where.url
@@ -50,10 +50,10 @@ def pin_version(where: Location, version: str | None) -> tuple[str, str]:
     found, sha = resolve_version(where, version)
     if version == "latest":
         return found, sha
-    recorded = read_manifest(where.with_url(found))["sha256"]
+    recorded = read_sidecar(where.with_url(found))["sha256"]
     if not recorded.startswith(version[:KEY_HEX]):
         raise IntegrityError(
-            f"{redact_url(found)}: its manifest names sha256 {recorded}, which is not a "
+            f"{redact_url(found)}: its sidecar names sha256 {recorded}, which is not a "
             f"version with key {version[:KEY_HEX]}; the version folder is damaged — "
             "publish the version again"
         )

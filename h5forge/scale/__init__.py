@@ -1,6 +1,7 @@
-"""Packing at scale: shards planned (``plan``), packed in parallel (``shards``), surveyed
-(``survey``) and merged into one asset (``merge``, ``assemble``) with checked copies
-(``stored_copy``, ``checked_copy``, ``kernel_copy``, ``file_check``, ``download``).
+"""Packing at scale: parts planned (``plan``), packed in parallel (``parts``), surveyed
+(``survey``) and merged into one asset (``merge``, ``assemble``): stored bytes copied by the
+stored-copy kernel (:mod:`h5forge.asset.stored_copy`), whole part files hashed (``file_check``),
+remote parts downloaded (``download``).
 
 Nothing is imported here, so that naming a module of this package stays cheap.
 """

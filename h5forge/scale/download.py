@@ -1,4 +1,4 @@
-"""A local path for a shard URL: the file itself when local, else a temporary download."""
+"""A local path for a part URL: the file itself when local, else a temporary download."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def local_copy(
 ) -> Iterator[str]:
     """A local path for ``url``: itself when local, else a download deleted afterwards.
 
-    The download is a temporary file in ``tmp_dir``; nothing is created for a local shard.
+    The download is a temporary file in ``tmp_dir``; nothing is created for a local part.
     """
     where = Location.of(url, options)
     fs, path = where.fs, where.path

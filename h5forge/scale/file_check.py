@@ -1,6 +1,6 @@
-"""Check whole shard files against their manifests: one sha256 per file, on helper threads.
+"""Check whole part files against their sidecars: one sha256 per file, on helper threads.
 
-A published shard has a manifest, written last by :func:`h5forge.publish.storage.publish`, that
+A published part has a sidecar, written last by :func:`h5forge.publish.storage.publish`, that
 records
 the whole file's sha256 and size. The file's sha256 covers every byte the merge copies (image
 bytes as stored, compressed or not, the index, the digests), so when it matches, what the merge
@@ -15,11 +15,11 @@ into memory that it holds: the mapped pages are the page cache's.
 The hash and the copy read the file through different descriptors (HDF5 opens it by path too),
 possibly at different times, so the file's identity (device, inode, size, modification time in
 ns) is taken when the merge first opens it (the survey), when the hash begins and ends, and when
-the copy ends (through the copy's descriptor and through the path); the merge accepts a shard
+the copy ends (through the copy's descriptor and through the path); the merge accepts a part
 only when they are all one and the same: what was hashed is then what was copied (short of an
 in-place rewrite within one tick of the filesystem's clock that keeps the size). A file
 truncated in place while it is mapped would stop the process with SIGBUS; h5forge never rewrites
-a published shard in place (publish renames a new file over it, which leaves the mapped one
+a published part in place (publish renames a new file over it, which leaves the mapped one
 intact).
 """
 
@@ -64,10 +64,10 @@ class FileIdentity:
 
 @dataclass(frozen=True)
 class Expected:
-    """A shard's manifest, as far as the check needs it."""
+    """A part's sidecar, as far as the check needs it."""
 
-    url: str  # the shard, for messages
-    manifest_url: str  # its manifest, for messages
+    url: str  # the part, for messages
+    sidecar_url: str  # its sidecar, for messages
     sha256: str
     size: int
 
@@ -79,8 +79,8 @@ class _Cancelled(Exception):
 def _changed(url: str, first: str, a: FileIdentity, then: str, b: FileIdentity) -> IntegrityError:
     return IntegrityError(
         f"{url} changed during the merge: {first} it was ({a}), {then} ({b}); what was hashed "
-        "may not be what was copied. Run the merge again once nothing writes to the shard; if "
-        "it was re-packed, run the build again (find_done_shards checks it against its manifest)"
+        "may not be what was copied. Run the merge again once nothing writes to the part; if "
+        "it was re-packed, run the build again (find_done_parts checks it against its sidecar)"
     )
 
 
@@ -116,14 +116,14 @@ def _hash_threads() -> int:
 
 
 class FileChecks:
-    """Hashes whole files on a bounded pool of threads and checks them against their manifests.
+    """Hashes whole files on a bounded pool of threads and checks them against their sidecars.
 
     :meth:`start` queues a file's hash (one file per thread); :meth:`copied` records the identity
     the copy saw; :meth:`settle` waits for a file's hash and raises :class:`IntegrityError` on
     any mismatch. Use as a context manager: leaving it stops the hashes still running.
 
     Hashing runs at most ``2 x threads`` files ahead of the copy, so that on a driver whose
-    shards do not fit in memory a file hashed is still in the page cache when it is copied.
+    parts do not fit in memory a file hashed is still in the page cache when it is copied.
     """
 
     def __init__(self, threads: int | None = None) -> None:
@@ -147,14 +147,14 @@ class FileChecks:
         return key in self._expected
 
     def start(self, key: int, path: str, expected: Expected) -> None:
-        """Queue the hash of the local file ``path`` (shard ``key``); a wrong size fails now."""
+        """Queue the hash of the local file ``path`` (part ``key``); a wrong size fails now."""
         size = os.stat(path).st_size
         if size != expected.size:
             raise IntegrityError(
-                f"{expected.url} has {size} bytes, its manifest {expected.manifest_url} records "
-                f"{expected.size}: the shard changed after it was published. Run the build again "
-                "(find_done_shards sees the mismatch and re-packs it) or re-pack it with "
-                "h5forge.scale.shards.pack_shard"
+                f"{expected.url} has {size} bytes, its sidecar {expected.sidecar_url} records "
+                f"{expected.size}: the part changed after it was published. Run the build again "
+                "(find_done_parts sees the mismatch and re-packs it) or re-pack it with "
+                "h5forge.scale.parts.pack_part"
             )
         self._expected[key] = expected
         self._waiting.append((key, path))
@@ -171,10 +171,10 @@ class FileChecks:
         )
 
     def copied(self, key: int, path: str, fd: int, opened: FileIdentity) -> None:
-        """Record that shard ``key`` was copied through ``fd`` from the file at ``path``.
+        """Record that part ``key`` was copied through ``fd`` from the file at ``path``.
 
         ``opened`` is the file's identity when the merge first opened it (its survey, for a
-        local shard), before any byte of it was read.
+        local part), before any byte of it was read.
 
         Raises:
             IntegrityError: the file changed, or ``path`` names another file, since ``opened``.
@@ -194,31 +194,31 @@ class FileChecks:
         self._pump()
 
     def settle(self, key: int) -> None:
-        """Wait for shard ``key``'s hash; check it and the identities against the copy's.
+        """Wait for part ``key``'s hash; check it and the identities against the copy's.
 
         Raises:
-            IntegrityError: the sha256 differs from the manifest's, or the file the hash read
+            IntegrityError: the sha256 differs from the sidecar's, or the file the hash read
                 is not the one the copy read.
         """
         expected = self._expected.pop(key)
         actual, hashed = self._hashes.pop(key).result()
         if actual != expected.sha256:
             raise IntegrityError(
-                f"{expected.url}: sha256 of the shard file is {actual}, its manifest "
-                f"{expected.manifest_url} records {expected.sha256}: the shard changed after it "
-                "was published. Run the build again (find_done_shards sees the mismatch and "
-                "re-packs it) or re-pack it with h5forge.scale.shards.pack_shard"
+                f"{expected.url}: sha256 of the part file is {actual}, its sidecar "
+                f"{expected.sidecar_url} records {expected.sha256}: the part changed after it "
+                "was published. Run the build again (find_done_parts sees the mismatch and "
+                "re-packs it) or re-pack it with h5forge.scale.parts.pack_part"
             )
         copied = self._copied.pop(key)
         if copied != hashed:
             raise _changed(expected.url, "when hashed", hashed, "when copied it was", copied)
 
     def settle_finished(self) -> None:
-        """Settle every copied shard whose hash is already done (fail early, never wait)."""
+        """Settle every copied part whose hash is already done (fail early, never wait)."""
         for key in [k for k in self._copied if self._hashes[k].done()]:
             self.settle(key)
 
     def settle_all(self) -> None:
-        """Settle every copied shard, waiting for the hashes still running."""
+        """Settle every copied part, waiting for the hashes still running."""
         for key in list(self._copied):
             self.settle(key)

@@ -1,10 +1,10 @@
-"""The plan of a shard-parallel pack: contiguous slices of a catalog, each fingerprinted.
+"""The plan of a part-parallel pack: contiguous slices of a catalog, each fingerprinted.
 
-A shard is a contiguous slice of the catalog's samples (:class:`ShardSpec`), cut by count or by
-source bytes (:func:`plan_shards`) and named by its position (``shard-00003.h5``). Its
+A part is a contiguous slice of the catalog's samples (:class:`PartSpec`), cut by count or by
+source bytes (:func:`plan_parts`) and named by its position (``part-00003.h5``). Its
 fingerprint covers the slice's relative paths, labels and splits and the catalog's classes and
-split names, so a shard packed from another catalog is never taken for this one's. Packing and
-finding done shards: :mod:`h5forge.scale.shards`.
+split names, so a part packed from another catalog is never taken for this one's. Packing and
+finding done parts: :mod:`h5forge.scale.parts`.
 """
 
 from __future__ import annotations
@@ -18,24 +18,24 @@ from h5forge.discover.catalog import Catalog, Sample
 from h5forge.errors import EmptyDatasetError
 
 __all__ = [
-    "ShardSpec",
-    "plan_shards",
+    "PartSpec",
+    "plan_parts",
     "refuse_targets",
-    "shard_catalog",
-    "shard_url",
+    "part_catalog",
+    "part_url",
 ]
 
 
 @dataclass(frozen=True)
-class ShardSpec:
-    """One shard of a plan: samples ``start..stop-1`` of the catalog.
+class PartSpec:
+    """One part of a plan: samples ``start..stop-1`` of the catalog.
 
     Attributes:
-        index: position in the plan; names the file (``shard-00003.h5``).
+        index: position in the plan; names the file (``part-00003.h5``).
         start: first sample (inclusive).
         stop: last sample + 1.
         fingerprint: sha256 hex of the slice's relative paths, labels and splits and the
-            catalog's classes and split names: a shard packed from another catalog never matches.
+            catalog's classes and split names: a part packed from another catalog never matches.
         source_bytes: total size of the slice's source files (0 when planned by count only).
     """
 
@@ -47,8 +47,8 @@ class ShardSpec:
 
     @property
     def name(self) -> str:
-        """File name of the shard in the staging folder."""
-        return f"shard-{self.index:05d}.h5"
+        """File name of the part in the staging folder."""
+        return f"part-{self.index:05d}.h5"
 
     @property
     def count(self) -> int:
@@ -56,8 +56,8 @@ class ShardSpec:
         return self.stop - self.start
 
 
-def shard_url(staging_url: str, spec: ShardSpec) -> str:
-    """``staging_url/shard-NNNNN.h5`` (a local folder or any fsspec URL)."""
+def part_url(staging_url: str, spec: PartSpec) -> str:
+    """``staging_url/part-NNNNN.h5`` (a local folder or any fsspec URL)."""
     if not staging_url:
         raise ValueError(
             "staging_url is empty; give a folder every worker can reach "
@@ -75,11 +75,11 @@ def _fingerprint(catalog: Catalog, samples: Sequence[Sample]) -> str:
     return h.hexdigest()
 
 
-def shard_catalog(catalog: Catalog, spec: ShardSpec) -> Catalog:
+def part_catalog(catalog: Catalog, spec: PartSpec) -> Catalog:
     """The slice of ``catalog`` that ``spec`` covers, with the same classes and split names.
 
     Send this, not the whole catalog, with each remote task of a big dataset: a task then
-    carries its own inputs only. :func:`pack_shard` accepts either.
+    carries its own inputs only. :func:`pack_part` accepts either.
     """
     return Catalog(
         root=catalog.root,
@@ -90,33 +90,33 @@ def shard_catalog(catalog: Catalog, spec: ShardSpec) -> Catalog:
     )
 
 
-def _slice(catalog: Catalog, spec: ShardSpec) -> tuple[Sample, ...]:
+def _slice(catalog: Catalog, spec: PartSpec) -> tuple[Sample, ...]:
     """``spec``'s samples from the whole catalog, or the catalog's own when it is the slice.
 
     Raises:
         ValueError: ``spec`` does not fit ``catalog`` (another catalog, or a stale plan).
     """
     n = len(catalog.samples)
-    if n == spec.count:  # already sliced (or a one-shard plan: the same samples either way)
+    if n == spec.count:  # already sliced (or a one-part plan: the same samples either way)
         samples = catalog.samples
     elif 0 <= spec.start < spec.stop <= n:
         samples = catalog.samples[spec.start : spec.stop]
     else:
         raise ValueError(
-            f"shard {spec.index} covers samples {spec.start}..{spec.stop - 1}, the "
-            f"catalog has {n}; pass the whole catalog or shard_catalog(catalog, "
-            "spec), or re-plan with plan_shards"
+            f"part {spec.index} covers samples {spec.start}..{spec.stop - 1}, the "
+            f"catalog has {n}; pass the whole catalog or part_catalog(catalog, "
+            "spec), or re-plan with plan_parts"
         )
     if _fingerprint(catalog, samples) != spec.fingerprint:
         raise ValueError(
-            f"shard {spec.index} was planned for another catalog (the fingerprint "
-            "of its samples differs); re-plan with plan_shards on this catalog"
+            f"part {spec.index} was planned for another catalog (the fingerprint "
+            "of its samples differs); re-plan with plan_parts on this catalog"
         )
     return samples
 
 
 def refuse_targets(catalog: Catalog) -> None:
-    """Refuse a catalog with target columns: shards and their merge carry images, labels and
+    """Refuse a catalog with target columns: parts and their merge carry images, labels and
     paths only (format version 1).
 
     Raises:
@@ -125,28 +125,28 @@ def refuse_targets(catalog: Catalog) -> None:
     if catalog.schema:
         names = [c.name for c in catalog.schema]
         raise ValueError(
-            f"the catalog of {catalog.root} has target columns {names}; a sharded build "
+            f"the catalog of {catalog.root} has target columns {names}; a Dask build "
             "(executor='dask') does not carry target columns yet: build it with "
             "executor='local' (one pack, h5forge.pack.writer.pack)"
         )
 
 
-def plan_shards(
-    catalog: Catalog, *, samples_per_shard: int | None = None, bytes_per_shard: int | None = None
-) -> list[ShardSpec]:
-    """Cut the catalog's sample list into contiguous shards.
+def plan_parts(
+    catalog: Catalog, *, samples_per_part: int | None = None, bytes_per_part: int | None = None
+) -> list[PartSpec]:
+    """Cut the catalog's sample list into contiguous parts.
 
-    A shard closes when it holds ``samples_per_shard`` inputs or when its source files add up
-    to at least ``bytes_per_shard`` (sizes from ``os.stat`` of the source files, a cheap
+    A part closes when it holds ``samples_per_part`` inputs or when its source files add up
+    to at least ``bytes_per_part`` (sizes from ``os.stat`` of the source files, a cheap
     estimate of the work: decoded output size does not depend on it). Give one limit or both.
 
     Args:
         catalog: from :func:`h5forge.discover.catalog.discover`.
-        samples_per_shard: most inputs per shard, >= 1.
-        bytes_per_shard: source bytes after which a shard closes, >= 1.
+        samples_per_part: most inputs per part, >= 1.
+        bytes_per_part: source bytes after which a part closes, >= 1.
 
     Returns:
-        The shards in order; together they cover every sample exactly once.
+        The parts in order; together they cover every sample exactly once.
 
     Raises:
         ValueError: neither limit given, or one below 1; the catalog has target columns
@@ -154,31 +154,31 @@ def plan_shards(
         EmptyDatasetError: the catalog has no samples.
     """
     refuse_targets(catalog)
-    limits = {"samples_per_shard": samples_per_shard, "bytes_per_shard": bytes_per_shard}
+    limits = {"samples_per_part": samples_per_part, "bytes_per_part": bytes_per_part}
     for name, value in limits.items():
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise ValueError(f"{name}={value!r} must be an int >= 1 (or None)")
-    if samples_per_shard is None and bytes_per_shard is None:
+    if samples_per_part is None and bytes_per_part is None:
         raise ValueError(
-            "give samples_per_shard, bytes_per_shard or both: a shard closes when "
+            "give samples_per_part, bytes_per_part or both: a part closes when "
             "it reaches either limit"
         )
     n = len(catalog.samples)
     if n == 0:
-        raise EmptyDatasetError(f"catalog of {catalog.root} has no samples; nothing to shard")
-    specs: list[ShardSpec] = []
+        raise EmptyDatasetError(f"catalog of {catalog.root} has no samples; nothing to part")
+    specs: list[PartSpec] = []
     start, size = 0, 0
     for i, sample in enumerate(catalog.samples):
-        if bytes_per_shard is not None:
+        if bytes_per_part is not None:
             size += os.stat(sample.path).st_size
-        full = (samples_per_shard is not None and i + 1 - start >= samples_per_shard) or (
-            bytes_per_shard is not None and size >= bytes_per_shard
+        full = (samples_per_part is not None and i + 1 - start >= samples_per_part) or (
+            bytes_per_part is not None and size >= bytes_per_part
         )
         if full or i + 1 == n:
             specs.append(
-                ShardSpec(
+                PartSpec(
                     index=len(specs),
                     start=start,
                     stop=i + 1,

@@ -1,8 +1,8 @@
-"""Survey the shards of a merge: headers, counts, quarantine lists, manifests; refuse a mix.
+"""Survey the parts of a merge: headers, counts, quarantine lists, sidecars; refuse a mix.
 
-Every shard is opened once (HDF5 header and index, a local or remote URL) before anything is
-written, so a mix of builds, an unsealed shard or too many bad inputs fail the merge up front.
-A shard with a manifest (``url + ".manifest.json"``, written last by
+Every part is opened once (HDF5 header and index, a local or remote URL) before anything is
+written, so a mix of builds, an unsealed part or too many bad inputs fail the merge up front.
+A part with a sidecar (``url + ".manifest.json"``, written last by
 :func:`h5forge.publish.storage.publish`) is to be checked by its whole file's sha256: the hash of a
 local one starts here, on :class:`h5forge.scale.file_check.FileChecks`' threads, while the others
 are surveyed.
@@ -22,14 +22,14 @@ from h5forge.asset import format as fmt
 from h5forge.asset.index import check_labels, load_index
 from h5forge.asset.open import open_h5
 from h5forge.location import Location
-from h5forge.publish.manifest import manifest_url, read_manifest
+from h5forge.publish.sidecar import read_sidecar, sidecar_url
 from h5forge.scale.file_check import Expected, FileChecks, FileIdentity
 
-__all__ = ["Shard", "survey"]
+__all__ = ["Part", "survey"]
 
 log = logging.getLogger(__name__)
 
-# Root attributes every shard of one build must share.
+# Root attributes every part of one build must share.
 _SAME = (
     fmt.A_LAYOUT,
     fmt.A_STORAGE,
@@ -45,8 +45,8 @@ def _text(value: object) -> str:
 
 
 @dataclass(frozen=True)
-class Shard:
-    """What the merge needs to know about one shard before copying it."""
+class Part:
+    """What the merge needs to know about one part before copying it."""
 
     url: str
     n: int
@@ -55,32 +55,32 @@ class Shard:
     split_names: tuple[str, ...]
     image_shape: tuple[int, ...]  # (H, W, C) for array storage, (B,) for blob storage
     filters: tuple[int, ...]  # HDF5 filter ids on /images
-    expected: Expected | None  # its manifest: the whole file is checked against it
-    identity: FileIdentity | None  # of a local shard when it was surveyed
+    expected: Expected | None  # its sidecar: the whole file is checked against it
+    identity: FileIdentity | None  # of a local part when it was surveyed
 
 
 def _expected(url: str, options: dict[str, Any] | None) -> Expected | None:
-    """The shard's manifest, or None for a bare file (checked sample by sample instead)."""
+    """The part's sidecar, or None for a bare file (checked sample by sample instead)."""
     try:
-        manifest = read_manifest(url, storage_options=options)
+        sidecar = read_sidecar(url, storage_options=options)
     except FileNotFoundError:
         return None
-    except ValueError as e:  # torn or foreign: the per-sample check still covers the shard
+    except ValueError as e:  # torn or foreign: the per-sample check still covers the part
         log.warning("%s; checking %s sample by sample instead", e, url)
         return None
     return Expected(
-        url=url, manifest_url=manifest_url(url), sha256=manifest["sha256"], size=manifest["bytes"]
+        url=url, sidecar_url=sidecar_url(url), sha256=sidecar["sha256"], size=sidecar["bytes"]
     )
 
 
 def survey(
     urls: Sequence[str], options: dict[str, Any] | None, files: FileChecks
-) -> tuple[list[Shard], np.ndarray, list[tuple[str, str]]]:
-    """Read every shard's header and index; refuse a mix; count samples per (split, class).
+) -> tuple[list[Part], np.ndarray, list[tuple[str, str]]]:
+    """Read every part's header and index; refuse a mix; count samples per (split, class).
 
-    The hash of every local shard that has a manifest starts here, before its survey.
+    The hash of every local part that has a sidecar starts here, before its survey.
     """
-    shards: list[Shard] = []
+    parts: list[Part] = []
     counts = np.zeros(0, np.int64)
     bad: list[tuple[str, str]] = []
     for i, url in enumerate(urls):
@@ -96,7 +96,7 @@ def survey(
             check_labels(idx, where=url)  # the counts below are indexed by label and split
             images = h5[fmt.IMAGES]
             plist = images.id.get_create_plist()
-            shard = Shard(
+            part = Part(
                 url=url,
                 n=idx.header.num_samples,
                 attrs={k: _text(h5.attrs.get(k, "")) for k in _SAME},
@@ -109,11 +109,11 @@ def survey(
                 expected=expected,
                 identity=identity,
             )
-            if shards:
-                _same(shards[0], shard)
+            if parts:
+                _same(parts[0], part)
             else:
-                counts = np.zeros(len(shard.split_names) * len(shard.classes), np.int64)
-            k = len(shard.classes)
+                counts = np.zeros(len(part.split_names) * len(part.classes), np.int64)
+            k = len(part.classes)
             codes = idx.split_codes.astype(np.int64) * k + idx.labels
             counts += np.bincount(codes, minlength=len(counts))[: len(counts)]
             if idx.header.num_quarantined:
@@ -124,11 +124,11 @@ def survey(
                         strict=True,
                     )
                 )
-        shards.append(shard)
-    return shards, counts.reshape(len(shards[0].split_names), len(shards[0].classes)), bad
+        parts.append(part)
+    return parts, counts.reshape(len(parts[0].split_names), len(parts[0].classes)), bad
 
 
-def _same(first: Shard, other: Shard) -> None:
+def _same(first: Part, other: Part) -> None:
     pairs: list[tuple[str, object, object]] = [
         (f"root attribute {k}", first.attrs[k], other.attrs[k]) for k in _SAME
     ]
@@ -142,7 +142,7 @@ def _same(first: Shard, other: Shard) -> None:
     for what, a, b in pairs:
         if a != b:
             raise ValueError(
-                f"shards disagree on {what}: {first.url} has {a!r}, {other.url} has {b!r}; "
-                "every shard of one build must come from the same catalog and options — "
+                f"parts disagree on {what}: {first.url} has {a!r}, {other.url} has {b!r}; "
+                "every part of one build must come from the same catalog and options — "
                 "re-pack the odd ones"
             )

@@ -1,5 +1,5 @@
 """The rules every stored target row keeps, in one place for whoever reads a file someone else
-wrote: the reader as it reads (:mod:`h5forge.read.target_checks`) and ``verify``
+wrote: the reader as it reads (:mod:`h5forge.read.targets`) and ``verify``
 (:mod:`h5forge.verify.targets`). Each returns a boolean per row: ``True`` where a row breaks
 them. The rules a raw value keeps before packing are :func:`h5forge.targets.schema.check_value`.
 """

@@ -59,7 +59,7 @@ MAX_COLUMNS = 16
 MAX_CLASSES = 65_536
 MAX_BOXES = 10_000
 MAX_TEXT_BYTES = 64 * 1024
-#: Names a column may not take: the reader's own ``target=`` words and the manifest's columns.
+#: Names a column may not take: the reader's own ``target=`` words and the sample listing's columns.
 RESERVED = frozenset({"class", "label", "labels", "path", "split", "image", "index"})
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
@@ -176,7 +176,7 @@ def parse_schema(text: str, *, where: str) -> Schema:
 
 
 def parse_columns(text: str) -> dict[str, Kind]:
-    """Parse the ``--columns`` grammar: ``NAME=KIND[,NAME=KIND...]`` (a manifest's target
+    """Parse the ``--columns`` grammar: ``NAME=KIND[,NAME=KIND...]`` (a sample listing's target
     columns), or ``none`` (no target column: every column but path, label and split ignored).
 
     Raises:

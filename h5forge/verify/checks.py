@@ -256,8 +256,8 @@ def verify_unsealed(path: str, *, check_digests: bool = True) -> VerifyReport:
         path: the local unsealed file.
         check_digests: False skips the per-sample sha256 pass (``checked_samples`` is 0) and
             keeps every structural check; for a writer that already checked the bytes it
-            wrote (:func:`h5forge.scale.merge.merge_shards`: each shard's file sha256, or each
-            sample's digest for shards without a manifest).
+            wrote (:func:`h5forge.scale.merge.merge_parts`: each part's file sha256, or each
+            sample's digest for parts without a sidecar).
     """
     return _damage_is_integrity(
         path,

@@ -18,7 +18,7 @@ from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.tasks.publish import asset_key
-from h5forge.tasks.verify import VERIFY_FAILED, check_manifest, verify_file
+from h5forge.tasks.verify import VERIFY_FAILED, check_sidecar, verify_file
 from h5forge.verify.checks import verify
 
 pytestmark = pytest.mark.timeout(300)
@@ -38,9 +38,9 @@ def _verify_in_a_flow(path: str, asset: str | None = None) -> None:
     verify_file(path, asset=asset)
 
 
-@flow(name="check-manifest-events-test")
-def _check_in_a_flow(path: str, manifest: dict[str, Any]) -> None:
-    check_manifest(path, manifest=manifest, report=verify(path))
+@flow(name="check-sidecar-events-test")
+def _check_in_a_flow(path: str, sidecar: dict[str, Any]) -> None:
+    check_sidecar(path, sidecar=sidecar, report=verify(path))
 
 
 def _events(resource_id: str, *, wait_s: float, want: int = 1) -> list[Any]:
@@ -92,19 +92,19 @@ def test_a_failed_verify_emits_the_event_with_the_failures(
     assert any("sample 3" in line for line in event.payload["failures"])
 
 
-def test_a_manifest_mismatch_emits_the_event_for_the_asset(
+def test_a_sidecar_mismatch_emits_the_event_for_the_asset(
     prefect_harness: str, packed: Path, tmp_path: Path
 ) -> None:
     copy = tmp_path / "copy.h5"
     copy.write_bytes(packed.read_bytes())
-    manifest = {"format": "h5forge", "sha256": "0" * 64, "bytes": copy.stat().st_size}
+    sidecar = {"format": "h5forge", "sha256": "0" * 64, "bytes": copy.stat().st_size}
 
     with pytest.raises(IntegrityError):
-        _check_in_a_flow(str(copy), manifest)
+        _check_in_a_flow(str(copy), sidecar)
 
     (event,) = _events(asset_key(str(copy)), wait_s=20)
     assert event.resource["prefect.resource.id"].startswith("file:///")
-    assert event.payload["check"] == "manifest"
+    assert event.payload["check"] == "sidecar"
     assert any("sha256" in line for line in event.payload["failures"])
 
 

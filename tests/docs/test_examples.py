@@ -31,10 +31,9 @@ import pytest
 from h5forge.demo import write_image_folder
 
 ROOT = Path(__file__).resolve().parents[2]
-#: docs/CONTRACT.md is an inventory of signatures (not scripts) that another issue replaces.
 PAGES = [
     ROOT / "README.md",
-    *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "CONTRACT.md"),
+    *sorted((ROOT / "docs").glob("*.md")),
 ]
 MARKER = re.compile(r"^<!--\s*(?:(run)(?::\s*([\w\s,-]*))?|not run:\s*(\S.*?))\s*-->$")
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")

@@ -60,9 +60,9 @@ def test_build_completes_and_the_published_asset_verifies(built: Any) -> None:
     assert set(summary.smoke_per_method) == {"fork", "spawn"}
     assert summary.smoke_images_per_second == min(summary.smoke_per_method.values()) > 0
 
-    manifest = json.loads(Path(str(built.dest) + ".manifest.json").read_text())
-    assert (manifest["sha256"], manifest["bytes"]) == (summary.sha256, summary.bytes)
-    assert manifest["num_samples"] == 300
+    sidecar = json.loads(Path(str(built.dest) + ".manifest.json").read_text())
+    assert (sidecar["sha256"], sidecar["bytes"]) == (summary.sha256, summary.bytes)
+    assert sidecar["num_samples"] == 300
     with Image.open(str(built.dest) + ".preview.png") as png:
         assert png.format == "PNG"
         assert png.width > 96
@@ -225,8 +225,8 @@ GOOD = {"source": "/data/flowers.tar.gz", "destination": "/assets/flowers.h5"}
         ({"shorter_side": 100}, r"shorter_side=100 must be an int >= max\(size\) = 224"),
         ({"compression": "zstd", "compression_level": 0}, "out of range for zstd"),
         (
-            {"executor": "dask", "dask_address": "tcp://h:8786", "manifest": "m.csv"},
-            "manifest apply to executor='local' only",
+            {"executor": "dask", "dask_address": "tcp://h:8786", "listing": "m.csv"},
+            "listing apply to executor='local' only",
         ),
         (
             {"executor": "dask", "dask_address": "tcp://h:8786", "fletcher32": True},

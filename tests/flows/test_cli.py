@@ -17,7 +17,7 @@ import h5py
 import pytest
 
 from h5forge.demo import write_bad_files, write_image_folder
-from h5forge.publish.manifest import manifest_url
+from h5forge.publish.sidecar import sidecar_url
 from h5forge.publish.versions import read_pointer
 from h5forge.verify.checks import verify
 from tests.fixtures.mounts import in_mounts
@@ -75,7 +75,7 @@ def test_demo_builds_publishes_and_prints_the_summary(prefect_harness: str, tmp_
         f"asset:       {dest}",
         "samples:     300 in 4 classes, 2 quarantined",
         "sha256:",
-        f"manifest:    {dest}.manifest.json",
+        f"sidecar:     {dest}.manifest.json",
         f"preview:     {dest}.preview.png",
         "smoke-load:  fork ",
     ):
@@ -306,7 +306,7 @@ def test_demo_run_failure_exits_1(prefect_harness: str, tmp_path: Path) -> None:
 def test_build_takes_every_pack_option(
     prefect_harness: str, small_folder: Path, tmp_path: Path
 ) -> None:
-    # The options `build` could not set before: --manifest, --quality, --shorter-side,
+    # The options `build` could not set before: --sidecar, --quality, --shorter-side,
     # --fletcher32, and an HxW size.
     rows = [
         f"{p.relative_to(small_folder).as_posix()},{p.parent.name}"
@@ -318,7 +318,7 @@ def test_build_takes_every_pack_option(
         "build",
         str(small_folder),
         str(dest),
-        "--manifest",
+        "--listing",
         "labels.csv",
         "--size",
         "32x48",
@@ -363,8 +363,8 @@ def test_a_full_disk_at_the_preview_says_the_asset_was_published(
 
     preview = Path(f"{roomy}.preview.png")
     assert preview.stat().st_size > 2 * page, "the preview must not fit in the slack"
-    # Room for the asset and its manifest (and the 64 KiB probe before them), not the preview.
-    room = pages(roomy) + pages(manifest_url(str(roomy))) + page
+    # Room for the asset and its sidecar (and the 64 KiB probe before them), not the preview.
+    room = pages(roomy) + pages(sidecar_url(str(roomy))) + page
     full = tmp_path / "full"
     full.mkdir()
     dest = full / "a.h5"
@@ -394,12 +394,12 @@ def test_a_full_disk_at_the_preview_says_the_asset_was_published(
     line = _error_line(run)
     assert "nothing was published" not in run.stderr
     assert line.startswith(
-        f"error: build failed after publishing: {dest} and its manifest "
+        f"error: build failed after publishing: {dest} and its sidecar "
         f"were published; only the preview {dest}.preview.png could not "
         "be written: no space left on the device"
     )
     listed = run.stdout.split("build-exit=1", 1)[1].split()
     assert {"a.h5", "a.h5.manifest.json"} <= set(listed)
     assert "a.h5.preview.png" not in listed  # no torn PNG left behind
-    assert "verify-exit=0" in run.stdout  # the published asset is whole, and matches its manifest
-    assert "matches its manifest" in run.stdout
+    assert "verify-exit=0" in run.stdout  # the published asset is whole, and matches its sidecar
+    assert "matches its sidecar" in run.stdout

@@ -1,9 +1,9 @@
 """``build-h5-dataset`` with ``executor="dask"`` on a real two-process ``LocalCluster``.
 
-The shard tasks run on the cluster's worker processes through prefect-dask's
+The part tasks run on the cluster's worker processes through prefect-dask's
 ``DaskTaskRunner`` and report to the session's Prefect test server. Checked here: the Dask
 build publishes the same samples (digests, labels, pixels) as the local build, also when a
-worker process is killed mid-build; a build killed after k of n shards is resumed by a re-run
+worker process is killed mid-build; a build killed after k of n parts is resumed by a re-run
 that packs only the n - k missing ones.
 """
 
@@ -76,10 +76,10 @@ def _build(config: BuildConfig, cache: Path) -> tuple[BuildSummary, Any]:
     return state.result(), state.state_details.flow_run_id
 
 
-def _shard_runs(flow_run_id: Any) -> list[str]:
-    """Names of the flow run's pack-shard task runs, e.g. ``pack-shard[demo.h5 shard-00003.h5]``."""
+def _part_runs(flow_run_id: Any) -> list[str]:
+    """Names of the flow run's pack-part task runs, e.g. ``pack-part[demo.h5 part-00003.h5]``."""
     return sorted(
-        t.name for t in flow_run_task_runs(flow_run_id) if t.name.startswith("pack-shard[")
+        t.name for t in flow_run_task_runs(flow_run_id) if t.name.startswith("pack-part[")
     )
 
 
@@ -104,13 +104,13 @@ def _pid() -> int:
     return os.getpid()
 
 
-def _kill_when(staging: Path, shards: int, pid: int) -> threading.Thread:
-    """SIGKILL ``pid`` (a Dask worker) once ``shards`` shards are done in ``staging``."""
+def _kill_when(staging: Path, parts: int, pid: int) -> threading.Thread:
+    """SIGKILL ``pid`` (a Dask worker) once ``parts`` parts are done in ``staging``."""
 
     def watch() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if staging.exists() and len(_manifests(staging)) >= shards:
+            if staging.exists() and len(_sidecars(staging)) >= parts:
                 os.kill(pid, signal.SIGKILL)
                 return
             time.sleep(0.02)
@@ -130,7 +130,7 @@ def test_dask_build_equals_the_local_build_even_when_a_worker_dies(
         tmp_path / "out" / "demo.h5",
         executor="dask",
         dask_address=cluster.address,
-        shard_size=20,
+        part_size=20,
         staging=str(staging),
     )
     victim = next(iter(cluster.client.run(_pid).values()))
@@ -140,20 +140,20 @@ def test_dask_build_equals_the_local_build_even_when_a_worker_dies(
 
     assert victim not in cluster.client.run(_pid).values()
     _assert_same_samples(tmp_path / "out" / "demo.h5", built.dest)
-    assert (built.summary.executor, built.summary.shards) == ("local", None)
+    assert (built.summary.executor, built.summary.parts) == ("local", None)
     assert summary.executor == "dask"
-    assert summary.shards is not None
-    assert (summary.shards.total, summary.shards.skipped) == (16, ())
-    assert summary.shards.packed == tuple(range(16))
+    assert summary.parts is not None
+    assert (summary.parts.total, summary.parts.skipped) == (16, ())
+    assert summary.parts.packed == tuple(range(16))
     assert list(summary.seconds)[:5] == ["fetch", "discover", "pack", "merge", "verify"]
-    assert _shard_runs(run_id) == [f"pack-shard[demo.h5 shard-{i:05d}.h5]" for i in range(16)]
+    assert _part_runs(run_id) == [f"pack-part[demo.h5 part-{i:05d}.h5]" for i in range(16)]
     report = next(a for a in flow_run_artifacts(run_id) if a.key == "build-report-demo-h5")
     assert f"dask: `{cluster.address}`" in report.data
     assert "**packed by this run**: 16; **skipped**" in report.data
-    assert not list(staging.iterdir())  # published: the shards are gone
+    assert not list(staging.iterdir())  # published: the parts are gone
 
 
-def _manifests(staging: Path) -> set[str]:
+def _sidecars(staging: Path) -> set[str]:
     return {p.name.removesuffix(".manifest.json") for p in staging.glob("*.manifest.json")}
 
 
@@ -162,7 +162,7 @@ def _busy(dask_worker: Any) -> int:
 
 
 def _wait_until_idle(cluster: Cluster, timeout: float = 60.0) -> None:
-    """Shards still running when their flow died finish (or are dropped) on the workers."""
+    """Parts still running when their flow died finish (or are dropped) on the workers."""
     deadline, quiet_since = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         busy = sum(cluster.client.run(_busy).values()) + cluster.client.run_on_scheduler(
@@ -183,7 +183,7 @@ build_dataset(BuildConfig.model_validate_json(sys.argv[1]), cache_dir=sys.argv[2
 
 
 @pytest.mark.slow
-def test_a_killed_build_resumes_and_packs_only_the_missing_shards(
+def test_a_killed_build_resumes_and_packs_only_the_missing_parts(
     cluster: Cluster, built: Any, demo_archive: Any, fetch_cache: Path, tmp_path: Path
 ) -> None:
     staging = tmp_path / "staging"
@@ -192,7 +192,7 @@ def test_a_killed_build_resumes_and_packs_only_the_missing_shards(
         tmp_path / "out" / "demo.h5",
         executor="dask",
         dask_address=cluster.address,
-        shard_size=20,
+        part_size=20,
         staging=str(staging),
     )
     n = -(-INPUTS // 20)
@@ -206,30 +206,30 @@ def test_a_killed_build_resumes_and_packs_only_the_missing_shards(
     )
     try:
         deadline = time.monotonic() + 120
-        while not staging.exists() or len(_manifests(staging)) < 3:
+        while not staging.exists() or len(_sidecars(staging)) < 3:
             assert run.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no shard finished in 120 s"
+            assert time.monotonic() < deadline, "no part finished in 120 s"
             time.sleep(0.02)
     finally:
         run.send_signal(signal.SIGKILL)
         run.wait()
         log.close()
     _wait_until_idle(cluster)
-    done = _manifests(staging)
+    done = _sidecars(staging)
     k = len(done)
-    assert 3 <= k < n, f"{k} of {n} shards finished before the kill landed"
-    done_index = {int(name[len("shard-") : -len(".h5")]) for name in done}
+    assert 3 <= k < n, f"{k} of {n} parts finished before the kill landed"
+    done_index = {int(name[len("part-") : -len(".h5")]) for name in done}
 
     summary, run_id = _build(config, fetch_cache)
 
-    assert summary.shards is not None
-    assert set(summary.shards.skipped) == done_index
-    assert set(summary.shards.packed) == set(range(n)) - done_index  # only the n - k
-    assert len(_shard_runs(run_id)) == n - k
-    assert all(f"shard-{i:05d}.h5" not in name for name in _shard_runs(run_id) for i in done_index)
+    assert summary.parts is not None
+    assert set(summary.parts.skipped) == done_index
+    assert set(summary.parts.packed) == set(range(n)) - done_index  # only the n - k
+    assert len(_part_runs(run_id)) == n - k
+    assert all(f"part-{i:05d}.h5" not in name for name in _part_runs(run_id) for i in done_index)
     _assert_same_samples(tmp_path / "out" / "demo.h5", built.dest)
-    manifest = json.loads(Path(str(tmp_path / "out" / "demo.h5") + ".manifest.json").read_text())
-    assert manifest["num_samples"] == 300
+    sidecar = json.loads(Path(str(tmp_path / "out" / "demo.h5") + ".manifest.json").read_text())
+    assert sidecar["num_samples"] == 300
 
 
 # --------------------------------------------------------------------------- BuildConfig
@@ -260,7 +260,7 @@ GOOD = {"source": "/data/flowers.tar.gz", "destination": "/assets/flowers.h5"}
             "embeds credentials",
         ),
         (
-            {"executor": "dask", "dask_address": "tcp://s:8786", "shard_size": 0},
+            {"executor": "dask", "dask_address": "tcp://s:8786", "part_size": 0},
             "greater than or equal to 1",
         ),
         ({"executor": "ray"}, "'local' or 'dask'"),
@@ -285,7 +285,7 @@ def test_build_config_accepts_dask_addresses(address: str) -> None:
         **GOOD, executor="dask", dask_address=address, staging="s3://bucket/staging/flowers/"
     )
     assert config.dask_address == address.strip()
-    assert (config.shard_size, config.shard_bytes) == (2000, None)
+    assert (config.part_size, config.part_bytes) == (2000, None)
 
 
 def test_cli_build_takes_the_executor_options(tmp_path: Path) -> None:
@@ -298,7 +298,7 @@ def test_cli_build_takes_the_executor_options(tmp_path: Path) -> None:
     assert missing.exit_code == 2
     assert "needs dask_address" in missing.output
     bad = CliRunner().invoke(
-        app, [*args, "--dask-address", "tcp://scheduler:8786", "--shard-size", "0"]
+        app, [*args, "--dask-address", "tcp://scheduler:8786", "--part-size", "0"]
     )
     assert bad.exit_code == 2
-    assert "shard_size" in bad.output
+    assert "part_size" in bad.output

@@ -20,7 +20,7 @@ from h5forge.demo import write_image_folder
 from h5forge.flows.build import BuildConfig, build_dataset
 from h5forge.pack.writer import pack
 from h5forge.publish.versions import read_pointer
-from tests.h5forge.test_incremental import CHANGES
+from tests.h5forge.pack.test_incremental import CHANGES
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,7 @@ class _Place:
         fs.get_file(path, out)
         return out
 
-    def manifest(self, url: str) -> dict[str, Any]:
+    def sidecar(self, url: str) -> dict[str, Any]:
         with fsspec.open(url + ".manifest.json", **self.options) as f:
             return dict(json.load(f))
 
@@ -158,9 +158,9 @@ def test_each_change_is_built_incrementally_and_equals_a_full_build(
         full = pack(local, tmp_path / f"full-{step}.h5", config=config.pack_config(), workers=1)
         _same_samples(place.local_copy(built.destination, f"{step}.h5"), full.path)
         assert built.num_samples == full.num_samples, step
-        manifest = place.manifest(built.destination)
-        assert manifest["parent"] == parent.sha256, step
-        assert manifest["changes"] == _expected(before, after), step
+        sidecar = place.sidecar(built.destination)
+        assert sidecar["parent"] == parent.sha256, step
+        assert sidecar["changes"] == _expected(before, after), step
         unchanged = sum(before[k] == after[k] for k in before.keys() & after.keys())
         assert built.reused == (0 if step == "config" else unchanged), step
         pointer = read_pointer(place.dest, storage_options=place.options)

@@ -85,7 +85,7 @@ def test_a_segmentation_folder_builds_with_its_masks(
 
 def test_the_form_refuses_two_layouts_and_targets_on_dask_before_any_work() -> None:
     with pytest.raises(ValidationError, match="name two source layouts"):
-        BuildConfig(source="/d", destination="/o.h5", manifest="m.csv", masks="masks")
+        BuildConfig(source="/d", destination="/o.h5", listing="m.csv", masks="masks")
     with pytest.raises(ValidationError, match="give coco"):
         BuildConfig(source="/d", destination="/o.h5", coco_masks=True)
     with pytest.raises(ValidationError, match="apply to executor='local' only"):

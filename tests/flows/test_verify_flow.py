@@ -1,4 +1,4 @@
-"""``verify-h5-asset``: re-verify published assets against their manifests."""
+"""``verify-h5-asset``: re-verify published assets against their sidecars."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def copy_of_asset(built: Any, tmp_path: Path) -> Path:
-    """A private copy of the demo asset and its manifest, free to tamper with."""
+    """A private copy of the demo asset and its sidecar, free to tamper with."""
     dest = tmp_path / "demo.h5"
     shutil.copyfile(built.dest, dest)
     shutil.copyfile(str(built.dest) + ".manifest.json", str(dest) + ".manifest.json")
     return dest
 
 
-def test_a_published_asset_verifies_against_its_manifest(built: Any) -> None:
+def test_a_published_asset_verifies_against_its_sidecar(built: Any) -> None:
     state = verify_asset(str(built.dest), return_state=True)
     assert state.is_completed(), state.message
     result = state.result()
@@ -49,22 +49,22 @@ def test_a_flipped_byte_fails_the_run(copy_of_asset: Path) -> None:
         state.result()
 
 
-def test_a_manifest_that_disagrees_with_the_file_fails_the_run(copy_of_asset: Path) -> None:
-    manifest_path = Path(str(copy_of_asset) + ".manifest.json")
-    manifest = json.loads(manifest_path.read_text())
-    manifest["sha256"] = "0" * 64
-    manifest_path.write_text(json.dumps(manifest))
+def test_a_sidecar_that_disagrees_with_the_file_fails_the_run(copy_of_asset: Path) -> None:
+    sidecar_path = Path(str(copy_of_asset) + ".manifest.json")
+    sidecar = json.loads(sidecar_path.read_text())
+    sidecar["sha256"] = "0" * 64
+    sidecar_path.write_text(json.dumps(sidecar))
     state = verify_asset(str(copy_of_asset), return_state=True)
     assert state.is_failed()
-    with pytest.raises(IntegrityError, match="does not match its manifest"):
+    with pytest.raises(IntegrityError, match="does not match its sidecar"):
         state.result()
 
 
-def test_an_asset_without_manifest_fails_the_run(copy_of_asset: Path) -> None:
+def test_an_asset_without_sidecar_fails_the_run(copy_of_asset: Path) -> None:
     Path(str(copy_of_asset) + ".manifest.json").unlink()
     state = verify_asset(str(copy_of_asset), return_state=True)
     assert state.is_failed()
-    with pytest.raises(FileNotFoundError, match="no manifest"):
+    with pytest.raises(FileNotFoundError, match="no sidecar"):
         state.result()
 
 

@@ -1,4 +1,4 @@
-"""build-h5-dataset with versioned=True: no-op builds, lineage in the manifest and the file."""
+"""build-h5-dataset with versioned=True: no-op builds, lineage in the sidecar and the file."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _objects(url: str, options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _manifest(url: str, options: dict[str, Any]) -> dict[str, Any]:
+def _sidecar(url: str, options: dict[str, Any]) -> dict[str, Any]:
     with fsspec.open(url + ".manifest.json", **options) as f:
         return dict(json.load(f))
 
@@ -54,18 +54,18 @@ def test_a_local_source_unchanged_touched_and_reconfigured(
     assert not first.unchanged
     assert first.destination.endswith(f"/set/v/{first.version}/set.h5")
     assert first.version == first.sha256[:16]
-    manifest = _manifest(first.destination, {})
-    assert manifest["parent"] == ""
-    assert manifest["config_sha256"] == config.pack_config().sha256()
-    assert manifest["flow_run_id"] == str(state.state_details.flow_run_id)
-    assert "changes" not in manifest  # no parent to compare with
+    sidecar = _sidecar(first.destination, {})
+    assert sidecar["parent"] == ""
+    assert sidecar["config_sha256"] == config.pack_config().sha256()
+    assert sidecar["flow_run_id"] == str(state.state_details.flow_run_id)
+    assert "changes" not in sidecar  # no parent to compare with
     files = read_sources(first.destination)
     assert files is not None
     assert len(files) == 8
     with h5py.File(first.destination) as h5:
         assert h5.attrs["parent_sha256"] == ""
-        assert h5.attrs["source_fingerprint"] == manifest["source_fingerprint"]
-        assert h5.attrs["flow_run_id"] == manifest["flow_run_id"]
+        assert h5.attrs["source_fingerprint"] == sidecar["source_fingerprint"]
+        assert h5.attrs["flow_run_id"] == sidecar["flow_run_id"]
         assert "changes_json" not in h5.attrs
 
     before = _objects(str(pub), {})
@@ -84,19 +84,19 @@ def test_a_local_source_unchanged_touched_and_reconfigured(
     _, second = _build(config, tmp_path / "cache")
     assert not second.unchanged
     assert second.version != first.version
-    manifest = _manifest(second.destination, {})
-    assert manifest["parent"] == first.sha256
-    assert manifest["changes"] == {"added": 0, "removed": 0, "replaced": 1}
+    sidecar = _sidecar(second.destination, {})
+    assert sidecar["parent"] == first.sha256
+    assert sidecar["changes"] == {"added": 0, "removed": 0, "replaced": 1}
     with h5py.File(second.destination) as h5:
         assert h5.attrs["parent_sha256"] == first.sha256
-        assert json.loads(h5.attrs["changes_json"]) == manifest["changes"]
+        assert json.loads(h5.attrs["changes_json"]) == sidecar["changes"]
     pointed = read_pointer(str(pub / "set"))
     assert pointed is not None
     assert pointed.sha256 == second.sha256
 
     _, third = _build(config.model_copy(update={"size": 24}), tmp_path / "cache")
     assert not third.unchanged
-    assert _manifest(third.destination, {})["changes"] == {"added": 0, "removed": 0, "replaced": 0}
+    assert _sidecar(third.destination, {})["changes"] == {"added": 0, "removed": 0, "replaced": 0}
 
 
 def test_an_s3_asset_is_not_rebuilt_when_nothing_changed(
@@ -129,7 +129,7 @@ def test_an_s3_asset_is_not_rebuilt_when_nothing_changed(
     _, grown = _build(config, tmp_path / "cache")
     assert not grown.unchanged
     assert grown.num_samples == first.num_samples + 1
-    assert _manifest(f"{base}/v/{grown.version}/set.h5", s3_storage_options)["changes"] == {
+    assert _sidecar(f"{base}/v/{grown.version}/set.h5", s3_storage_options)["changes"] == {
         "added": 1,
         "removed": 0,
         "replaced": 0,
@@ -166,7 +166,7 @@ def test_a_changed_source_is_built_incrementally_and_equals_a_full_build(
     assert not second.unchanged
     assert second.num_samples == 9
     assert second.reused == 7  # every sample but the replaced and the added one
-    assert _manifest(second.destination, {})["changes"] == {
+    assert _sidecar(second.destination, {})["changes"] == {
         "added": 1,
         "removed": 0,
         "replaced": 1,

@@ -22,7 +22,14 @@ from typer.testing import CliRunner
 from h5forge.cli.options import pack_default
 from h5forge.deployments.cli import app
 from h5forge.flows.config import BuildConfig
-from h5forge.options import CODEC_LEVELS, PACK_OPTIONS, OptionError, format_size, option
+from h5forge.options import (
+    CODEC_LEVELS,
+    PACK_OPTIONS,
+    RENAMED_OPTIONS,
+    OptionError,
+    format_size,
+    option,
+)
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
@@ -108,12 +115,12 @@ def _cases(valid: bool) -> list[dict[str, Any]]:
             )
         elif o.kind == "columns":
             cases.extend(
-                [{"manifest": "labels.jsonl", o.name: "tags=multilabel,caption=text"}]
+                [{"listing": "labels.jsonl", o.name: "tags=multilabel,caption=text"}]
                 if valid
                 else [{o.name: "tags=video"}, {o.name: "x"}, {o.name: "caption=text"}]
             )
         elif not valid and o.name == "coco":  # one source layout at a time
-            cases += [{"manifest": "a.csv", "coco": "b.json"}, {"coco": "b.json", "masks": "m"}]
+            cases += [{"listing": "a.csv", "coco": "b.json"}, {"coco": "b.json", "masks": "m"}]
         elif o.name == "coco_masks":  # with a COCO file only
             cases.append({"coco": "b.json", o.name: True} if valid else {o.name: True})
         elif valid and o.kind == "bool":
@@ -238,3 +245,27 @@ def test_the_form_keeps_bounds_in_its_schema() -> None:
         assert number["minimum"] == o.low, o.name
         assert number.get("maximum") == o.high, o.name
     assert (props["size"]["minimum"], props["size"]["maximum"]) == (8, 4096)
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(RENAMED_OPTIONS.items()))
+def test_an_old_option_name_fails_naming_the_new_one_everywhere(
+    old: str, new: str, tmp_path: Path
+) -> None:
+    # A saved deployment's parameters, a prefect.yaml or a dict: never a silent new meaning.
+    with pytest.raises(ValidationError) as refused:
+        BuildConfig.model_validate({"source": "/data", "destination": "/out/x.h5", old: "7"})
+    assert f"{old} was renamed {new}" in str(refused.value)
+    assert new in BuildConfig.model_fields
+    old_flag, new_flag = (f"--{n.replace('_', '-')}" for n in (old, new))
+    for command in ("pack", "build"):
+        params = {p.name for p in _COMMANDS[command].params}
+        if new not in params:
+            continue  # pack has no Dask parts
+        shown = {o for p in _COMMANDS[command].params if not p.hidden for o in p.opts}
+        assert (new_flag in shown, old_flag in shown) == (True, False), command  # --help: new
+        # Refused while parsing, before the source check and before Prefect is imported.
+        assert _line(command, tmp_path, [old_flag, "7"]) == (
+            2,
+            f"error: {old_flag} was renamed {new_flag} (same meaning, same values); "
+            f"give {new_flag} instead",
+        ), command

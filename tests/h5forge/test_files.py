@@ -31,7 +31,7 @@ from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.preview import write_preview
 from h5forge.publish.storage import remove_stale_temps
-from h5forge.scale.merge import merge_shards
+from h5forge.scale.merge import merge_parts
 from h5forge.verify.checks import verify
 
 SMALL = ImageConfig(resize="resize", size=(16, 16))
@@ -303,12 +303,12 @@ def test_merge_holds_the_output_and_refuses_a_planted_partial(
     out = tmp_path / "m.h5"
     Path(str(out) + ".partial").symlink_to(victim)
     with pytest.raises(UnsafePathError, match="already has that name"):
-        merge_shards([packed_decoded.path], out)
+        merge_parts([packed_decoded.path], out)
     assert victim.read_bytes() == b"precious bytes that must never change"
     Path(str(out) + ".partial").unlink()
     with output_lock(out), pytest.raises(BusyError, match=f"pid {os.getpid()}"):
-        merge_shards([packed_decoded.path], out)
-    assert merge_shards([packed_decoded.path], out).num_samples == packed_decoded.num_samples
+        merge_parts([packed_decoded.path], out)
+    assert merge_parts([packed_decoded.path], out).num_samples == packed_decoded.num_samples
 
 
 # --- preview, publish temps, staging ----------------------------------------------------------

@@ -67,7 +67,7 @@ def network_builds(
                 problems.append(f"exit {rc}, expected {want_rc}: {w.text[-800:]}")
             if "Traceback" in w.text:
                 problems.append("a traceback was printed")
-            if want_rc == 0 and state != "asset committed (manifest matches)":
+            if want_rc == 0 and state != "asset committed (sidecar matches)":
                 problems.append(f"destination holds {state}")
             if want_rc != 0 and state != "nothing published":
                 problems.append(f"failed but the destination holds {state}")
@@ -123,7 +123,7 @@ def concurrent_builds(
                 )
             if any("Traceback" in r.text for r in runs):
                 problems.append("a traceback was printed")
-            if state != "asset committed (manifest matches)":
+            if state != "asset committed (sidecar matches)":
                 problems.append(f"destination holds {state}")
             label = "both --overwrite" if overwrite else "no --overwrite"
             if not overwrite and rcs == [0, 0]:

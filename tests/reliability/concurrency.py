@@ -4,7 +4,7 @@ Three small assets (A0, A1, A2: same classes, different images) are packed once.
 starts processes (fork) at one gate:
 
 * ``replace``: the destination holds A0; two publishers replace it with A1 and A2 at once
-  (``overwrite=True``). Both must succeed; the end state is A1 or A2, whole, with its manifest.
+  (``overwrite=True``). Both must succeed; the end state is A1 or A2, whole, with its sidecar.
 * ``first-wins``: the destination is empty; two publishers publish A1 and A2 without
   ``overwrite``. Exactly one succeeds; the other gets ``FileExistsError``; the end state is the
   winner's.
@@ -13,9 +13,9 @@ starts processes (fork) at one gate:
 While the publishers run, two readers open ``H5ImageDataset(dest, verify_reads=True)`` over and
 over and read every sample: each read must be one asset, whole (its sample count and digests
 those of A0, A1 or A2, and no IntegrityError). A re-verifier runs ``verify`` and compares the
-result with the manifest read just before and just after: when the manifest did not change in
-between, the verified file must be the one it describes (otherwise the manifest disagreed with
-its file: torn). The destination is checked at the end: a manifest matching its file, verifying.
+result with the sidecar read just before and just after: when the sidecar did not change in
+between, the verified file must be the one it describes (otherwise the sidecar disagreed with
+its file: torn). The destination is checked at the end: a sidecar matching its file, verifying.
 
 Packs to one output (``h5forge pack`` processes, :data:`PACK_KINDS`):
 
@@ -52,7 +52,7 @@ from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
-from h5forge.publish.manifest import read_manifest
+from h5forge.publish.sidecar import read_sidecar
 from h5forge.publish.storage import publish
 
 # Imported here, before the children fork, so they start at once (torch takes seconds).
@@ -171,7 +171,7 @@ def _reverifier(gate: Any, stop: Any, dest: str, out: Any) -> None:
     gate.wait()
     while not stop.is_set():
         try:
-            before = read_manifest(dest)
+            before = read_sidecar(dest)
         except FileNotFoundError:
             tally.add("not published")
             continue
@@ -184,15 +184,15 @@ def _reverifier(gate: Any, stop: Any, dest: str, out: Any) -> None:
             tally.add(type(e).__name__, str(e)[:300])
             continue
         try:
-            after = read_manifest(dest)
+            after = read_sidecar(dest)
         except FileNotFoundError:
             after = None
         if after != before:
-            tally.add("manifest changed meanwhile")
+            tally.add("sidecar changed meanwhile")
         elif report.sha256 != before["sha256"]:
-            tally.add("TORN", f"manifest {before['sha256']} stayed, file is {report.sha256}")
+            tally.add("TORN", f"sidecar {before['sha256']} stayed, file is {report.sha256}")
         else:
-            tally.add("matches its manifest")
+            tally.add("matches its sidecar")
     tally.send(out)
 
 
@@ -244,8 +244,8 @@ def run_trial(
                     "whole",
                     "absent",
                     "not published",
-                    "matches its manifest",
-                    "manifest changed meanwhile",
+                    "matches its sidecar",
+                    "sidecar changed meanwhile",
                 )
             )
         ):
@@ -257,10 +257,10 @@ def run_trial(
         )
     if kind != "first-wins" and any(r not in ("published", "unchanged") for r in pubs):
         problems.append(f"{kind}: publishers ended {pubs}, expected both to succeed")
-    final = read_manifest(str(dest))
+    final = read_sidecar(str(dest))
     fp = _fingerprint(dest)
     if final["sha256"] != fp["sha256"]:
-        problems.append(f"{kind}: final manifest {final['sha256']} != file {fp['sha256']}")
+        problems.append(f"{kind}: final sidecar {final['sha256']} != file {fp['sha256']}")
     if fp["sha256"] not in {_fingerprint(s)["sha256"] for s in srcs}:
         problems.append(f"{kind}: the final file is none of the published assets")
     if not problems:

@@ -16,11 +16,11 @@ printed and, inside the pack task, from the size of the ``.partial``: still grow
 digest, self-verify, seal, rename). Half the
 trials publish to an empty folder, half replace a published asset (``--overwrite``).
 
-After each kill: every ``.h5`` in the destination either has a manifest whose sha256 and size
-match it and verifies, or has no manifest (then ``read_manifest`` refuses it: not published) and
-is still a whole, sealed file; no manifest exists without its file; a leftover ``.partial`` is
+After each kill: every ``.h5`` in the destination either has a sidecar whose sha256 and size
+match it and verifies, or has no sidecar (then ``read_sidecar`` refuses it: not published) and
+is still a whole, sealed file; no sidecar exists without its file; a leftover ``.partial`` is
 refused by ``verify`` and ``H5ImageDataset``. Then the same command runs again and must
-complete; the result must verify, match its manifest, hold the full dataset (300 samples, 2
+complete; the result must verify, match its sidecar, hold the full dataset (300 samples, 2
 quarantined), and the leftovers of the killed run (staging and incoming folders, temp files) must
 be gone.
 """
@@ -40,7 +40,7 @@ from pathlib import Path
 from h5forge.demo import make_demo_archive
 from h5forge.errors import IntegrityError, UnsealedFileError
 from h5forge.location import Location
-from h5forge.publish.manifest import read_manifest
+from h5forge.publish.sidecar import read_sidecar
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.verify.checks import verify
 from tests.reliability._procs import REPO, Watched, base_env, run_cli
@@ -154,32 +154,32 @@ def check_destination(dest: Path) -> tuple[str, list[str]]:
     folder = dest.parent
     names = sorted(os.listdir(folder)) if folder.exists() else []
     h5s = [n for n in names if n.endswith(".h5")]
-    manifests = [n for n in names if n.endswith(".h5.manifest.json")]
-    for m in manifests:
+    sidecars = [n for n in names if n.endswith(".h5.manifest.json")]
+    for m in sidecars:
         if m[: -len(".manifest.json")] not in h5s:
-            problems.append(f"manifest {m} has no file beside it")
+            problems.append(f"sidecar {m} has no file beside it")
     state = "nothing published"
     for name in h5s:
         path = folder / name
         try:
-            manifest = read_manifest(str(path))
+            sidecar = read_sidecar(str(path))
         except FileNotFoundError:
-            manifest = None
+            sidecar = None
         except ValueError as e:
-            problems.append(f"{name}: manifest unreadable: {e}")
+            problems.append(f"{name}: sidecar unreadable: {e}")
             continue
-        if manifest is None:
-            state = "file without manifest (not published)"
+        if sidecar is None:
+            state = "file without sidecar (not published)"
             try:
                 verify(str(path), sample_fraction=0.05)
             except IntegrityError as e:
                 problems.append(f"{name}: uncommitted file is not whole: {e}")
             continue
         size, sha = path.stat().st_size, Location.of(path).sha256()
-        if (manifest["sha256"], manifest["bytes"]) != (sha, size):
+        if (sidecar["sha256"], sidecar["bytes"]) != (sha, size):
             problems.append(
-                f"{name}: TORN: manifest says {manifest['sha256']} / "
-                f"{manifest['bytes']} bytes, file is {sha} / {size} bytes"
+                f"{name}: TORN: sidecar says {sidecar['sha256']} / "
+                f"{sidecar['bytes']} bytes, file is {sha} / {size} bytes"
             )
             state = "TORN"
             continue
@@ -187,7 +187,7 @@ def check_destination(dest: Path) -> tuple[str, list[str]]:
             verify(str(path))
         except IntegrityError as e:
             problems.append(f"{name}: committed but fails verify: {e}")
-        state = "asset committed (manifest matches)"
+        state = "asset committed (sidecar matches)"
     return state, problems
 
 
@@ -294,11 +294,11 @@ def run_trial(
     else:
         final, more = check_destination(dest)
         problems += more
-        if final != "asset committed (manifest matches)":
+        if final != "asset committed (sidecar matches)":
             problems.append(f"trial {k}: after the re-run the destination holds {final}")
         else:
-            manifest = json.loads(Path(str(dest) + ".manifest.json").read_text())
-            got = {key: manifest.get(key) for key in EXPECTED}
+            sidecar = json.loads(Path(str(dest) + ".manifest.json").read_text())
+            got = {key: sidecar.get(key) for key in EXPECTED}
             if got != EXPECTED:
                 problems.append(f"trial {k}: the re-run published {got}, expected {EXPECTED}")
         left = _leftovers(trial / "cache", trial / "dest")

@@ -11,7 +11,7 @@ Every trial runs the real console command in a subprocess with a **fresh** ``PRE
 bounded in time, killed when the trial ends), on the built-in demo archive pinned by sha256:
 
 - ``busy``: one build; it must exit 0 and publish an asset that verifies and matches its
-  manifest (300 samples, 2 quarantined).
+  sidecar (300 samples, 2 quarantined).
 - ``kill``: one build SIGKILLed at a random moment in the first ``kill_window`` seconds (at
   most 90% of the fastest ``busy`` build), which covers the server's first start and the
   stages after it — the command's process alone in
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from h5forge.demo import make_demo_archive
 from h5forge.location import Location
-from h5forge.publish.manifest import read_manifest
+from h5forge.publish.sidecar import read_sidecar
 from h5forge.verify.checks import verify
 from tests.fixtures.processes import descendants, survivors
 from tests.reliability._procs import REPO, base_env, run_cli
@@ -102,13 +102,13 @@ def _check_published(dest: Path) -> str | None:
     if not dest.exists():
         return f"no asset at {dest}"
     try:
-        manifest = read_manifest(str(dest))
+        sidecar = read_sidecar(str(dest))
         report = verify(str(dest))
     except (OSError, ValueError) as e:
         return f"asset at {dest} does not check: {type(e).__name__}: {e}"
-    if manifest.get("sha256") != report.sha256:
-        return f"manifest sha256 {manifest.get('sha256')} != file {report.sha256}"
-    got = {"num_samples": report.num_samples, "num_quarantined": manifest.get("num_quarantined")}
+    if sidecar.get("sha256") != report.sha256:
+        return f"sidecar sha256 {sidecar.get('sha256')} != file {report.sha256}"
+    got = {"num_samples": report.num_samples, "num_quarantined": sidecar.get("num_quarantined")}
     if got != EXPECTED:
         return f"asset holds {got}, expected {EXPECTED}"
     return None

@@ -12,12 +12,12 @@ reason. An empty class folder is a separate tree: ``h5forge pack`` must refuse i
 ``EmptyDatasetError`` (exit 2), because packing it would either invent a class with no samples
 or silently drop one.
 
-Manifests (issue 11): :data:`MANIFEST_ATTACKS` go through ``discover`` (huge and 1,000-digit
+Listings (issue 11): :data:`LISTING_ATTACKS` go through ``discover`` (huge and 1,000-digit
 labels, 128 KB fields, 2 MiB lines, NUL, UTF-16 and Latin-1 bytes, wrong column counts, empty
 paths, bad and deeply nested JSON, absolute and ``..`` paths, links out, a link to a link out,
 a folder link out, a link loop, a FIFO, a device, escape sequences) and must be refused with
-a short printable message naming the manifest and line, or, for the odd but valid ones,
-accepted; two go through ``h5forge pack --manifest`` (exit 2, one line, nothing written). A
+a short printable message naming the listing and line, or, for the odd but valid ones,
+accepted; two go through ``h5forge pack --listing`` (exit 2, one line, nothing written). A
 1,200-deep folder tree must be cut at the depth limit, not crash discovery.
 
 ``h5forge pack`` runs as a subprocess on the corpus (decoded at source size, and the default
@@ -62,14 +62,14 @@ from tests.reliability._procs import REPO
 from tests.reliability._result import CampaignResult
 
 __all__ = [
-    "MANIFEST_ATTACKS",
+    "LISTING_ATTACKS",
     "Expect",
-    "ManifestAttack",
+    "ListingAttack",
     "deep_local_tree",
     "fuzz_discover",
     "fuzz_process_file",
-    "manifest_attacks",
-    "manifest_pack",
+    "listing_attacks",
+    "listing_pack",
     "run",
     "run_pack",
     "write_hostile_corpus",
@@ -422,17 +422,17 @@ def _check_packed(
             res.record(f"{e.kind}: packed", detected=True)
 
 
-# --------------------------------------------------------------------------- manifests
+# --------------------------------------------------------------------------- listings
 
 _FIELD = "x" * (128 * 1024)
 
 
 @dataclass(frozen=True)
-class ManifestAttack:
-    """One hostile manifest: its name and bytes, and what ``discover`` must say.
+class ListingAttack:
+    """One hostile listing: its name and bytes, and what ``discover`` must say.
 
-    ``expect`` is a fragment of the message (``None``: the manifest is valid and must be
-    accepted); the message must also name the manifest and ``line``, be one printable line
+    ``expect`` is a fragment of the message (``None``: the listing is valid and must be
+    accepted); the message must also name the listing and ``line``, be one printable line
     and stay short.
     """
 
@@ -445,13 +445,11 @@ class ManifestAttack:
 
 def _m(
     kind: str, text: str | bytes, line: int, expect: str | None, name: str = "m.csv"
-) -> ManifestAttack:
-    return ManifestAttack(
-        kind, name, text.encode() if isinstance(text, str) else text, line, expect
-    )
+) -> ListingAttack:
+    return ListingAttack(kind, name, text.encode() if isinstance(text, str) else text, line, expect)
 
 
-MANIFEST_ATTACKS: list[ManifestAttack] = [
+LISTING_ATTACKS: list[ListingAttack] = [
     _m(
         "huge-integer-label-csv",
         "path,label\na.png,0\nb.png,1099511627776\n",
@@ -492,7 +490,7 @@ MANIFEST_ATTACKS: list[ManifestAttack] = [
     ),
     _m("nul-byte-csv", b"path,label\na.png,a\x00b\n", 2, "NUL byte at column 8"),
     _m("nul-byte-jsonl", b'{"path": "a\x00.png", "label": 0}\n', 1, "NUL byte", "m.jsonl"),
-    _m("utf16-manifest", "path,label\na.png,a\n".encode("utf-16"), 1, "NUL byte"),
+    _m("utf16-listing", "path,label\na.png,a\n".encode("utf-16"), 1, "NUL byte"),
     _m("latin1-bytes", b"path,label\na.png,caf\xe9\n", 2, "byte 0xe9 at column 10 is not UTF-8"),
     _m("too-many-columns", "path,label\na.png,a,b\n", 2, "3 fields, but the header has 2"),
     _m("too-few-columns", "path,label,split\na.png,a\n", 2, "2 fields, but the header has 3"),
@@ -501,12 +499,12 @@ MANIFEST_ATTACKS: list[ManifestAttack] = [
     _m("deeply-nested-json", "[" * 100_000 + "\n", 1, "not usable JSON", "m.jsonl"),
     _m("absolute-path", "path,label\n/etc/passwd,a\n", 2, "must be relative"),
     _m("dotdot-out", "path,label\nsub/../../secret.png,a\n", 2, "stay inside"),
-    _m("symlink-out", "path,label\nleak.png,a\n", 2, "outside the manifest's folder"),
-    _m("symlink-to-symlink-out", "path,label\nhop.png,a\n", 2, "outside the manifest's folder"),
-    _m("folder-symlink-out", "path,label\nup/secret.png,a\n", 2, "outside the manifest's folder"),
+    _m("symlink-out", "path,label\nleak.png,a\n", 2, "outside the listing's folder"),
+    _m("symlink-to-symlink-out", "path,label\nhop.png,a\n", 2, "outside the listing's folder"),
+    _m("folder-symlink-out", "path,label\nup/secret.png,a\n", 2, "outside the listing's folder"),
     _m("symlink-loop", "path,label\nloop.png,a\n", 2, "more than 40 symbolic links"),
     _m("fifo", "path,label\npipe.png,a\n", 2, "is a FIFO (named pipe), not a regular file"),
-    _m("device-via-link", "path,label\nzero.png,a\n", 2, "outside the manifest's folder"),
+    _m("device-via-link", "path,label\nzero.png,a\n", 2, "outside the listing's folder"),
     _m(
         "escape-sequences-in-path",
         "path,label\nx\x1b[2J\x1b]0;pwned\x07.png,a\n",
@@ -519,7 +517,7 @@ MANIFEST_ATTACKS: list[ManifestAttack] = [
         2,
         "split '\\x1b[31m' is not one of",
     ),
-    # Valid manifests that look odd: accepted.
+    # Valid listings that look odd: accepted.
     _m("dotdot-that-comes-back", "path,label\nsub/../a.png,a\n", 0, None),
     _m("bom-and-crlf", b"\xef\xbb\xbfpath,label\r\na.png,a\r\n", 0, None),
     _m("quoted-newlines-in-label", 'path,label\na.png,"two\nlines"\n', 0, None),
@@ -527,8 +525,8 @@ MANIFEST_ATTACKS: list[ManifestAttack] = [
 ]
 
 
-def _manifest_folder(folder: Path) -> None:
-    """The images and links every manifest attack refers to."""
+def _listing_folder(folder: Path) -> None:
+    """The images and links every listing attack refers to."""
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "sub").mkdir(parents=True)
     (folder / "a.png").write_bytes(_png(Image.new("RGB", (4, 4))))
@@ -542,22 +540,22 @@ def _manifest_folder(folder: Path) -> None:
     os.mkfifo(folder / "pipe.png")
 
 
-def manifest_attacks(work: Path, res: CampaignResult) -> None:
-    """Every :data:`MANIFEST_ATTACKS` entry through ``discover`` in this process."""
-    folder = work / "manifests"
-    _manifest_folder(folder)
-    for attack in MANIFEST_ATTACKS:
+def listing_attacks(work: Path, res: CampaignResult) -> None:
+    """Every :data:`LISTING_ATTACKS` entry through ``discover`` in this process."""
+    folder = work / "listings"
+    _listing_folder(folder)
+    for attack in LISTING_ATTACKS:
         path = folder / attack.name
         path.write_bytes(attack.data)
         problem = None
         try:
-            cat = discover(folder, manifest=attack.name)
+            cat = discover(folder, listing=attack.name)
             if attack.expect is not None:
                 problem = f"ACCEPTED ({len(cat.samples)} samples, {len(cat.classes)} classes)"
         except (ValueError, FileNotFoundError) as e:
             text = str(e)
             if attack.expect is None:
-                problem = f"refused a valid manifest: {text}"
+                problem = f"refused a valid listing: {text}"
             elif f"{path}:{attack.line}: " not in text:
                 problem = f"does not name {path.name}:{attack.line}: {text[:300]}"
             elif attack.expect not in text:
@@ -569,26 +567,26 @@ def manifest_attacks(work: Path, res: CampaignResult) -> None:
         path.unlink()
         verdict = "accepted" if attack.expect is None else "refused, file:line named"
         res.record(
-            f"manifest {attack.kind}: {verdict}"
+            f"listing {attack.kind}: {verdict}"
             if problem is None
-            else f"manifest {attack.kind}: FAILED",
+            else f"listing {attack.kind}: FAILED",
             detected=problem is None,
             lost=bool(problem and "ACCEPTED" in problem),
-            problem=None if problem is None else f"manifest {attack.kind}: {problem}",
+            problem=None if problem is None else f"listing {attack.kind}: {problem}",
         )
 
 
-def manifest_pack(work: Path, res: CampaignResult) -> None:
-    """``h5forge pack --manifest``: a link out and escape sequences end in exit 2, one line."""
-    folder = work / "manifests"
-    _manifest_folder(folder)
+def listing_pack(work: Path, res: CampaignResult) -> None:
+    """``h5forge pack --listing``: a link out and escape sequences end in exit 2, one line."""
+    folder = work / "listings"
+    _listing_folder(folder)
     for kind, body in (
         ("symlink-out", "path,label\na.png,a\nleak.png,b\n"),
         ("escape-sequences", "path,label\na.png,a\n\x1b[2J\x1b]0;x\x07.png,b\n"),
     ):
         (folder / "m.csv").write_text(body)
-        out = work / f"manifest-{kind}.h5"
-        proc = run_pack(folder, out, "--manifest", str(folder / "m.csv"))
+        out = work / f"listing-{kind}.h5"
+        proc = run_pack(folder, out, "--listing", str(folder / "m.csv"))
         text = proc.stdout + proc.stderr
         ok = (
             proc.returncode == 2
@@ -598,14 +596,14 @@ def manifest_pack(work: Path, res: CampaignResult) -> None:
             and not out.exists()
         )
         res.record(
-            f"pack --manifest {kind}: exit 2, file:line, escaped"
+            f"pack --listing {kind}: exit 2, file:line, escaped"
             if ok
-            else f"pack --manifest {kind}: WRONG",
+            else f"pack --listing {kind}: WRONG",
             detected=ok,
             lost=out.exists(),
             problem=None
             if ok
-            else f"pack --manifest {kind}: exit {proc.returncode}: {text[-800:]!r}",
+            else f"pack --listing {kind}: exit {proc.returncode}: {text[-800:]!r}",
         )
 
 
@@ -865,9 +863,9 @@ def run(
         detected=ok,
         problem=None if ok else f"empty class folder: exit {proc.returncode}: {text[-1000:]}",
     )
-    manifest_attacks(work, res)
-    log(f"  manifests: {len(MANIFEST_ATTACKS)} attacks through discover")
-    manifest_pack(work, res)
+    listing_attacks(work, res)
+    log(f"  listings: {len(LISTING_ATTACKS)} attacks through discover")
+    listing_pack(work, res)
     deep_local_tree(work, res)
     fuzz_discover(work, fuzz_examples, res)
     log(f"  discover fuzz: {fuzz_examples} examples")

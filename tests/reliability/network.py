@@ -19,8 +19,8 @@ caller header never seen by the other origin.
 S3 (a moto server that is stopped and restarted on the same port, keeping its buckets): each
 trial publishes a ~24 MB file while the server goes away at a random moment of the upload for a
 random time (sometimes long enough that s3fs's retries give up, sometimes not). ``publish`` must
-either complete — file and manifest match, ``verify`` over ``s3://`` passes — or raise within a
-bounded time, with no manifest written (nothing published). After the server is back, the same
+either complete — file and sidecar match, ``verify`` over ``s3://`` passes — or raise within a
+bounded time, with no sidecar written (nothing published). After the server is back, the same
 publish must complete.
 
 Build level (with a Prefect server, full campaign only): ``h5forge build http://...`` completes
@@ -44,7 +44,7 @@ from typing import Any
 from h5forge.demo import write_image_folder
 from h5forge.errors import ChecksumError, UnsafeArchiveError
 from h5forge.fetch.sources import fetch
-from h5forge.publish.manifest import read_manifest
+from h5forge.publish.sidecar import read_sidecar
 from h5forge.publish.storage import publish
 from tests.fixtures.servers import LoopbackHTTP
 from tests.reliability._result import CampaignResult
@@ -318,24 +318,24 @@ def s3_trial(
         problems.append(f"publish took {seconds:.0f} s (a hang?)")
     fresh = s3fs.S3FileSystem(**options)
     path = url[len("s3://") :]
-    manifest = fresh.exists(path + ".manifest.json")
-    if manifest:
-        m = read_manifest(url, storage_options=options)
+    sidecar = fresh.exists(path + ".manifest.json")
+    if sidecar:
+        m = read_sidecar(url, storage_options=options)
         if m["sha256"] != sha or fresh.size(path) != m["bytes"]:
-            problems.append("TORN: the manifest does not match the object")
+            problems.append("TORN: the sidecar does not match the object")
         elif outcome.startswith("failed"):
-            # The manifest PUT reached the server, its answer did not (the server went away):
+            # The sidecar PUT reached the server, its answer did not (the server went away):
             # an ambiguous commit. Consistent (checked above); a retry finds it unchanged.
-            outcome += ", but its manifest had landed (ambiguous commit, consistent)"
+            outcome += ", but its sidecar had landed (ambiguous commit, consistent)"
     try:
         again = publish(
             local, url, storage_options=options, extra={"counts": {"": {"x": 1}}}, overwrite=True
         )
         if again.sha256 != sha:
             problems.append("re-publish digest differs")
-        m = read_manifest(url, storage_options=options)
+        m = read_sidecar(url, storage_options=options)
         if m["sha256"] != sha or fresh.size(path) != m["bytes"]:
-            problems.append("after re-publish the manifest does not match the object")
+            problems.append("after re-publish the sidecar does not match the object")
     except Exception as e:  # noqa: BLE001
         problems.append(f"re-publish after the restart failed: {type(e).__name__}: {e}")
     res.record(

@@ -62,7 +62,7 @@ def test_killed_build_leaves_a_consistent_destination_and_reruns(
     assert not problems, problems
     assert state in (
         "nothing published",
-        "file without manifest (not published)",
-        "asset committed (manifest matches)",
+        "file without sidecar (not published)",
+        "asset committed (sidecar matches)",
     ), state
     assert facts.get("tmp_bytes_after_rerun", 0) == 0  # the killed run's work dir was removed

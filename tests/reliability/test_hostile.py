@@ -43,8 +43,8 @@ def test_link_to_an_ancestor_is_a_loop_not_a_second_copy(tmp_path: Path) -> None
     assert cat.skipped["revisited-folder"] == 2
 
 
-def test_manifest_attacks_are_refused_naming_file_and_line(tmp_path: Path) -> None:
+def test_listing_attacks_are_refused_naming_file_and_line(tmp_path: Path) -> None:
     res = CampaignResult("hostile")
-    hostile.manifest_attacks(tmp_path, res)
+    hostile.listing_attacks(tmp_path, res)
     assert res.ok, res.summary()
-    assert res.trials == len(hostile.MANIFEST_ATTACKS) >= 30
+    assert res.trials == len(hostile.LISTING_ATTACKS) >= 30

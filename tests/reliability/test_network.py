@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from h5forge.fetch.sources import fetch
-from h5forge.publish.manifest import read_manifest
+from h5forge.publish.sidecar import read_sidecar
 from h5forge.publish.storage import publish
 from tests.fixtures.servers import LoopbackHTTP
 from tests.reliability import network
@@ -142,4 +142,4 @@ def test_killed_publish_temp_is_removed_by_the_next(tmp_path: Path) -> None:
         publish(asset, str(dest))
         assert live.exists()
     assert not stale.exists()
-    assert read_manifest(str(dest))["bytes"] == 4096
+    assert read_sidecar(str(dest))["bytes"] == 4096

@@ -21,7 +21,7 @@ import pytest
 from h5forge.demo import write_image_folder
 from h5forge.location import Location
 from h5forge.publish.history import list_versions, scan_versions
-from h5forge.publish.manifest import read_manifest
+from h5forge.publish.sidecar import read_sidecar
 from h5forge.publish.versions import read_pointer
 from h5forge.verify.checks import verify
 from tests.reliability._procs import REPO, base_env, run_cli
@@ -38,11 +38,11 @@ def short_tmp() -> Iterator[Path]:
 
 
 def _whole(url: str) -> str:
-    """The sha256 of the file at ``url`` after it verified and matched its manifest."""
-    manifest = read_manifest(url)
+    """The sha256 of the file at ``url`` after it verified and matched its sidecar."""
+    sidecar = read_sidecar(url)
     report = verify(url, sample_fraction=1.0)
-    assert (report.sha256, report.bytes) == (manifest["sha256"], manifest["bytes"])
-    assert Location.of(url).sha256() == manifest["sha256"]
+    assert (report.sha256, report.bytes) == (sidecar["sha256"], sidecar["bytes"])
+    assert Location.of(url).sha256() == sidecar["sha256"]
     return report.sha256
 
 
@@ -76,7 +76,7 @@ def _first_then_grown(tmp: Path, prefect_api: str) -> tuple[list[str], dict[str,
 
 
 def _no_leftovers(dest: Path) -> None:
-    assert scan_versions(str(dest)).skipped == 0  # no version folder without its manifest
+    assert scan_versions(str(dest)).skipped == 0  # no version folder without its sidecar
     leftovers = [p.name for p in dest.parent.rglob("*") if ".tmp-" in p.name or ".new-" in p.name]
     assert leftovers == []
 
@@ -109,9 +109,9 @@ def test_a_killed_incremental_build_leaves_latest_whole_and_a_rerun_publishes(
     assert v2.sha256 != v1.sha256
     assert v2.parent == v1.sha256
     assert _whole(v2.url) == v2.sha256
-    manifest = read_manifest(v2.url)
-    assert manifest["changes"] == {"added": added, "removed": 0, "replaced": 0}
-    assert manifest["num_samples"] == 12 + added
+    sidecar = read_sidecar(v2.url)
+    assert sidecar["changes"] == {"added": added, "removed": 0, "replaced": 0}
+    assert sidecar["num_samples"] == 12 + added
     assert [v.sha256 for v in list_versions(str(dest))] == [v1.sha256, v2.sha256]
     _no_leftovers(dest)
 
@@ -129,7 +129,7 @@ def test_two_builds_at_once_one_publishes_and_nothing_is_torn(
     assert latest is not None
     assert latest.parent == v1.sha256
     assert _whole(latest.url) == latest.sha256
-    assert read_manifest(latest.url)["changes"]["added"] == added
+    assert read_sidecar(latest.url)["changes"]["added"] == added
     # One published; the other was refused (based on version 1, it found latest moved) or,
     # begun after that publish, found its source and settings unchanged.
     assert [v.sha256 for v in list_versions(str(dest))] == [v1.sha256, latest.sha256]

@@ -40,7 +40,7 @@ def _render(quarantined: int) -> str:
     )
     published = PublishResult(
         url="s3://b/x.h5",
-        manifest_url="s3://b/x.h5.manifest.json",
+        sidecar_url="s3://b/x.h5.manifest.json",
         sha256="f" * 64,
         bytes=2_000_000,
         unchanged=False,

@@ -103,7 +103,7 @@ def _pipeline_tasks() -> list[Task[Any, Any]]:
 
 def test_every_retrying_task_follows_the_one_policy() -> None:
     tasks = _pipeline_tasks()
-    assert {"fetch", "fingerprint", "read-manifest"} <= {t.name for t in tasks}
+    assert {"fetch", "fingerprint", "read-sidecar"} <= {t.name for t in tasks}
     retrying = [t for t in tasks if t.retries]
     assert retrying
     for t in retrying:

@@ -1,6 +1,6 @@
 """Synthetic scenes whose targets are known exactly: a dark image with one bright rectangle,
 its box and its mask, packed as an asset with target columns (used by tests/vision and
-tests/h5forge/test_read_targets.py)."""
+tests/h5forge/read/test_read_targets.py)."""
 
 from __future__ import annotations
 
