@@ -10,14 +10,26 @@ the per-sample index (see docs/FORMAT.md, "Physical placement"). Reads HDF5 make
 is cached cost one request each: small ones fetch a block around them, large ones exactly what
 is asked. Files laid out otherwise (older writers, ``h5repack``) open too, with a few more
 requests.
+
+A remote read waits on fsspec's IO thread while h5py holds its global lock (h5py calls the file
+object with it held), and freeing any h5py object takes that lock. Were the cyclic garbage
+collector to run on the IO thread then and free an h5py object left in a reference cycle (a
+refused file's traceback holds one), both threads would wait on each other forever (h5py
+issue 2019). So automatic collection is paused while a remote read waits
+(:func:`_collection_paused`); what was left to collect is collected after, on whatever thread
+allocates next.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import os
 import stat
+import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import h5py
@@ -52,6 +64,29 @@ H5_DAMAGE = (
     ValueError,
     MemoryError,
 )
+
+
+# Readers of several threads may wait at once: collection resumes when the last one is done.
+_pause_lock = threading.Lock()
+_pauses = [0, False]  # [readers waiting, whether collection was enabled before the first]
+
+
+@contextlib.contextmanager
+def _collection_paused() -> Iterator[None]:
+    """Automatic garbage collection off while a remote read made under h5py's lock waits (see
+    the module docstring); it resumes, if it was on, when the last waiting reader is done."""
+    with _pause_lock:
+        if _pauses[0] == 0:
+            _pauses[1] = gc.isenabled()
+            gc.disable()
+        _pauses[0] += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pauses[0] -= 1
+            if _pauses[0] == 0 and _pauses[1]:
+                gc.enable()
 
 
 class _RangeFile(io.RawIOBase):
@@ -110,7 +145,8 @@ class _RangeFile(io.RawIOBase):
         else:
             end = pos + _MISS_BLOCK
         end = min(max(end, pos + need), self._size)
-        data = self._fs.cat_file(self._path, start=pos, end=end)
+        with _collection_paused():
+            data = self._fs.cat_file(self._path, start=pos, end=end)
         self.requests += 1
         if len(data) < min(need, end - pos):
             raise OSError(
@@ -123,6 +159,34 @@ class _RangeFile(io.RawIOBase):
             _, old = self._spans.popitem(last=False)
             self._held -= len(old)
         return pos, data
+
+
+class _PausedFile(io.RawIOBase):
+    """An fsspec file object whose reads wait with collection paused (`_collection_paused`)."""
+
+    def __init__(self, f: Any) -> None:
+        super().__init__()
+        self._f = f
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return int(self._f.tell())
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return int(self._f.seek(offset, whence))
+
+    def readinto(self, buffer: Any) -> int:
+        with _collection_paused():
+            return int(self._f.readinto(buffer))
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
 
 
 class Opened:
@@ -196,7 +260,9 @@ def _open(where: Location) -> Opened:
             raise FileNotFoundError(f"no file at {url}: it is a {info.get('type')}")
         fileobj: Any
         if info.get("size") is None:  # e.g. an HTTP server that sends no Content-Length
-            fileobj = fs.open(path, "rb", cache_type="blockcache", block_size=_HEAD_BYTES)
+            fileobj = _PausedFile(
+                fs.open(path, "rb", cache_type="blockcache", block_size=_HEAD_BYTES)
+            )
         else:
             fileobj = _RangeFile(fs, path, int(info["size"]))
         try:
