@@ -6,8 +6,8 @@ version's folder, then ``publish_version`` hashed it again, then ``publish`` a t
 the task's one hash is handed down (``sha256=``). Timed in the same run, interleaved, best of
 ``--repeat``, each run into a fresh local asset (page cache warm, as after a pack):
 
-- now: one ``sha256_file`` and ``publish_version(..., sha256=)`` (the task's path);
-- before: two more ``sha256_file`` calls first, then ``publish_version`` hashing it itself,
+- now: one ``Location.sha256()`` and ``publish_version(..., sha256=)`` (the task's path);
+- before: two more ``Location.sha256()`` calls first, then ``publish_version`` hashing it itself,
   which is the work the old path did;
 - floor: one hash, a plain copy and a hash of the copy (the least a verified publish costs).
 
