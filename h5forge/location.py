@@ -54,7 +54,7 @@ __all__ = [
     "MAX_LINEAGE_BYTES",
     "MAX_LISTING_BYTES",
     "MAX_SIDECAR_BYTES",
-    "MAX_VERSION_MANIFEST_BYTES",
+    "MAX_POINTER_BYTES",
     "SIDECAR_SUFFIX",
     "TEMP_MARK",
     "DocumentError",
@@ -76,8 +76,8 @@ MAX_COCO_BYTES = 2**30
 MAX_SIDECAR_BYTES = 16 * 2**20
 #: A multi-asset list: 10,000 entries of a few hundred bytes.
 MAX_ASSET_LIST_BYTES = 4 * 2**20
-#: A version manifest (the ``NAME.latest.json`` pointer): a few hundred bytes.
-MAX_VERSION_MANIFEST_BYTES = 64 * 2**10
+#: The pointer ``BASE.latest.json`` naming the latest version: a few hundred bytes.
+MAX_POINTER_BYTES = 64 * 2**10
 #: A version's lineage (its sources map, one fingerprint per source file).
 MAX_LINEAGE_BYTES = 64 * 2**20
 #: A verified-cache entry's record: a few hundred bytes.

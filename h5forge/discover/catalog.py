@@ -130,7 +130,7 @@ def discover(
     index must be below ``max(rows, LABEL_FLOOR)``, so the classes made are bounded by the
     listing, never by a label's value. Listing entries are used as listed (no extension
     filter). Bounds: ``h5forge.location.MAX_LISTING_BYTES``; in :mod:`h5forge.discover.listing`
-    ``MAX_MANIFEST_ROWS``, ``MAX_LINE_BYTES`` per physical line, ``csv.field_size_limit()``
+    ``MAX_LISTING_ROWS``, ``MAX_LINE_BYTES`` per physical line, ``csv.field_size_limit()``
     per CSV field, ``MAX_PATH_BYTES`` per path, ``MAX_LABEL_CHARS`` per label. CSV rows must
     have as many fields as the header; text must be UTF-8 (a BOM is allowed) without NUL bytes.
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from h5forge.discover.coco_masks import CROWD, MAX_MASK_CLASSES, WHERE, drawn, shape_of
-from h5forge.discover.listing import MAX_LABEL_CHARS, MAX_MANIFEST_ROWS, check_listing_file
+from h5forge.discover.listing import MAX_LABEL_CHARS, MAX_LISTING_ROWS, check_listing_file
 from h5forge.discover.rows import check_file, check_path
 from h5forge.discover.source_samples import UNLABELLED, SourceSamples
 from h5forge.errors import EmptyDatasetError
@@ -40,8 +40,8 @@ from h5forge.text import printable
 __all__ = ["MAX_COCO_ANNOTATIONS", "MAX_COCO_IMAGES", "coco_samples"]
 
 # COCO 2017's train instances are 448 MB, 118k images and 860k annotations.
-MAX_COCO_IMAGES = MAX_MANIFEST_ROWS
-MAX_COCO_ANNOTATIONS = 5 * MAX_MANIFEST_ROWS
+MAX_COCO_IMAGES = MAX_LISTING_ROWS
+MAX_COCO_ANNOTATIONS = 5 * MAX_LISTING_ROWS
 
 Box = tuple[object, ...]
 _ROOT = "the images root"

@@ -31,7 +31,7 @@ __all__ = [
     "LABEL_FLOOR",
     "MAX_LABEL_CHARS",
     "MAX_LINE_BYTES",
-    "MAX_MANIFEST_ROWS",
+    "MAX_LISTING_ROWS",
     "MAX_PATH_BYTES",
     "ListingRow",
     "file_kind",
@@ -40,7 +40,7 @@ __all__ = [
 
 # Listing bounds. Each is far above a real listing (ImageNet-21k's 14 M rows are ~1 GB of
 # CSV and would be split) and keeps a hostile one from costing more than its size justifies.
-MAX_MANIFEST_ROWS = 10_000_000
+MAX_LISTING_ROWS = 10_000_000
 MAX_LINE_BYTES = 2**20  # one physical line; a CSV field is also capped by csv.field_size_limit()
 MAX_PATH_BYTES = 4096  # PATH_MAX
 MAX_LABEL_CHARS = 1024
@@ -143,9 +143,9 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                     f"{shown}:{number}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is "
                     "not UTF-8; save the listing as UTF-8"
                 ) from None
-            if number > MAX_MANIFEST_ROWS + 1:  # +1: the CSV header
+            if number > MAX_LISTING_ROWS + 1:  # +1: the CSV header
                 raise ValueError(
-                    f"{shown}:{number}: more than {MAX_MANIFEST_ROWS:,} lines; split the listing"
+                    f"{shown}:{number}: more than {MAX_LISTING_ROWS:,} lines; split the listing"
                 )
             yield number, text
 

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from h5forge.location import MAX_VERSION_MANIFEST_BYTES, Location
+from h5forge.location import MAX_POINTER_BYTES, Location
 from h5forge.redact import redact_url
 
 __all__ = [
@@ -156,7 +156,7 @@ def read_pointer(
     try:
         # One ranged GET: no size lookup first (fs.open would add a HEAD, and could trust a
         # cached listing's stale size), and never more than the bound is read.
-        body = target.read_json(limit=MAX_VERSION_MANIFEST_BYTES, what="version manifest")
+        body = target.read_json(limit=MAX_POINTER_BYTES, what="pointer")
     except FileNotFoundError:
         return None
     if not isinstance(body, dict) or body.get("format") != POINTER_FORMAT:
