@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from h5forge.documents import parse_json
 from h5forge.errors import UnsafePathError
 
 __all__ = [
@@ -216,7 +217,7 @@ def _marker(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
             raw = read_small(fd)
         finally:
             os.close(fd)
-        data = json.loads(raw) if raw is not None else None
+        data = parse_json(raw, what="marker", name=MARKER_NAME) if raw is not None else None
     except (OSError, ValueError):  # no marker, a symlinked marker (ELOOP), not JSON
         return None
     finally:

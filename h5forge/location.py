@@ -26,10 +26,8 @@ import contextlib
 import errno
 import hashlib
 import io
-import json
 import os
 import posixpath
-import re
 import secrets
 import stat
 from collections.abc import Iterator, Mapping
@@ -41,6 +39,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from h5forge.documents import MAX_JSON_DEPTH, DocumentError, parse_json
 from h5forge.files import NONBLOCK, create_exclusive
 from h5forge.locks import flock
 from h5forge.redact import canonical_url, redact_url
@@ -82,19 +81,9 @@ MAX_POINTER_BYTES = 64 * 2**10
 MAX_LINEAGE_BYTES = 64 * 2**20
 #: A verified-cache entry's record: a few hundred bytes.
 MAX_CACHE_RECORD_BYTES = 64 * 2**10
-#: Nesting of any JSON document read (h5forge's own are at most 4 deep): deeper is refused
-#: before parsing, so a hostile document cannot exhaust the parser's recursion.
-MAX_JSON_DEPTH = 32
 
 #: The published sidecar of ``NAME.h5`` is ``NAME.h5`` + this suffix.
 SIDECAR_SUFFIX = ".manifest.json"
-
-_NESTING = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
-
-
-class DocumentError(ValueError):
-    """A document read from outside is not one h5forge wrote: too large, too deeply nested,
-    not JSON, or not a regular file. The message names the document and the fix."""
 
 
 class Location:
@@ -243,19 +232,7 @@ class Location:
                 f"{what} {str(self)!r} is {size} bytes, over {limit} bytes, the bound for a "
                 f"{what}: h5forge did not write it; remove it or write it again"
             )
-        depth = _nesting(raw)
-        if depth > MAX_JSON_DEPTH:
-            raise DocumentError(
-                f"{what} {str(self)!r} is not JSON h5forge reads: it nests {depth} levels deep, "
-                f"over {MAX_JSON_DEPTH}; remove it or write it again"
-            )
-        try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            raise DocumentError(
-                f"{what} {str(self)!r} is not JSON ({type(e).__name__}: {str(e)[:120]}): it "
-                "is not valid JSON; remove it or write it again"
-            ) from None
+        return parse_json(raw, what=what, name=str(self))
 
     def _read_bounded(self, limit: int, what: str) -> tuple[bytes, int]:
         """``(at most limit + 1 bytes, size)``; ``size`` is exact only past the bound."""
@@ -423,21 +400,3 @@ def fsync_dir(folder: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _nesting(raw: bytes) -> int:
-    """How deep ``raw``'s arrays and objects nest (brackets inside strings do not count)."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
-        return 0  # cannot nest deeper than the bound: skip the scan
-    depth = deepest = 0
-    for m in _NESTING.finditer(raw):
-        token = m.group()
-        if token in (b"[", b"{"):
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > MAX_JSON_DEPTH:
-                    return deepest
-        elif token in (b"]", b"}"):
-            depth -= 1
-    return deepest

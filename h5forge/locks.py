@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from h5forge.documents import parse_json
 from h5forge.errors import BusyError, UnsafePathError
 from h5forge.files import (
     CLOEXEC,
@@ -171,7 +172,7 @@ def _lock_record(fd: int, lock: str) -> dict[str, Any] | None:
     if raw == b"":
         return None
     try:
-        data = json.loads(raw) if raw is not None else None
+        data = parse_json(raw, what="lock record", name=str(lock)) if raw is not None else None
     except ValueError:
         data = None
     if not (isinstance(data, dict) and data.get("format") == LOCK_FORMAT):

@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from h5forge.documents import DocumentError, parse_json
 from h5forge.text import printable
 
 __all__ = ["format_summary"]
@@ -70,12 +71,16 @@ def format_summary(info: Mapping[str, Any]) -> str:
         per = ", ".join(f"{printable(c)} {n}" for c, n in per_class.items())
         lines.append(f"  {printable(split) or '(all)'}: {total} ({per})")
     config = info.get("config") or ""
-    try:
-        parsed = json.loads(config) if isinstance(config, str) and config else config
-    except ValueError:
-        parsed = config
     lines.append("config:")
-    lines.extend(_lines(parsed, "  ") if parsed else ["  (none)"])
+    try:
+        parsed = (
+            parse_json(config, what="the config_json attribute")
+            if isinstance(config, str) and config
+            else config
+        )
+        lines.extend(_lines(parsed, "  ") if parsed else ["  (none)"])
+    except DocumentError as e:  # shown, not raised: inspect is how one looks at a bad file
+        lines.append(f"  ({printable(str(e), limit=200)})")
     total_bad = get("num_quarantined", len(quarantined))
     lines.append(f"quarantined:  {total_bad}")
     for path, reason in quarantined:

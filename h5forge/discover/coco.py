@@ -22,7 +22,6 @@ not a regular file, or a bound passed: :data:`h5forge.location.MAX_COCO_BYTES`,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from h5forge.discover.coco_masks import CROWD, MAX_MASK_CLASSES, WHERE, drawn, s
 from h5forge.discover.listing import MAX_LABEL_CHARS, MAX_LISTING_ROWS, check_listing_file
 from h5forge.discover.rows import check_file, check_path
 from h5forge.discover.source_samples import UNLABELLED, SourceSamples
+from h5forge.documents import parse_json
 from h5forge.errors import EmptyDatasetError
 from h5forge.location import MAX_COCO_BYTES
 from h5forge.paths import resolve
@@ -126,13 +126,8 @@ def coco_samples(root: Path, path: Path, *, masks: bool = False) -> SourceSample
 
 def _load(path: Path, shown: str) -> dict[str, Any]:
     check_listing_file(path, f"COCO file '{shown}'", MAX_COCO_BYTES, "split it")
-    try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read(MAX_COCO_BYTES + 1))
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError too
-        raise ValueError(
-            f"COCO file '{shown}' is not JSON ({type(e).__name__}: {printable(e, limit=120)})"
-        ) from None
+    with open(path, "rb") as f:
+        data = parse_json(f.read(MAX_COCO_BYTES + 1), what="COCO file", name=shown)
     if (
         not isinstance(data, dict)
         or not isinstance(data.get("images"), list)

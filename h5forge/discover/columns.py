@@ -25,13 +25,13 @@ quarantined, the listing is not.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from h5forge.discover.listing import MAX_LABEL_CHARS
 from h5forge.discover.rows import check_file, check_path
+from h5forge.documents import DocumentError, parse_json
 from h5forge.targets.schema import (
     KINDS,
     MAX_COLUMNS,
@@ -288,7 +288,7 @@ def _parse_list(v: object, csv: bool, *, sep: bool) -> list[object] | None:
         if sep:
             return list(v.split("|")) if v else []
         try:
-            v = json.loads(v) if v else []
-        except (ValueError, RecursionError):
+            v = parse_json(v, what="listing cell", name=v[:40]) if v else []
+        except DocumentError:
             return None
     return v if isinstance(v, list) else None

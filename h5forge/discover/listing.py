@@ -15,13 +15,13 @@ count); names from the file are shown escaped
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from h5forge.documents import parse_json
 from h5forge.location import MAX_LISTING_BYTES
 from h5forge.text import printable
 
@@ -226,14 +226,7 @@ def _read_jsonl(path: Path) -> Iterator[ListingRow]:
     for line, text in _lines(path):
         if not text.strip():
             continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{shown}:{line}: not JSON ({e.msg})") from None
-        except (ValueError, RecursionError) as e:  # a 5,000-digit number, [[[[... nested deep
-            raise ValueError(
-                f"{shown}:{line}: not usable JSON ({type(e).__name__}: {printable(e, limit=120)})"
-            ) from None
+        obj = parse_json(text, what=f"{shown}:{line}: row")
         if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
             raise ValueError(f"{shown}:{line}: expected an object with a string 'path'")
         label = obj.get("label")

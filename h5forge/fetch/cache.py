@@ -19,7 +19,7 @@ from pathlib import Path
 from h5forge.errors import ChecksumError
 from h5forge.fetch.staging import exclusive
 from h5forge.files import create_exclusive, replace_file
-from h5forge.location import Location
+from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
 from h5forge.redact import canonical_url
 
 __all__ = ["cached_download", "check_digest", "create_part"]
@@ -104,8 +104,11 @@ def _hit(entry: Path, expected: str) -> bool:
     if not (expected and blob.is_file() and meta.is_file()):
         return False
     try:
-        recorded = json.loads(meta.read_text()).get("sha256")
-    except ValueError:
+        record = Location.of(meta).read_json(
+            limit=MAX_CACHE_RECORD_BYTES, what="download-cache record"
+        )
+        recorded = record.get("sha256") if isinstance(record, dict) else None
+    except (OSError, ValueError):  # gone, not a regular file, not JSON h5forge wrote
         recorded = None
     if recorded == expected == Location.of(blob).sha256():
         log.info("cache hit: %s", entry)

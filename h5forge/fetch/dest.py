@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
+
 __all__ = ["MARKER", "already_extracted", "check_dest", "single_root", "write_marker"]
 
 MARKER = ".h5forge-fetch.json"  # written in dest; lets a later fetch replace what it made
@@ -26,8 +28,10 @@ def already_extracted(target: Path, digest: str) -> bool:
     the folder under a build that is reading it.
     """
     try:
-        marker = json.loads((target / MARKER).read_text())
-    except (OSError, ValueError):
+        marker = Location.of(target / MARKER).read_json(
+            limit=MAX_CACHE_RECORD_BYTES, what="extraction marker"
+        )
+    except (OSError, ValueError):  # no marker, not a regular file, not JSON h5forge wrote
         return False
     return isinstance(marker, dict) and bool(digest) and marker.get("sha256") == digest
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from h5forge.asset import format as fmt
+from h5forge.documents import parse_json
 from h5forge.targets.schema import Column, schema_json
 
 if TYPE_CHECKING:
@@ -118,7 +118,9 @@ def check_lineage(lineage: Mapping[str, str] | None) -> dict[str, str]:
         if value and (len(value) != 64 or value.strip("0123456789abcdef")):
             raise ValueError(f"lineage {key}={value!r} must be 64 lower-case hex digits or ''")
     if fmt.A_CHANGES_JSON in found:
-        changes = json.loads(found[fmt.A_CHANGES_JSON])
+        changes = parse_json(
+            found[fmt.A_CHANGES_JSON], what="lineage attribute", name=fmt.A_CHANGES_JSON
+        )
         if not isinstance(changes, dict) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in changes.values()
         ):

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
+from h5forge.documents import DocumentError, parse_json
 from h5forge.errors import MissingExtraError
 from h5forge.options import CODEC_LEVELS, Compression, OptionError, check_compression
 from h5forge.preprocess.config import ImageConfig
@@ -104,14 +105,14 @@ class PackConfig:
             ValueError: not that JSON, or a value the options refuse.
         """
         try:
-            data = json.loads(text)
+            data = parse_json(text, what="config_json attribute", name="config_json")
             return cls(
                 image=ImageConfig.from_dict(data["image"]),
                 compression=data["compression"],
                 compression_level=data["compression_level"],
                 fletcher32=data["fletcher32"],
             )
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (DocumentError, KeyError, TypeError) as e:
             raise ValueError(f"config_json {text[:200]!r} is not a pack configuration: {e}") from e
 
     def sha256(self) -> str:

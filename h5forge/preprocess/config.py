@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from h5forge import options as opts
+from h5forge.documents import parse_json
 from h5forge.options import Encoding, Layout, Mode, ResizePolicy
 
 __all__ = ["DECODERS", "DEFAULT_MAX_PIXELS", "RESAMPLERS", "Decoder", "ImageConfig", "Resample"]
@@ -138,4 +139,4 @@ class ImageConfig:
     @classmethod
     def from_json(cls, text: str) -> ImageConfig:
         """Inverse of :meth:`to_json`."""
-        return cls.from_dict(json.loads(text))
+        return cls.from_dict(parse_json(text, what="image configuration", name="image"))

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from h5forge.asset.coalesce import DEFAULT_BLOCK_BYTES
+from h5forge.documents import DocumentError, parse_json
 from h5forge.errors import IntegrityError
 from h5forge.files import create_exclusive, is_ours, make_marked_dir, replace_file
 from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
@@ -237,8 +238,12 @@ class FileCache:
         with os.fdopen(fd, "rb") as f:
             raw = f.read(MAX_CACHE_RECORD_BYTES + 1)
         try:
-            data = json.loads(raw) if len(raw) <= MAX_CACHE_RECORD_BYTES else None
-        except ValueError:
+            data = (
+                parse_json(raw, what="cache record", name=entry)
+                if len(raw) <= MAX_CACHE_RECORD_BYTES
+                else None
+            )
+        except DocumentError:
             return None
         return data if isinstance(data, dict) and data.get("format") == _KIND else None
 

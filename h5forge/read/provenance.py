@@ -11,7 +11,6 @@ attributes are parsed only when they are at most :data:`MAX_JSON_BYTES`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.asset.open import open_h5
+from h5forge.documents import DocumentError, parse_json
 from h5forge.location import Location
 
 __all__ = ["MAX_JSON_BYTES", "PROVENANCE_ATTRS", "SampleSources", "read_provenance"]
@@ -56,8 +56,8 @@ def read_provenance(h5: Any) -> dict[str, Any]:
         parsed = None
         if text and len(text) <= MAX_JSON_BYTES:
             try:
-                parsed = json.loads(text)
-            except ValueError:
+                parsed = parse_json(text, what=f"{attr} attribute", name=attr)
+            except DocumentError:
                 parsed = None  # shown as absent; `h5forge verify` reports a damaged file
         found[key] = parsed
     return found

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
+from h5forge.documents import parse_json
 from h5forge.targets.shapes import Drawn
 
 __all__ = [
@@ -156,7 +157,7 @@ def parse_schema(text: str, *, where: str) -> Schema:
     if len(text) > (MAX_COLUMNS + 1) * (MAX_CLASSES * 64 + 256):
         raise ValueError(f"{where}: targets_json is {len(text):,} characters, too long")
     try:
-        raw = json.loads(text)
+        raw = parse_json(text, what="targets_json attribute", name=where)
         if not isinstance(raw, list):
             raise ValueError("not a list")
         schema = tuple(

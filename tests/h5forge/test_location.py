@@ -12,11 +12,8 @@ from typing import Any
 
 import pytest
 
-from h5forge.location import (
-    MAX_JSON_DEPTH,
-    DocumentError,
-    Location,
-)
+from h5forge.documents import MAX_JSON_DEPTH, DocumentError
+from h5forge.location import Location
 
 _SECRET = "do-not-print-me-7c1"
 
@@ -89,7 +86,7 @@ def test_only_local_files_are_local(tmp_path: Path) -> None:
         (b"\xff\xfe", "is not JSON"),
         (
             b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1),
-            "is not JSON h5forge reads: it nests 33 levels deep",
+            "is not JSON h5forge reads: it nests more than 32 levels deep",
         ),
     ],
 )

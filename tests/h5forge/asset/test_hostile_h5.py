@@ -175,6 +175,17 @@ def test_cli_verify_and_inspect_refuse_with_exit_1(
         assert re.search(kind.match, r.stderr), r.stderr
 
 
+def test_cli_inspect_shows_a_config_nested_too_deep_instead_of_a_traceback(
+    bases: dict[str, Path], tmp_path: Path, aux: Path
+) -> None:
+    path = _crafted(BY_NAME["config-json-deep"], bases, tmp_path, aux)
+    r = _cli("inspect", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "config_json attribute is not JSON h5forge reads: it nests more than 32" in r.stdout
+    assert len(r.stdout) < 10_000  # the attribute itself is not printed
+
+
 @pytest.mark.parametrize("name", ["ext-link-nested", "label-negative", "labels-float"])
 def test_merge_refuses_a_hostile_part(
     name: str, bases: dict[str, Path], tmp_path: Path, aux: Path

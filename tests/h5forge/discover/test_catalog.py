@@ -312,7 +312,7 @@ def test_jsonl_listing(tmp_path: Path) -> None:
             "m.jsonl",
             '{"path": "imgs/1.jpg", "label": 0}\nnot json\n',
             ValueError,
-            r"m\.jsonl:2: not JSON",
+            r"m\.jsonl:2: row is not JSON",
         ),
         ("m.jsonl", '{"path": "imgs/1.jpg", "label": -1}\n', ValueError, r"m\.jsonl:1: label -1"),
         ("m.jsonl", '{"label": 1}\n', ValueError, r"m\.jsonl:1: .*string 'path'"),
@@ -414,7 +414,7 @@ _BIG = "x" * (128 * 1024)
         (
             "m.jsonl",
             '{"path": "imgs/1.jpg", "label": ' + "9" * 5000 + "}\n",
-            r"m\.jsonl:1: not usable JSON \(ValueError",
+            r"m\.jsonl:1: row is not JSON \(ValueError",
         ),
         # Sizes.
         (
@@ -485,7 +485,11 @@ _BIG = "x" * (128 * 1024)
         ),
         ("m.csv", "path,label\n,a\n", r"m\.csv:2: empty path"),
         ("m.jsonl", '{"path": "", "label": 0}\n', r"m\.jsonl:1: empty path"),
-        ("m.jsonl", "[" * 100_000 + "\n", r"m\.jsonl:1: not usable JSON \(RecursionError"),
+        (
+            "m.jsonl",
+            "[" * 100_000 + "\n",
+            r"m\.jsonl:1: row is not JSON h5forge reads: it nests more than 32 levels",
+        ),
         ("m.jsonl", '{"path": "imgs/1.jpg", "label": 0.5}\n', r"m\.jsonl:1: label 0\.5 must be"),
         # A quoted field holding newlines: the count stays on physical lines.
         (
