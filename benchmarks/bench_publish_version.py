@@ -50,12 +50,12 @@ def main() -> None:
             return str(folder / "set.h5")
 
         def now() -> None:
-            publish_version(local, fresh(), sha256=Location.of(local).sha256())
+            publish_version(local, Location(fresh()), sha256=Location.of(local).sha256())
 
         def before() -> None:
             Location.of(local).sha256()
             Location.of(local).sha256()
-            publish_version(local, fresh())
+            publish_version(local, Location(fresh()))
 
         def floor() -> None:
             Location.of(local).sha256()

@@ -198,7 +198,7 @@ def demo(
     if dest.suffix != ".h5":
         raise fail(f"DEST {dest} must end in .h5", EXIT_USAGE)
     try:  # before writing the demo source beside it
-        check_destination(str(dest), overwrite=True)
+        check_destination(Location(str(dest)), overwrite=True)
     except (OSError, ValueError) as e:
         raise usage_error(e) from e
     source_dir = dest.resolve().parent / f"{dest.stem}-source"

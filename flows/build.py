@@ -36,6 +36,7 @@ from h5forge.flows.credentials import load_storage_options
 from h5forge.flows.entry import entry_flow
 from h5forge.flows.summary import BuildSummary, unchanged_summary
 from h5forge.flows.urls import check_url
+from h5forge.location import Location
 from h5forge.pack.reuse import Reuse
 from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
@@ -86,7 +87,7 @@ class _PlainFile:
     """Publish to the plain file ``DEST.h5`` (written over only with ``overwrite``)."""
 
     config: BuildConfig
-    storage_options: dict[str, Any]
+    dest: Location
     lineage: None = None
 
     def already_published(self, seconds: dict[str, float]) -> BuildSummary | None:
@@ -101,14 +102,12 @@ class _PlainFile:
         self, path: str, *, png: str, metadata: dict[str, Any], about: str
     ) -> tuple[PublishResult, str]:
         """The published file and its version key ("": a plain file has none)."""
-        dest = self.config.destination
-        published = publish_task(dest, description=about)(
+        published = publish_task(self.config.destination, description=about)(
             path,
-            dest,
+            self.dest,
             preview_png=png,
             overwrite=self.config.overwrite,
             metadata=metadata,
-            storage_options=self.storage_options,
         )
         return published, ""
 
@@ -121,7 +120,7 @@ class _NewVersion:
     """Publish a new version of ``DEST`` on top of ``basis`` (its latest, fingerprinted)."""
 
     config: BuildConfig
-    storage_options: dict[str, Any]
+    dest: Location
     basis: Basis
     lineage: dict[str, str] | None  # None when the source is unchanged: nothing to build
 
@@ -136,21 +135,20 @@ class _NewVersion:
 
     def reusable(self, work: Path) -> Reuse | None:
         """Incremental: the previous version's samples whose source file is unchanged."""
-        return find_reusable(self.basis, into=str(work), storage_options=self.storage_options)
+        return find_reusable(self.basis, into=str(work), asset=self.dest)
 
     def publish(
         self, path: str, *, png: str, metadata: dict[str, Any], about: str
     ) -> tuple[PublishResult, str]:
         """The version's file (what the report shows) and its version key."""
         assert self.lineage is not None
-        basis, dest = self.basis, self.config.destination
-        released = publish_version_task(dest, description=about)(
+        basis = self.basis
+        released = publish_version_task(self.config.destination, description=about)(
             path,
-            dest,
+            self.dest,
             preview_png=png,
             sources=dict(basis.fingerprint.files) if basis.fingerprint else None,
             metadata={**metadata, **basis.sidecar_fields(self.lineage)},
-            storage_options=self.storage_options,
             keep_versions=self.config.keep_versions,
             min_age_s=self.config.min_age_s,
             based_on=basis.latest_sha256,  # refused if another build published since
@@ -164,24 +162,22 @@ class _NewVersion:
 _Target = _PlainFile | _NewVersion
 
 
-def _publish_target(
-    config: BuildConfig, options: dict[str, Any], seconds: dict[str, float]
-) -> _Target:
-    """Where this build publishes, chosen once; a version fingerprints its source here."""
+def _publish_target(config: BuildConfig, dest: Location, seconds: dict[str, float]) -> _Target:
+    """Where this build publishes (``dest``: the destination, with the build's storage
+    options), chosen once; a version fingerprints its source here."""
     if not config.versioned:
-        return _PlainFile(config, options)
+        return _PlainFile(config, dest)
     with _stage(seconds, "fingerprint"):
         basis = check_source(
-            config.source,
-            config.destination,
+            Location(config.source, dest.options),  # one set of storage options for both
+            dest,
             config_sha256=config.pack_config().sha256(),
             sha256=config.sha256,
-            storage_options=options,
         )
     if basis.unchanged:
-        return _NewVersion(config, options, basis, lineage=None)
-    lineage = basis.lineage(str(flow_run.id or ""), storage_options=options)
-    return _NewVersion(config, options, basis, lineage)
+        return _NewVersion(config, dest, basis, lineage=None)
+    lineage = basis.lineage(str(flow_run.id or ""), asset=dest)
+    return _NewVersion(config, dest, basis, lineage)
 
 
 @dataclass(frozen=True)
@@ -304,18 +300,19 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     """
     logger = get_run_logger()
     options = load_storage_options(config.credentials_block)
+    # The destination with its storage options: a Location, passed whole to the publish path.
+    dest = Location(config.destination, options)
     # Before any work, so a forgotten overwrite, a read-only or full destination, or one
     # inside the source costs a second, not a whole build.
     check_destination(
-        config.destination,
+        dest,
         source=config.source,
         overwrite=config.overwrite or config.versioned,  # a version never writes over one
-        storage_options=options,
     )
     cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
     dataset = dataset_name(config.destination)
     seconds: dict[str, float] = {}
-    target = _publish_target(config, options, seconds)
+    target = _publish_target(config, dest, seconds)
     done = target.already_published(seconds)
     if done is not None:
         return done
@@ -329,7 +326,9 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         packing = pack(config, inputs, target, seconds)
         packed = packing.packed
         with _stage(seconds, "verify"):
-            verified = verify_file(packed.path, sample_fraction=1.0, asset=config.destination)
+            verified = verify_file(
+                Location(packed.path), sample_fraction=1.0, asset=config.destination
+            )
         with _stage(seconds, "smoke-load"):
             smoke = smoke_load_file(
                 packed.path, workers=config.smoke_workers, batches=config.smoke_batches

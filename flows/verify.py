@@ -15,7 +15,7 @@ from pydantic import Field
 
 from h5forge.flows.build import check_url
 from h5forge.flows.credentials import load_storage_options
-from h5forge.redact import redact_url
+from h5forge.location import Location
 from h5forge.tasks.verify import check_sidecar, load_sidecar, resolve_asset, verify_file
 
 __all__ = ["verify_asset"]
@@ -45,19 +45,18 @@ def verify_asset(
         IntegrityError: the file differs from its sidecar or fails verification.
     """
     check_url(url, what="url")
-    options = load_storage_options(credentials_block)
-    asset, url = url, resolve_asset(url, storage_options=options)  # a versioned asset: latest
-    sidecar = load_sidecar(url, storage_options=options)
+    # The one place the credentials meet the URL; the tasks take the Location (never cached).
+    asset = Location(url, load_storage_options(credentials_block))
+    file = asset.with_url(resolve_asset(asset))  # a versioned asset: its latest version
+    sidecar = load_sidecar(file)
     for _ in range(_REPUBLISHED_TRIES):
-        report = verify_file(
-            url, sample_fraction=sample_fraction, storage_options=options, asset=asset
-        )
-        latest = load_sidecar(url, storage_options=options)
+        report = verify_file(file, sample_fraction=sample_fraction, asset=url)
+        latest = load_sidecar(file)
         if latest == sidecar:
             break
         # Republished while it was verified: the file may be the new one, the sidecar in hand
         # the old one. Verify again against the new sidecar instead of reporting a mismatch.
         sidecar = latest
-    check_sidecar(url, sidecar=sidecar, report=report, asset=asset)
-    get_run_logger().info("%s matches its sidecar (sha256 %s)", redact_url(url), report.sha256)
+    check_sidecar(file.url, sidecar=sidecar, report=report, asset=url)
+    get_run_logger().info("%s matches its sidecar (sha256 %s)", file, report.sha256)
     return dataclasses.asdict(report)

@@ -19,7 +19,6 @@ import secrets
 import socket
 import threading
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import fsspec
@@ -164,11 +163,10 @@ def check_source(source: str) -> None:
 
 
 def check_destination(
-    dest: str,
+    dest: Location,
     *,
     source: str | None = None,
     overwrite: bool = False,
-    storage_options: dict[str, Any] | None = None,
 ) -> None:
     """Raise now if the asset could not be published at ``dest``.
 
@@ -183,11 +181,11 @@ def check_destination(
         OSError: the folder cannot be written (read-only, permission, disk full), worded by
             :func:`h5forge.messages.describe_os_error`, errno kept.
     """
-    path = local_path(dest)
+    url = dest.url
+    path = local_path(url)
     if path is None:
-        where = Location.of(dest, storage_options)
-        if not overwrite and where.fs.exists(where.path):
-            raise DestinationExistsError(redact_url(dest))
+        if not overwrite and dest.fs.exists(dest.path):
+            raise DestinationExistsError(str(dest))
         return
     target = path.resolve()
     src = local_path(source) if source else None
@@ -195,28 +193,28 @@ def check_destination(
         src = src.resolve()
         if target == src:
             raise ValueError(
-                f"destination {printable(dest)} is the source archive itself; "
+                f"destination {printable(url)} is the source archive itself; "
                 "publishing would replace it: choose another destination"
             )
         if src.is_dir() and src in target.parents:
             raise ValueError(
-                f"destination {printable(dest)} is inside the source folder "
+                f"destination {printable(url)} is inside the source folder "
                 f"{printable(source)}: the asset, its sidecar and its preview would become "
                 "part of the source; choose a destination outside it"
             )
     if target.is_dir():
         raise ValueError(
-            f"destination {printable(dest)} is a folder; give the path of the "
+            f"destination {printable(url)} is a folder; give the path of the "
             ".h5 file to write in it"
         )
     if target.exists() and not overwrite:
-        raise DestinationExistsError(printable(dest))
+        raise DestinationExistsError(printable(url))
     folder = target.parent
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir():
         raise NotADirectoryError(
-            f"destination {printable(dest)}: {printable(folder)} is a file, not a folder"
+            f"destination {printable(url)}: {printable(folder)} is a file, not a folder"
         )
     _probe(folder)
 

@@ -29,13 +29,8 @@ def _plain(value: Any) -> Any:
     return repr(value)  # e.g. an object reference: shown, never followed
 
 
-def summarize(
-    url: str | Location,
-    *,
-    storage_options: dict[str, Any] | None = None,
-    max_quarantined: int = 50,
-) -> dict[str, Any]:
-    """Summarise the file at ``url`` (sealed or not — the summary says which).
+def summarize(where: Location, *, max_quarantined: int = 50) -> dict[str, Any]:
+    """Summarise the file at ``where`` (sealed or not — the summary says which).
 
     Returns:
         ``attributes`` (root attributes), ``bytes``, ``counts`` (split -> class -> n),
@@ -48,7 +43,6 @@ def summarize(
             docs/FORMAT.md, "What readers refuse".
         MissingExtraError: the file is compressed with a codec that needs ``hdf5plugin``.
     """
-    where = Location.of(url, storage_options)
     url = where.url
     with open_h5(where) as h5:
         idx = load_index(h5, where=url, require_sealed=False)

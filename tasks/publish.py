@@ -75,24 +75,23 @@ def make_preview(path: str, *, out: str, n: int = 16) -> str:
 
 def _publish(
     local_file: str,
-    dest: str,
+    dest: Location,
     *,
     preview_png: str,
     overwrite: bool = False,
     metadata: dict[str, Any] | None = None,
-    storage_options: dict[str, Any] | None = None,
 ) -> PublishResult:
-    """Publish ``local_file`` with its sidecar (``metadata`` added to it) and its preview."""
+    """Publish ``local_file`` at ``dest`` with its sidecar (``metadata`` added to it) and its
+    preview."""
     result = publish(
         local_file,
         dest,
-        storage_options=storage_options,
         overwrite=overwrite,
-        extra={**(metadata or {}), "preview": posixpath.basename(preview_url(dest))},
+        extra={**(metadata or {}), "preview": posixpath.basename(preview_url(dest.url))},
     )
-    preview = publish_preview(preview_png, dest, published=result, storage_options=storage_options)
+    preview = publish_preview(preview_png, dest, published=result)
     add_asset_metadata(
-        asset_key(dest),
+        asset_key(dest.url),
         {
             **(metadata or {}),
             "sha256": result.sha256,
@@ -105,10 +104,13 @@ def _publish(
 
 
 def publish_task(dest: str, *, description: str = "") -> MaterializingTask[..., PublishResult]:
-    """The publish task for ``dest``: a materialisation of the asset keyed by :func:`asset_key`.
+    """The publish task for the URL ``dest``: a materialisation of the asset keyed by
+    :func:`asset_key`.
 
-    Call it as ``publish_task(dest)(local_file, dest, preview_png=..., ...)``; the preview is at
-    :func:`h5forge.publish.preview.preview_url` of ``dest``.
+    Call it as ``publish_task(dest)(local_file, Location(dest, options), preview_png=..., ...)``;
+    the preview is at :func:`h5forge.publish.preview.preview_url` of ``dest``. Never cached
+    (:data:`~prefect.cache_policies.NO_CACHE`): its inputs hold the destination's storage
+    options, which no cache key may be computed from.
     """
     asset = Asset(
         key=asset_key(dest),
@@ -122,41 +124,44 @@ def publish_task(dest: str, *, description: str = "") -> MaterializingTask[..., 
         by="h5forge",
         name="publish",
         task_run_name=run_name("publish"),
+        cache_policy=NO_CACHE,
         **with_retries(3, retry_upload),
     )(_publish)
 
 
-@task(name="fingerprint", task_run_name=run_name("fingerprint"), **with_retries(3))
+@task(
+    name="fingerprint",
+    task_run_name=run_name("fingerprint"),
+    cache_policy=NO_CACHE,
+    **with_retries(3),
+)
 def check_source(
-    source: str,
-    asset: str,
+    source: Location,
+    asset: Location,
     *,
     config_sha256: str,
     sha256: str | None = None,
-    storage_options: dict[str, Any] | None = None,
 ) -> Basis:
-    """The source's fingerprint and the asset's latest version (:func:`build_basis`)."""
-    return build_basis(
-        source, asset, config_sha256=config_sha256, sha256=sha256, storage_options=storage_options
-    )
+    """The source's fingerprint and the asset's latest version (:func:`build_basis`).
+
+    Never cached: its answer is what the store holds now, and its inputs hold storage options.
+    """
+    return build_basis(source, asset, config_sha256=config_sha256, sha256=sha256)
 
 
 @task(name="find-reusable", task_run_name=run_name("find-reusable"), cache_policy=NO_CACHE)
-def find_reusable(
-    basis: Basis, *, into: str, storage_options: dict[str, Any] | None = None
-) -> Reuse | None:
+def find_reusable(basis: Basis, *, into: str, asset: Location) -> Reuse | None:
     """The latest version's samples this build may copy (:func:`reuse_previous`)."""
-    return reuse_previous(basis, into, storage_options=storage_options)
+    return reuse_previous(basis, into, asset=asset)
 
 
 def _publish_version(
     local_file: str,
-    dest: str,
+    dest: Location,
     *,
     preview_png: str,
     sources: dict[str, str] | None = None,
     metadata: dict[str, Any] | None = None,
-    storage_options: dict[str, Any] | None = None,
     keep_versions: int = 5,
     min_age_s: float = 0.0,
     based_on: str | None = None,
@@ -174,17 +179,16 @@ def _publish_version(
     check_retention(keep_versions, min_age_s)  # before any upload
     # The one local hash: it names the version and checks its copy.
     sha = Location.of(local_file).sha256()
-    target = version_url(dest, sha)
+    target = version_url(dest.url, sha)
 
-    def beside(file: str) -> None:  # in the version's folder, before its file
-        Location.of(preview_url(file), storage_options).put(local=preview_png)
+    def beside(file: Location) -> None:  # in the version's folder, before its file
+        file.with_url(preview_url(file.url)).put(local=preview_png)
         if sources is not None:
-            write_sources(file, sources, storage_options=storage_options)
+            write_sources(file, sources)
 
     result = publish_version(
         local_file,
         dest,
-        storage_options=storage_options,
         extra={**(metadata or {}), "preview": posixpath.basename(preview_url(target))},
         keep_versions=keep_versions,
         min_age_s=min_age_s,
@@ -194,7 +198,7 @@ def _publish_version(
     )
     changes = (metadata or {}).get("changes") or {}
     add_asset_metadata(
-        asset_key(dest),
+        asset_key(dest.url),
         {
             **(metadata or {}),
             **{k: changes[k] for k in ("added", "removed", "replaced") if k in changes},
@@ -213,9 +217,10 @@ def _publish_version(
 def publish_version_task(
     dest: str, *, description: str = ""
 ) -> MaterializingTask[..., VersionResult]:
-    """The versioned publish task for ``dest``: the same asset as :func:`publish_task`'s.
+    """The versioned publish task for the URL ``dest``: the same asset as :func:`publish_task`'s.
 
-    Call it as ``publish_version_task(dest)(local_file, dest, preview_png=..., sources=...)``.
+    Call it as ``publish_version_task(dest)(local_file, Location(dest, options),
+    preview_png=..., sources=...)``. Never cached, as :func:`publish_task`.
     """
     asset = Asset(
         key=asset_key(dest),
@@ -226,6 +231,7 @@ def publish_version_task(
         by="h5forge",
         name="publish",
         task_run_name=run_name("publish"),
+        cache_policy=NO_CACHE,
         **with_retries(3, retry_upload),
     )(_publish_version)
 

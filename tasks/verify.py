@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any
 
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from h5forge.errors import IntegrityError
@@ -59,22 +60,20 @@ def emit_verify_failed(asset: str, error: IntegrityError, *, check: str) -> None
     )
 
 
-@task(name="verify", task_run_name=run_name("verify"))
+@task(name="verify", task_run_name=run_name("verify"), cache_policy=NO_CACHE)
 def verify_file(
-    path: str,
+    where: Location,
     *,
     sample_fraction: float = 1.0,
-    storage_options: dict[str, Any] | None = None,
     asset: str | None = None,
 ) -> VerifyReport:
-    """Verify structure, counts, byte ranges, digests and the sha256 of ``path``.
+    """Verify structure, counts, byte ranges, digests and the sha256 of the file at ``where``.
 
     Args:
-        path: the file to verify.
+        where: the file to verify.
         sample_fraction: fraction of per-sample digests re-checked.
-        storage_options: fsspec options for a remote ``path``.
-        asset: the asset ``path`` is (to be) published as, the resource of the failure event;
-            default ``path`` itself.
+        asset: the asset the file is (to be) published as, the resource of the failure event;
+            default the file itself.
 
     Returns:
         The library's report, its path redacted (it becomes a Prefect result).
@@ -84,13 +83,13 @@ def verify_file(
             :data:`VERIFY_FAILED` is emitted first.
     """
     try:
-        report = verify(path, sample_fraction=sample_fraction, storage_options=storage_options)
+        report = verify(where, sample_fraction=sample_fraction)
     except IntegrityError as e:
-        emit_verify_failed(asset or path, e, check="verify")
+        emit_verify_failed(asset or where.url, e, check="verify")
         raise
     get_run_logger().info(
         "verified %s: %d samples (%d digests checked), sha256 %s",
-        redact_url(path),
+        where,
         report.num_samples,
         report.checked_samples,
         report.sha256,
@@ -101,11 +100,13 @@ def verify_file(
 @task(
     name="read-sidecar",
     task_run_name=run_name("read-sidecar"),
+    cache_policy=NO_CACHE,
     **with_retries(3),
 )
-def load_sidecar(url: str, *, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``.manifest.json`` beside ``url`` (:func:`h5forge.publish.sidecar.read_sidecar`)."""
-    return sidecars.read_sidecar(url, storage_options=storage_options)
+def load_sidecar(where: Location) -> dict[str, Any]:
+    """The ``.manifest.json`` beside the file at ``where``
+    (:func:`h5forge.publish.sidecar.read_sidecar`)."""
+    return sidecars.read_sidecar(where)
 
 
 @task(name="check-sidecar", task_run_name=run_name("check-sidecar"))
@@ -126,12 +127,16 @@ def check_sidecar(
         raise
 
 
-@task(name="resolve-asset", task_run_name=run_name("resolve-asset"), **with_retries(2))
-def resolve_asset(url: str, *, storage_options: dict[str, Any] | None = None) -> str:
-    """The file to verify: ``url`` itself, or, when no file is there and the asset has a
-    ``NAME.latest.json`` pointer (a versioned build), the version that pointer names."""
-    where = Location.of(url, storage_options)
+@task(
+    name="resolve-asset",
+    task_run_name=run_name("resolve-asset"),
+    cache_policy=NO_CACHE,
+    **with_retries(2),
+)
+def resolve_asset(where: Location) -> str:
+    """The URL of the file to verify: ``where``'s own, or, when no file is there and the asset
+    has a ``NAME.latest.json`` pointer (a versioned build), the version that pointer names."""
     if where.fs.isfile(where.path):
-        return url
+        return where.url
     pointer = read_pointer(where)
-    return url if pointer is None else pointer.url
+    return where.url if pointer is None else pointer.url

@@ -129,11 +129,14 @@ def inspect(
     ] = False,
 ) -> None:
     """Print a summary of the file (counts, layout, size, config); optionally a preview grid."""
+    from h5forge.location import Location
     from h5forge.read.version import resolve_asset
     from h5forge.summary import summarize
 
-    file, sha = run_guarded(resolve_asset, file, version, what=file)
-    info = {**run_guarded(summarize, file, what=file), "version": sha}
+    asset = run_guarded(Location, file, what=file)
+    file, sha = run_guarded(resolve_asset, asset, version, what=file)
+    where = asset.with_url(file)
+    info = {**run_guarded(summarize, where, what=file), "version": sha}
     if as_json:
         # ASCII: names from the file reach the terminal as \u escapes, never as controls.
         typer.echo(json.dumps(info, indent=2, ensure_ascii=True))
@@ -144,7 +147,7 @@ def inspect(
     if preview is not None:
         from h5forge.publish.preview import write_preview
 
-        run_guarded(write_preview, file, preview, what=str(preview), n=n)
+        run_guarded(write_preview, where, preview, what=str(preview), n=n)
         typer.echo(f"preview written to {printable(preview)}")
 
 
@@ -163,9 +166,10 @@ def versions(
     ] = False,
 ) -> None:
     """List the published versions of an asset, oldest first; exit 1 when it has none."""
+    from h5forge.location import Location
     from h5forge.publish.history import scan_versions
 
-    scan = run_guarded(scan_versions, url, what=url)
+    scan = run_guarded(scan_versions, run_guarded(Location, url, what=url), what=url)
     if as_json:
         rows = [dataclasses.asdict(v) for v in scan.versions]
         typer.echo(json.dumps({"versions": rows, "skipped": scan.skipped}, indent=2))
@@ -205,12 +209,14 @@ def diff(
     ] = False,
 ) -> None:
     """Say what changed between two files or versions, from their indexes (no sample bytes)."""
+    from h5forge.location import Location
     from h5forge.publish.diff import diff_files, resolve_pair
 
     if len(refs) not in (2, 3):
         raise fail(f"diff takes A B or BASE V1 V2, not {len(refs)} arguments", EXIT_USAGE)
-    a, b = run_guarded(resolve_pair, refs, what=refs[0])
-    d = run_guarded(diff_files, a, b, what=a)
+    first = run_guarded(Location, refs[0], what=refs[0])
+    a, b = run_guarded(resolve_pair, first, refs[1:], what=refs[0])
+    d = run_guarded(diff_files, a, b, what=a.url)
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(d), indent=2, ensure_ascii=True))
         return

@@ -73,6 +73,7 @@ def check_paths(source: str, dest: str, *, replace: bool, local_only: bool = Fal
     Raises:
         typer.Exit: exit code 2, after printing the one ``error:`` line.
     """
+    from h5forge.location import Location
     from h5forge.preflight import check_destination, check_source, check_url, local_path
 
     try:
@@ -87,6 +88,6 @@ def check_paths(source: str, dest: str, *, replace: bool, local_only: bool = Fal
         if local_path(dest) is None:  # remote: whether it exists needs its keys (the flow)
             check_url(dest, what="destination", writable=True)
         else:
-            check_destination(dest, source=source, overwrite=replace)
+            check_destination(Location(dest), source=source, overwrite=replace)
     except (OSError, ValueError) as e:
         raise usage_error(e) from e

@@ -30,6 +30,7 @@ def _verify_with_sidecar(
     Returns the report and the sidecar URL checked (None when there is none beside the file).
     A sidecar that changed while the file was verified (a republish) is checked again.
     """
+    from h5forge.location import Location
     from h5forge.publish.sidecar import check_verified, read_sidecar
     from h5forge.publish.sidecar import sidecar_url as sidecar_of
     from h5forge.summary import summarize
@@ -55,7 +56,7 @@ def _verify_with_sidecar(
         sidecar = latest
     if sidecar is None:
         return report, None
-    counts = summarize(file)["counts"] if "counts" in sidecar else None
+    counts = summarize(Location(file))["counts"] if "counts" in sidecar else None
     check_verified(file, sidecar, report, counts=counts)
     return report, target
 
@@ -115,13 +116,14 @@ def verify(
     """
     if no_sidecar and sidecar is not None:
         raise fail("--sidecar and --no-sidecar contradict each other; give one", EXIT_USAGE)
+    from h5forge.location import Location
     from h5forge.read.version import resolve_asset
     from h5forge.verify.checks import verify as do_verify
 
     resolved = {"path": file, "version": version}  # the file once its name is resolved
 
     def check() -> tuple[Any, str | None, str]:
-        url, sha = resolve_asset(file, version)
+        url, sha = resolve_asset(Location(file), version)
         resolved.update(path=url, version=sha)
 
         def verify_file() -> Any:

@@ -61,25 +61,23 @@ def files_digest(files: Mapping[str, str]) -> str:
 
 
 def source_fingerprint(
-    url: str | os.PathLike[str],
+    source: Location,
     *,
     sha256: str | None = None,
-    storage_options: dict[str, Any] | None = None,
     max_files: int = MAX_FILES,
 ) -> SourceFingerprint | None:
-    """The fingerprint of the source at ``url``, or None when it has no cheap one.
+    """The fingerprint of the source at ``source``, or None when it has no cheap one.
 
     Args:
-        url: what ``fetch`` would fetch: a local folder or file, or an fsspec URL.
+        source: what ``fetch`` would fetch: a local folder or file, or an fsspec URL (its
+            storage options are never recorded).
         sha256: the source's pinned digest; it is the fingerprint when given.
-        storage_options: passed to fsspec; never recorded.
         max_files: a folder or prefix with more files than this has no fingerprint.
 
     Raises:
-        FileNotFoundError: nothing exists at ``url``.
+        FileNotFoundError: nothing exists at ``source``.
         ValueError: ``sha256`` is not 64 hex digits, or ``max_files`` is below 1.
     """
-    url = os.fspath(url)
     if max_files < 1:
         raise ValueError(f"max_files={max_files} must be at least 1")
     if sha256:
@@ -87,13 +85,12 @@ def source_fingerprint(
         if len(digest) != _SHA256_LEN or any(c not in "0123456789abcdef" for c in digest):
             raise ValueError(f"sha256 {sha256!r} is not 64 hexadecimal digits")
         return _made("pinned", {"": f"sha256:{digest}"})
-    where = Location.of(url, storage_options)
-    shown = str(where)
-    if url.split("://", 1)[0].lower() in ("http", "https"):
-        return _http(url, shown, where.options)
-    if where.is_local:
-        return _local(where.path, shown, max_files)
-    fs, path = where.fs, where.path
+    shown = str(source)
+    if source.url.split("://", 1)[0].lower() in ("http", "https"):
+        return _http(source.url, shown, source.options)
+    if source.is_local:
+        return _local(source.path, shown, max_files)
+    fs, path = source.fs, source.path
     if fs.isdir(path):
         return _prefix(fs, path, shown, max_files)
     if not fs.isfile(path):

@@ -7,6 +7,7 @@ Each file's index is read through :func:`h5forge.asset.open.open_h5` and checked
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,6 @@ from h5forge.asset.index import load_index
 from h5forge.asset.open import open_h5
 from h5forge.location import Location
 from h5forge.read.version import resolve_asset
-from h5forge.redact import redact_url
 
 __all__ = ["FileDiff", "diff_files", "resolve_pair"]
 
@@ -58,20 +58,20 @@ def _read(where: Location) -> tuple[dict[str, bytes], Any, str]:
     return {p: d.tobytes() for p, d in zip(paths, digests, strict=True)}, index.classes, config
 
 
-def diff_files(a: str, b: str, *, storage_options: dict[str, Any] | None = None) -> FileDiff:
-    """Compare the sealed files at ``a`` and ``b`` (local paths or fsspec URLs).
+def diff_files(a: Location, b: Location) -> FileDiff:
+    """Compare the sealed files at ``a`` and ``b``.
 
     Raises:
         FileNotFoundError: nothing at ``a`` or ``b``.
         IntegrityError, UnsealedFileError: one is damaged or not a sealed h5forge file.
     """
-    old, old_classes, old_config = _read(Location.of(a, storage_options))
-    new, new_classes, new_config = _read(Location.of(b, storage_options))
+    old, old_classes, old_config = _read(a)
+    new, new_classes, new_config = _read(b)
     both = old.keys() & new.keys()
     replaced = sum(1 for p in both if old[p] != new[p])
     return FileDiff(
-        a=redact_url(a),
-        b=redact_url(b),
+        a=str(a),
+        b=str(b),
         samples=(len(old), len(new)),
         classes_added=tuple(c for c in new_classes if c not in set(old_classes)),
         classes_removed=tuple(c for c in old_classes if c not in set(new_classes)),
@@ -83,28 +83,28 @@ def diff_files(a: str, b: str, *, storage_options: dict[str, Any] | None = None)
     )
 
 
-def resolve_pair(
-    refs: list[str], *, storage_options: dict[str, Any] | None = None
-) -> tuple[str, str]:
-    """The two file URLs ``refs`` name: ``[A, B]`` (files, or names assets were published to)
-    or ``[BASE, V1, V2]`` (each version ``latest`` or a sha256 prefix of 16-64 hex digits),
-    resolved as every reader resolves them (:func:`h5forge.read.version.resolve_asset`).
+def resolve_pair(first: Location, rest: Sequence[str]) -> tuple[Location, Location]:
+    """The two files ``[first, *rest]`` name: ``[A, B]`` (files, or names assets were published
+    to; ``B`` is on the store of ``A``, with its options) or ``[BASE, V1, V2]`` (each version
+    ``latest`` or a sha256 prefix of 16-64 hex digits), resolved as every reader resolves them
+    (:func:`h5forge.read.version.resolve_asset`).
 
     Raises:
         ValueError: not two or three references, or a version is not of that form.
         FileNotFoundError: no such file, asset or version.
         IntegrityError: a version's sidecar contradicts its key.
     """
-    if len(refs) == 2:
-        a, b = refs
-        return resolve_asset(a, None, storage_options)[0], resolve_asset(b, None, storage_options)[
-            0
-        ]
-    if len(refs) == 3:
-        base, v1, v2 = refs
-        first = resolve_asset(base, v1, storage_options)[0]
-        return first, resolve_asset(base, v2, storage_options)[0]
+    if len(rest) == 1:
+        b = first.with_url(rest[0])
+        return _resolved(first, None), _resolved(b, None)
+    if len(rest) == 2:
+        v1, v2 = rest
+        return _resolved(first, v1), _resolved(first, v2)
     raise ValueError(
         f"diff takes A B (two file URLs) or BASE V1 V2 (an asset and two versions), not "
-        f"{len(refs)} arguments"
+        f"{1 + len(rest)} arguments"
     )
+
+
+def _resolved(where: Location, version: str | None) -> Location:
+    return where.with_url(resolve_asset(where, version)[0])

@@ -74,11 +74,8 @@ class VersionScan:
     skipped: int
 
 
-def scan_versions(
-    url: str | Location, *, storage_options: dict[str, Any] | None = None
-) -> VersionScan:
+def scan_versions(asset: Location) -> VersionScan:
     """Read the sidecar of every version under ``BASE/v/``; see :func:`list_versions`."""
-    asset = Location.of(url, storage_options)
     base = asset_base(asset.url)
     name = posixpath.basename(base)
     versions = asset.with_url(base).join("v")
@@ -166,10 +163,8 @@ def _ordered(found: list[tuple[dt.datetime, VersionInfo]]) -> list[tuple[dt.date
     return sorted(found, key=lambda item: (item[0], depth(item[1]), item[1].sha256))
 
 
-def list_versions(
-    url: str | Location, *, storage_options: dict[str, Any] | None = None
-) -> list[VersionInfo]:
-    """The versions of the asset at ``url`` (``BASE`` or ``BASE.h5``), oldest first.
+def list_versions(asset: Location) -> list[VersionInfo]:
+    """The versions of the asset at ``asset`` (``BASE`` or ``BASE.h5``), oldest first.
 
     Entries under ``BASE/v/`` that are not versions h5forge wrote (a folder not named by 16
     hex digits, no sidecar, a sidecar of another format or whose sha256 does not start with
@@ -178,7 +173,7 @@ def list_versions(
     Raises:
         ValueError: ``BASE/v/`` holds more than 10,000 entries, or the pointer is not one.
     """
-    return scan_versions(url, storage_options=storage_options).versions
+    return scan_versions(asset).versions
 
 
 #: Versions a versioned build keeps by default.
@@ -205,14 +200,13 @@ def check_retention(keep_versions: int, min_age_s: float) -> None:
 
 
 def apply_retention(
-    url: str | Location,
+    asset: Location,
     *,
     keep_versions: int = 5,
     min_age_s: float = 0.0,
-    storage_options: dict[str, Any] | None = None,
     now: dt.datetime | None = None,
 ) -> list[str]:
-    """Remove all but the newest ``keep_versions`` versions of the asset at ``url``.
+    """Remove all but the newest ``keep_versions`` versions of the asset at ``asset``.
 
     Never removes the version the pointer names, one younger than ``min_age_s`` seconds, or
     anything :func:`list_versions` does not recognise. Each version goes sidecar first, then
@@ -236,7 +230,6 @@ def apply_retention(
         now = dt.datetime.now(dt.timezone.utc)
     elif now.tzinfo is None:
         raise ValueError(f"now={now!r} must be timezone-aware (e.g. datetime.now(timezone.utc))")
-    asset = Location.of(url, storage_options)
     base = asset_base(asset.url)
     name = posixpath.basename(base)
     versions = list_versions(asset.with_url(base))

@@ -84,13 +84,11 @@ class Basis:
             fields["changes"] = json.loads(lineage[fmt.A_CHANGES_JSON])
         return fields
 
-    def lineage(
-        self, flow_run_id: str = "", *, storage_options: dict[str, Any] | None = None
-    ) -> dict[str, str]:
+    def lineage(self, flow_run_id: str = "", *, asset: Location) -> dict[str, str]:
         """The new version's lineage, as root attributes (:func:`check_lineage` keys).
 
         ``changes_json`` is there when both this source's and the parent's per-file maps are
-        known.
+        known (the parent's is read from the store of ``asset``, the asset being built).
         """
         found = {
             fmt.A_PARENT_SHA256: self.latest_sha256,
@@ -98,7 +96,7 @@ class Basis:
             fmt.A_FLOW_RUN_ID: flow_run_id,
         }
         if self.fingerprint is not None and self.latest_url:
-            old = read_sources(self.latest_url, storage_options=storage_options)
+            old = read_sources(asset.with_url(self.latest_url))
             if old is not None:
                 changes = count_changes(old, self.fingerprint.files)
                 found[fmt.A_CHANGES_JSON] = json.dumps(changes, sort_keys=True)
@@ -106,12 +104,11 @@ class Basis:
 
 
 def build_basis(
-    source: str,
-    asset: str,
+    source: Location,
+    asset: Location,
     *,
     config_sha256: str,
     sha256: str | None = None,
-    storage_options: dict[str, Any] | None = None,
 ) -> Basis:
     """Fingerprint ``source`` and read the latest version of ``asset`` (``BASE`` or ``BASE.h5``).
 
@@ -120,11 +117,11 @@ def build_basis(
             sidecar's sha256 is not the one the pointer names.
         FileNotFoundError: nothing exists at ``source``.
     """
-    fingerprint = source_fingerprint(source, sha256=sha256, storage_options=storage_options)
-    pointer = read_pointer(asset, storage_options=storage_options)
+    fingerprint = source_fingerprint(source, sha256=sha256)
+    pointer = read_pointer(asset)
     latest: dict[str, Any] = {}
     if pointer is not None:
-        target = Location.of(pointer.url, storage_options).sidecar
+        target = asset.with_url(pointer.url).sidecar
         latest = load_sidecar(target) or {}
         if latest and latest["sha256"] != pointer.sha256:
             raise ValueError(
@@ -156,12 +153,7 @@ def count_changes(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, i
     }
 
 
-def write_sources(
-    version_file: str,
-    files: Mapping[str, str],
-    *,
-    storage_options: dict[str, Any] | None = None,
-) -> bool:
+def write_sources(version_file: Location, files: Mapping[str, str]) -> bool:
     """Write the per-file map beside ``version_file``; False (nothing written) when it would be
     over :data:`h5forge.location.MAX_LINEAGE_BYTES`."""
     body = {"format": SOURCES_FORMAT, "format_version": 1, "files": dict(files)}
@@ -169,20 +161,18 @@ def write_sources(
     if len(data) > MAX_LINEAGE_BYTES:
         log.info("sources map of %d bytes is over %d: not written", len(data), MAX_LINEAGE_BYTES)
         return False
-    Location.of(sources_url(version_file), storage_options).put(data=data)
+    version_file.with_url(sources_url(version_file.url)).put(data=data)
     return True
 
 
-def read_sources(
-    version_file: str, *, storage_options: dict[str, Any] | None = None
-) -> dict[str, str] | None:
+def read_sources(version_file: Location) -> dict[str, str] | None:
     """The per-file map beside ``version_file``; None when it has none.
 
     Raises:
         ValueError: it is over :data:`h5forge.location.MAX_LINEAGE_BYTES`, not JSON, or not a
             map of strings.
     """
-    target = Location.of(sources_url(version_file), storage_options)
+    target = version_file.with_url(sources_url(version_file.url))
     shown = str(target)
     try:
         body = target.read_json(limit=MAX_LINEAGE_BYTES, what="lineage")
@@ -199,10 +189,9 @@ def read_sources(
     return files
 
 
-def reuse_previous(
-    basis: Basis, into: str, *, storage_options: dict[str, Any] | None = None
-) -> Reuse | None:
-    """What this build may take from the latest version: its local file and the unchanged paths.
+def reuse_previous(basis: Basis, into: str, *, asset: Location) -> Reuse | None:
+    """What this build may take from the latest version of ``asset`` (the asset being built):
+    its local file and the unchanged paths.
 
     None (a full build) when the asset has no version yet, the source has no per-file
     fingerprint, the latest version was packed with another configuration, or it has no
@@ -213,11 +202,11 @@ def reuse_previous(
         return None
     if basis.latest.get("config_sha256") != basis.config_sha256:
         return None
-    previous = read_sources(basis.latest_url, storage_options=storage_options)
+    latest = asset.with_url(basis.latest_url)
+    previous = read_sources(latest)
     unchanged = unchanged_paths(previous or {}, basis.fingerprint.files)
     if not unchanged:
         return None
-    latest = Location.of(basis.latest_url, storage_options)
     if latest.is_local:
         return Reuse(latest.path, frozenset(unchanged))
     local = f"{into.rstrip('/')}/previous.h5"

@@ -26,11 +26,9 @@ PREVIEW_SUFFIX = ".preview.png"
 _LABEL_H = 14
 
 
-def render_preview(
-    url: str, *, n: int = 16, tile: int = 96, storage_options: dict[str, Any] | None = None
-) -> Image.Image:
-    """Render ``n`` evenly spaced samples of the file as a grid, each captioned with its class,
-    with its boxes and masks drawn on (:func:`h5forge.publish.overlay.draw_targets`).
+def render_preview(where: Location, *, n: int = 16, tile: int = 96) -> Image.Image:
+    """Render ``n`` evenly spaced samples of the file at ``where`` as a grid, each captioned with
+    its class, with its boxes and masks drawn on (:func:`h5forge.publish.overlay.draw_targets`).
 
     Raises:
         ValueError: ``n`` or ``tile`` is not positive.
@@ -39,12 +37,12 @@ def render_preview(
 
     if n < 1 or tile < 8:
         raise ValueError(f"n={n} must be >= 1 and tile={tile} >= 8")
-    ds = H5ImageDataset(url, storage_options=storage_options)
+    ds = H5ImageDataset(where)
     schema = ds.schema
     drawn = [c.name for c in schema if c.kind in ("boxes", "mask")]
     if drawn:  # read them with the images, and draw them on (at the stored size)
         ds.close()
-        ds = H5ImageDataset(url, storage_options=storage_options, target=["class", *drawn])
+        ds = H5ImageDataset(where, target=["class", *drawn])
     try:
         count = min(n, len(ds))
         picks = np.linspace(0, len(ds) - 1, count).round().astype(int).tolist() if count else []
@@ -68,27 +66,34 @@ def render_preview(
 
 
 def write_preview(
-    url: str,
-    png_url: str | os.PathLike[str],
+    url: str | os.PathLike[str] | Location,
+    png_url: str | os.PathLike[str] | Location,
     *,
     n: int = 16,
     tile: int = 96,
     storage_options: dict[str, Any] | None = None,
 ) -> str:
-    """Write :func:`render_preview` as PNG to ``png_url`` (local path or fsspec URL).
+    """Write :func:`render_preview` of the file at ``url`` as PNG to ``png_url``.
 
     A local ``png_url`` is written under a fresh exclusive temp name and renamed over it, so
     a symlink planted at the name is replaced, never written through.
+
+    Args:
+        url: the h5forge file (local path, fsspec URL or :class:`~h5forge.location.Location`).
+        png_url: where the PNG goes (local path, fsspec URL or ``Location``).
+        storage_options: passed to fsspec with each URL string; never recorded.
+
+    Returns:
+        ``png_url``'s URL.
     """
     buf = io.BytesIO()
-    render_preview(url, n=n, tile=tile, storage_options=storage_options).save(buf, "PNG")
-    out = os.fspath(png_url)
-    where = Location.of(out, storage_options)
-    if where.is_local:
-        replace_file(where.path, buf.getvalue(), 0o644)
+    render_preview(Location.of(url, storage_options), n=n, tile=tile).save(buf, "PNG")
+    out = Location.of(png_url, storage_options)
+    if out.is_local:
+        replace_file(out.path, buf.getvalue(), 0o644)
     else:
-        where.fs.pipe_file(where.path, buf.getvalue())
-    return out
+        out.fs.pipe_file(out.path, buf.getvalue())
+    return out.url
 
 
 def preview_url(dest: str) -> str:
@@ -97,11 +102,7 @@ def preview_url(dest: str) -> str:
 
 
 def publish_preview(
-    png: str | os.PathLike[str],
-    dest: str,
-    *,
-    published: PublishResult,
-    storage_options: dict[str, Any] | None = None,
+    png: str | os.PathLike[str], dest: Location, *, published: PublishResult
 ) -> str:
     """Upload the rendered preview ``png`` beside the asset just published at ``dest``.
 
@@ -110,9 +111,8 @@ def publish_preview(
 
     Args:
         png: the local PNG (from :func:`write_preview`).
-        dest: the asset's URL, as given to :func:`h5forge.publish.storage.publish`.
+        dest: the asset, as given to :func:`h5forge.publish.storage.publish`.
         published: what that publish did (named in the error).
-        storage_options: fsspec options of ``dest``.
 
     Returns:
         The preview's URL, redacted.
@@ -121,8 +121,8 @@ def publish_preview(
         PreviewPublishError: the upload failed; the message says the asset and its sidecar
             were published (the cause is ``__cause__``).
     """
-    url = preview_url(dest)
-    where = Location.of(url, storage_options)
+    url = preview_url(dest.url)
+    where = dest.with_url(url)
     try:
         where.put(local=png)
     except OSError as e:

@@ -70,17 +70,16 @@ class VersionResult:
 
 def publish_version(
     local_file: str | os.PathLike[str],
-    url: str | Location,
+    asset: Location,
     *,
-    storage_options: dict[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
     keep_versions: int = 5,
     min_age_s: float = 0.0,
     sha256: str | None = None,
     based_on: str | None = None,
-    beside: Callable[[str], None] | None = None,
+    beside: Callable[[Location], None] | None = None,
 ) -> VersionResult:
-    """Publish ``local_file`` as the latest version of the asset at ``url``.
+    """Publish ``local_file`` as the latest version of the asset at ``asset``.
 
     The version's key is derived from the file's sha256. When a version with this sha256 is
     already published (its sidecar says so), nothing of it is written and the pointer is
@@ -90,8 +89,7 @@ def publish_version(
 
     Args:
         local_file: the finished, sealed file.
-        url: the asset, ``BASE`` or ``BASE.h5`` (local path, fsspec URL or ``Location``).
-        storage_options: passed to fsspec with a URL string; never recorded.
+        asset: the asset, ``BASE`` or ``BASE.h5`` (its storage options are never recorded).
         extra: more sidecar fields, as for :func:`h5forge.publish.storage.publish`;
             ``parent`` and ``published_at`` are set here and may not be given.
         keep_versions: versions retention keeps (>= 1; the latest is always kept).
@@ -104,8 +102,9 @@ def publish_version(
             another build published meanwhile (on a local store the check and the publish are
             one step under the asset's lock; on an object store a race remains, which the
             deployment's concurrency limit closes).
-        beside: called with the version's file URL, before the file, unless that version is
-            already published: writes what goes beside it (its preview, its sources map).
+        beside: called with the version's file (its location), before the file, unless that
+            version is already published: writes what goes beside it (its preview, its sources
+            map).
 
     Raises:
         FileExistsError: the version's key holds different content (the object is left alone).
@@ -126,7 +125,6 @@ def publish_version(
             f"extra sets {reserved}, which publish_version records itself (the previous latest "
             "version's sha256, the time of the publish); remove them"
         )
-    asset = Location.of(url, storage_options)
     url = asset.url
     read_pointer(asset)  # checks the URL and the pointer first
     # One local hash names the version and checks its copy: publish() gets it, not recomputes it.
@@ -148,11 +146,12 @@ def publish_version(
             parent = pointer.parent
         else:
             parent = pointer.sha256
-        if beside is not None and _unpublished(asset.with_url(target)):
-            beside(target)
+        version = asset.with_url(target)
+        if beside is not None and _unpublished(version):
+            beside(version)
         published = publish(
             local,
-            asset.with_url(target),
+            version,
             overwrite=False,  # a version's key is never written over
             # created_at has whole seconds; this orders versions published within one.
             extra={**fields, "parent": parent, "published_at": _now_us()},

@@ -22,7 +22,6 @@ import json
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from h5forge.location import MAX_POINTER_BYTES, Location
 from h5forge.redact import redact_url
@@ -104,21 +103,15 @@ class Pointer:
     parent: str
 
 
-def write_pointer(
-    url: str | Location,
-    sha256: str,
-    *,
-    parent: str = "",
-    storage_options: dict[str, Any] | None = None,
-) -> Pointer:
-    """Make the version with this sha256 the asset's latest, in one step; written last.
+def write_pointer(asset: Location, sha256: str, *, parent: str = "") -> Pointer:
+    """Make the version with this sha256 the latest of the asset at ``asset``, in one step;
+    written last.
 
     The caller has published the version (file read back, sidecar written) before calling.
     """
     if not _SHA256.match(sha256) or (parent and not _SHA256.match(parent)):
         raise ValueError(f"sha256 {sha256!r} / parent {parent!r} must be 64 lower-case hex digits")
-    where = Location.of(url, storage_options)
-    base = asset_base(where.url)
+    base = asset_base(asset.url)
     pointer = Pointer(
         url=version_url(base, sha256),
         sha256=sha256,
@@ -134,24 +127,21 @@ def write_pointer(
         "published_at": pointer.published_at,
         "parent": parent,
     }
-    where.with_url(pointer_url(base)).put(
+    asset.with_url(pointer_url(base)).put(
         data=(json.dumps(body, sort_keys=True, indent=1) + "\n").encode()
     )
     return pointer
 
 
-def read_pointer(
-    url: str | Location, *, storage_options: dict[str, Any] | None = None
-) -> Pointer | None:
-    """The asset's latest version, from its pointer; None when it has none.
+def read_pointer(asset: Location) -> Pointer | None:
+    """The latest version of the asset at ``asset``, from its pointer; None when it has none.
 
     Raises:
         ValueError: the pointer is larger than 64 KiB, not JSON, of another format, or names a
             digest that is not a sha256 (the message names the pointer and the fix).
     """
-    where = Location.of(url, storage_options)
-    base = asset_base(where.url)
-    target = where.with_url(pointer_url(base))
+    base = asset_base(asset.url)
+    target = asset.with_url(pointer_url(base))
     shown = str(target)
     try:
         # One ranged GET: no size lookup first (fs.open would add a HEAD, and could trust a
@@ -181,10 +171,9 @@ def read_pointer(
     )
 
 
-def resolve_version(
-    url: str | Location, version: str, *, storage_options: dict[str, Any] | None = None
-) -> tuple[str, str]:
-    """``(file URL, sha256 or prefix)`` of ``version`` (``latest`` or a sha256 prefix).
+def resolve_version(asset: Location, version: str) -> tuple[str, str]:
+    """``(file URL, sha256 or prefix)`` of ``version`` (``latest`` or a sha256 prefix) of the
+    asset at ``asset``.
 
     ``latest`` reads the pointer once; a prefix of at least 16 hex digits names the version
     whose key starts with it (its file need not be the latest).
@@ -193,10 +182,9 @@ def resolve_version(
         FileNotFoundError: the asset has no pointer (``latest``) or no such version.
         ValueError: ``version`` is neither ``latest`` nor 16-64 lower-case hex digits.
     """
-    where = Location.of(url, storage_options)
-    url = where.url
+    url = asset.url
     if version == "latest":
-        pointer = read_pointer(where)
+        pointer = read_pointer(asset)
         if pointer is None:
             raise FileNotFoundError(
                 f"no {redact_url(pointer_url(url))}: the asset has no published version; "
@@ -209,7 +197,7 @@ def resolve_version(
             "version's sha256 (see `h5forge versions URL`)"
         )
     found = version_url(url, version)
-    file = where.with_url(found)
+    file = asset.with_url(found)
     if not file.fs.exists(file.path):
         raise FileNotFoundError(f"no version {version} of {redact_url(asset_base(url))}")
     return found, version

@@ -22,7 +22,6 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -117,23 +116,16 @@ def _relative_to(listed_in: str, url: str) -> str:
     return listed_in.rsplit("/", 1)[0] + "/" + url  # "memory://m.json" -> "memory://" + url
 
 
-def read_asset_list(
-    url: str | Location, *, storage_options: dict[str, Any] | None = None
-) -> list[AssetSource]:
-    """The assets an asset list names, checked (see the module for the format).
-
-    Args:
-        url: the asset list (local path, fsspec URL or :class:`~h5forge.location.Location`).
-        storage_options: passed to fsspec with a URL string.
+def read_asset_list(where: Location) -> list[AssetSource]:
+    """The assets the asset list at ``where`` names, checked (see the module for the format).
 
     Raises:
-        FileNotFoundError: no asset list at ``url``.
+        FileNotFoundError: no asset list at ``where``.
         ValueError: the asset list is over :data:`h5forge.location.MAX_ASSET_LIST_BYTES`, not
             JSON, of another format or version, names no asset or more than
             :data:`MAX_ASSETS`, or an entry is malformed; the message names the asset list (and
             the entry).
     """
-    where = Location.of(url, storage_options)
     shown = str(where)
     # One bounded read: never more than the limit is fetched, whatever the file's size.
     body = where.read_json(limit=MAX_ASSET_LIST_BYTES, what="asset list")

@@ -16,7 +16,6 @@ resolves names with :func:`resolve_asset`, the same functions.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from h5forge.errors import IntegrityError
 from h5forge.location import Location
@@ -91,10 +90,8 @@ def latest_instead(where: Location, error: Exception) -> tuple[str, str]:
         raise error from None
 
 
-def resolve_asset(
-    url: str | Location, version: str | None, storage_options: dict[str, Any] | None = None
-) -> tuple[str, str]:
-    """``(file URL, full sha256 or "")`` that ``url`` and ``version`` name, before opening it.
+def resolve_asset(where: Location, version: str | None) -> tuple[str, str]:
+    """``(file URL, full sha256 or "")`` that ``where`` and ``version`` name, before opening it.
 
     ``version`` as :func:`pin_version` takes it; None: the file at ``url`` when there is one,
     else the asset's latest version (:func:`latest_instead`). One existence check more than
@@ -104,7 +101,6 @@ def resolve_asset(
         FileNotFoundError: no file, pointer or version by that name (the message says which).
         IntegrityError, ValueError: as :func:`pin_version`.
     """
-    where = Location.of(url, storage_options)
     if version is not None:
         return pin_version(where, version)
     if where.fs.isfile(where.path):

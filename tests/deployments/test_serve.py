@@ -22,6 +22,7 @@ from h5forge.deployments.serve import (
     options_from_env,
     runner_deployments,
 )
+from h5forge.location import Location
 from h5forge.publish.versions import read_pointer
 from tests.deployments._processes import (
     BUILD_FLOW,
@@ -143,7 +144,7 @@ def test_served_nightly_build_and_verify_complete(
         verified = _run(f"{VERIFY_FLOW}/{NIGHTLY_VERIFY}")
         assert verified.state.is_completed(), f"verify ended {verified.state!r}\n{log_tail(log)}"
     # The nightly builds versions (issue 13): the pointer beside the destination names one.
-    pointer = read_pointer(str(destination))
+    pointer = read_pointer(Location(str(destination)))
     assert pointer is not None
     assert Path(pointer.url).is_file()
     assert not destination.exists()

@@ -17,6 +17,7 @@ import h5py
 import pytest
 
 from h5forge.demo import write_bad_files, write_image_folder
+from h5forge.location import Location
 from h5forge.publish.sidecar import sidecar_url
 from h5forge.publish.versions import read_pointer
 from h5forge.verify.checks import verify
@@ -116,7 +117,7 @@ def test_a_versioned_build_is_read_back_by_the_name_it_was_built_to(
     args = ("--versioned", "--size", "32", "--smoke-workers", "0")
     run = h5forge("build", str(small_folder), str(dest), *args, cwd=tmp_path, cache=tmp_path / "c")
     assert run.returncode == 0, run.stderr[-3000:]
-    pointer = read_pointer(str(dest))
+    pointer = read_pointer(Location(str(dest)))
     assert pointer is not None
     assert not dest.exists()
     base = str(dest)[: -len(".h5")]

@@ -18,6 +18,7 @@ import pytest
 from h5forge.asset import format as fmt
 from h5forge.demo import write_image_folder
 from h5forge.flows.build import BuildConfig, build_dataset
+from h5forge.location import Location
 from h5forge.pack.writer import pack
 from h5forge.publish.versions import read_pointer
 from tests.h5forge.pack.test_incremental import CHANGES
@@ -163,7 +164,7 @@ def test_each_change_is_built_incrementally_and_equals_a_full_build(
         assert sidecar["changes"] == _expected(before, after), step
         unchanged = sum(before[k] == after[k] for k in before.keys() & after.keys())
         assert built.reused == (0 if step == "config" else unchanged), step
-        pointer = read_pointer(place.dest, storage_options=place.options)
+        pointer = read_pointer(Location(place.dest, place.options))
         assert pointer is not None
         assert pointer.sha256 == built.sha256, step
         parent = built

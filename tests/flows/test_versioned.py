@@ -13,6 +13,7 @@ import pytest
 
 from h5forge.demo import write_image_folder
 from h5forge.flows.build import BuildConfig, build_dataset
+from h5forge.location import Location
 from h5forge.publish.lineage import read_sources
 from h5forge.publish.versions import read_pointer
 
@@ -59,7 +60,7 @@ def test_a_local_source_unchanged_touched_and_reconfigured(
     assert sidecar["config_sha256"] == config.pack_config().sha256()
     assert sidecar["flow_run_id"] == str(state.state_details.flow_run_id)
     assert "changes" not in sidecar  # no parent to compare with
-    files = read_sources(first.destination)
+    files = read_sources(Location(first.destination))
     assert files is not None
     assert len(files) == 8
     with h5py.File(first.destination) as h5:
@@ -90,7 +91,7 @@ def test_a_local_source_unchanged_touched_and_reconfigured(
     with h5py.File(second.destination) as h5:
         assert h5.attrs["parent_sha256"] == first.sha256
         assert json.loads(h5.attrs["changes_json"]) == sidecar["changes"]
-    pointed = read_pointer(str(pub / "set"))
+    pointed = read_pointer(Location(str(pub / "set")))
     assert pointed is not None
     assert pointed.sha256 == second.sha256
 

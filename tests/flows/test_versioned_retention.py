@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from h5forge.demo import write_image_folder
 from h5forge.flows.build import BuildConfig, build_dataset
+from h5forge.location import Location
 from h5forge.publish.history import list_versions
 from h5forge.publish.versions import read_pointer
 from h5forge.tasks.publish import asset_key
@@ -87,10 +88,10 @@ def test_retention_and_lineage_of_each_version_through_the_flow(
         assert state.is_completed(), state.message
         built.append(state.result())
         runs.append(str(state.state_details.flow_run_id))
-    kept = [v.sha256 for v in list_versions(dest)]
+    kept = [v.sha256 for v in list_versions(Location(dest))]
     assert kept == [built[1].sha256, built[2].sha256]  # the oldest went, keep_versions=2
     assert not os.path.exists(built[0].destination)
-    pointer = read_pointer(dest)
+    pointer = read_pointer(Location(dest))
     assert pointer is not None
     assert pointer.sha256 == built[2].sha256
 
@@ -104,7 +105,7 @@ def test_retention_and_lineage_of_each_version_through_the_flow(
     assert state.is_completed(), state.message
     built.append(state.result())
     runs.append(str(state.state_details.flow_run_id))
-    assert [v.sha256 for v in list_versions(dest)] == [b.sha256 for b in built[1:]]
+    assert [v.sha256 for v in list_versions(Location(dest))] == [b.sha256 for b in built[1:]]
 
     events = _events(asset_key(dest), 4)
     by_version = {e.payload["version"]: e.payload for e in events}

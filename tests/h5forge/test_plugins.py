@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from h5forge.location import Location
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.smoke.load import smoke_load
 from h5forge.summary import summarize
@@ -33,7 +34,7 @@ def test_plugin_file_verifies_inspects_and_reads(codec: str, bases: dict[str, Pa
     path = bases[codec]
     report = verify(str(path))
     assert report.checked_samples == report.num_samples == 9
-    info = summarize(str(path))
+    info = summarize(Location(str(path)))
     assert info["attributes"]["compression"] == codec
     assert sum(info["counts"][""].values()) == 9
     got, want = _pixels(path), _pixels(bases["decoded"])  # same images, uncompressed
@@ -66,11 +67,14 @@ except ImportError:
     blocked = True
 else:
     blocked = False
+from h5forge.location import Location
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.summary import summarize
 from h5forge.verify.checks import verify
 out = {"blocked": blocked}
-for name, call in (("reader", H5ImageDataset), ("verify", verify), ("inspect", summarize)):
+def inspect(url):
+    return summarize(Location(url))
+for name, call in (("reader", H5ImageDataset), ("verify", verify), ("inspect", inspect)):
     try:
         call(sys.argv[1])
         out[name] = ["opened", ""]

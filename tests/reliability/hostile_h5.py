@@ -67,11 +67,12 @@ def _collect(entry: str, url: str) -> list[bytes]:
 
         seen.append(repr(verify(url)).encode())
     elif entry == "inspect":
+        from h5forge.location import Location
         from h5forge.publish.preview import render_preview
         from h5forge.summary import summarize
 
-        seen.append(json.dumps(summarize(url), ensure_ascii=False).encode())
-        seen.append(render_preview(url, n=4, tile=16).tobytes())
+        seen.append(json.dumps(summarize(Location(url)), ensure_ascii=False).encode())
+        seen.append(render_preview(Location(url), n=4, tile=16).tobytes())
     else:
         raise ValueError(entry)
     return seen

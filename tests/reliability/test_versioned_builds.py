@@ -64,7 +64,7 @@ def _first_then_grown(tmp: Path, prefect_api: str) -> tuple[list[str], dict[str,
     env = base_env(tmp / "run", prefect_api)
     first = run_cli(args, env, REPO)
     assert first.finish(timeout=240) == 0, first.text[-3000:]
-    v1 = read_pointer(str(tmp / "pub" / "set.h5"))
+    v1 = read_pointer(Location(str(tmp / "pub" / "set.h5")))
     assert v1 is not None
     more = write_image_folder(
         tmp / "more", classes=("ant", "bee", "cow"), per_class=150, seed=2, size=(320, 320)
@@ -76,7 +76,7 @@ def _first_then_grown(tmp: Path, prefect_api: str) -> tuple[list[str], dict[str,
 
 
 def _no_leftovers(dest: Path) -> None:
-    assert scan_versions(str(dest)).skipped == 0  # no version folder without its sidecar
+    assert scan_versions(Location(str(dest))).skipped == 0  # no version folder without its sidecar
     leftovers = [p.name for p in dest.parent.rglob("*") if ".tmp-" in p.name or ".new-" in p.name]
     assert leftovers == []
 
@@ -96,15 +96,15 @@ def test_a_killed_incremental_build_leaves_latest_whole_and_a_rerun_publishes(
     killed.kill()
     assert not any("Task run 'pack[" in line for _, line in killed.lines), "killed after the pack"
 
-    pointer = read_pointer(str(dest))
+    pointer = read_pointer(Location(str(dest)))
     assert pointer is not None
     assert pointer.sha256 == v1.sha256  # latest still names the whole previous version
     assert _whole(pointer.url) == v1.sha256
-    assert [v.sha256 for v in list_versions(str(dest))] == [v1.sha256]
+    assert [v.sha256 for v in list_versions(Location(str(dest)))] == [v1.sha256]
 
     again = run_cli(args, env, REPO)
     assert again.finish(timeout=240) == 0, again.text[-3000:]
-    v2 = read_pointer(str(dest))
+    v2 = read_pointer(Location(str(dest)))
     assert v2 is not None
     assert v2.sha256 != v1.sha256
     assert v2.parent == v1.sha256
@@ -112,7 +112,7 @@ def test_a_killed_incremental_build_leaves_latest_whole_and_a_rerun_publishes(
     sidecar = read_sidecar(v2.url)
     assert sidecar["changes"] == {"added": added, "removed": 0, "replaced": 0}
     assert sidecar["num_samples"] == 12 + added
-    assert [v.sha256 for v in list_versions(str(dest))] == [v1.sha256, v2.sha256]
+    assert [v.sha256 for v in list_versions(Location(str(dest)))] == [v1.sha256, v2.sha256]
     _no_leftovers(dest)
 
 
@@ -125,14 +125,14 @@ def test_two_builds_at_once_one_publishes_and_nothing_is_torn(
     codes = [w.finish(timeout=240) for w in runs]
     texts = [w.text for w in runs]
     assert sorted(codes) in ([0, 0], [0, 1]), texts
-    latest = read_pointer(str(dest))
+    latest = read_pointer(Location(str(dest)))
     assert latest is not None
     assert latest.parent == v1.sha256
     assert _whole(latest.url) == latest.sha256
     assert read_sidecar(latest.url)["changes"]["added"] == added
     # One published; the other was refused (based on version 1, it found latest moved) or,
     # begun after that publish, found its source and settings unchanged.
-    assert [v.sha256 for v in list_versions(str(dest))] == [v1.sha256, latest.sha256]
+    assert [v.sha256 for v in list_versions(Location(str(dest)))] == [v1.sha256, latest.sha256]
     for code, text in zip(codes, texts, strict=True):
         assert "Traceback" not in text
         if code == 1:

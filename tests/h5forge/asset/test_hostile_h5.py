@@ -20,6 +20,7 @@ import h5py
 import pytest
 
 from h5forge.errors import IntegrityError
+from h5forge.location import Location
 from h5forge.preprocess.images import decode_stored
 from h5forge.publish.preview import render_preview
 from h5forge.read.dataset import H5ImageDataset
@@ -78,7 +79,7 @@ def test_every_kind_is_refused_or_harmless(
     calls = {
         "reader": lambda: H5ImageDataset(path)[0],
         "verify": lambda: verify(path),
-        "inspect": lambda: (summarize(path), render_preview(path, n=2, tile=8)),
+        "inspect": lambda: (summarize(Location(path)), render_preview(Location(path), n=2, tile=8)),
     }
     for entry, call in calls.items():
         if entry in kind.refused_by:
@@ -145,7 +146,11 @@ def test_a_well_formed_file_still_reads_over_http(
 
 def test_fifo_as_the_asset_is_refused_without_blocking(aux: Path) -> None:
     fifo = str(aux / "fifo")
-    for call in (lambda: H5ImageDataset(fifo), lambda: verify(fifo), lambda: summarize(fifo)):
+    for call in (
+        lambda: H5ImageDataset(fifo),
+        lambda: verify(fifo),
+        lambda: summarize(Location(fifo)),
+    ):
         with pytest.raises(IntegrityError, match="not a regular file"):
             call()
 

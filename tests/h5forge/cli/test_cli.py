@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from h5forge.demo import write_image_folder
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.publish.sidecar import sidecar_url
@@ -78,7 +79,7 @@ def test_pack_verify_inspect(small_tree: Path, tmp_path: Path) -> None:
     assert info["counts"] == {"": {"x": 4, "y": 4}}
     assert info["sealed"] is True
     # Today's shape, whole, and the version it read ("" for a file opened by its name).
-    assert info == {**json.loads(json.dumps(summarize(str(out)))), "version": ""}
+    assert info == {**json.loads(json.dumps(summarize(Location(str(out))))), "version": ""}
     with Image.open(png) as im:
         assert im.format == "PNG"
         assert im.width >= 2 * 16
@@ -94,7 +95,7 @@ def test_pack_progress_bar_shows_count_elapsed_and_rate(small_tree: Path, tmp_pa
 def test_inspect_prints_a_readable_summary(packed: Path) -> None:
     r = _cli("inspect", str(packed))
     assert r.returncode == 0, r.stderr
-    info = summarize(str(packed))
+    info = summarize(Location(str(packed)))
     lines = r.stdout.splitlines()
     assert f"size:         {packed.stat().st_size:,} bytes" in lines
     assert "samples:      8 in 2 classes, 0 quarantined" in lines
@@ -143,7 +144,7 @@ def test_too_many_bad_images_exit_1_listing_them(tmp_path: Path) -> None:
 def published(small_tree: Path, packed: Path, tmp_path: Path) -> Path:
     """``packed`` published with its sidecar (counts, format version) in a fresh folder."""
     dest = tmp_path / "pub" / "asset.h5"
-    info = summarize(str(packed))
+    info = summarize(Location(str(packed)))
     publish(
         packed,
         str(dest),

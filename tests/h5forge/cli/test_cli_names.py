@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from h5forge.demo import write_image_folder
+from h5forge.location import Location
 from h5forge.pack.writer import pack
 from h5forge.publish.release import VersionResult, publish_version
 from h5forge.read.dataset import H5ImageDataset
@@ -50,8 +51,8 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Vers
         root = tmp / f"src{seed}"
         write_image_folder(root, classes=("a", "b"), per_class=3, seed=seed, size=(20, 24))
         local = pack(root, tmp / f"v{seed}" / "flowers.h5", workers=1).path
-        counts = summarize(local)["counts"]  # what a build records in the sidecar
-        done.append(publish_version(local, str(dest), extra={"counts": counts}))
+        counts = summarize(Location(local))["counts"]  # what a build records in the sidecar
+        done.append(publish_version(local, Location(str(dest)), extra={"counts": counts}))
     assert not dest.exists()
     return dest, done
 

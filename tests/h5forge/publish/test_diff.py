@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from h5forge.demo import write_image_folder
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
@@ -40,14 +41,14 @@ def two_versions(
     src = tmp / "src"
     write_image_folder(src, classes=("ant", "bee"), per_class=4, seed=1)
     base = str(tmp / "pub" / "set")
-    v1 = publish_version(pack(src, tmp / "1.h5", config=_CONFIG, workers=1).path, base)
+    v1 = publish_version(pack(src, tmp / "1.h5", config=_CONFIG, workers=1).path, Location(base))
     ants, bees = sorted((src / "ant").iterdir()), sorted((src / "bee").iterdir())
     ants[0].unlink()
     other = tmp / "other"
     write_image_folder(other, classes=("x", "cow"), per_class=2, seed=9)
     shutil.copyfile(sorted((other / "x").iterdir())[0], bees[0])  # same name, other bytes
     shutil.copytree(other / "cow", src / "cow")
-    v2 = publish_version(pack(src, tmp / "2.h5", config=_CONFIG, workers=1).path, base)
+    v2 = publish_version(pack(src, tmp / "2.h5", config=_CONFIG, workers=1).path, Location(base))
     return base, v1, v2
 
 
@@ -55,7 +56,7 @@ def test_diff_counts_samples_classes_and_config(
     two_versions: tuple[str, VersionResult, VersionResult],
 ) -> None:
     base, v1, v2 = two_versions
-    a, b = resolve_pair([base, v1.version, "latest"])
+    a, b = resolve_pair(Location(base), [v1.version, "latest"])
     d = diff_files(a, b)
     assert d.samples == (8, 9)
     assert (d.added, d.removed, d.replaced) == (2, 1, 1)
@@ -73,7 +74,7 @@ def test_another_config_changes_every_stored_sample(
     src = Path(base).parent.parent / "src"
     config = PackConfig(ImageConfig(resize="resize", size=(20, 20)))
     other = pack(src, tmp_path / "3.h5", config=config, workers=1).path
-    d = diff_files(v2.url, other)
+    d = diff_files(Location(v2.url), Location(other))
     assert d.config_changed
     assert (d.added, d.removed, d.replaced, d.same) == (0, 0, 9, 0)  # digests of stored bytes
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from h5forge.location import Location
 from h5forge.publish.overlay import PALETTE, draw_targets
 from h5forge.targets.schema import Column
 
@@ -56,7 +57,7 @@ def test_the_preview_of_a_segmentation_asset_tints_each_mask_and_nothing_else(tm
         workers=1,
         config=PackConfig(ImageConfig(resize="resize", size=(32, 32))),
     )
-    grid = np.asarray(render_preview(str(out), n=4, tile=32))
+    grid = np.asarray(render_preview(Location(str(out)), n=4, tile=32))
     ds = H5ImageDataset(str(out), target=["mask"])
     for k in range(4):  # a 2 x 2 grid of 32 x 32 tiles (plus a caption row under each)
         image, target = ds[k]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from h5forge.location import MAX_LINEAGE_BYTES
+from h5forge.location import MAX_LINEAGE_BYTES, Location
 from h5forge.pack.writer import PackResult
 from h5forge.publish.lineage import (
     count_changes,
@@ -26,11 +26,11 @@ def test_changes_are_counted_by_path_and_token() -> None:
 
 def test_a_map_round_trips_and_a_missing_one_is_none(tmp_path: Path) -> None:
     version = str(tmp_path / "v" / "x" / "set.h5")
-    assert read_sources(version) is None
-    assert write_sources(version, {"a/1.jpg": "3:4"})
-    assert read_sources(version) == {"a/1.jpg": "3:4"}
-    assert not write_sources(version, {"big": "y" * MAX_LINEAGE_BYTES})
-    assert read_sources(version) == {"a/1.jpg": "3:4"}  # the bound left the old map alone
+    assert read_sources(Location(version)) is None
+    assert write_sources(Location(version), {"a/1.jpg": "3:4"})
+    assert read_sources(Location(version)) == {"a/1.jpg": "3:4"}
+    assert not write_sources(Location(version), {"big": "y" * MAX_LINEAGE_BYTES})
+    assert read_sources(Location(version)) == {"a/1.jpg": "3:4"}  # the bound left the old map alone
 
 
 @pytest.mark.parametrize(
@@ -46,15 +46,15 @@ def test_a_hostile_map_is_refused(tmp_path: Path, body: bytes, match: str) -> No
     version = str(tmp_path / "set.h5")
     Path(sources_url(version)).write_bytes(body)
     with pytest.raises(ValueError, match=match):
-        read_sources(version)
+        read_sources(Location(version))
 
 
 def test_retention_removes_a_versions_sources_map_and_its_folder(
     tmp_path: Path, packed_decoded: PackResult, packed_encoded: PackResult
 ) -> None:
     base = str(tmp_path / "set")
-    old = publish_version(packed_decoded.path, base)
-    write_sources(old.url, {"a": "1:1"})
-    new = publish_version(packed_encoded.path, base, keep_versions=1)
+    old = publish_version(packed_decoded.path, Location(base))
+    write_sources(Location(old.url), {"a": "1:1"})
+    new = publish_version(packed_encoded.path, Location(base), keep_versions=1)
     assert new.removed == (old.url,)
     assert not Path(old.url).parent.exists()

@@ -87,8 +87,8 @@ def test_v2_becomes_latest_and_v1_still_opens(
     store: Store, packed_decoded: PackResult, packed_encoded: PackResult
 ) -> None:
     url = f"{store.base}/flowers"
-    v1 = publish_version(packed_decoded.path, url, storage_options=store.options)
-    v2 = publish_version(packed_encoded.path, url, storage_options=store.options)
+    v1 = publish_version(packed_decoded.path, Location(url, store.options))
+    v2 = publish_version(packed_encoded.path, Location(url, store.options))
 
     assert (v1.parent, v2.parent) == ("", v1.sha256)
     assert v2.sha256 == Location.of(packed_encoded.path).sha256()
@@ -97,10 +97,10 @@ def test_v2_becomes_latest_and_v1_still_opens(
     assert v2.pointer_url == f"{url}.latest.json"
     assert not (v1.unchanged)
     assert not (v2.unchanged)
-    pointer = read_pointer(url, storage_options=store.options)
+    pointer = read_pointer(Location(url, store.options))
     assert pointer is not None
     assert (pointer.sha256, pointer.parent) == (v2.sha256, v1.sha256)
-    assert resolve_version(url + ".h5", "latest", storage_options=store.options)[0] == v2.url
+    assert resolve_version(Location(url + ".h5", store.options), "latest")[0] == v2.url
     # The old version is untouched: byte for byte, and it opens as an h5forge file.
     assert store.cat(v1.url) == Path(packed_decoded.path).read_bytes()
     with open_h5(Location(v1.url, store.options)) as h5:
@@ -108,7 +108,7 @@ def test_v2_becomes_latest_and_v1_still_opens(
     sidecar = read_sidecar(v2.url, storage_options=store.options)
     assert (sidecar["sha256"], sidecar["parent"]) == (v2.sha256, v1.sha256)
 
-    listed = list_versions(url, storage_options=store.options)
+    listed = list_versions(Location(url, store.options))
     assert [(v.sha256, v.latest, v.parent) for v in listed] == [
         (v1.sha256, False, ""),
         (v2.sha256, True, v1.sha256),
@@ -119,19 +119,19 @@ def test_v2_becomes_latest_and_v1_still_opens(
 def test_same_file_twice_is_unchanged_and_writes_nothing(store: Store, tmp_path: Path) -> None:
     url = f"{store.base}/set.h5"
     local = _blob(tmp_path, "a")
-    first = publish_version(local, url, storage_options=store.options)
+    first = publish_version(local, Location(url, store.options))
     before = store.files()
     if store.requests is not None:
         store.requests.clear()
-    pointer = read_pointer(url, storage_options=store.options)
+    pointer = read_pointer(Location(url, store.options))
 
-    again = publish_version(local, url, storage_options=store.options)
+    again = publish_version(local, Location(url, store.options))
 
     assert again.unchanged
     assert not first.unchanged
     assert (again.url, again.sha256, again.removed) == (first.url, first.sha256, ())
     assert store.files() == before
-    assert read_pointer(url, storage_options=store.options) == pointer  # not rewritten
+    assert read_pointer(Location(url, store.options)) == pointer  # not rewritten
     if store.requests is not None:
         assert _writes(store) == []
 
@@ -139,15 +139,15 @@ def test_same_file_twice_is_unchanged_and_writes_nothing(store: Store, tmp_path:
 def test_republishing_an_old_version_moves_the_pointer_back(store: Store, tmp_path: Path) -> None:
     url = f"{store.base}/set"
     a, b = _blob(tmp_path, "a"), _blob(tmp_path, "b")
-    va = publish_version(a, url, storage_options=store.options)
-    vb = publish_version(b, url, storage_options=store.options)
+    va = publish_version(a, Location(url, store.options))
+    vb = publish_version(b, Location(url, store.options))
     before = store.files()
 
-    back = publish_version(a, url, storage_options=store.options)
+    back = publish_version(a, Location(url, store.options))
 
     assert back.unchanged
     assert (back.sha256, back.parent) == (va.sha256, vb.sha256)
-    pointer = read_pointer(url, storage_options=store.options)
+    pointer = read_pointer(Location(url, store.options))
     assert pointer is not None
     assert pointer.sha256 == va.sha256
     assert store.files().keys() == before.keys()  # only the pointer was rewritten
@@ -156,12 +156,12 @@ def test_republishing_an_old_version_moves_the_pointer_back(store: Store, tmp_pa
 def test_retention_keeps_the_newest_n(store: Store, tmp_path: Path) -> None:
     url = f"{store.base}/set"
     results = [
-        publish_version(_blob(tmp_path, t), url, storage_options=store.options, keep_versions=2)
+        publish_version(_blob(tmp_path, t), Location(url, store.options), keep_versions=2)
         for t in "abcd"
     ]
 
     assert [r.removed for r in results] == [(), (), (results[0].url,), (results[1].url,)]
-    listed = list_versions(url, storage_options=store.options)
+    listed = list_versions(Location(url, store.options))
     assert [v.sha256 for v in listed] == [r.sha256 for r in results[2:]]
     names = {Path(k).name for k in store.files()}
     assert names == {"set.h5", "set.h5.manifest.json", "set.latest.json"}
@@ -171,13 +171,13 @@ def test_retention_keeps_the_newest_n(store: Store, tmp_path: Path) -> None:
 def test_retention_never_removes_the_latest(store: Store, tmp_path: Path) -> None:
     url = f"{store.base}/set"
     a, b, c = (_blob(tmp_path, t) for t in "abc")
-    va, vb, vc = (publish_version(x, url, storage_options=store.options) for x in (a, b, c))
+    va, vb, vc = (publish_version(x, Location(url, store.options)) for x in (a, b, c))
 
     # The pointer goes back to the oldest; retention keeps one by count, and the latest.
-    back = publish_version(a, url, storage_options=store.options, keep_versions=1)
+    back = publish_version(a, Location(url, store.options), keep_versions=1)
 
     assert back.removed == (vb.url,)
-    assert [v.sha256 for v in list_versions(url, storage_options=store.options)] == [
+    assert [v.sha256 for v in list_versions(Location(url, store.options))] == [
         va.sha256,
         vc.sha256,
     ]
@@ -186,18 +186,24 @@ def test_retention_never_removes_the_latest(store: Store, tmp_path: Path) -> Non
 
 def test_retention_respects_the_minimum_age(store: Store, tmp_path: Path) -> None:
     url = f"{store.base}/set"
-    first, _ = (
-        publish_version(_blob(tmp_path, t), url, storage_options=store.options) for t in "ab"
-    )
+    first, _ = (publish_version(_blob(tmp_path, t), Location(url, store.options)) for t in "ab")
     now = dt.datetime.now(dt.timezone.utc)
-    kwargs: dict[str, Any] = {"keep_versions": 1, "storage_options": store.options}
+    kwargs: dict[str, Any] = {"keep_versions": 1}
 
-    assert apply_retention(url, min_age_s=3600, now=now + dt.timedelta(minutes=30), **kwargs) == []
-    assert len(list_versions(url, storage_options=store.options)) == 2
-    assert apply_retention(url, min_age_s=3600, now=now + dt.timedelta(hours=2), **kwargs) == [
-        first.url
-    ]
-    assert len(list_versions(url, storage_options=store.options)) == 1
+    assert (
+        apply_retention(
+            Location(url, store.options),
+            min_age_s=3600,
+            now=now + dt.timedelta(minutes=30),
+            **kwargs,
+        )
+        == []
+    )
+    assert len(list_versions(Location(url, store.options))) == 2
+    assert apply_retention(
+        Location(url, store.options), min_age_s=3600, now=now + dt.timedelta(hours=2), **kwargs
+    ) == [first.url]
+    assert len(list_versions(Location(url, store.options))) == 1
 
 
 @pytest.mark.parametrize(
@@ -213,7 +219,7 @@ def test_retention_respects_the_minimum_age(store: Store, tmp_path: Path) -> Non
 )
 def test_retention_refuses_bad_arguments(tmp_path: Path, kwargs: dict[str, Any], words: str):
     with pytest.raises(ValueError, match=words):
-        apply_retention(str(tmp_path / "set"), **kwargs)
+        apply_retention(Location(str(tmp_path / "set")), **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -230,7 +236,10 @@ def test_publish_version_refuses_bad_arguments(
     keep = 0 if "keep" in words else 5
     with pytest.raises(ValueError, match=words):
         publish_version(
-            _blob(tmp_path, "a"), url.format(tmp=tmp_path), extra=extra, keep_versions=keep
+            _blob(tmp_path, "a"),
+            Location(url.format(tmp=tmp_path)),
+            extra=extra,
+            keep_versions=keep,
         )
     assert not (tmp_path / "set").exists()
     assert not (tmp_path / "set.latest.json").exists()
@@ -271,10 +280,10 @@ def test_a_hostile_pointer_is_refused(store: Store, tmp_path: Path, body: bytes,
     fs.pipe_file(fsspec.core.url_to_fs(pointer_url(url), **store.options)[1], body)
 
     for call in (
-        lambda: read_pointer(url, storage_options=store.options),
-        lambda: resolve_version(url, "latest", storage_options=store.options),
-        lambda: list_versions(url, storage_options=store.options),
-        lambda: publish_version(_blob(tmp_path, "a"), url, storage_options=store.options),
+        lambda: read_pointer(Location(url, store.options)),
+        lambda: resolve_version(Location(url, store.options), "latest"),
+        lambda: list_versions(Location(url, store.options)),
+        lambda: publish_version(_blob(tmp_path, "a"), Location(url, store.options)),
     ):
         with pytest.raises(ValueError, match=words):
             call()
@@ -294,12 +303,12 @@ def test_a_pointers_path_is_ignored(store: Store) -> None:
         fsspec.core.url_to_fs(pointer_url(url), **store.options)[1], json.dumps(body).encode()
     )
 
-    pointer = read_pointer(url, storage_options=store.options)
+    pointer = read_pointer(Location(url, store.options))
 
     assert pointer is not None
     assert pointer.url == f"{url}/v/{_SHA[:16]}/set.h5"
     with pytest.raises(FileNotFoundError, match="no version"):
-        resolve_version(url, _SHA[:16], storage_options=store.options)
+        resolve_version(Location(url, store.options), _SHA[:16])
 
 
 def test_unrecognised_entries_under_v_are_skipped_and_never_deleted(
@@ -323,15 +332,13 @@ def test_unrecognised_entries_under_v_are_skipped_and_never_deleted(
         fs.pipe_file(f"{vdir}/{key}", data)
     if store.name == "file":  # a link to a real version elsewhere is not one of ours
         elsewhere = tmp_path / "elsewhere"
-        other = publish_version(_blob(tmp_path, "z"), str(elsewhere), keep_versions=1)
+        other = publish_version(_blob(tmp_path, "z"), Location(str(elsewhere)), keep_versions=1)
         (Path(vdir) / other.version).symlink_to(elsewhere / "v" / other.version)
-    versions = [
-        publish_version(_blob(tmp_path, t), url, storage_options=store.options) for t in "ab"
-    ]
+    versions = [publish_version(_blob(tmp_path, t), Location(url, store.options)) for t in "ab"]
     before = store.files()
 
-    scan = scan_versions(url, storage_options=store.options)
-    removed = apply_retention(url, keep_versions=1, storage_options=store.options)
+    scan = scan_versions(Location(url, store.options))
+    removed = apply_retention(Location(url, store.options), keep_versions=1)
 
     assert [v.sha256 for v in scan.versions] == [v.sha256 for v in versions]
     assert scan.skipped == len(planted) + (store.name == "file")
@@ -349,9 +356,9 @@ def test_over_ten_thousand_entries_is_refused(tmp_path: Path) -> None:
     for i in range(10_001):
         (vdir / f"{i:016x}").mkdir()
     with pytest.raises(ValueError, match="10001 entries, over 10000"):
-        list_versions(str(tmp_path / "set"))
+        list_versions(Location(str(tmp_path / "set")))
     with pytest.raises(ValueError, match="10001 entries"):
-        apply_retention(str(tmp_path / "set"), keep_versions=1)
+        apply_retention(Location(str(tmp_path / "set")), keep_versions=1)
     assert sum(1 for _ in vdir.iterdir()) == 10_001
 
 
@@ -364,7 +371,7 @@ def test_a_flat_asset_stays_beside_its_versions(
     if store.requests is not None:
         store.requests.clear()
 
-    v = publish_version(packed_encoded.path, flat, storage_options=store.options)
+    v = publish_version(packed_encoded.path, Location(flat, store.options))
 
     assert asset_base(flat) == f"{store.base}/flowers"
     assert v.url == f"{store.base}/flowers/v/{v.version}/flowers.h5"
@@ -378,7 +385,7 @@ def test_a_flat_asset_stays_beside_its_versions(
             for w in _writes(store)
             if w.endswith(("/flowers.h5", ".h5.manifest.json")) and "/v/" not in w
         ]
-    assert [x.sha256 for x in list_versions(flat, storage_options=store.options)] == [v.sha256]
+    assert [x.sha256 for x in list_versions(Location(flat, store.options))] == [v.sha256]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -394,9 +401,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_lists_versions(tmp_path: Path, packed_decoded: PackResult) -> None:
     url = str(tmp_path / "set")
     v1 = publish_version(
-        packed_decoded.path, url, extra={"num_samples": packed_decoded.num_samples}
+        packed_decoded.path, Location(url), extra={"num_samples": packed_decoded.num_samples}
     )
-    v2 = publish_version(_blob(tmp_path, "b"), url)
+    v2 = publish_version(_blob(tmp_path, "b"), Location(url))
 
     r = _cli("versions", url + ".h5")
     assert r.returncode == 0, r.stderr
@@ -435,13 +442,13 @@ def test_cli_exits_1_when_the_asset_has_no_versions(tmp_path: Path) -> None:
 
 def test_retention_removes_sidecar_then_preview_then_file(store: Store, tmp_path: Path) -> None:
     url = f"{store.base}/set"
-    old, _ = (publish_version(_blob(tmp_path, t), url, storage_options=store.options) for t in "ab")
+    old, _ = (publish_version(_blob(tmp_path, t), Location(url, store.options)) for t in "ab")
     fs, old_path = fsspec.core.url_to_fs(old.url, **store.options)
     fs.pipe_file(old_path + ".preview.png", b"\x89PNG")
     if store.requests is not None:
         store.requests.clear()
 
-    assert apply_retention(url, keep_versions=1, storage_options=store.options) == [old.url]
+    assert apply_retention(Location(url, store.options), keep_versions=1) == [old.url]
 
     assert not any(f"/v/{old.version}/" in k for k in store.files())
     if store.requests is not None:
@@ -463,13 +470,13 @@ def test_a_given_sha256_is_checked_at_the_destination_not_trusted(
     local = _blob(tmp_path, "a")
     other = Location.of(_blob(tmp_path, "b")).sha256()
     with pytest.raises(ChecksumError, match=other):
-        publish_version(local, url, storage_options=store.options, sha256=other)
-    assert read_pointer(url, storage_options=store.options) is None
+        publish_version(local, Location(url, store.options), sha256=other)
+    assert read_pointer(Location(url, store.options)) is None
     assert not any(k.endswith(".manifest.json") for k in store.files())
     with pytest.raises(ValueError, match="sha256='ABC' is not 64"):
         publish(local, f"{store.base}/flat.h5", storage_options=store.options, sha256="ABC")
     right = publish_version(
-        local, url, storage_options=store.options, sha256=Location.of(local).sha256(), min_age_s=0
+        local, Location(url, store.options), sha256=Location.of(local).sha256(), min_age_s=0
     )
     assert right.sha256 == Location.of(local).sha256()
     assert store.cat(right.url) == local.read_bytes()
@@ -480,17 +487,15 @@ def test_a_publish_based_on_a_stale_latest_is_refused_before_writing(
 ) -> None:
     url = f"{store.base}/set"
     a, b = _blob(tmp_path, "a"), _blob(tmp_path, "b")
-    v1 = publish_version(a, url, storage_options=store.options, based_on="")
+    v1 = publish_version(a, Location(url, store.options), based_on="")
     before = store.files()
-    called: list[str] = []
+    called: list[Location] = []
     with pytest.raises(BusyError, match=f"moved to version {v1.version} .*based on no version"):
-        publish_version(b, url, storage_options=store.options, based_on="", beside=called.append)
+        publish_version(b, Location(url, store.options), based_on="", beside=called.append)
     assert called == []  # refused before anything of b was written
     assert store.files() == before
     # The same bytes as latest are no conflict; a build based on latest publishes.
-    assert publish_version(a, url, storage_options=store.options, based_on="").unchanged
-    v2 = publish_version(
-        b, url, storage_options=store.options, based_on=v1.sha256, beside=called.append
-    )
-    assert called == [v2.url]
+    assert publish_version(a, Location(url, store.options), based_on="").unchanged
+    v2 = publish_version(b, Location(url, store.options), based_on=v1.sha256, beside=called.append)
+    assert [str(c) for c in called] == [v2.url]
     assert v2.parent == v1.sha256

@@ -345,7 +345,7 @@ def test_shuffled_loader_and_standard_dataloader_cover_every_sample(assets: list
 def _publish(local: str, base: str, options: dict[str, Any] | None = None, parent: str = "") -> str:
     sha = Location.of(local).sha256()
     publish(local, version_url(base, sha), storage_options=options)
-    write_pointer(base, sha, parent=parent, storage_options=options)
+    write_pointer(Location(base, options), sha, parent=parent)
     return sha
 
 

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from h5forge.demo import write_image_folder
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
@@ -82,7 +83,7 @@ def test_a_version_and_a_pickled_copy_know_them_too(
     packed: tuple[Path, PackResult], tmp_path: Path
 ) -> None:
     _, result = packed
-    published = publish_version(result.path, str(tmp_path / "pets.h5"))
+    published = publish_version(result.path, Location(str(tmp_path / "pets.h5")))
     ds = H5ImageDataset(str(tmp_path / "pets"), version="latest")
     assert ds.provenance["sha256"] == published.sha256
     assert ds.provenance["url"] == published.url

@@ -64,7 +64,7 @@ def _publish(local: str, base: str, options: dict[str, Any] | None = None, paren
     sha = Location.of(local).sha256()
     result = publish(local, version_url(base, sha), storage_options=options)
     assert result.sha256 == sha
-    write_pointer(base, sha, parent=parent, storage_options=options)
+    write_pointer(Location(base, options), sha, parent=parent)
     return sha
 
 
