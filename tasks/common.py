@@ -84,7 +84,8 @@ def run_name(stage: str) -> Any:
 #: Errors that fail the same way on every attempt. h5forge's own errors are all here
 #: (:class:`h5forge.errors.H5ForgeError`: IntegrityError, ChecksumError, UnsafeArchiveError,
 #: MissingExtraError, DestinationExistsError, ...), and so are ValueError (OptionError, a
-#: pydantic ValidationError, a refused document) and ImportError.
+#: pydantic ValidationError, a refused document), ImportError, and what
+#: malformed input raises from deep inside Python (RecursionError, OverflowError).
 PERMANENT: tuple[type[BaseException], ...] = (
     H5ForgeError,
     ValueError,
@@ -97,6 +98,8 @@ PERMANENT: tuple[type[BaseException], ...] = (
     IsADirectoryError,
     NotADirectoryError,
     PermissionError,
+    RecursionError,  # a structure nested past any bound: the same on every attempt
+    ArithmeticError,  # an overflow from the input's numbers
 )
 # The resolver's "no such host" (a typo), unlike EAI_AGAIN ("try again": DNS is down).
 _NO_SUCH_HOST = frozenset(

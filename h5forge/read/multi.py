@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
-from h5forge.errors import IntegrityError
+from h5forge.errors import H5ForgeError, IntegrityError
 from h5forge.location import Location
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import batches as _batches
@@ -52,6 +52,32 @@ class _Handles:
         self.states: dict[int, tuple[ProcessState, np.ndarray, tuple[int, ...] | None]] = {}
         self.ranges = np.zeros((total, 2), dtype=np.int64)
         self.labels = np.zeros(total, dtype=np.int64)
+
+
+def _open_entry(
+    listed: str,
+    k: int,
+    source: AssetSource,
+    storage_options: dict[str, Any] | None,
+    options: ReadOptions,
+) -> H5ImageDataset:
+    """The dataset of entry ``k``; what it raises names the asset list (if any) and the entry.
+
+    The error keeps its type (callers and the CLI's exit codes tell them apart); only its
+    message gains ``LIST: assets[k] (URL): `` in front.
+    """
+    try:
+        return H5ImageDataset(
+            source.url, version=source.version, storage_options=storage_options, options=options
+        )
+    except (OSError, ValueError, H5ForgeError) as e:
+        where = f"{listed}: " if listed else ""
+        message = f"{where}assets[{k}] ({redact_url(source.url)}): {e}"
+        try:
+            named = type(e)(message)
+        except Exception:  # an error type that takes other arguments: raised as it was
+            raise e from None
+        raise named from e
 
 
 class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
@@ -137,10 +163,11 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             raise ValueError(f"subset={subset!r}: give a fraction in (0, 1]")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed={seed!r} must be an int >= 0")
+        list_name = ""  # the asset list's, for messages about its entries
         if isinstance(sources, (str, os.PathLike, Location)):
             listed = Location.of(sources, storage_options)
             storage_options = dict(listed.options)
-            self.name = str(listed)
+            self.name = list_name = str(listed)
             found = read_asset_list(listed)
         else:
             found = parse_sources(sources)
@@ -150,8 +177,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         self._orphans: list[_Handles] = []
         each = dataclasses.replace(self.options, target_transform=None)
         self.datasets = [
-            H5ImageDataset(s.url, version=s.version, storage_options=storage_options, options=each)
-            for s in found
+            _open_entry(list_name, k, s, storage_options, each) for k, s in enumerate(found)
         ]
         self.classes, self._maps = union_classes(
             [(d.url, d.classes) for d in self.datasets], remap=remap

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import pickle
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -212,6 +214,28 @@ def test_an_asset_list_names_assets_relative_to_itself(assets: list[str]) -> Non
     # give floor(min(9 / (2/3), 12 / (1/3))) = 13 draws, 8.67 and 4.33 rounded to 9 + 4.
     assert MixingSampler(ds).quota.tolist() == [9, 4]
     _same(_samples(ds), _samples(H5MultiDataset([assets[0], assets[2]], split="train")))
+
+
+def test_an_entry_that_fails_to_open_is_named_with_its_asset_list(
+    tmp_path: Path, assets: list[str]
+) -> None:
+    pointer = tmp_path / "hostile.latest.json"
+    pointer.write_text("[" * 10_000)
+    os.mkfifo(tmp_path / "fifo.h5")
+    listing = tmp_path / "list.json"
+    for entry, kind, words in (
+        ("gone.h5", FileNotFoundError, "gone.h5"),
+        ({"url": "hostile", "version": "latest"}, ValueError, "nests more than 32"),
+        ("fifo.h5", IntegrityError, "not a regular file"),
+    ):
+        item = entry if isinstance(entry, dict) else {"url": entry}
+        body = {"format": "h5forge-shards", "version": 1, "assets": [{"url": assets[0]}, item]}
+        url = _asset_list(listing, body)
+        with pytest.raises(kind, match=rf"^{re.escape(url)}: assets\[1\] \(.*\): .*{words}"):
+            H5MultiDataset(url)
+        # A list given in Python names the entry alone.
+        with pytest.raises(kind, match=r"^assets\[1\] \("):
+            H5MultiDataset([{"url": assets[0]}, {**item, "url": str(tmp_path / item["url"])}])
 
 
 @pytest.mark.parametrize(
