@@ -195,7 +195,9 @@ def reuse_previous(basis: Basis, into: str, *, asset: Location) -> Reuse | None:
 
     None (a full build) when the asset has no version yet, the source has no per-file
     fingerprint, the latest version was packed with another configuration, or it has no
-    sources map. A remote latest version is downloaded to ``into`` (a folder of this run);
+    sources map, or its file is not the one the pointer names (its full sha256 is checked
+    before anything is reused; a replaced file is logged and the build builds in full). A
+    remote latest version is downloaded to ``into`` (a folder of this run);
     :func:`h5forge.pack.writer.pack` checks it as untrusted before taking a byte from it.
     """
     if not basis.latest_url or basis.fingerprint is None or not basis.fingerprint.files:
@@ -208,7 +210,20 @@ def reuse_previous(basis: Basis, into: str, *, asset: Location) -> Reuse | None:
     if not unchanged:
         return None
     if latest.is_local:
-        return Reuse(latest.path, frozenset(unchanged))
-    local = f"{into.rstrip('/')}/previous.h5"
-    latest.fs.get_file(latest.path, local)
+        local = latest.path
+    else:
+        local = f"{into.rstrip('/')}/previous.h5"
+        latest.fs.get_file(latest.path, local)
+    # Its bytes are taken as they are: they must be the version the pointer names, not another
+    # valid asset put under its name (pack checks the file's structure, not which file it is).
+    found = Location(local).sha256()
+    if found != basis.latest_sha256:
+        log.warning(
+            "%s has sha256 %s, not %s, the version its pointer names: it was replaced; "
+            "nothing is reused from it (a full build). Publish that version again, or delete it",
+            latest,
+            found,
+            basis.latest_sha256,
+        )
+        return None
     return Reuse(local, frozenset(unchanged))

@@ -20,7 +20,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from h5forge.errors import BusyError
+from h5forge.asset import format as fmt
+from h5forge.asset.metadata import metadata_sha256
+from h5forge.asset.open import H5_DAMAGE, open_h5
+from h5forge.errors import BusyError, IntegrityError
 from h5forge.location import Location
 from h5forge.locks import folder_lock
 from h5forge.publish.history import apply_retention, check_retention
@@ -119,11 +122,11 @@ def publish_version(
     if not os.path.isfile(local):
         raise FileNotFoundError(f"local_file {local!r} does not exist or is not a file")
     fields = dict(extra or {})
-    reserved = sorted({"parent", "published_at"} & fields.keys())
+    reserved = sorted({"parent", "published_at", fmt.A_METADATA_SHA256} & fields.keys())
     if reserved:
         raise ValueError(
             f"extra sets {reserved}, which publish_version records itself (the previous latest "
-            "version's sha256, the time of the publish); remove them"
+            "version's sha256, the time of the publish, the file's metadata digest); remove them"
         )
     url = asset.url
     read_pointer(asset)  # checks the URL and the pointer first
@@ -154,7 +157,7 @@ def publish_version(
             version,
             overwrite=False,  # a version's key is never written over
             # created_at has whole seconds; this orders versions published within one.
-            extra={**fields, "parent": parent, "published_at": _now_us()},
+            extra={**fields, **_metadata(local), "parent": parent, "published_at": _now_us()},
             sha256=sha,
         )
         if pointer is None or pointer.sha256 != sha:
@@ -192,6 +195,19 @@ def _unpublished(version: Location) -> bool:
     sidecar = version.sidecar
     sidecar.fs.invalidate_cache(sidecar.path)
     return not sidecar.fs.exists(sidecar.path)
+
+
+def _metadata(local: str) -> dict[str, str]:
+    """``{"metadata_sha256": ...}``: the digest of the file's index and attributes, recomputed,
+    which a reader compares at open (:func:`h5forge.read.version.check_version_file`); ``{}``
+    for a file that is not an h5forge asset."""
+    try:
+        with open_h5(Location(local)) as h5:
+            if fmt.A_METADATA_SHA256 not in h5.attrs:
+                return {}
+            return {fmt.A_METADATA_SHA256: metadata_sha256(h5)}
+    except (OSError, IntegrityError, *H5_DAMAGE):
+        return {}
 
 
 def _now_us() -> str:

@@ -31,7 +31,7 @@ from h5forge.read.samples import read_batch, read_images, read_with_targets
 from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
-from h5forge.read.version import open_named
+from h5forge.read.version import check_version_file, open_named
 from h5forge.targets.schema import Column
 
 __all__ = ["H5ImageDataset"]
@@ -169,6 +169,9 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
     def _open_file(self, url: str, version: str) -> None:
         self.url, self.version = url, version
         fmt.refuse_partial(url)
+        file = Location(url, self.storage_options)
+        if version and file.is_local:
+            check_version_file(file, version)  # once, in the process that pins the version
         self._open()
 
     # --- pickling: where the file is and how to read it, never a handle -----------------------

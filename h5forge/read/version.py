@@ -15,15 +15,25 @@ resolves names with :func:`resolve_asset`, the same functions.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
+from h5forge.asset import format as fmt
+from h5forge.asset.metadata import metadata_sha256
+from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.errors import IntegrityError
 from h5forge.location import Location
-from h5forge.publish.sidecar import read_sidecar
+from h5forge.publish.sidecar import load_sidecar, read_sidecar
 from h5forge.publish.versions import KEY_HEX, asset_base, pointer_url, resolve_version
 from h5forge.redact import redact_url
 
-__all__ = ["latest_instead", "open_named", "pin_version", "resolve_asset"]
+__all__ = [
+    "check_version_file",
+    "latest_instead",
+    "open_named",
+    "pin_version",
+    "resolve_asset",
+]
 
 
 def pin_version(where: Location, version: str | None) -> tuple[str, str]:
@@ -62,6 +72,54 @@ def pin_version(where: Location, version: str | None) -> tuple[str, str]:
             f"{version[:KEY_HEX]} has sha256 {recorded}"
         )
     return found, recorded
+
+
+def check_version_file(where: Location, sha256: str) -> None:
+    """A local version's file is the one its sidecar (and so its pointer) recorded.
+
+    A version's file is named by its sha256, but a name proves nothing: another valid asset
+    copied over it would be read under the old version's sha256, and reused by an incremental
+    build. Hashing the whole file at every open costs a full read, so an open checks what is
+    cheap and still tells assets apart: the sidecar names this ``sha256``, the file has the
+    size it recorded, and its index and attributes hash (recomputed, never the attribute taken
+    on trust) to the ``metadata_sha256`` it recorded (sidecars written before 0.2 lack it: then
+    size alone). The full sha256 is checked where the bytes are taken, before reuse
+    (:func:`h5forge.publish.lineage.reuse_previous`). Remote versions are checked by the
+    verified cache, or by the reader's digests.
+
+    Raises:
+        IntegrityError: no sidecar, or the file is not the version it recorded.
+    """
+    shown, key = redact_url(where.url), sha256[:KEY_HEX]
+    sidecar = load_sidecar(where.sidecar)
+    if sidecar is None or sidecar["sha256"] != sha256:
+        found = "no sidecar" if sidecar is None else f"a sidecar naming {sidecar['sha256']}"
+        raise IntegrityError(
+            f"{shown}: version {key} has {found} beside its file, not one naming its sha256 "
+            f"{sha256}: the version folder is damaged; publish the version again"
+        )
+    replaced = (
+        f"{shown} is not the file version {key} published (its pointer and sidecar name "
+        f"sha256 {sha256}): it was replaced by another file; publish the version again, "
+        "or delete the version folder"
+    )
+    size = os.stat(where.path).st_size
+    if size != sidecar["bytes"]:
+        raise IntegrityError(
+            f"{replaced} (it is {size} bytes, the sidecar says {sidecar['bytes']})"
+        )
+    recorded = sidecar.get(fmt.A_METADATA_SHA256)
+    if not recorded:
+        return
+    try:
+        with open_h5(where) as h5:
+            found = metadata_sha256(h5)
+    except H5_DAMAGE as e:
+        raise IntegrityError(f"{replaced} ({type(e).__name__}: {e})") from None
+    if found != recorded:
+        raise IntegrityError(
+            f"{replaced} (its index and attributes hash to {found}, the sidecar records {recorded})"
+        )
 
 
 def latest_instead(where: Location, error: Exception) -> tuple[str, str]:

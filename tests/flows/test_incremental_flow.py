@@ -168,3 +168,30 @@ def test_each_change_is_built_incrementally_and_equals_a_full_build(
         assert pointer is not None
         assert pointer.sha256 == built.sha256, step
         parent = built
+
+
+def test_a_previous_version_replaced_by_another_asset_is_never_reused(
+    prefect_harness: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    local, other = tmp_path / "src", tmp_path / "other"
+    for root, seed in ((local, 7), (other, 8)):
+        write_image_folder(
+            root, classes=("cat", "dog", "eel"), per_class=3, splits=("train", "val"), seed=seed
+        )
+    dest = str(tmp_path / "pub" / "set.h5")
+    config = BuildConfig(
+        source=str(local), destination=dest, versioned=True, min_age_s=0, smoke_workers=0, size=32
+    )
+    first = build_dataset(config, cache_dir=str(tmp_path / "cache"))
+    pointer = read_pointer(Location(dest))
+    assert pointer is not None and pointer.sha256 == first.sha256
+    # Another valid asset (other pixels, the same names) put in place of the version's file:
+    # every path is "unchanged" by the sources map, and the file passes pack's own checks.
+    swapped = pack(other, tmp_path / "other.h5", config=config.pack_config(), workers=1)
+    Path(pointer.url).write_bytes(Path(swapped.path).read_bytes())
+    CHANGES["add"](local, tmp_path / "extra")
+    built = build_dataset(config, cache_dir=str(tmp_path / "cache"))
+    assert built.reused == 0
+    assert "it was replaced; nothing is reused from it" in caplog.text
+    full = pack(local, tmp_path / "full.h5", config=config.pack_config(), workers=1)
+    _same_samples(built.destination, full.path)

@@ -14,18 +14,22 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import h5py
 import pytest
 
+from h5forge.asset.metadata import metadata_sha256
 from h5forge.demo import write_image_folder
 from h5forge.errors import IntegrityError
 from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
+from h5forge.publish.release import publish_version
 from h5forge.publish.sidecar import sidecar_url
 from h5forge.publish.storage import publish
 from h5forge.publish.versions import pointer_url, version_url, write_pointer
@@ -236,3 +240,44 @@ def test_a_sidecar_outside_its_version_key_is_refused(
     sidecar.write_text(json.dumps(fields))
     with pytest.raises(IntegrityError, match="sidecar names sha256"):
         H5ImageDataset(base, version=sha1[:16])
+
+
+def test_a_local_version_whose_file_was_replaced_is_refused(
+    versions: tuple[PackResult, PackResult], tmp_path: Path
+) -> None:
+    base = str(tmp_path / "store" / NAME)
+    first = publish_version(versions[0].path, Location(base))
+    assert H5ImageDataset(base, version="latest").version == first.sha256
+    # Another valid asset of the same name, shape and size, copied over the version's file:
+    # before, it was read under version 1's sha256.
+    assert os.path.getsize(versions[1].path) == os.path.getsize(first.url)
+    shutil.copyfile(versions[1].path, first.url)
+    for version in ("latest", first.sha256, first.version):
+        with pytest.raises(IntegrityError, match="is not the file version .* it was replaced"):
+            H5ImageDataset(base, version=version)
+    # A file of another size is refused by its size alone (what a sidecar without a metadata
+    # digest, written before the check, still gets).
+    with open(first.url, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(IntegrityError, match=r"it is \d+ bytes, the sidecar says \d+"):
+        H5ImageDataset(base, version="latest")
+    # The file as published reads again.
+    shutil.copyfile(versions[0].path, first.url)
+    assert len(H5ImageDataset(base, version="latest")) == 36
+
+
+def test_a_version_sidecar_records_the_metadata_digest_a_reader_recomputes(
+    versions: tuple[PackResult, PackResult], tmp_path: Path
+) -> None:
+    base = str(tmp_path / "store" / NAME)
+    first = publish_version(versions[0].path, Location(base))
+    recorded = json.loads(Path(sidecar_url(first.url)).read_text())["metadata_sha256"]
+    with h5py.File(versions[0].path, "r") as h5:
+        assert recorded == h5.attrs["metadata_sha256"]
+    # An attacker edits a label in place and reseals the attribute: same size, a file that
+    # verifies on its own, but not the version published.
+    with h5py.File(first.url, "r+") as h5:
+        h5["labels"][0] = (int(h5["labels"][0]) + 1) % 3
+        h5.attrs["metadata_sha256"] = metadata_sha256(h5)
+    with pytest.raises(IntegrityError, match="index and attributes hash to [0-9a-f]{64}"):
+        H5ImageDataset(base, version=first.sha256)
