@@ -40,7 +40,7 @@ RETRY_BACKOFF_S = 2.0
 RETRY_JITTER = 0.5
 
 # Task parameters that name the dataset a task works on, most specific first.
-_NAME_PARAMS = ("destination", "url", "out", "path", "source", "root", "dest")
+_NAME_PARAMS = ("destination", "url", "out", "path", "where", "source", "root", "dest")
 
 
 def dataset_name(url: str) -> str:

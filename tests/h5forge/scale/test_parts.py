@@ -142,7 +142,7 @@ def _build(
         pack_part,
         [part_catalog(catalog, s) for s in todo],
         todo,
-        staging_url=str(staging),
+        staging=str(staging),
         pure=False,
         **kw,
     )
@@ -166,7 +166,7 @@ def test_dask_build_equals_local_pack(
         pack_part,
         [whole] * len(specs),
         specs,
-        staging_url=str(tmp_path / "staging"),
+        staging=str(tmp_path / "staging"),
         pure=False,
         **kw,
     )
@@ -184,13 +184,13 @@ def test_dask_build_equals_local_pack(
 
 
 def _pack_or_die(
-    marker: str, catalog: Catalog, spec: PartSpec, staging_url: str, **kw: Any
+    marker: str, catalog: Catalog, spec: PartSpec, staging: str, **kw: Any
 ) -> PartResult:
     """Kill the worker process that runs it, the first time only (the marker remembers)."""
     if spec.index == 2 and not os.path.exists(marker):
         Path(marker).write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
-    return pack_part(catalog, spec, staging_url, **kw)
+    return pack_part(catalog, spec, staging, **kw)
 
 
 @pytest.mark.slow
@@ -203,7 +203,7 @@ def test_killed_worker_is_rescheduled(source: Source, client: Client, tmp_path: 
         [marker] * len(specs),
         [part_catalog(source.catalog, s) for s in specs],
         specs,
-        staging_url=str(tmp_path / "staging"),
+        staging=str(tmp_path / "staging"),
         pure=False,
         **BUILDS["decoded"],
     )
