@@ -88,8 +88,7 @@ def pack_on_dask(
     task, held by the scheduler).
     """
     assert config.dask_address is not None, "BuildConfig requires it for executor='dask'"
-    if staging.options and staging.is_local:
-        staging = Location(staging.url)
+    staging = _for_workers(staging)
     pack_config = config.pack_config()
     start = time.perf_counter()
     plan = plan_part_build(
@@ -123,6 +122,12 @@ def pack_on_dask(
         bytes_per_part=config.part_bytes,
     )
     return DaskPacked(packed=merged, stats=stats, staging=staging, specs=plan.specs)
+
+
+def _for_workers(staging: Location) -> Location:
+    """``staging`` as it goes to the tasks: without options when it is on a local or shared
+    disk, which needs none (every copy sent is one more place a secret travels)."""
+    return Location(staging.url) if staging.options and staging.is_local else staging
 
 
 def _run_on_cluster(
