@@ -277,7 +277,7 @@ def _build_vs_local(
                 pack_part,
                 [part_catalog(catalog, s) for s in specs],
                 specs,
-                staging_url=str(staging),
+                staging=str(staging),
                 config=PackConfig(image),
                 pure=False,
             )

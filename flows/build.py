@@ -241,15 +241,15 @@ def _pack_on_dask(
 ) -> DaskPacked:
     """The pack stage as part tasks on the Dask cluster, merged into the work dir (it
     records its own ``pack`` and ``merge`` times)."""
-    from h5forge.flows.dask_stage import pack_on_dask
+    from h5forge.flows.dask_stage import default_staging, pack_on_dask
 
+    staging = config.staging or default_staging(inputs.cache, config)
     return pack_on_dask(
         config,
         root=inputs.catalog,
         out=inputs.out,
         dataset=inputs.dataset,
-        cache=inputs.cache,
-        storage_options=inputs.storage_options,
+        staging=Location(staging, inputs.storage_options),
         source_url=inputs.fetched.source_url,
         source_sha256=inputs.fetched.sha256,
         seconds=seconds,
@@ -271,11 +271,10 @@ def _fetch(config: BuildConfig, cache: Path, work: Path, options: dict[str, Any]
     pinned = source_dir(cache, config.source, config.sha256)
     dest = pinned if pinned is not None else work / "source"
     return fetch_task(cache, dest)(
-        config.source,
+        Location(config.source, options),
         dest=str(dest),
         sha256=config.sha256,
         download_cache=str(cache / "downloads"),
-        storage_options=options,
     )
 
 
@@ -331,7 +330,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
             )
         with _stage(seconds, "smoke-load"):
             smoke = smoke_load_file(
-                packed.path, workers=config.smoke_workers, batches=config.smoke_batches
+                Location(packed.path), workers=config.smoke_workers, batches=config.smoke_batches
             )
         with _stage(seconds, "preview"):
             png = make_preview(packed.path, out=str(work / "preview.png"))

@@ -13,20 +13,19 @@ import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 from uuid import UUID
 
-from fsspec.utils import get_protocol
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.futures import PrefectFuture, as_completed
 
 from h5forge.discover.catalog import Catalog
 from h5forge.flows.config import BuildConfig
+from h5forge.location import Location
 from h5forge.pack.writer import PackResult
-from h5forge.redact import redact_url
 from h5forge.scale.parts import PartResult
-from h5forge.scale.plan import PartSpec, part_catalog, part_url
+from h5forge.scale.plan import PartSpec, part_catalog, part_location
 from h5forge.tasks.common import dataset_name
 from h5forge.tasks.pack import artifact_key
 from h5forge.tasks.parts import (
@@ -47,13 +46,12 @@ class DaskPacked:
 
     packed: PackResult
     stats: PartStats
-    staging: str
+    staging: Location
     specs: tuple[PartSpec, ...]
-    storage_options: dict[str, Any] | None
 
     def remove_parts(self) -> None:
         """Delete the parts from staging; call once the merged asset is published."""
-        remove_parts(self.staging, self.specs, storage_options=self.storage_options)
+        remove_parts(self.staging, self.specs)
 
 
 def default_staging(cache: Path, config: BuildConfig) -> str:
@@ -74,8 +72,7 @@ def pack_on_dask(
     root: str | Catalog,
     out: str,
     dataset: str,
-    cache: Path,
-    storage_options: dict[str, Any],
+    staging: Location,
     source_url: str,
     source_sha256: str,
     seconds: dict[str, float],
@@ -83,16 +80,15 @@ def pack_on_dask(
     """Plan → pack the parts not done yet on the cluster → merge them into ``out``.
 
     ``root`` is the catalog the discover task returned, or the fetched folder (catalogued
-    again, with ``config.listing``). Records the ``pack`` (plan and part tasks) and
-    ``merge`` stage times in ``seconds``.
-    The Secret block's ``storage_options`` go to the workers only when staging is remote: a
-    local or shared-disk staging needs none, and every copy sent is one more place a secret
-    travels (pickled into each task, held by the scheduler).
+    again, with ``config.listing``). ``staging`` is ``config.staging`` (or
+    :func:`default_staging`) with the Secret block's storage options. Records the ``pack``
+    (plan and part tasks) and ``merge`` stage times in ``seconds``.
+    The options go to the workers only when staging is remote: a local or shared-disk staging
+    needs none, and every copy sent is one more place a secret travels (pickled into each
+    task, held by the scheduler).
     """
     assert config.dask_address is not None, "BuildConfig requires it for executor='dask'"
-    staging = config.staging or default_staging(cache, config)
-    remote = get_protocol(staging) not in ("file", "local")
-    options = storage_options if remote and storage_options else None
+    staging = _for_workers(staging)
     pack_config = config.pack_config()
     start = time.perf_counter()
     plan = plan_part_build(
@@ -102,43 +98,44 @@ def pack_on_dask(
         bytes_per_part=config.part_bytes,
         config=pack_config,
         listing=config.listing,
-        storage_options=options,
     )
-    _run_on_cluster(config, plan, staging=staging, dataset=dataset, options=options)
+    _run_on_cluster(config, plan, staging=staging, dataset=dataset)
     seconds["pack"] = round(time.perf_counter() - start, 3)
     start = time.perf_counter()
     merged = merge_task(
-        [part_url(staging, s) for s in plan.specs],
+        [part_location(staging, s) for s in plan.specs],
         out=out,
         dataset=dataset,
         max_bad_fraction=config.max_bad_fraction,
         source_url=source_url,
         source_sha256=source_sha256,
-        storage_options=options,
         tmp_dir=str(Path(out).parent),
     )
     seconds["merge"] = round(time.perf_counter() - start, 3)
     stats = PartStats(
         address=config.dask_address,
-        staging=redact_url(staging),
+        staging=str(staging),
         total=len(plan.specs),
         packed=tuple(s.index for s in plan.todo),
         skipped=tuple(sorted(plan.done)),
         samples_per_part=config.part_size,
         bytes_per_part=config.part_bytes,
     )
-    return DaskPacked(
-        packed=merged, stats=stats, staging=staging, specs=plan.specs, storage_options=options
-    )
+    return DaskPacked(packed=merged, stats=stats, staging=staging, specs=plan.specs)
+
+
+def _for_workers(staging: Location) -> Location:
+    """``staging`` as it goes to the tasks: without options when it is on a local or shared
+    disk, which needs none (every copy sent is one more place a secret travels)."""
+    return Location(staging.url) if staging.options and staging.is_local else staging
 
 
 def _run_on_cluster(
     config: BuildConfig,
     plan: PartPlan,
     *,
-    staging: str,
+    staging: Location,
     dataset: str,
-    options: dict[str, Any] | None,
 ) -> list[PartResult]:
     """Pack ``plan.todo`` as tasks on the Dask cluster; wait for all, then fail if any did.
 
@@ -159,7 +156,7 @@ def _run_on_cluster(
         ),
     )
     if not todo:
-        logger.info("all %d parts are already done in %s", total, redact_url(staging))
+        logger.info("all %d parts are already done in %s", total, staging)
         return []
     logger.info(
         "packing %d of %d parts on the Dask cluster at %s", len(todo), total, config.dask_address
@@ -180,10 +177,9 @@ def _run_on_cluster(
                 parameters={
                     "catalog": part_catalog(plan.catalog, spec),
                     "spec": spec,
-                    "staging_url": staging,
+                    "staging": staging,  # pickled as URL and options
                     "dataset": dataset,
                     "config": pack_config,
-                    "storage_options": options,
                 },
             )
             futures[future] = spec

@@ -1,10 +1,12 @@
 """Fetch stage: bring the source (a folder, an archive, any fsspec URL) onto local disk.
 
 Cached by Prefect on (canonical source URL, sha256): a re-run of the same pinned source is
-served from the cache instead of downloading and extracting again. The cache record lives next
-to the extracted files (``CACHE_DIR/prefect-results``), so both share one lifetime: delete the
-cache folder and both are gone. Without a sha256 nothing is cached, because a URL alone does not
-pin its content.
+served from the cache instead of downloading and extracting again. The source is a
+:class:`~h5forge.location.Location`: its key (:attr:`~h5forge.location.Location.key`, the
+canonical URL) enters the cache key, its options, which may hold credentials, never do. The
+cache record lives next to the extracted files (``CACHE_DIR/prefect-results``), so both share
+one lifetime: delete the cache folder and both are gone. Without a sha256 nothing is cached,
+because a URL alone does not pin its content.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from prefect.context import TaskRunContext
 from prefect.utilities.hashing import hash_objects
 
 from h5forge.fetch.sources import FetchResult, fetch
-from h5forge.redact import canonical_url
+from h5forge.location import Location
 from h5forge.tasks.common import run_name, with_retries
 
 __all__ = ["fetch_source", "fetch_task", "source_dir"]
@@ -30,22 +32,23 @@ _KEY_VERSION = "h5forge-fetch-v1"
 _RESULT_TYPE = "h5forge.fetch.sources.FetchResult"
 
 
-def _source_key(source: str, sha256: str | None) -> str | None:
+def _source_key(source: Location, sha256: str | None) -> str | None:
     if not sha256:
         return None
-    return hash_objects(_KEY_VERSION, canonical_url(source), sha256.lower())
+    return hash_objects(_KEY_VERSION, source.key, sha256.lower())
 
 
 def source_dir(cache_dir: str | Path, source: str, sha256: str | None) -> Path | None:
     """The folder a pinned source is extracted to, or None when the source is not pinned."""
-    key = _source_key(source, sha256)
+    key = _source_key(Location(source), sha256)
     return None if key is None else Path(cache_dir) / "sources" / key[:24]
 
 
 def _fetch_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
-    # Credentials (storage_options) are deliberately not part of the key: re-signed or rotated
-    # credentials for the same pinned bytes must hit the same cache entry.
-    key = _source_key(parameters["source"], parameters.get("sha256"))
+    # Credentials (the source's options, a URL's userinfo or signature) are deliberately not
+    # part of the key: re-signed or rotated credentials for the same pinned bytes must hit the
+    # same cache entry.
+    key = _source_key(Location.of(parameters["source"]), parameters.get("sha256"))
     return None if key is None else hash_objects(key, str(parameters["dest"]), _RESULT_TYPE)
 
 
@@ -61,12 +64,11 @@ _FETCH_CACHE = CachePolicy.from_cache_key_fn(_fetch_cache_key)
     result_serializer="json",
 )
 def fetch_source(
-    source: str,
+    source: Location,
     *,
     dest: str,
     sha256: str | None = None,
     download_cache: str | None = None,
-    storage_options: dict[str, Any] | None = None,
 ) -> FetchResult:
     """Fetch ``source`` into ``dest`` (see :func:`h5forge.fetch.sources.fetch`).
 
@@ -77,7 +79,6 @@ def fetch_source(
         source,
         dest,
         sha256=sha256,
-        storage_options=storage_options,
         cache_dir=download_cache,
     )
 

@@ -4,14 +4,15 @@
 :func:`h5forge.scale.parts.pack_part` with retries, returning the small
 :class:`h5forge.scale.parts.PartResult` (never arrays). The others run in the flow's process.
 Caching is off for all of them: whether a part is done is decided by its sidecar in the
-staging folder (:func:`h5forge.scale.parts.find_done_parts`), not by Prefect's cache.
+staging folder (:func:`h5forge.scale.parts.find_done_parts`), not by Prefect's cache. That
+also keeps the staging :class:`~h5forge.location.Location` they take, whose options may hold
+credentials, out of any cache key (``NO_CACHE`` hashes no input).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from prefect import get_run_logger, runtime, task
 from prefect.cache_policies import NO_CACHE
@@ -19,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import TooManyBadImagesError
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult
-from h5forge.redact import redact_url
 from h5forge.scale.merge import merge_parts
 from h5forge.scale.parts import PartResult, find_done_parts, pack_part
 from h5forge.scale.parts import remove_parts as remove_part_files
@@ -85,12 +86,11 @@ class PartStats(BaseModel):
 def plan_part_build(
     src: str | Catalog,
     *,
-    staging: str,
+    staging: Location,
     samples_per_part: int,
     bytes_per_part: int | None,
     config: PackConfig,
     listing: str | None = None,
-    storage_options: dict[str, Any] | None = None,
 ) -> PartPlan:
     """Cut ``src`` into parts, and find those already done in ``staging``.
 
@@ -101,18 +101,13 @@ def plan_part_build(
     """
     catalog = src if isinstance(src, Catalog) else discover(src, listing=listing)
     specs = plan_parts(catalog, samples_per_part=samples_per_part, bytes_per_part=bytes_per_part)
-    done = find_done_parts(
-        staging,
-        specs,
-        config=config,
-        storage_options=storage_options,
-    )
+    done = find_done_parts(staging, specs, config=config)
     get_run_logger().info(
         "%d parts of up to %d images; %d already done in %s, %d to pack",
         len(specs),
         samples_per_part,
         len(done),
-        redact_url(staging),
+        staging,
         len(specs) - len(done),
     )
     return PartPlan(catalog=catalog, specs=tuple(specs), done=frozenset(done))
@@ -134,23 +129,15 @@ def _part_run_name() -> str:
 def pack_part_task(
     catalog: Catalog,
     spec: PartSpec,
-    staging_url: str,
+    staging: Location,
     *,
     dataset: str,
     config: PackConfig,
-    storage_options: dict[str, Any] | None = None,
 ) -> PartResult:
     """Pack one part on a worker and publish it, sidecar last (see
     :func:`h5forge.scale.parts.pack_part`). One process per task: the cluster's worker processes
     are the parallelism. ``dataset`` names the task run."""
-    result = pack_part(
-        catalog,
-        spec,
-        staging_url,
-        config=config,
-        processes=1,
-        storage_options=storage_options,
-    )
+    result = pack_part(catalog, spec, staging, config=config, processes=1)
     get_run_logger().info(
         "%s: %d images (%d quarantined), %.1f MB in %.1f s",
         spec.name,
@@ -164,14 +151,13 @@ def pack_part_task(
 
 @task(name="merge", task_run_name=run_name("merge"), cache_policy=NO_CACHE)
 def merge_task(
-    urls: Sequence[str],
+    parts: Sequence[Location],
     *,
     out: str,
     dataset: str,
     max_bad_fraction: float,
     source_url: str = "",
     source_sha256: str = "",
-    storage_options: dict[str, Any] | None = None,
     tmp_dir: str | None = None,
 ) -> PackResult:
     """Merge the parts into the local file ``out`` (see :func:`h5forge.scale.merge.merge_parts`).
@@ -182,12 +168,11 @@ def merge_task(
     table_key = artifact_key("quarantine", dataset)
     try:
         result = merge_parts(
-            urls,
+            parts,
             out,
             max_bad_fraction=max_bad_fraction,
             source_url=source_url,
             source_sha256=source_sha256,
-            storage_options=storage_options,
             overwrite=True,
             tmp_dir=tmp_dir,
         )
@@ -197,7 +182,7 @@ def merge_task(
     quarantine_table(result.quarantined, key=table_key)
     get_run_logger().info(
         "merged %d parts: %d samples (%d quarantined), %.1f MB in %.1f s",
-        len(urls),
+        len(parts),
         result.num_samples,
         result.num_quarantined,
         result.bytes / 1e6,
@@ -212,11 +197,9 @@ def merge_task(
     cache_policy=NO_CACHE,
     **with_retries(2),
 )
-def remove_parts(
-    staging: str, specs: Sequence[PartSpec], *, storage_options: dict[str, Any] | None = None
-) -> int:
+def remove_parts(staging: Location, specs: Sequence[PartSpec]) -> int:
     """:func:`h5forge.scale.parts.remove_parts`, once the merged asset is published."""
-    return remove_part_files(staging, specs, storage_options=storage_options)
+    return remove_part_files(staging, specs)
 
 
 def executor_section(

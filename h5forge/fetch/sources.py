@@ -54,7 +54,7 @@ class FetchResult:
 
 
 def fetch(
-    url: str | os.PathLike[str],
+    url: str | os.PathLike[str] | Location,
     dest: str | os.PathLike[str],
     *,
     sha256: str | None = None,
@@ -74,13 +74,15 @@ def fetch(
     """Make the dataset at ``url`` available as a local directory.
 
     Args:
-        url: local path or URL of a folder/prefix or of one archive (``.tar``, ``.tar.gz``,
-            ``.tgz``, ``.tar.bz2``, ``.tar.xz``, ``.zip``; detected by content).
+        url: local path, URL or :class:`~h5forge.location.Location` of a folder/prefix or
+            of one archive (``.tar``, ``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``,
+            ``.zip``; detected by content).
         dest: local folder to create for downloaded or extracted data. It must be new, empty,
             or made by an earlier ``fetch`` (then it is replaced). Unused for local folders,
             which are used in place.
         sha256: expected hex digest of the archive; a mismatch raises and keeps nothing.
-        storage_options: passed to fsspec (``s3://`` keys, endpoint ...); for ``http(s)``
+        storage_options: passed to fsspec with a URL string (a ``Location`` carries its
+            own): ``s3://`` keys, endpoint ...; for ``http(s)``
             only ``headers`` is used. Those headers go only to the URL's own origin (scheme,
             host, port): after a redirect to another origin none of them is sent, not even
             when a later redirect comes back. Headers the downloader sets itself (``Range``,
@@ -119,6 +121,9 @@ def fetch(
         FileExistsError: ``dest`` holds data that ``fetch`` did not make.
         ValueError: an argument is invalid.
     """
+    if isinstance(url, Location):  # it carries its own options (refused beside it)
+        storage_options = Location.of(url, storage_options).options
+        url = url.url
     url = os.fspath(url)
     expected = _validate(url, sha256, retries, timeout, max_members, max_bytes, workers)
     _validate_http(max_attempts, total_timeout, min_rate)

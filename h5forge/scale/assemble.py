@@ -171,7 +171,6 @@ def _copy_part(out: _Out, part: Part, local: str, src_fd: int) -> None:
 def assemble(
     stage: Staged,
     parts: list[Part],
-    options: dict[str, Any] | None,
     tmp_dir: str | os.PathLike[str] | None,
     bad: list[tuple[str, str]],
     attrs: dict[str, Any],
@@ -229,7 +228,7 @@ def assemble(
         flusher = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="h5forge-sync"))
         flushing: Future[None] | None = None
         for i, part in enumerate(parts):
-            with local_copy(part.url, options, tmp_dir) as local:
+            with local_copy(part.where, tmp_dir) as local:
                 src_fd = os.open(local, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                 try:
                     # A local part must still be the file surveyed (and hashed); a remote

@@ -1,4 +1,4 @@
-"""A local path for a part URL: the file itself when local, else a temporary download."""
+"""A local path for a part: the file itself when local, else a temporary download."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
-from typing import Any
 
 from h5forge.location import Location
 
@@ -14,14 +13,11 @@ __all__ = ["local_copy"]
 
 
 @contextlib.contextmanager
-def local_copy(
-    url: str, options: dict[str, Any] | None, tmp_dir: str | os.PathLike[str] | None
-) -> Iterator[str]:
-    """A local path for ``url``: itself when local, else a download deleted afterwards.
+def local_copy(where: Location, tmp_dir: str | os.PathLike[str] | None) -> Iterator[str]:
+    """A local path for ``where``: itself when local, else a download deleted afterwards.
 
     The download is a temporary file in ``tmp_dir``; nothing is created for a local part.
     """
-    where = Location.of(url, options)
     fs, path = where.fs, where.path
     if where.is_local:
         yield path

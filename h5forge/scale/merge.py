@@ -46,14 +46,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from h5forge.asset import format as fmt
 from h5forge.errors import EmptyDatasetError
+from h5forge.location import Location
 from h5forge.options import option
 from h5forge.pack.attrs import root_attrs
 from h5forge.pack.checks import check_bad_fraction, check_every_class
@@ -67,27 +67,27 @@ __all__ = ["merge_parts"]
 
 
 def merge_parts(
-    parts: Sequence[str | os.PathLike[str]],
+    parts: Sequence[str | os.PathLike[str] | Location],
     out: str | os.PathLike[str],
     *,
     max_bad_fraction: float = 0.01,
     source_url: str = "",
     source_sha256: str = "",
-    storage_options: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     tmp_dir: str | os.PathLike[str] | None = None,
 ) -> PackResult:
     """Merge sealed part files, in the given order, into one sealed file at ``out``.
 
     Args:
-        parts: part files (local paths or fsspec URLs), in sample order.
+        parts: part files in sample order: local paths, or
+            :class:`~h5forge.location.Location` values (a remote part's carries its storage
+            options; :func:`h5forge.scale.plan.part_location` gives them). Remote parts are
+            downloaded one at a time. A part whose sidecar (``url + ".manifest.json"``) is
+            found is checked by the whole file's sha256, otherwise sample by sample.
         out: local path of the merged ``.h5``.
         max_bad_fraction: fail when more than this fraction of all inputs (packed plus
             quarantined, over every part) was quarantined.
         source_url, source_sha256: recorded as root attributes (redact the URL first).
-        storage_options: for remote part URLs; remote parts are downloaded one at a time.
-            A part whose sidecar (``url + ".manifest.json"``) is found is checked by the
-            whole file's sha256, otherwise sample by sample.
         overwrite: replace an existing ``out``.
         tmp_dir: local scratch folder for downloaded parts; default the system's.
 
@@ -109,19 +109,17 @@ def merge_parts(
             make (a planted symlink or hard link); nothing is written through it.
     """
     t0 = time.perf_counter()
-    urls = [os.fspath(s) for s in parts]
-    if not urls:
+    where = [Location.of(s) for s in parts]
+    if not where:
         raise ValueError("no parts to merge; pack them first with h5forge.scale.parts.pack_part")
     option("max_bad_fraction").check(max_bad_fraction)
     out_path = check_output(out, overwrite)
-    options = dict(storage_options) if storage_options else None
     # Leaving this stops the part hashes still running (the merge failed).
     with FileChecks() as files:
         return _merge(
-            urls,
+            where,
             out_path,
             files,
-            options,
             max_bad_fraction=max_bad_fraction,
             source_url=source_url,
             source_sha256=source_sha256,
@@ -132,10 +130,9 @@ def merge_parts(
 
 
 def _merge(
-    urls: list[str],
+    parts: list[Location],
     out_path: Path,
     files: FileChecks,
-    options: dict[str, Any] | None,
     *,
     max_bad_fraction: float,
     source_url: str,
@@ -144,15 +141,15 @@ def _merge(
     t0: float,
     overwrite: bool,
 ) -> PackResult:
-    found, counts, bad = survey(urls, options, files)
+    found, counts, bad = survey(parts, files)
     first, n = found[0], sum(s.n for s in found)
     if n == 0:
         raise EmptyDatasetError(
-            f"the {len(urls)} parts hold no sample; every input was quarantined"
+            f"the {len(parts)} parts hold no sample; every input was quarantined"
         )
     check_bad_fraction(n + len(bad), bad, max_bad_fraction)
     check_every_class(
-        set(np.flatnonzero(counts.sum(axis=0)).tolist()), first.classes, f"the {len(urls)} parts"
+        set(np.flatnonzero(counts.sum(axis=0)).tolist()), first.classes, f"the {len(parts)} parts"
     )
     attrs = root_attrs(
         layout=first.attrs[fmt.A_LAYOUT],
@@ -170,7 +167,7 @@ def _merge(
     # The copy checked what it wrote (each part file's sha256, or each sample's digest), so
     # the seal verifies structure only; the file's sha256 is computed when published.
     with staged(out_path, overwrite=overwrite, check_digests=False) as stage:
-        assemble(stage, found, options, tmp_dir, bad, attrs, files)
+        assemble(stage, found, tmp_dir, bad, attrs, files)
     split_keys = [s if s else "" for s in first.split_names]
     per_split = {
         split_keys[i]: {first.classes[k]: int(c) for k, c in enumerate(row) if c}

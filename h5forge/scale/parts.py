@@ -24,10 +24,9 @@ import multiprocessing
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from h5forge.discover.catalog import Catalog
 from h5forge.location import Location
@@ -35,8 +34,7 @@ from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack_slice
 from h5forge.publish.sidecar import read_sidecar
 from h5forge.publish.storage import publish
-from h5forge.redact import redact_url
-from h5forge.scale.plan import PartSpec, part_catalog, part_url, refuse_targets
+from h5forge.scale.plan import PartSpec, part_catalog, part_location, refuse_targets
 
 __all__ = ["PART_KIND", "PartResult", "find_done_parts", "pack_part", "remove_parts"]
 
@@ -72,14 +70,13 @@ class PartResult:
 def pack_part(
     catalog: Catalog,
     spec: PartSpec,
-    staging_url: str,
+    staging: str | os.PathLike[str] | Location,
     *,
     config: PackConfig | None = None,
     processes: int | None = 1,
-    storage_options: Mapping[str, Any] | None = None,
     tmp_dir: str | os.PathLike[str] | None = None,
 ) -> PartResult:
-    """Pack one part locally, publish it to ``staging_url``, and write its sidecar last.
+    """Pack one part locally, publish it to ``staging``, and write its sidecar last.
 
     The part is a sealed format-v1 file of the slice with the whole catalog's classes and
     split names. Bad inputs are quarantined and listed, never fatal: the merge applies
@@ -89,13 +86,14 @@ def pack_part(
         catalog: the whole catalog, or the part's slice (:func:`part_catalog`), which is
             what a remote task should carry.
         spec: the slice, from :func:`plan_parts`.
-        staging_url: folder (local path or fsspec URL) every worker and the merge can reach.
+        staging: folder every worker and the merge can reach: a local path, or a
+            :class:`~h5forge.location.Location` (a remote store's carries its storage
+            options, which are never recorded).
         config: as for :func:`h5forge.pack.writer.pack` (default :class:`PackConfig()`);
             every part of one build must use the same.
         processes: preprocessing processes inside this task (``workers`` of ``pack``; named
             apart because ``Client.submit`` claims ``workers``). Default 1: on a Dask cluster
             the parallelism is one task per worker process.
-        storage_options: for the staging URL; never recorded.
         tmp_dir: local scratch folder for the part before upload; default the system's.
 
     Raises:
@@ -113,13 +111,13 @@ def pack_part(
             "workers, or start the workers with DASK_DISTRIBUTED__WORKER__DAEMON=False"
         )
     config = PackConfig() if config is None else config
-    dest = part_url(staging_url, spec)
+    dest = part_location(Location.of(staging), spec)
     with tempfile.TemporaryDirectory(prefix="h5forge-part-", dir=tmp_dir) as tmp:
         packed = pack_slice(sub, Path(tmp) / spec.name, config=config, workers=processes)
         # Drop the old commit marker first: publish() skips a destination whose sidecar
         # matches the new file, and a re-pack is usually byte-identical to a damaged part
         # (same second in created_at) whose sidecar still describes the good bytes.
-        sidecar = Location.of(dest, storage_options).sidecar
+        sidecar = dest.sidecar
         with contextlib.suppress(FileNotFoundError):
             sidecar.fs.rm_file(sidecar.path)
         extra = {
@@ -134,9 +132,7 @@ def pack_part(
             "quarantined": [list(q) for q in packed.quarantined],
             "counts": packed.counts,
         }
-        published = publish(
-            packed.path, dest, storage_options=storage_options, overwrite=True, extra=extra
-        )
+        published = publish(packed.path, dest, overwrite=True, extra=extra)
     return PartResult(
         index=spec.index,
         start=spec.start,
@@ -153,11 +149,10 @@ def pack_part(
 
 
 def find_done_parts(
-    staging_url: str,
+    staging: str | os.PathLike[str] | Location,
     specs: Sequence[PartSpec],
     *,
     config: PackConfig | None = None,
-    storage_options: Mapping[str, Any] | None = None,
 ) -> set[int]:
     """The indices of the parts in ``specs`` that are already published and intact.
 
@@ -167,20 +162,20 @@ def find_done_parts(
     (no sidecar, a stale or unreadable one, a missing or damaged file) is simply not done.
 
     Args:
-        staging_url: the folder the parts were published to.
+        staging: the folder the parts were published to (a local path or a
+            :class:`~h5forge.location.Location`).
         specs: the plan.
         config: the pack configuration of this build (default :class:`PackConfig()`).
-        storage_options: for the staging URL.
 
     Raises:
-        ValueError: ``staging_url`` holds parts an older h5forge wrote (``shard-NNNNN.h5``).
+        ValueError: ``staging`` holds parts an older h5forge wrote (``shard-NNNNN.h5``).
     """
     config_sha = (PackConfig() if config is None else config).sha256()
-    options = dict(storage_options or {})
-    _refuse_old_parts(staging_url, options)
+    where = Location.of(staging)
+    _refuse_old_parts(where)
     done: set[int] = set()
     for spec in specs:
-        part = Location.of(part_url(staging_url, spec), options)
+        part = part_location(where, spec)
         try:
             sidecar = read_sidecar(part)
         except (FileNotFoundError, ValueError):  # none yet, or torn on a store without renames
@@ -206,14 +201,13 @@ def find_done_parts(
     return done
 
 
-def _refuse_old_parts(staging_url: str, options: Mapping[str, Any]) -> None:
-    staging = Location(staging_url, options)
+def _refuse_old_parts(staging: Location) -> None:
     fs, path = staging.fs, staging.path
     old = sorted(fs.glob(path.rstrip("/") + "/" + _OLD_PART_NAMES))
     if old:
-        first = redact_url(staging_url).rstrip("/") + "/" + old[0].rsplit("/", 1)[-1]
+        first = str(staging).rstrip("/") + "/" + old[0].rsplit("/", 1)[-1]
         raise ValueError(
-            f"staging {redact_url(staging_url)} holds {len(old)} part file(s) written by an "
+            f"staging {staging} holds {len(old)} part file(s) written by an "
             f"older h5forge, named shard-NNNNN.h5 (first: {first}); this h5forge names them "
             "part-NNNNN.h5 and does not resume the old ones. Finish that build with the "
             "h5forge that started it, or delete those files (or give another staging) and "
@@ -221,17 +215,17 @@ def _refuse_old_parts(staging_url: str, options: Mapping[str, Any]) -> None:
         )
 
 
-def remove_parts(
-    staging: str, specs: Sequence[PartSpec], *, storage_options: dict[str, Any] | None = None
-) -> int:
-    """Delete the plan's parts from ``staging`` (once the merged asset is published).
+def remove_parts(staging: str | os.PathLike[str] | Location, specs: Sequence[PartSpec]) -> int:
+    """Delete the plan's parts from ``staging`` (a local path or a
+    :class:`~h5forge.location.Location`), once the merged asset is published.
 
     Each sidecar goes before its file, so no reader pairs a sidecar with a missing file.
     Returns the number of files deleted.
     """
     removed = 0
+    where = Location.of(staging)
     for spec in specs:
-        part = Location.of(part_url(staging, spec), storage_options)
+        part = part_location(where, spec)
         for each in (part.sidecar, part):
             with contextlib.suppress(FileNotFoundError):
                 each.fs.rm_file(each.path)

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 
 from h5forge.discover.catalog import Catalog, Sample
 from h5forge.errors import EmptyDatasetError
+from h5forge.location import Location
 
 __all__ = [
     "PartSpec",
     "plan_parts",
     "refuse_targets",
     "part_catalog",
+    "part_location",
     "part_url",
 ]
 
@@ -64,6 +66,11 @@ def part_url(staging_url: str, spec: PartSpec) -> str:
             "(a shared path, or a bucket prefix such as s3://bucket/staging/)"
         )
     return staging_url.rstrip("/") + "/" + spec.name
+
+
+def part_location(staging: Location, spec: PartSpec) -> Location:
+    """The part file of ``spec`` in ``staging``, on the same store with the same options."""
+    return staging.with_url(part_url(staging.url, spec))
 
 
 def _fingerprint(catalog: Catalog, samples: Sequence[Sample]) -> str:

@@ -14,7 +14,6 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -48,7 +47,7 @@ def _text(value: object) -> str:
 class Part:
     """What the merge needs to know about one part before copying it."""
 
-    url: str
+    where: Location
     n: int
     attrs: dict[str, str]
     classes: tuple[str, ...]
@@ -58,11 +57,17 @@ class Part:
     expected: Expected | None  # its sidecar: the whole file is checked against it
     identity: FileIdentity | None  # of a local part when it was surveyed
 
+    @property
+    def url(self) -> str:
+        """The part's URL as given, for messages."""
+        return self.where.url
 
-def _expected(url: str, options: dict[str, Any] | None) -> Expected | None:
+
+def _expected(where: Location) -> Expected | None:
     """The part's sidecar, or None for a bare file (checked sample by sample instead)."""
+    url = where.url
     try:
-        sidecar = read_sidecar(url, storage_options=options)
+        sidecar = read_sidecar(where)
     except FileNotFoundError:
         return None
     except ValueError as e:  # torn or foreign: the per-sample check still covers the part
@@ -74,7 +79,7 @@ def _expected(url: str, options: dict[str, Any] | None) -> Expected | None:
 
 
 def survey(
-    urls: Sequence[str], options: dict[str, Any] | None, files: FileChecks
+    locations: Sequence[Location], files: FileChecks
 ) -> tuple[list[Part], np.ndarray, list[tuple[str, str]]]:
     """Read every part's header and index; refuse a mix; count samples per (split, class).
 
@@ -83,10 +88,10 @@ def survey(
     parts: list[Part] = []
     counts = np.zeros(0, np.int64)
     bad: list[tuple[str, str]] = []
-    for i, url in enumerate(urls):
+    for i, where in enumerate(locations):
+        url = where.url
         fmt.refuse_partial(url)
-        expected, identity = _expected(url, options), None
-        where = Location.of(url, options)
+        expected, identity = _expected(where), None
         if where.is_local and os.path.exists(where.path):
             identity = FileIdentity.of(where.path)
             if expected is not None:
@@ -97,7 +102,7 @@ def survey(
             images = h5[fmt.IMAGES]
             plist = images.id.get_create_plist()
             part = Part(
-                url=url,
+                where=where,
                 n=idx.header.num_samples,
                 attrs={k: _text(h5.attrs.get(k, "")) for k in _SAME},
                 classes=idx.classes,

@@ -13,6 +13,7 @@ slots handed over as shared memory); files of varying sample sizes sample by sam
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -158,26 +159,24 @@ def _run_once(
 
 
 def smoke_load(
-    url: str | Location,
+    where: str | os.PathLike[str] | Location,
     *,
     workers: int = 2,
     batches: int = 4,
     batch_size: int = 32,
     start_methods: Sequence[str] = ("fork", "spawn"),
-    storage_options: dict[str, Any] | None = None,
     worker_init_fn: Callable[[int], None] | None = None,
 ) -> SmokeReport:
     """Read samples of a sealed asset through DataLoader workers and check each one.
 
     Args:
-        url: local path, fsspec URL or :class:`~h5forge.location.Location` of a sealed
-            ``.h5`` asset.
+        where: local path or :class:`~h5forge.location.Location` of a sealed ``.h5``
+            asset (a remote asset's Location carries its storage options).
         workers: DataLoader worker processes (0 reads in this process, once, and ignores
             ``start_methods``).
         batches: batches to read per start method.
         batch_size: samples per batch.
         start_methods: multiprocessing start methods to try, each in its own DataLoader.
-        storage_options: fsspec options for ``url`` (credentials, endpoint).
         worker_init_fn: run first in each worker process (a module-level function, so that
             spawn workers can import it), e.g. to reset state inherited through ``fork``.
 
@@ -207,7 +206,7 @@ def smoke_load(
         "smoke_load", children_reimport_main=any(m in ("spawn", "forkserver") for m in methods)
     )
     start = time.perf_counter()
-    where = Location.of(url, storage_options)
+    where = Location.of(where)
     url = where.url
     dataset = H5ImageDataset(where)
     n_total = len(dataset)

@@ -232,6 +232,18 @@ def test_a_killed_build_resumes_and_packs_only_the_missing_parts(
     assert sidecar["num_samples"] == 300
 
 
+def test_the_workers_get_the_staging_options_only_when_it_is_remote(tmp_path: Path) -> None:
+    from h5forge.flows.dask_stage import _for_workers
+    from h5forge.location import Location
+
+    secret = {"key": "AKIA-staging", "secret": "s3cr3t"}
+    for local in (str(tmp_path), f"file://{tmp_path}"):
+        assert _for_workers(Location(local, secret)) == Location(local)
+    remote = Location("memory://h5forge-test-dask-staging", secret)
+    assert _for_workers(remote) == remote
+    assert _for_workers(Location(str(tmp_path))) == Location(str(tmp_path))
+
+
 # --------------------------------------------------------------------------- BuildConfig
 
 GOOD = {"source": "/data/flowers.tar.gz", "destination": "/assets/flowers.h5"}

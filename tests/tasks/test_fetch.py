@@ -28,8 +28,11 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(shutil.make_archive(str(root / "data"), "gztar", root, "data"))
 
 
-def _key(source: str, sha256: str | None, dest: str = "/cache/x") -> str | None:
-    return _fetch_cache_key(None, {"source": source, "sha256": sha256, "dest": dest})  # type: ignore[arg-type]
+def _key(
+    source: str, sha256: str | None, dest: str = "/cache/x", options: dict[str, str] | None = None
+) -> str | None:
+    params = {"source": Location(source, options), "sha256": sha256, "dest": dest}
+    return _fetch_cache_key(None, params)  # type: ignore[arg-type]
 
 
 def test_cache_key_pins_url_and_checksum_and_ignores_credentials() -> None:
@@ -39,6 +42,9 @@ def test_cache_key_pins_url_and_checksum_and_ignores_credentials() -> None:
     assert _key("https://user:pw@h/x.tgz", SHA) == plain
     signed = "https://h/x.tgz?X-Amz-Signature="
     assert _key(signed + "1", SHA) == _key(signed + "2", SHA)
+    rotated = [{"key": "AKIA1", "secret": "one"}, {"key": "AKIA2", "secret": "two"}]
+    assert _key("https://h/x.tgz", SHA, options=rotated[0]) == plain
+    assert _key("https://h/x.tgz", SHA, options=rotated[1]) == plain
     assert _key("https://h/x.tgz", SHA.upper()) == plain
     assert _key("https://h/x.tgz", "cd" * 32) != plain
     assert _key("https://h/y.tgz", SHA) != plain
@@ -55,7 +61,7 @@ def test_source_dir_is_stable_per_pinned_source(tmp_path: Path) -> None:
 
 def test_fetch_task_function_extracts_the_archive(archive: Path, tmp_path: Path) -> None:
     got = fetch_source.fn(
-        str(archive), dest=str(tmp_path / "src"), sha256=Location.of(archive).sha256()
+        Location.of(archive), dest=str(tmp_path / "src"), sha256=Location.of(archive).sha256()
     )
     assert isinstance(got, FetchResult)
     assert sorted(p.name for p in Path(got.root).iterdir()) == ["a", "b"]
@@ -65,7 +71,7 @@ def test_fetch_task_function_extracts_the_archive(archive: Path, tmp_path: Path)
 
 def test_fetch_task_function_rejects_a_wrong_checksum(archive: Path, tmp_path: Path) -> None:
     with pytest.raises(ChecksumError):
-        fetch_source.fn(str(archive), dest=str(tmp_path / "src"), sha256=SHA)
+        fetch_source.fn(Location.of(archive), dest=str(tmp_path / "src"), sha256=SHA)
 
 
 @pytest.mark.parametrize(
@@ -99,7 +105,9 @@ def _fetch_twice(source: str, sha256: str, cache: str, delete_between: bool) -> 
         assert dest is not None
         if delete_between and attempt == 1:
             shutil.rmtree(dest)
-        state = fetch_task(cache, dest)(source, dest=str(dest), sha256=sha256, return_state=True)
+        # Other options each time (rotated credentials): the cache key holds none of them.
+        where = Location(source, {"auto_mkdir": bool(attempt)})
+        state = fetch_task(cache, dest)(where, dest=str(dest), sha256=sha256, return_state=True)
         assert Path(state.result().root).is_dir()
         states.append(state.name)
     return states
@@ -124,7 +132,7 @@ def test_second_fetch_is_cached_unless_its_folder_is_gone(
 
 @flow
 def _fetch_missing(source: str, dest: str) -> None:
-    fetch_source(source, dest=dest)
+    fetch_source(Location(source), dest=dest)
 
 
 def test_a_missing_source_fails_at_once_without_retries(

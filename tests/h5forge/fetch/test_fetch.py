@@ -17,6 +17,7 @@ import pytest
 from h5forge.errors import ChecksumError, UnsafeArchiveError
 from h5forge.fetch.dest import MARKER
 from h5forge.fetch.sources import FetchResult, fetch
+from h5forge.location import Location
 from tests.fixtures.archives import GOOD_FILES, tar_bytes
 from tests.fixtures.servers import LoopbackHTTP, S3RequestLog
 
@@ -174,6 +175,20 @@ def test_credentials_never_recorded(
     assert "pwsecret" not in recorded
     assert "sigsecret" not in recorded
     assert http_server.requests[-1].headers["Authorization"].startswith("Basic ")
+
+
+def test_a_location_carries_its_own_options(
+    http_server: LoopbackHTTP, tmp_path: Path, archive: bytes
+):
+    http_server.serve("/d.tar.gz", archive)
+    where = Location(http_server.url("/d.tar.gz"), {"headers": {"X-Token": "tok"}})
+
+    result = fetch(where, tmp_path / "dest", sha256=_sha(archive), **FAST)
+
+    _assert_dataset(result, tmp_path / "dest")
+    assert http_server.requests[-1].headers["X-Token"] == "tok"
+    with pytest.raises(ValueError, match="carries its own storage options"):
+        fetch(where, tmp_path / "again", storage_options={"headers": {"X-Token": "other"}})
 
 
 def test_redirect_to_other_host_drops_credentials(

@@ -21,13 +21,14 @@ from distributed import Client, LocalCluster
 from h5forge.demo import write_bad_files, write_image_folder
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import EmptyDatasetError, TooManyBadImagesError, UnsealedFileError
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.scale.merge import merge_parts
-from h5forge.scale.parts import PartResult, find_done_parts, pack_part
-from h5forge.scale.plan import PartSpec, part_catalog, part_url, plan_parts
+from h5forge.scale.parts import PartResult, find_done_parts, pack_part, remove_parts
+from h5forge.scale.plan import PartSpec, part_catalog, part_location, part_url, plan_parts
 from h5forge.verify.checks import verify
 
 DECODED = ImageConfig(resize="resize", size=(24, 32))
@@ -142,7 +143,7 @@ def _build(
         pack_part,
         [part_catalog(catalog, s) for s in todo],
         todo,
-        staging_url=str(staging),
+        staging=str(staging),
         pure=False,
         **kw,
     )
@@ -166,7 +167,7 @@ def test_dask_build_equals_local_pack(
         pack_part,
         [whole] * len(specs),
         specs,
-        staging_url=str(tmp_path / "staging"),
+        staging=str(tmp_path / "staging"),
         pure=False,
         **kw,
     )
@@ -184,13 +185,13 @@ def test_dask_build_equals_local_pack(
 
 
 def _pack_or_die(
-    marker: str, catalog: Catalog, spec: PartSpec, staging_url: str, **kw: Any
+    marker: str, catalog: Catalog, spec: PartSpec, staging: str, **kw: Any
 ) -> PartResult:
     """Kill the worker process that runs it, the first time only (the marker remembers)."""
     if spec.index == 2 and not os.path.exists(marker):
         Path(marker).write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
-    return pack_part(catalog, spec, staging_url, **kw)
+    return pack_part(catalog, spec, staging, **kw)
 
 
 @pytest.mark.slow
@@ -203,7 +204,7 @@ def test_killed_worker_is_rescheduled(source: Source, client: Client, tmp_path: 
         [marker] * len(specs),
         [part_catalog(source.catalog, s) for s in specs],
         specs,
-        staging_url=str(tmp_path / "staging"),
+        staging=str(tmp_path / "staging"),
         pure=False,
         **BUILDS["decoded"],
     )
@@ -318,6 +319,26 @@ def test_a_staging_folder_of_an_older_h5forge_is_refused_naming_the_fix(
     assert sorted(p.name for p in staging.iterdir()) == before
     os.unlink(staging / "shard-00000.h5")  # the sidecar alone is no part file
     assert find_done_parts(str(staging), specs, **kw) == set()
+
+
+def test_a_staging_location_carries_its_options_to_every_step(
+    source: Source, tmp_path: Path, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    """Parts in a bucket reached only through the Location's options (the endpoint is in
+    them, nowhere else): packed, found done, merged, removed."""
+    kw = BUILDS["encoded"]
+    staging = Location(f"s3://{s3_bucket}/staging", s3_storage_options)
+    specs = plan_parts(source.catalog, samples_per_part=PER_PART)
+    results = [pack_part(source.catalog, s, staging, **kw) for s in specs]
+    assert [r.url for r in results] == [str(part_location(staging, s)) for s in specs]
+    assert find_done_parts(staging, specs, **kw) == {s.index for s in specs}
+    merged = merge_parts(
+        [part_location(staging, s) for s in specs], tmp_path / "m.h5", max_bad_fraction=0.2
+    )
+    _assert_same_asset(merged.path, source.refs["encoded"])
+    assert remove_parts(staging, specs) == 2 * len(specs)  # each file and its sidecar
+    staging.fs.invalidate_cache()
+    assert staging.fs.find(staging.path) == []
 
 
 def test_merge_from_a_remote_staging_url(source: Source, tmp_path: Path) -> None:
