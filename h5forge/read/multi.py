@@ -55,11 +55,7 @@ class _Handles:
 
 
 def _open_entry(
-    listed: str,
-    k: int,
-    source: AssetSource,
-    storage_options: dict[str, Any] | None,
-    options: ReadOptions,
+    listed: str, k: int, where: Location, version: str | None, options: ReadOptions
 ) -> H5ImageDataset:
     """The dataset of entry ``k``; what it raises names the asset list (if any) and the entry.
 
@@ -67,12 +63,10 @@ def _open_entry(
     message gains ``LIST: assets[k] (URL): `` in front.
     """
     try:
-        return H5ImageDataset(
-            source.url, version=source.version, storage_options=storage_options, options=options
-        )
+        return H5ImageDataset(where, version=version, options=options)
     except (OSError, ValueError, H5ForgeError) as e:
-        where = f"{listed}: " if listed else ""
-        message = f"{where}assets[{k}] ({redact_url(source.url)}): {e}"
+        shown = f"{listed}: " if listed else ""
+        message = f"{shown}assets[{k}] ({where}): {e}"
         try:
             named = type(e)(message)
         except Exception:  # an error type that takes other arguments: raised as it was
@@ -177,7 +171,8 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         self._orphans: list[_Handles] = []
         each = dataclasses.replace(self.options, target_transform=None)
         self.datasets = [
-            _open_entry(list_name, k, s, storage_options, each) for k, s in enumerate(found)
+            _open_entry(list_name, k, Location(s.url, storage_options), s.version, each)
+            for k, s in enumerate(found)
         ]
         self.classes, self._maps = union_classes(
             [(d.url, d.classes) for d in self.datasets], remap=remap

@@ -17,20 +17,30 @@ from prefect import Task
 from prefect.cache_policies import CachePolicy, CompoundCachePolicy, Inputs
 
 import h5forge.tasks
+from h5forge.tasks.publish import publish_task, publish_version_task
 
 
 def _tasks_taking_a_location() -> dict[str, tuple[Task[..., object], set[str]]]:
-    """Every task of ``h5forge.tasks`` with a ``Location`` parameter, and those parameters."""
+    """Every task of ``h5forge.tasks`` with a ``Location`` parameter (publish's, made per
+    destination, too), and those parameters."""
     found: dict[str, tuple[Task[..., object], set[str]]] = {}
+    made = {
+        "publish_task": publish_task("out.h5"),
+        "publish_version_task": publish_version_task("out.h5"),
+    }
+    candidates = [(f"h5forge.tasks.publish.{k}", t) for k, t in made.items()]
     for info in pkgutil.iter_modules(h5forge.tasks.__path__):
         module = importlib.import_module(f"h5forge.tasks.{info.name}")
-        for obj in vars(module).values():
-            if not isinstance(obj, Task) or obj.fn.__module__ != module.__name__:
-                continue
-            params = inspect.signature(obj.fn).parameters.values()
-            names = {p.name for p in params if "Location" in str(p.annotation)}
-            if names:
-                found[f"{module.__name__}.{obj.fn.__name__}"] = (obj, names)
+        candidates += [
+            (f"{module.__name__}.{obj.fn.__name__}", obj)
+            for obj in vars(module).values()
+            if isinstance(obj, Task) and obj.fn.__module__ == module.__name__
+        ]
+    for name, obj in candidates:
+        params = inspect.signature(obj.fn).parameters.values()
+        names = {p.name for p in params if "Location" in str(p.annotation)}
+        if names:
+            found[name] = (obj, names)
     return found
 
 
@@ -48,7 +58,19 @@ TASKS = _tasks_taking_a_location()
 
 def test_the_tasks_that_take_a_location_are_found() -> None:
     short = {name.rsplit(".", 1)[-1] for name in TASKS}
-    assert {"fetch_source", "smoke_load_file", "pack_part_task", "merge_task"} <= short
+    assert {
+        "fetch_source",
+        "smoke_load_file",
+        "pack_part_task",
+        "merge_task",
+        "check_source",
+        "find_reusable",
+        "verify_file",
+        "load_sidecar",
+        "resolve_asset",
+        "publish_task",
+        "publish_version_task",
+    } <= short
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
