@@ -19,7 +19,13 @@ from typing import Any
 
 from h5forge.location import Location
 from h5forge.publish.sidecar import SIDECAR_SUFFIX, load_sidecar
-from h5forge.publish.versions import KEY_HEX, asset_base, read_pointer, version_url
+from h5forge.publish.versions import (
+    KEY_HEX,
+    asset_base,
+    check_tree,
+    read_pointer,
+    version_url,
+)
 from h5forge.redact import redact_url
 
 __all__ = [
@@ -78,6 +84,7 @@ def scan_versions(asset: Location) -> VersionScan:
     """Read the sidecar of every version under ``BASE/v/``; see :func:`list_versions`."""
     base = asset_base(asset.url)
     name = posixpath.basename(base)
+    check_tree(asset.with_url(base), "v")
     versions = asset.with_url(base).join("v")
     fs, vpath = versions.fs, versions.path
     fs.invalidate_cache(vpath)
@@ -240,6 +247,7 @@ def apply_retention(
         age = (now - dt.datetime.fromisoformat(v.created_at)).total_seconds()
         if v.latest or age < min_age_s:
             continue
+        check_tree(asset.with_url(base), "v", v.version)  # never delete through a link
         folder = f"{vpath}/{v.version}"
         file = f"{folder}/{name}.h5"
         for path in (file + SIDECAR_SUFFIX, file + PREVIEW_SUFFIX, file + SOURCES_SUFFIX, file):

@@ -32,6 +32,8 @@ from h5forge.publish.storage import publish
 from h5forge.publish.versions import (
     KEY_HEX,
     asset_base,
+    check_tree,
+    check_version_tree,
     pointer_url,
     read_pointer,
     version_url,
@@ -150,6 +152,7 @@ def publish_version(
         else:
             parent = pointer.sha256
         version = asset.with_url(target)
+        check_version_tree(asset, sha)
         if beside is not None and _unpublished(version):
             beside(version)
         published = publish(
@@ -185,6 +188,7 @@ def _asset_lock(asset: Location) -> Iterator[None]:
     if not base.is_local:
         yield
         return
+    check_tree(base)  # BASE itself: makedirs and the lock would follow a link
     base.fs.makedirs(base.path, exist_ok=True)
     with folder_lock(base.path):
         yield

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import posixpath
 import re
+import stat
 from dataclasses import dataclass
 
+from h5forge.errors import UnsafePathError
 from h5forge.location import MAX_POINTER_BYTES, Location
 from h5forge.redact import redact_url
 
@@ -31,6 +34,8 @@ __all__ = [
     "POINTER_SUFFIX",
     "Pointer",
     "asset_base",
+    "check_tree",
+    "check_version_tree",
     "pointer_url",
     "read_pointer",
     "resolve_version",
@@ -190,6 +195,7 @@ def resolve_version(asset: Location, version: str) -> tuple[str, str]:
                 f"no {redact_url(pointer_url(url))}: the asset has no published version; "
                 "publish one, or open a file by its URL"
             )
+        check_version_tree(asset, pointer.sha256)
         return pointer.url, pointer.sha256
     if not _PREFIX.match(version):
         raise ValueError(
@@ -197,7 +203,52 @@ def resolve_version(asset: Location, version: str) -> tuple[str, str]:
             "version's sha256 (see `h5forge versions URL`)"
         )
     found = version_url(url, version)
+    check_version_tree(asset, version)
     file = asset.with_url(found)
     if not file.fs.exists(file.path):
         raise FileNotFoundError(f"no version {version} of {redact_url(asset_base(url))}")
     return found, version
+
+
+def check_version_tree(asset: Location, sha256: str) -> None:
+    """:func:`check_tree` down to the file of the version with this sha256 (or prefix)."""
+    base = asset_base(asset.url)
+    check_tree(asset.with_url(base), *version_key(posixpath.basename(base), sha256).split("/"))
+
+
+def check_tree(base: Location, *names: str) -> None:
+    """Refuse a link at any level of ``BASE/names...`` on a local store, ``BASE`` included.
+
+    An asset's own tree is untrusted like any input: a link at ``BASE``, ``BASE/v`` or a
+    version's folder would let retention delete, and a publish write, another asset's data, and
+    a reader read it under this asset's name. Every level that exists must be a real folder
+    (the last may be a regular file); a missing level ends the check (it is created by whoever
+    writes it, as a folder). The folders above ``BASE`` are the user's own and may be links.
+    Object stores have no links: nothing to check.
+
+    Raises:
+        UnsafePathError: a level is a symbolic link, or not a folder (the last: not a folder or
+            a regular file); the message names it and the fix.
+    """
+    if not base.is_local:
+        return
+    levels = [base.path]
+    for name in names:
+        levels.append(os.path.join(levels[-1], name))
+    for depth, level in enumerate(levels):
+        try:
+            st = os.lstat(level)
+        except FileNotFoundError:
+            return
+        last = depth == len(levels) - 1
+        if stat.S_ISLNK(st.st_mode):
+            kind = "a symbolic link"
+        elif stat.S_ISDIR(st.st_mode) or (last and stat.S_ISREG(st.st_mode)):
+            continue
+        else:
+            kind = "not a folder" if not last else "neither a folder nor a regular file"
+        raise UnsafePathError(
+            f"{level!r} is {kind}, inside the asset {base.path!r}: h5forge never follows a "
+            "link in an asset's own folders (it could read, overwrite or delete another "
+            "asset's data); remove it, or publish the asset under a new name"
+        )

@@ -20,7 +20,7 @@ import fsspec
 import pytest
 
 from h5forge.asset.open import open_h5
-from h5forge.errors import BusyError, ChecksumError
+from h5forge.errors import BusyError, ChecksumError, UnsafePathError
 from h5forge.location import Location
 from h5forge.pack.writer import PackResult
 from h5forge.publish.history import apply_retention, list_versions, scan_versions
@@ -499,3 +499,47 @@ def test_a_publish_based_on_a_stale_latest_is_refused_before_writing(
     v2 = publish_version(b, Location(url, store.options), based_on=v1.sha256, beside=called.append)
     assert [str(c) for c in called] == [v2.url]
     assert v2.parent == v1.sha256
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("level", ["base", "v", "version"])
+def test_a_link_at_any_level_of_an_asset_is_never_followed(tmp_path: Path, level: str) -> None:
+    """A link planted in asset A's tree, pointing into asset B's, must not let A's retention
+    delete B's versions, A's publish write into B, or A's readers read B's files."""
+    store = tmp_path / "pub"
+    a, b = str(store / "a"), str(store / "b")
+    olds = [publish_version(_blob(tmp_path, f"b{i}"), Location(b)) for i in range(3)]
+    first = publish_version(_blob(tmp_path, "a0"), Location(a))
+    before = _snapshot(store / "b")
+    target = {"base": store / "a", "v": store / "a" / "v", "version": Path(first.url).parent}
+    planted = target[level]
+    link_to = {"base": store / "b", "v": store / "b" / "v", "version": Path(olds[0].url).parent}
+    os.rename(planted, tmp_path / "moved-away")
+    os.symlink(link_to[level], planted)
+    if level == "version":  # a version folder that is a link: skipped by the listing
+        publish_version(_blob(tmp_path, "a1"), Location(a), keep_versions=1, min_age_s=0)
+        assert apply_retention(Location(a), keep_versions=1, min_age_s=0) == []
+    else:
+        with pytest.raises(UnsafePathError, match="symbolic link, inside the asset"):
+            publish_version(_blob(tmp_path, "a1"), Location(a), keep_versions=1, min_age_s=0)
+        with pytest.raises(UnsafePathError, match="symbolic link, inside the asset"):
+            apply_retention(Location(a), keep_versions=1, min_age_s=0)
+        with pytest.raises(UnsafePathError, match="symbolic link, inside the asset"):
+            list_versions(Location(a))
+    with pytest.raises(UnsafePathError, match="symbolic link, inside the asset"):
+        resolve_version(Location(a), first.version)
+    assert _snapshot(store / "b") == before  # nothing of B deleted, written or replaced
+
+
+def test_a_version_file_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    a = str(tmp_path / "pub" / "a")
+    first = publish_version(_blob(tmp_path, "a0"), Location(a))
+    secret = tmp_path / "secret.h5"
+    os.rename(first.url, secret)
+    os.symlink(secret, first.url)
+    for version in ("latest", first.version):
+        with pytest.raises(UnsafePathError, match="a symbolic link, inside the asset"):
+            resolve_version(Location(a), version)
