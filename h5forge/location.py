@@ -260,12 +260,23 @@ class Location:
             os.close(fd)
 
     def sha256(self, chunk: int = CHUNK) -> str:
-        """The hex sha256 of the file here, streamed in ``chunk``-byte reads."""
+        """The hex sha256 of the file here, streamed in ``chunk``-byte reads.
+
+        Raises:
+            FileNotFoundError: nothing here.
+            ValueError: a local path that is not a regular file (a FIFO is never waited on).
+        """
         if chunk < 1:
             raise ValueError(f"chunk={chunk} must be >= 1 byte")
         digest = hashlib.sha256()
         if self.is_local:
-            with open(self.path, "rb") as f:
+            fd = os.open(self.path, os.O_RDONLY | NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise ValueError(
+                        f"{str(self)!r} is not a regular file (a FIFO, device or folder): "
+                        "there is nothing to hash; give the path of a file"
+                    )
                 while block := f.read(chunk):
                     digest.update(block)
             return digest.hexdigest()

@@ -163,6 +163,10 @@ def test_put_replaces_atomically_and_sha256_streams_on_disk(tmp_path: Path) -> N
     assert Location.of(target).sha256(chunk=1000) == digest
     with pytest.raises(ValueError, match="exactly one"):
         Location.of(target).put()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no writer ever comes: an open that waits for one hangs the test
+    with pytest.raises(ValueError, match="is not a regular file"):
+        Location.of(fifo).sha256()
 
 
 def test_put_and_sha256_on_loopback_s3(
