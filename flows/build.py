@@ -162,14 +162,16 @@ class _NewVersion:
 _Target = _PlainFile | _NewVersion
 
 
-def _publish_target(config: BuildConfig, dest: Location, seconds: dict[str, float]) -> _Target:
+def _publish_target(
+    config: BuildConfig, source: Location, dest: Location, seconds: dict[str, float]
+) -> _Target:
     """Where this build publishes (``dest``: the destination, with the build's storage
-    options), chosen once; a version fingerprints its source here."""
+    options), chosen once; a version fingerprints ``source`` here."""
     if not config.versioned:
         return _PlainFile(config, dest)
     with _stage(seconds, "fingerprint"):
         basis = check_source(
-            Location(config.source, dest.options),  # one set of storage options for both
+            source,
             dest,
             config_sha256=config.pack_config().sha256(),
             sha256=config.sha256,
@@ -201,7 +203,7 @@ class _PackInputs:
     work: Path
     dataset: str
     cache: Path
-    storage_options: dict[str, Any]
+    dest: Location  # the store's options, for a remote staging folder
 
     @property
     def out(self) -> str:
@@ -249,7 +251,7 @@ def _pack_on_dask(
         root=inputs.catalog,
         out=inputs.out,
         dataset=inputs.dataset,
-        staging=Location(staging, inputs.storage_options),
+        staging=inputs.dest.with_url(staging),
         source_url=inputs.fetched.source_url,
         source_sha256=inputs.fetched.sha256,
         seconds=seconds,
@@ -266,12 +268,12 @@ def _pack_stage(config: BuildConfig) -> _PackStage:
     return _pack_on_dask if config.executor == "dask" else _pack_locally
 
 
-def _fetch(config: BuildConfig, cache: Path, work: Path, options: dict[str, Any]) -> FetchResult:
+def _fetch(config: BuildConfig, source: Location, cache: Path, work: Path) -> FetchResult:
     """The source, fetched into the cache (a pinned ``sha256``) or the work dir."""
     pinned = source_dir(cache, config.source, config.sha256)
     dest = pinned if pinned is not None else work / "source"
     return fetch_task(cache, dest)(
-        Location(config.source, options),
+        source,
         dest=str(dest),
         sha256=config.sha256,
         download_cache=str(cache / "downloads"),
@@ -299,8 +301,9 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     """
     logger = get_run_logger()
     options = load_storage_options(config.credentials_block)
-    # The destination with its storage options: a Location, passed whole to the publish path.
-    dest = Location(config.destination, options)
+    # Source and destination with the block's storage options (one set for both): Locations,
+    # passed whole to the stages; the options never become a parameter of their own.
+    source, dest = Location(config.source, options), Location(config.destination, options)
     # Before any work, so a forgotten overwrite, a read-only or full destination, or one
     # inside the source costs a second, not a whole build.
     check_destination(
@@ -311,17 +314,17 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
     dataset = dataset_name(config.destination)
     seconds: dict[str, float] = {}
-    target = _publish_target(config, dest, seconds)
+    target = _publish_target(config, source, dest, seconds)
     done = target.already_published(seconds)
     if done is not None:
         return done
     pack = _pack_stage(config)
     with work_dir() as work:
         with _stage(seconds, "fetch"):
-            fetched = _fetch(config, cache, work, options)
+            fetched = _fetch(config, source, cache, work)
         with _stage(seconds, "discover"):
             catalog = discover_samples(fetched.root, **config.discover_options())
-        inputs = _PackInputs(catalog, fetched, work, dataset, cache, options)
+        inputs = _PackInputs(catalog, fetched, work, dataset, cache, dest)
         packing = pack(config, inputs, target, seconds)
         packed = packing.packed
         with _stage(seconds, "verify"):
