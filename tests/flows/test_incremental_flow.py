@@ -184,7 +184,8 @@ def test_a_previous_version_replaced_by_another_asset_is_never_reused(
     )
     first = build_dataset(config, cache_dir=str(tmp_path / "cache"))
     pointer = read_pointer(Location(dest))
-    assert pointer is not None and pointer.sha256 == first.sha256
+    assert pointer is not None
+    assert pointer.sha256 == first.sha256
     # Another valid asset (other pixels, the same names) put in place of the version's file:
     # every path is "unchanged" by the sources map, and the file passes pack's own checks.
     swapped = pack(other, tmp_path / "other.h5", config=config.pack_config(), workers=1)
