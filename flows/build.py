@@ -326,14 +326,22 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         packed = packing.packed
         with _stage(seconds, "verify"):
             verified = verify_file(
-                Location(packed.path), sample_fraction=1.0, asset=config.destination
+                Location(packed.path),
+                sample_fraction=1.0,
+                asset=config.destination,
+                max_pixels=config.max_image_pixels,
             )
         with _stage(seconds, "smoke-load"):
             smoke = smoke_load_file(
-                Location(packed.path), workers=config.smoke_workers, batches=config.smoke_batches
+                Location(packed.path),
+                workers=config.smoke_workers,
+                batches=config.smoke_batches,
+                max_pixels=config.max_image_pixels,
             )
         with _stage(seconds, "preview"):
-            png = make_preview(packed.path, out=str(work / "preview.png"))
+            png = make_preview(
+                packed.path, out=str(work / "preview.png"), max_pixels=config.max_image_pixels
+            )
         metadata = {
             "num_samples": packed.num_samples,
             "num_classes": packed.num_classes,

@@ -12,9 +12,11 @@ from pydantic import ValidationError
 
 from h5forge.errors import IntegrityError, TooManyBadImagesError
 from h5forge.flows.build import BuildConfig, build_dataset
+from h5forge.read.dataset import H5ImageDataset
 from h5forge.tasks.publish import asset_key
 from h5forge.verify.checks import verify
 from tests.fixtures.damage import flip_sample_byte
+from tests.fixtures.images import BIG_SIDE, RAISED_MAX_PIXELS, big_image_tree
 from tests.fixtures.prefect import asset_events, flow_run_artifacts, flow_run_task_runs
 
 pytestmark = pytest.mark.slow
@@ -304,3 +306,31 @@ def test_build_config_schema_explains_every_field() -> None:
     for name, prop in schema["properties"].items():
         assert prop.get("description"), f"{name} has no description for the UI form"
     assert schema["properties"]["size"]["minimum"] == 8
+
+
+def test_a_build_with_a_raised_pixel_bound_verifies_smoke_loads_and_publishes(
+    prefect_harness: str, tmp_path: Path
+) -> None:
+    # Every stage after the pack (its seal, verify, smoke-load, preview) reads with the
+    # build's own max_image_pixels, not the default: an image over the default is packed.
+    source = big_image_tree(tmp_path / "images")
+    dest = tmp_path / "out" / "big.h5"
+    config = BuildConfig(
+        source=str(source),
+        destination=str(dest),
+        layout="encoded",
+        encoding="original",
+        resize="none",
+        mode="L",
+        max_image_pixels=RAISED_MAX_PIXELS,
+        smoke_workers=0,
+    )
+    state = build_dataset(config, cache_dir=str(tmp_path / "cache"), return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result().num_samples == 2
+    assert verify(str(dest), max_pixels=RAISED_MAX_PIXELS).num_samples == 2
+    assert dest.with_name("big.h5.preview.png").exists()
+    shapes = sorted(
+        tuple(img.shape) for img, _ in H5ImageDataset(str(dest), max_pixels=RAISED_MAX_PIXELS)
+    )
+    assert shapes == [(1, 16, 16), (1, BIG_SIDE, BIG_SIDE)]
