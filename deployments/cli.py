@@ -20,6 +20,7 @@ prints the program's version; ``--version`` after ``verify`` or ``inspect`` pick
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,7 +150,8 @@ def build(
     from pydantic import ValidationError
 
     from h5forge.deployments.local_run import run_build
-    from h5forge.flows.config import BuildConfig
+    from h5forge.deployments.settings import cache_dir_from_env
+    from h5forge.flows.config import DEFAULT_CACHE_DIR, BuildConfig
 
     # The checks `pack` makes too, in the same order, with the same messages, before Prefect.
     v = dict(check_options(pack_options or {}).values)
@@ -179,6 +181,10 @@ def build(
     except ValidationError as e:
         raise _config_error(e) from e
     check_paths(config.source, config.destination, replace=config.overwrite or versioned)
+    try:  # the folder run_build gives the flow, which checks it too (for Python and the UI)
+        config.check_cache(str(cache_dir or cache_dir_from_env(os.environ) or DEFAULT_CACHE_DIR))
+    except ValueError as e:
+        raise usage_error(e) from e
     _print_summary(run_build(config, cache_dir, debug))
 
 

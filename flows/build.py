@@ -31,7 +31,7 @@ from prefect.runtime import flow_run
 
 from h5forge.discover.catalog import Catalog
 from h5forge.fetch.sources import FetchResult
-from h5forge.flows.config import BuildConfig
+from h5forge.flows.config import DEFAULT_CACHE_DIR, BuildConfig
 from h5forge.flows.credentials import load_storage_options
 from h5forge.flows.entry import entry_flow
 from h5forge.flows.summary import BuildSummary, unchanged_summary
@@ -67,10 +67,6 @@ if TYPE_CHECKING:
     from h5forge.flows.dask_stage import DaskPacked
 
 __all__ = ["DEFAULT_CACHE_DIR", "BuildConfig", "BuildSummary", "build_dataset", "check_url"]
-
-# The cache folder when the caller names none: XDG's default cache home. The callers in
-# deployments/ (the console script, the served deployments) pass ``$XDG_CACHE_HOME/h5forge``.
-DEFAULT_CACHE_DIR = "~/.cache/h5forge"
 
 
 @contextmanager
@@ -286,8 +282,8 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
 
     Args:
         config: what to build and where to publish it.
-        cache_dir: local folder for fetched sources and the fetch cache; default
-            :data:`DEFAULT_CACHE_DIR`.
+        cache_dir: local folder for fetched sources and the fetch cache (never inside a local
+            source); default :data:`DEFAULT_CACHE_DIR`.
 
     Called from a script, it must be under ``if __name__ == "__main__":`` (it starts worker
     processes); with no ``PREFECT_API_URL`` it runs a temporary Prefect server for the call
@@ -312,6 +308,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         overwrite=config.overwrite or config.versioned,  # a version never writes over one
     )
     cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
+    config.check_cache(str(cache))
     dataset = dataset_name(config.destination)
     seconds: dict[str, float] = {}
     target = _publish_target(config, source, dest, seconds)
@@ -329,14 +326,22 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         packed = packing.packed
         with _stage(seconds, "verify"):
             verified = verify_file(
-                Location(packed.path), sample_fraction=1.0, asset=config.destination
+                Location(packed.path),
+                sample_fraction=1.0,
+                asset=config.destination,
+                max_pixels=config.max_image_pixels,
             )
         with _stage(seconds, "smoke-load"):
             smoke = smoke_load_file(
-                Location(packed.path), workers=config.smoke_workers, batches=config.smoke_batches
+                Location(packed.path),
+                workers=config.smoke_workers,
+                batches=config.smoke_batches,
+                max_pixels=config.max_image_pixels,
             )
         with _stage(seconds, "preview"):
-            png = make_preview(packed.path, out=str(work / "preview.png"))
+            png = make_preview(
+                packed.path, out=str(work / "preview.png"), max_pixels=config.max_image_pixels
+            )
         metadata = {
             "num_samples": packed.num_samples,
             "num_classes": packed.num_classes,

@@ -35,9 +35,16 @@ from h5forge.options import (
     renamed_message,
 )
 from h5forge.pack.config import PackConfig
+from h5forge.preflight import check_not_in_source
 from h5forge.preprocess.config import ImageConfig
+from h5forge.publish.versions import asset_base
+from h5forge.redact import redact_url
 
-__all__ = ["BuildConfig"]
+__all__ = ["DEFAULT_CACHE_DIR", "BuildConfig"]
+
+# The cache folder when the caller names none: XDG's default cache home. The callers in
+# deployments/ (the console script, the served deployments) pass ``$XDG_CACHE_HOME/h5forge``.
+DEFAULT_CACHE_DIR = "~/.cache/h5forge"
 
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 _BLOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -240,6 +247,26 @@ class BuildConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _outside_the_source(self) -> BuildConfig:
+        # Nothing the run writes may be the source or lie inside it, locally or on one bucket:
+        # the asset (a versioned one writes its versions under BASE/, beside BASE.h5) and the
+        # Dask parts would become part of the source, read back by the next build.
+        check_not_in_source(self.source, self.destination)
+        if self.versioned:
+            base = asset_base(self.destination)
+            check_not_in_source(
+                self.source,
+                base,
+                what="versions folder",
+                fix=f"a versioned destination {redact_url(self.destination)} keeps its versions "
+                f"under {redact_url(base)}/: choose a destination whose path without .h5 lies "
+                "outside the source",
+            )
+        if self.staging:
+            check_not_in_source(self.source, self.staging, what="staging")
+        return self
+
+    @model_validator(mode="after")
     def _pack_settings(self) -> BuildConfig:
         # Checked also when resize='none' ignores it: a value is valid or not, whatever else
         # is set (as on the command line).
@@ -258,6 +285,22 @@ class BuildConfig(BaseModel):
                 )
         self.pack_config()  # image policy, codec and checksums, with the library's rules
         return self
+
+    def check_cache(self, cache_dir: str) -> None:
+        """Refuse a fetch cache folder that is the source or lies inside it.
+
+        The cache holds downloads, extracted archives and the default Dask staging: inside a
+        local source folder they would be part of what this build or the next one reads.
+
+        Raises:
+            ValueError: naming both and the fix (another ``cache_dir``, ``--cache-dir``).
+        """
+        check_not_in_source(
+            self.source,
+            cache_dir,
+            what="cache folder",
+            fix="pass a cache_dir (--cache-dir) outside it",
+        )
 
     def discover_options(self) -> dict[str, Any]:
         """The source layout for :func:`h5forge.discover.catalog.discover`: listing, coco,

@@ -107,6 +107,7 @@ def pack_on_dask(
         out=out,
         dataset=dataset,
         max_bad_fraction=config.max_bad_fraction,
+        max_pixels=config.max_image_pixels,
         source_url=source_url,
         source_sha256=source_sha256,
         tmp_dir=str(Path(out).parent),

@@ -16,6 +16,7 @@ from pydantic import Field
 from h5forge.flows.build import check_url
 from h5forge.flows.credentials import load_storage_options
 from h5forge.location import Location
+from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.tasks.verify import check_sidecar, load_sidecar, resolve_asset, verify_file
 
 __all__ = ["verify_asset"]
@@ -28,6 +29,7 @@ def verify_asset(
     url: str,
     credentials_block: str | None = None,
     sample_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.05,
+    max_pixels: Annotated[int, Field(ge=1)] = DEFAULT_MAX_PIXELS,
 ) -> dict[str, Any]:
     """Verify the asset at ``url`` against its ``.manifest.json``.
 
@@ -37,6 +39,8 @@ def verify_asset(
         credentials_block: name of a Prefect Secret block holding fsspec storage_options.
         sample_fraction: fraction of per-sample digests to re-check, in (0, 1]; the file's
             sha256, size, structure and seal are always checked in full.
+        max_pixels: most pixels one encoded sample may decode to: the ``max_image_pixels``
+            the asset was built with where that was raised (never taken from the file).
 
     Returns:
         The verified facts: url, sha256, bytes, counts, samples checked, seconds.
@@ -50,7 +54,9 @@ def verify_asset(
     file = asset.with_url(resolve_asset(asset))  # a versioned asset: its latest version
     sidecar = load_sidecar(file)
     for _ in range(_REPUBLISHED_TRIES):
-        report = verify_file(file, sample_fraction=sample_fraction, asset=url)
+        report = verify_file(
+            file, sample_fraction=sample_fraction, asset=url, max_pixels=max_pixels
+        )
         latest = load_sidecar(file)
         if latest == sidecar:
             break

@@ -13,6 +13,7 @@ __all__ = [
     "BusyError",
     "ChecksumError",
     "DestinationExistsError",
+    "DownloadRefusedError",
     "EmptyDatasetError",
     "H5ForgeError",
     "IntegrityError",
@@ -75,6 +76,17 @@ class EmptyDatasetError(H5ForgeError, ValueError):
 
 class UnsafeArchiveError(H5ForgeError, ValueError):
     """An archive member would escape the staging folder or exceeds a safety cap."""
+
+
+class DownloadRefusedError(H5ForgeError, OSError):
+    """The downloader refused the server's answer, and another attempt would get the same one.
+
+    A redirect it does not follow (out of http(s), or more hops than it allows: the message
+    names the hop, ``from -> to``, redacted), or an HTTP status that is neither a success nor
+    worth retrying. An ``OSError``, as every other failed download is; not an
+    :class:`UnsafeArchiveError` (nothing was extracted) and never retried (an
+    :class:`H5ForgeError`).
+    """
 
 
 class MissingExtraError(H5ForgeError, ImportError):

@@ -4,7 +4,9 @@ A build spends minutes fetching, packing, verifying and smoke-loading before it 
 destination that exists, sits in a read-only folder or on a full disk, or lies inside the
 source, must be found in the first second, not at the end. :func:`check_destination` does
 that for local destinations (a probe file written and removed in the folder the asset goes
-to) and, for remote ones, what is cheap (does it exist). :func:`check_url` refuses a URL of a
+to) and, for remote ones, what is cheap (does it exist). :func:`check_not_in_source` is the
+one rule, for local paths and URLs alike, that nothing a run writes (the asset, the Dask
+staging, the fetch cache) is the source or lies inside it. :func:`check_url` refuses a URL of a
 protocol fsspec does not know or with credentials in it; :func:`check_source` refuses a local
 source that is not there, and a URL whose host name does not exist (a typo that would
 otherwise fail only after the fetch's retries).
@@ -15,13 +17,16 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import posixpath
 import secrets
 import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import fsspec
+from fsspec.registry import known_implementations
 
 from h5forge.errors import DestinationExistsError
 from h5forge.files import create_exclusive
@@ -35,6 +40,7 @@ __all__ = [
     "RESOLVE_TIMEOUT_S",
     "check_destination",
     "check_host",
+    "check_not_in_source",
     "check_source",
     "check_url",
     "local_path",
@@ -48,6 +54,8 @@ PROBE_BYTES = 64 << 10
 RESOLVE_TIMEOUT_S = 1.5
 # Protocols whose URL names a host (for s3://, gs://, memory:// it is a bucket or nothing).
 _HOSTED = frozenset({"http", "https", "ftp", "sftp", "ssh", "smb", "webdav", "webhdfs"})
+# fsspec's class for the local disk (file://, local://): one store, whatever the protocol.
+_LOCAL_CLASS = "fsspec.implementations.local.LocalFileSystem"
 # fsspec can read these but not write them.
 _READ_ONLY = frozenset({"http", "https", "github", "zip", "tar", "libarchive", "reference"})
 # The resolver's "this name does not exist" (not "try again later": EAI_AGAIN).
@@ -162,6 +170,120 @@ def check_source(source: str) -> None:
         )
 
 
+def check_not_in_source(
+    source: str, path: str, *, what: str = "destination", fix: str | None = None
+) -> None:
+    """Refuse a ``path`` a run writes (``what``: the destination, the staging, the cache) that
+    is the source itself or lies inside it; before any work, reading neither.
+
+    The rule follows fsspec, which does the writing. Local paths (plain, ``~``, ``file:`` or
+    ``local:``, alone or at the end of a ``proto::`` chain) are compared once made absolute
+    with links followed, and, where they exist, by device and inode (a bind mount, a case-
+    insensitive disk). URLs are compared by store (``s3a://`` is ``s3://``, ``gcs://`` is
+    ``gs://``: one fsspec class), bucket or host in any case, and path, both as written and
+    with ``.``/``..`` resolved: ``s3://b/data/out.h5`` is inside ``s3://b/data``,
+    ``s3://b/database.h5`` is not. A local path and a URL are never the same place.
+
+    Raises:
+        ValueError: naming both, what would go wrong, and the fix (``fix``; default: choose
+            another ``what`` outside the source).
+    """
+    a, b = _place(source), _place(path)
+    if a is None or b is None or a.store != b.store:
+        return
+    relation = _relation(a, b)
+    if relation is None:
+        return
+    src = f"{_source_kind(a)} {_shown(source)}"
+    fix = fix or f"choose a {what} outside {_shown(source)}"
+    if relation == "same":
+        raise ValueError(
+            f"{what} {_shown(path)} is the {src} itself: the run would replace what it reads; {fix}"
+        )
+    raise ValueError(
+        f"{what} {_shown(path)} is inside the {src}: what the run writes there would become "
+        f"part of the source (and a rebuild would read it back); {fix}"
+    )
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where a URL points: its store (``""`` for the local disk, else the fsspec class) and
+    its path there (for a URL, ``/bucket/key``)."""
+
+    store: str
+    paths: tuple[str, ...]  # local: the resolved path; remote: as written, and normalised
+    local: Path | None = None  # the local path as fsspec reads it (before links are followed)
+
+
+def _place(url: str) -> _Place | None:
+    """The store and path(s) of ``url``; None where there is nothing to compare (empty)."""
+    url = url.strip()
+    if not url:
+        return None
+    target = url.rsplit("::", 1)[-1]  # simplecache::s3://b/k names s3://b/k
+    protocol, sep, rest = target.partition("://")
+    if not sep:  # a plain path, "file:/x" or "local:/x": fsspec's LocalFileSystem
+        for prefix in ("file:", "local:"):
+            if target.lower().startswith(prefix):
+                target = target[len(prefix) :]
+                break
+        return _local_place(target)
+    store = known_implementations.get(protocol.lower(), {}).get("class", protocol.lower())
+    if store == _LOCAL_CLASS:  # file://, local://, FILE:// (fsspec strips the protocol)
+        return _local_place(rest)
+    # The bucket (or host) and the key, as one path: s3:///b/k is s3://b/k to fsspec, and
+    # memory://x/y is memory:///x/y. A bucket or host name has no case; a key has.
+    bucket, _, key = rest.split("?", 1)[0].split("#", 1)[0].strip("/").partition("/")
+    written = f"/{bucket.lower()}/{key}".rstrip("/")
+    return _Place(store, (written, posixpath.normpath(written)))
+
+
+def _local_place(path: str) -> _Place:
+    local = Path(path or ".").expanduser()
+    return _Place("", (str(local.resolve()),), local)
+
+
+def _relation(source: _Place, path: _Place) -> str | None:
+    """``"same"``, ``"inside"`` or None (neither) of ``path`` to ``source``."""
+    for src in source.paths:
+        for dst in path.paths:
+            if dst == src:
+                return "same"
+            if dst.startswith(src.rstrip("/") + "/"):
+                return "inside"
+    if source.local is not None and path.local is not None:
+        # The same folder under another name: a bind mount, a case-insensitive disk.
+        try:
+            st = source.local.stat()
+        except OSError:
+            return None  # not there yet: the names above are all there is to compare
+        here = Path(path.paths[0])
+        for i, folder in enumerate((here, *here.parents)):
+            try:
+                found = folder.stat()
+            except OSError:
+                continue
+            if (found.st_dev, found.st_ino) == (st.st_dev, st.st_ino):
+                return "same" if i == 0 else "inside"
+    return None
+
+
+def _source_kind(source: _Place) -> str:
+    """The source named in a message: "source folder", "source archive" (a local file), or
+    "source" (remote, or not there yet)."""
+    if source.local is not None:
+        if source.local.is_dir():
+            return "source folder"
+        if source.local.exists():
+            return "source archive"
+    return "source"
+
+
+def _shown(url: str) -> str:
+    return printable(redact_url(url) if local_path(url) is None else url)
+
+
 def check_destination(
     dest: Location,
     *,
@@ -170,10 +292,10 @@ def check_destination(
 ) -> None:
     """Raise now if the asset could not be published at ``dest``.
 
-    Local: ``dest`` is not the source archive nor inside the source folder, is not a folder,
-    exists only with ``overwrite``, and its folder (or the nearest existing one above it,
-    where it would be created) takes a probe file of :data:`PROBE_BYTES`. Remote: exists only
-    with ``overwrite``.
+    ``dest`` is not the source nor inside it (:func:`check_not_in_source`). Local: ``dest``
+    is not a folder, exists only with ``overwrite``, and its folder (or the nearest existing
+    one above it, where it would be created) takes a probe file of :data:`PROBE_BYTES`.
+    Remote: exists only with ``overwrite``.
 
     Raises:
         ValueError: ``dest`` is the source, inside it, or a folder.
@@ -182,26 +304,14 @@ def check_destination(
             :func:`h5forge.messages.describe_os_error`, errno kept.
     """
     url = dest.url
+    if source:
+        check_not_in_source(source, url)
     path = local_path(url)
     if path is None:
         if not overwrite and dest.fs.exists(dest.path):
             raise DestinationExistsError(str(dest))
         return
     target = path.resolve()
-    src = local_path(source) if source else None
-    if src is not None and src.exists():
-        src = src.resolve()
-        if target == src:
-            raise ValueError(
-                f"destination {printable(url)} is the source archive itself; "
-                "publishing would replace it: choose another destination"
-            )
-        if src.is_dir() and src in target.parents:
-            raise ValueError(
-                f"destination {printable(url)} is inside the source folder "
-                f"{printable(source)}: the asset, its sidecar and its preview would become "
-                "part of the source; choose a destination outside it"
-            )
     if target.is_dir():
         raise ValueError(
             f"destination {printable(url)} is a folder; give the path of the "

@@ -156,11 +156,15 @@ def merge_task(
     out: str,
     dataset: str,
     max_bad_fraction: float,
+    max_pixels: int,
     source_url: str = "",
     source_sha256: str = "",
     tmp_dir: str | None = None,
 ) -> PackResult:
     """Merge the parts into the local file ``out`` (see :func:`h5forge.scale.merge.merge_parts`).
+
+    ``max_pixels`` is the build's ``max_image_pixels``, the bound the merged file is verified
+    with before it is sealed.
 
     The quarantine table artifact lists every input no part could pack, as a local pack's
     does, also when too many were quarantined and the merge fails.
@@ -175,6 +179,7 @@ def merge_task(
             source_sha256=source_sha256,
             overwrite=True,
             tmp_dir=tmp_dir,
+            max_pixels=max_pixels,
         )
     except TooManyBadImagesError as e:
         quarantine_table(e.quarantined, key=table_key)

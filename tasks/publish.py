@@ -68,9 +68,10 @@ def asset_key(dest: str) -> str:
 
 
 @task(name="preview", task_run_name=run_name("preview"))
-def make_preview(path: str, *, out: str, n: int = 16) -> str:
-    """Render a labelled grid of ``n`` samples of the local file ``path`` as PNG at ``out``."""
-    return write_preview(path, out, n=n)
+def make_preview(path: str, *, out: str, max_pixels: int, n: int = 16) -> str:
+    """Render a labelled grid of ``n`` samples of the local file ``path`` as PNG at ``out``,
+    reading with the decode bound ``max_pixels`` (the build's ``max_image_pixels``)."""
+    return write_preview(path, out, n=n, max_pixels=max_pixels)
 
 
 def _publish(

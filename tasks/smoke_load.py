@@ -28,8 +28,10 @@ def smoke_load_file(
     batches: int = 4,
     batch_size: int = 32,
     start_methods: Sequence[str] = ("fork", "spawn"),
+    max_pixels: int,
 ) -> SmokeReport:
-    """Run :func:`h5forge.smoke.load.smoke_load`; an ``IntegrityError`` fails the run."""
+    """Run :func:`h5forge.smoke.load.smoke_load` with the decode bound ``max_pixels`` (the
+    build's ``max_image_pixels``); an ``IntegrityError`` fails the run."""
     report = smoke_load(
         where,
         workers=workers,
@@ -37,6 +39,7 @@ def smoke_load_file(
         batch_size=batch_size,
         start_methods=tuple(start_methods),
         worker_init_fn=forget_inherited_prefect_services,
+        max_pixels=max_pixels,
     )
     get_run_logger().info(
         "smoke-load read %d samples with %d workers: %s img/s",

@@ -66,12 +66,15 @@ def verify_file(
     *,
     sample_fraction: float = 1.0,
     asset: str | None = None,
+    max_pixels: int,
 ) -> VerifyReport:
     """Verify structure, counts, byte ranges, digests and the sha256 of the file at ``where``.
 
     Args:
         where: the file to verify.
         sample_fraction: fraction of per-sample digests re-checked.
+        max_pixels: the decode bound (``max_pixels=`` of :func:`h5forge.verify.checks.verify`):
+            a build passes the ``max_image_pixels`` it packed with, never one from the file.
         asset: the asset the file is (to be) published as, the resource of the failure event;
             default the file itself.
 
@@ -83,7 +86,7 @@ def verify_file(
             :data:`VERIFY_FAILED` is emitted first.
     """
     try:
-        report = verify(where, sample_fraction=sample_fraction)
+        report = verify(where, sample_fraction=sample_fraction, max_pixels=max_pixels)
     except IntegrityError as e:
         emit_verify_failed(asset or where.url, e, check="verify")
         raise

@@ -74,7 +74,13 @@ def check_paths(source: str, dest: str, *, replace: bool, local_only: bool = Fal
         typer.Exit: exit code 2, after printing the one ``error:`` line.
     """
     from h5forge.location import Location
-    from h5forge.preflight import check_destination, check_source, check_url, local_path
+    from h5forge.preflight import (
+        check_destination,
+        check_not_in_source,
+        check_source,
+        check_url,
+        local_path,
+    )
 
     try:
         check_source(source)
@@ -87,6 +93,7 @@ def check_paths(source: str, dest: str, *, replace: bool, local_only: bool = Fal
                     )
         if local_path(dest) is None:  # remote: whether it exists needs its keys (the flow)
             check_url(dest, what="destination", writable=True)
+            check_not_in_source(source, dest)
         else:
             check_destination(Location(dest), source=source, overwrite=replace)
     except (OSError, ValueError) as e:

@@ -2,9 +2,10 @@
 
 Caller headers, and Basic auth from the URL's userinfo, go only to the origin (scheme, host,
 port) they were given for, and never again once a redirect has left it. At most
-:data:`MAX_REDIRECTS` redirects are followed, to http(s) URLs only. A watchdog shuts the socket
-down when the response head (TLS handshake included) takes longer than its bound, which a
-per-read timeout cannot enforce against a server trickling a byte at a time.
+:data:`MAX_REDIRECTS` redirects are followed, to http(s) URLs only; any other redirect raises
+:class:`~h5forge.errors.DownloadRefusedError` naming the hop (``from -> to``). A watchdog shuts
+the socket down when the response head (TLS handshake included) takes longer than its bound,
+which a per-read timeout cannot enforce against a server trickling a byte at a time.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Mapping
 from urllib.parse import unquote, urljoin, urlsplit
 
-from h5forge.errors import UnsafeArchiveError
+from h5forge.errors import DownloadRefusedError
 from h5forge.redact import redact_url
 
 __all__ = ["MAX_REDIRECTS", "check_headers", "open_response"]
@@ -147,19 +148,25 @@ def open_response(
     response head within ``timeout`` seconds, and before ``deadline`` (``time.monotonic()``
     seconds). The socket is returned too: ``http.client`` drops the connection's reference to
     it when the answer says ``Connection: close``, but the body is still read from it.
+
+    Raises:
+        DownloadRefusedError: a redirect to a URL that is not http(s) with a host, or more than
+            ``MAX_REDIRECTS`` of them; the message names the refused hop, redacted.
+        OSError: ``url`` itself is not an http(s) URL with a host.
     """
-    first = urlsplit(url)
+    asked, first = url, urlsplit(url)
     origin = _origin(url)
     extra = dict(caller)
     if first.username is not None:  # userinfo wins over a caller's Authorization header
         extra = {k: v for k, v in extra.items() if k.lower() != "authorization"}
         extra["Authorization"] = _basic(first.username, first.password or "")
+    came_from = ""  # the URL whose answer redirected to ``url``
     for hop in range(MAX_REDIRECTS + 1):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             if hop:
-                raise UnsafeArchiveError(
-                    f"refusing to follow a redirect to {redact_url(url)!r}: only http(s) URLs "
+                raise DownloadRefusedError(
+                    f"refusing to follow a redirect {_hop(came_from, url)}: only http(s) URLs "
                     "with a host are followed; ask the server owner for a direct http(s) URL"
                 )
             raise OSError(f"cannot download {redact_url(url)!r}: not an http(s) URL with a host")
@@ -194,8 +201,16 @@ def open_response(
             return conn, resp, sock
         resp.close()
         conn.close()
-        url = urljoin(url, location)
-    raise OSError(f"too many redirects (> {MAX_REDIRECTS}) for {redact_url(url)!r}")
+        came_from, url = url, urljoin(url, location)
+    raise DownloadRefusedError(
+        f"too many redirects (> {MAX_REDIRECTS}) for {redact_url(asked)!r}; the one "
+        f"refused: {_hop(came_from, url)}; ask the server owner for the final http(s) URL"
+    )
+
+
+def _hop(came_from: str, to: str) -> str:
+    """``'FROM' -> 'TO'``, both redacted (a redirect may carry a signed URL's secrets)."""
+    return f"{redact_url(came_from)!r} -> {redact_url(to)!r}"
 
 
 def _basic(user: str, password: str) -> str:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from h5forge.errors import DownloadRefusedError
 from h5forge.fetch.body import Limits, Retry, State, accept, restart, stream, trailing, why
 from h5forge.fetch.cache import create_part
 from h5forge.fetch.connect import check_headers, open_response
@@ -58,7 +59,9 @@ def _check_status(resp: http.client.HTTPResponse, shown: str) -> None:
         raise PermissionError(
             f"{reason} for {shown!r}: access denied; check the credentials or the signed URL"
         )
-    raise OSError(f"{reason} for {shown!r}: the server refused the request (not retried)")
+    raise DownloadRefusedError(
+        f"{reason} for {shown!r}: the server refused the request (not retried); check the URL"
+    )
 
 
 def _attempt(url: str, st: State, lim: Limits, caller: dict[str, str], bar: Progress) -> None:
@@ -79,7 +82,7 @@ def _attempt(url: str, st: State, lim: Limits, caller: dict[str, str], bar: Prog
         ) from exc
     except OSError as exc:
         if exc.errno is None and not isinstance(exc, ssl.SSLError):
-            raise  # our own, already clear (too many redirects ...)
+            raise  # our own, already clear (a refused redirect ...)
         # DNS failure, network unreachable, TLS handshake cut: worth another attempt.
         raise Retry(f"cannot connect ({why(exc)})") from exc
     try:
@@ -119,8 +122,10 @@ def download(
         ``(sha256 hex digest, size in bytes)`` of what was written.
 
     Raises:
-        FileNotFoundError, PermissionError, OSError: a non-retryable HTTP answer (names the URL).
-        UnsafeArchiveError: over ``max_bytes``, or a redirect to a non-http(s) URL.
+        FileNotFoundError, PermissionError: HTTP 404/410, 401/403 (names the URL).
+        DownloadRefusedError: another non-retryable HTTP answer, or a redirect not followed
+            (out of http(s), or too many; names the hop ``from -> to``).
+        UnsafeArchiveError: over ``max_bytes``.
         TimeoutError, ConnectionError: a bound reached (names the URL, the bound and its
             option, bytes received and the time spent, and the last failure).
     """

@@ -113,7 +113,10 @@ def fetch(
     Raises:
         ChecksumError: the archive's sha256 differs from ``sha256`` (both digests named).
         UnsafeArchiveError: an archive member or prefix object is unsafe or over a cap; the
-            download is over ``max_bytes``; an HTTP redirect leads to a non-http(s) URL.
+            download is over ``max_bytes``.
+        DownloadRefusedError: an HTTP redirect the downloader does not follow (out of
+            http(s), or more than :data:`~h5forge.fetch.connect.MAX_REDIRECTS`), or an HTTP
+            answer retrying cannot change; the message names the URL (and the hop).
         TimeoutError, ConnectionError: an HTTP download reached ``retries``, ``max_attempts``
             or ``total_timeout`` (the message names the bound, the URL, the bytes received and
             the time spent).

@@ -111,11 +111,13 @@ class Staged:
             raise
         return h5
 
-    def seal(self, out_path: Path, *, check_digests: bool = True) -> None:
+    def seal(self, out_path: Path, *, max_pixels: int, check_digests: bool = True) -> None:
         """Digest the metadata, verify, seal (attribute last), fsync, rename to ``out_path``.
 
-        ``check_digests=False`` verifies structure only, for writers that already checked every
-        sample's digest from the bytes they wrote (the part merge).
+        ``max_pixels`` is the writer's own decode bound (its configuration's
+        ``max_image_pixels``), never one read from the file. ``check_digests=False`` verifies
+        structure only, for writers that already checked every sample's digest from the bytes
+        they wrote (the part merge).
         """
         from h5forge.verify.checks import verify_unsealed
 
@@ -128,7 +130,7 @@ class Staged:
         # it back to verify are independent, so they run at the same time.
         with ThreadPoolExecutor(1) as pool:
             synced = pool.submit(_fsync, partial)
-            verify_unsealed(partial, check_digests=check_digests)
+            verify_unsealed(partial, max_pixels=max_pixels, check_digests=check_digests)
             synced.result()
         with self.open_own() as h5:
             h5.attrs.modify(fmt.A_SEALED, True)
@@ -143,13 +145,19 @@ class Staged:
 
 @contextlib.contextmanager
 def staged(
-    out_path: Path, *, overwrite: bool, how: str = "", check_digests: bool = True
+    out_path: Path,
+    *,
+    overwrite: bool,
+    max_pixels: int,
+    how: str = "",
+    check_digests: bool = True,
 ) -> Iterator[Staged]:
     """Hold ``OUT.lock`` while the body writes ``OUT.partial``; seal and rename it after.
 
     The body writes the file (:meth:`Staged.create`) and flushes it; when it returns, the file
-    is sealed and renamed (:meth:`Staged.seal`). An exception leaves nothing at ``out_path``.
-    This run's partial files (and any other file made through :attr:`Staged.lock`) are
+    is sealed and renamed (:meth:`Staged.seal`; ``max_pixels``, the writer's configured decode
+    bound, is the one the seal's verification applies). An exception leaves nothing at
+    ``out_path``. This run's partial files (and any other file made through :attr:`Staged.lock`) are
     removed either way; never a file it did not create.
 
     Raises:
@@ -165,7 +173,7 @@ def staged(
         try:
             stage = Staged(partial=str(out_path) + fmt.PARTIAL_SUFFIX, lock=lock)
             yield stage
-            stage.seal(out_path, check_digests=check_digests)
+            stage.seal(out_path, max_pixels=max_pixels, check_digests=check_digests)
         finally:
             lock.discard()  # this run's partial and spool; never a file it did not create
 

@@ -208,7 +208,13 @@ def _pack(
     )
     copies = source.copies  # then every sample is checked from the file before the seal
     try:
-        with staged(out_path, overwrite=overwrite, how=_HOW, check_digests=not copies) as stage:
+        with staged(
+            out_path,
+            overwrite=overwrite,
+            max_pixels=config.image.max_image_pixels,
+            how=_HOW,
+            check_digests=not copies,
+        ) as stage:
             samples, bad, stats = _write(
                 source,
                 stage,

@@ -15,6 +15,7 @@ from h5forge.errors import PreviewPublishError
 from h5forge.files import replace_file
 from h5forge.location import Location
 from h5forge.messages import describe_os_error
+from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.publish.overlay import draw_targets
 from h5forge.publish.storage import PublishResult
 from h5forge.redact import redact_url
@@ -26,9 +27,12 @@ PREVIEW_SUFFIX = ".preview.png"
 _LABEL_H = 14
 
 
-def render_preview(where: Location, *, n: int = 16, tile: int = 96) -> Image.Image:
+def render_preview(
+    where: Location, *, n: int = 16, tile: int = 96, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> Image.Image:
     """Render ``n`` evenly spaced samples of the file at ``where`` as a grid, each captioned with
     its class, with its boxes and masks drawn on (:func:`h5forge.publish.overlay.draw_targets`).
+    ``max_pixels`` is the reader's decode bound (a build passes its ``max_image_pixels``).
 
     Raises:
         ValueError: ``n`` or ``tile`` is not positive.
@@ -37,12 +41,12 @@ def render_preview(where: Location, *, n: int = 16, tile: int = 96) -> Image.Ima
 
     if n < 1 or tile < 8:
         raise ValueError(f"n={n} must be >= 1 and tile={tile} >= 8")
-    ds = H5ImageDataset(where)
+    ds = H5ImageDataset(where, max_pixels=max_pixels)
     schema = ds.schema
     drawn = [c.name for c in schema if c.kind in ("boxes", "mask")]
     if drawn:  # read them with the images, and draw them on (at the stored size)
         ds.close()
-        ds = H5ImageDataset(where, target=["class", *drawn])
+        ds = H5ImageDataset(where, target=["class", *drawn], max_pixels=max_pixels)
     try:
         count = min(n, len(ds))
         picks = np.linspace(0, len(ds) - 1, count).round().astype(int).tolist() if count else []
@@ -72,6 +76,7 @@ def write_preview(
     n: int = 16,
     tile: int = 96,
     storage_options: dict[str, Any] | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> str:
     """Write :func:`render_preview` of the file at ``url`` as PNG to ``png_url``.
 
@@ -82,12 +87,15 @@ def write_preview(
         url: the h5forge file (local path, fsspec URL or :class:`~h5forge.location.Location`).
         png_url: where the PNG goes (local path, fsspec URL or ``Location``).
         storage_options: passed to fsspec with each URL string; never recorded.
+        max_pixels: the reader's decode bound, as for :func:`render_preview`.
 
     Returns:
         ``png_url``'s URL.
     """
     buf = io.BytesIO()
-    render_preview(Location.of(url, storage_options), n=n, tile=tile).save(buf, "PNG")
+    render_preview(Location.of(url, storage_options), n=n, tile=tile, max_pixels=max_pixels).save(
+        buf, "PNG"
+    )
     out = Location.of(png_url, storage_options)
     if out.is_local:
         replace_file(out.path, buf.getvalue(), 0o644)

@@ -59,6 +59,7 @@ from h5forge.pack.attrs import root_attrs
 from h5forge.pack.checks import check_bad_fraction, check_every_class
 from h5forge.pack.commit import check_output, staged
 from h5forge.pack.writer import PackResult
+from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.scale.assemble import assemble
 from h5forge.scale.file_check import FileChecks
 from h5forge.scale.survey import survey
@@ -75,6 +76,7 @@ def merge_parts(
     source_sha256: str = "",
     overwrite: bool = False,
     tmp_dir: str | os.PathLike[str] | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> PackResult:
     """Merge sealed part files, in the given order, into one sealed file at ``out``.
 
@@ -90,6 +92,9 @@ def merge_parts(
         source_url, source_sha256: recorded as root attributes (redact the URL first).
         overwrite: replace an existing ``out``.
         tmp_dir: local scratch folder for downloaded parts; default the system's.
+        max_pixels: the decode bound the merged file is verified with before it is sealed:
+            the ``max_image_pixels`` the parts were packed with (a build passes its
+            configuration's), never one read from the parts.
 
     Returns:
         The same summary :func:`h5forge.pack.writer.pack` returns.
@@ -126,6 +131,7 @@ def merge_parts(
             tmp_dir=tmp_dir,
             t0=t0,
             overwrite=overwrite,
+            max_pixels=max_pixels,
         )
 
 
@@ -140,6 +146,7 @@ def _merge(
     tmp_dir: str | os.PathLike[str] | None,
     t0: float,
     overwrite: bool,
+    max_pixels: int,
 ) -> PackResult:
     found, counts, bad = survey(parts, files)
     first, n = found[0], sum(s.n for s in found)
@@ -166,7 +173,7 @@ def _merge(
     )
     # The copy checked what it wrote (each part file's sha256, or each sample's digest), so
     # the seal verifies structure only; the file's sha256 is computed when published.
-    with staged(out_path, overwrite=overwrite, check_digests=False) as stage:
+    with staged(out_path, overwrite=overwrite, max_pixels=max_pixels, check_digests=False) as stage:
         assemble(stage, found, tmp_dir, bad, attrs, files)
     split_keys = [s if s else "" for s in first.split_names]
     per_split = {

@@ -47,8 +47,11 @@ def read_expected(where: Location, indices: set[int]) -> Expected:
         return Expected(index=index, digests=h5[fmt.DIGESTS][()], raw=raw)
 
 
-def check_sample(exp: Expected, index: int, image: object, label: object, url: str) -> list[str]:
-    """Every way sample ``index`` read through the DataLoader differs from the file."""
+def check_sample(
+    exp: Expected, index: int, image: object, label: object, url: str, *, max_pixels: int
+) -> list[str]:
+    """Every way sample ``index`` read through the DataLoader differs from the file; an encoded
+    sample is decoded again with the reader's own bound ``max_pixels``."""
     where, idx = f"{url}[{index}]", exp.index
     k = len(idx.classes)
     if not isinstance(image, torch.Tensor):
@@ -85,6 +88,7 @@ def check_sample(exp: Expected, index: int, image: object, label: object, url: s
             layout="encoded",
             encoding=cast(Encoding, idx.header.encoding),
             mode=cast(Literal["RGB", "L"], idx.header.mode),
+            max_pixels=max_pixels,
         )
         if ref.shape != hwc.shape or not np.array_equal(ref, hwc):
             return [f"{where}: decoded pixels differ from decoding the stored bytes"]

@@ -27,6 +27,7 @@ from h5forge.errors import IntegrityError
 from h5forge.lifetime import worker_init
 from h5forge.location import Location
 from h5forge.main_guard import check_entry_point
+from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.smoke.expected import Expected, check_sample, read_expected
 
@@ -139,7 +140,16 @@ def _run_once(
     for batch in loader:
         arrivals.append((time.perf_counter() - start, len(batch)))
         for image, label in batch:
-            failures.extend(check_sample(exp, indices[position], image, label, url))
+            failures.extend(
+                check_sample(
+                    exp,
+                    indices[position],
+                    image,
+                    label,
+                    url,
+                    max_pixels=dataset.options.max_pixels,
+                )
+            )
             position += 1
         end = time.perf_counter()
     # Up to the last batch checked: worker shutdown (a second or more under spawn) excluded.
@@ -166,6 +176,7 @@ def smoke_load(
     batch_size: int = 32,
     start_methods: Sequence[str] = ("fork", "spawn"),
     worker_init_fn: Callable[[int], None] | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> SmokeReport:
     """Read samples of a sealed asset through DataLoader workers and check each one.
 
@@ -179,6 +190,9 @@ def smoke_load(
         start_methods: multiprocessing start methods to try, each in its own DataLoader.
         worker_init_fn: run first in each worker process (a module-level function, so that
             spawn workers can import it), e.g. to reset state inherited through ``fork``.
+        max_pixels: the reader's decode bound (``max_pixels=`` of
+            :class:`~h5forge.read.dataset.H5ImageDataset`); a build passes the
+            ``max_image_pixels`` it packed with.
 
     Returns:
         A report with the samples checked and the images per second of each run.
@@ -208,7 +222,7 @@ def smoke_load(
     start = time.perf_counter()
     where = Location.of(where)
     url = where.url
-    dataset = H5ImageDataset(where)
+    dataset = H5ImageDataset(where, max_pixels=max_pixels)
     n_total = len(dataset)
     if n_total == 0:
         raise IntegrityError(f"{url} holds no samples; there is nothing to smoke-load")

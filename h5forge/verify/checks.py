@@ -58,7 +58,7 @@ def _verify(
     require_sealed: bool,
     thorough: bool = True,
     check_digests: bool = True,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_pixels: int,
 ) -> VerifyReport:
     if not 0.0 < sample_fraction <= 1.0:
         raise ValueError(f"sample_fraction={sample_fraction} must be in (0, 1]")
@@ -242,7 +242,7 @@ def _identity(where: Location) -> tuple[object, ...]:
     )
 
 
-def verify_unsealed(path: str, *, check_digests: bool = True) -> VerifyReport:
+def verify_unsealed(path: str, *, max_pixels: int, check_digests: bool = True) -> VerifyReport:
     """Verify a local file the writer has not sealed yet (the writer's last step before sealing).
 
     Every check of :func:`verify` but three that cannot fail here: the file's sha256 is not
@@ -254,6 +254,9 @@ def verify_unsealed(path: str, *, check_digests: bool = True) -> VerifyReport:
 
     Args:
         path: the local unsealed file.
+        max_pixels: the writer's own decode bound (its configuration's ``max_image_pixels``):
+            an encoded sample's recorded ``H*W`` above it is refused, as :func:`verify` does.
+            Never taken from the file, and never the default where the writer was given more.
         check_digests: False skips the per-sample sha256 pass (``checked_samples`` is 0) and
             keeps every structural check; for a writer that already checked the bytes it
             wrote (:func:`h5forge.scale.merge.merge_parts`: each part's file sha256, or each
@@ -269,5 +272,6 @@ def verify_unsealed(path: str, *, check_digests: bool = True) -> VerifyReport:
             require_sealed=False,
             thorough=False,
             check_digests=check_digests,
+            max_pixels=max_pixels,
         ),
     )

@@ -16,7 +16,7 @@ from h5forge.demo import write_image_folder
 from h5forge.errors import IntegrityError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
-from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.config import DEFAULT_MAX_PIXELS, ImageConfig
 from h5forge.tasks.publish import asset_key
 from h5forge.tasks.verify import VERIFY_FAILED, check_sidecar, verify_file
 from h5forge.verify.checks import verify
@@ -35,7 +35,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @flow(name="verify-events-test")
 def _verify_in_a_flow(path: str, asset: str | None = None) -> None:
-    verify_file(path, asset=asset)
+    verify_file(path, asset=asset, max_pixels=DEFAULT_MAX_PIXELS)
 
 
 @flow(name="check-sidecar-events-test")

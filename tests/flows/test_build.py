@@ -12,9 +12,11 @@ from pydantic import ValidationError
 
 from h5forge.errors import IntegrityError, TooManyBadImagesError
 from h5forge.flows.build import BuildConfig, build_dataset
+from h5forge.read.dataset import H5ImageDataset
 from h5forge.tasks.publish import asset_key
 from h5forge.verify.checks import verify
 from tests.fixtures.damage import flip_sample_byte
+from tests.fixtures.images import BIG_SIDE, RAISED_MAX_PIXELS, big_image_tree
 from tests.fixtures.prefect import asset_events, flow_run_artifacts, flow_run_task_runs
 
 pytestmark = pytest.mark.slow
@@ -238,6 +240,34 @@ GOOD = {"source": "/data/flowers.tar.gz", "destination": "/assets/flowers.h5"}
         ({"encoding": "png"}, "only applies to layout='encoded'"),
         ({"credentials_block": "My Secret"}, "not a block name"),
         ({"bucket_key": "AKIA..."}, "Extra inputs are not permitted"),
+        (
+            {"source": "/data/flowers", "destination": "/data/flowers/out.h5"},
+            "destination /data/flowers/out.h5 is inside the source /data/flowers: ",
+        ),
+        (
+            {"source": "file:///data/flowers/", "destination": "/data/flowers/a/../out.h5"},
+            "is inside the source file:///data/flowers/",
+        ),
+        (
+            {"source": "s3://b/data", "destination": "s3://b/data/out.h5"},
+            "destination s3://b/data/out.h5 is inside the source s3://b/data: ",
+        ),
+        (
+            {"source": "s3://b/data/", "destination": "s3://b/data.h5", "versioned": True},
+            "versions folder s3://b/data is the source s3://b/data/ itself: the run would "
+            "replace what it reads; a versioned destination s3://b/data.h5 keeps its versions "
+            "under s3://b/data/",
+        ),
+        (
+            {
+                "source": "s3://b/data",
+                "destination": "s3://b/out.h5",
+                "executor": "dask",
+                "dask_address": "tcp://h:8786",
+                "staging": "s3://b/data/parts",
+            },
+            "staging s3://b/data/parts is inside the source s3://b/data: ",
+        ),
     ],
 )
 def test_build_config_rejects_bad_values_with_a_clear_message(
@@ -265,6 +295,21 @@ def test_build_config_accepts_local_paths_and_fsspec_urls(source: str) -> None:
     assert config.pack_config().image.size == (224, 224)
 
 
+@pytest.mark.parametrize(
+    ("source", "destination"),
+    [
+        ("s3://b/data", "s3://b/database.h5"),  # a name that only starts alike
+        ("s3://b/data", "s3://b/data.h5"),  # beside the source, not in it
+        ("s3://b/data", "s3://c/data/out.h5"),  # another bucket
+        ("/data/flowers", "s3://b/data/flowers/out.h5"),  # a local path and a URL
+    ],
+)
+def test_build_config_accepts_a_destination_beside_the_source(
+    source: str, destination: str
+) -> None:
+    assert BuildConfig(source=source, destination=destination).destination == destination
+
+
 def test_build_config_passes_every_image_option_to_the_library() -> None:
     config = BuildConfig(
         **GOOD,
@@ -282,20 +327,25 @@ def test_build_config_passes_every_image_option_to_the_library() -> None:
     assert (image.encoding, image.mode, image.max_image_pixels) == ("webp", "L", 10**6)
 
 
-def test_a_destination_inside_the_source_fails_before_any_task(
+def test_a_destination_or_cache_inside_the_source_fails_before_any_task(
     prefect_harness: str, tmp_path: Path
 ) -> None:
     from h5forge.demo import write_image_folder
 
     source = tmp_path / "images"
     write_image_folder(source, classes=("a", "b"), per_class=2, size=(20, 20))
-    config = BuildConfig(source=str(source), destination=str(source / "a" / "x.h5"))
-    state = build_dataset(config, return_state=True)
+    with pytest.raises(ValidationError, match="is inside the source"):  # the form refuses it
+        BuildConfig(source=str(source), destination=str(source / "a" / "x.h5"))
+    # A cache_dir inside the source (where the fetch would extract, and the next discovery
+    # find, copies of the images) fails the run before any task.
+    config = BuildConfig(source=str(source), destination=str(tmp_path / "x.h5"))
+    state = build_dataset(config, cache_dir=str(source / "cache"), return_state=True)
     assert state.is_failed()
-    with pytest.raises(ValueError, match="is inside the source folder"):
+    with pytest.raises(ValueError, match="cache folder .* is inside the source .*--cache-dir"):
         state.result()
     assert flow_run_task_runs(state.state_details.flow_run_id) == []
-    assert not (source / "a" / "x.h5").exists()
+    assert not (source / "cache").exists()
+    assert not (tmp_path / "x.h5").exists()
 
 
 def test_build_config_schema_explains_every_field() -> None:
@@ -304,3 +354,31 @@ def test_build_config_schema_explains_every_field() -> None:
     for name, prop in schema["properties"].items():
         assert prop.get("description"), f"{name} has no description for the UI form"
     assert schema["properties"]["size"]["minimum"] == 8
+
+
+def test_a_build_with_a_raised_pixel_bound_verifies_smoke_loads_and_publishes(
+    prefect_harness: str, tmp_path: Path
+) -> None:
+    # Every stage after the pack (its seal, verify, smoke-load, preview) reads with the
+    # build's own max_image_pixels, not the default: an image over the default is packed.
+    source = big_image_tree(tmp_path / "images")
+    dest = tmp_path / "out" / "big.h5"
+    config = BuildConfig(
+        source=str(source),
+        destination=str(dest),
+        layout="encoded",
+        encoding="original",
+        resize="none",
+        mode="L",
+        max_image_pixels=RAISED_MAX_PIXELS,
+        smoke_workers=0,
+    )
+    state = build_dataset(config, cache_dir=str(tmp_path / "cache"), return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result().num_samples == 2
+    assert verify(str(dest), max_pixels=RAISED_MAX_PIXELS).num_samples == 2
+    assert dest.with_name("big.h5.preview.png").exists()
+    shapes = sorted(
+        tuple(img.shape) for img, _ in H5ImageDataset(str(dest), max_pixels=RAISED_MAX_PIXELS)
+    )
+    assert shapes == [(1, 16, 16), (1, BIG_SIDE, BIG_SIDE)]

@@ -217,8 +217,12 @@ def _imported(run: subprocess.CompletedProcess[str]) -> list[str]:
         # checks, not by a fetch retried three times after Prefect started (18.8 s before).
         (["ftp://host.invalid/x", "out.h5"], "error: source ftp://host.invalid/x: host "),
         (["{images}", "{dest}"], "error: {dest} already exists; pass --overwrite to replace it"),
+        (
+            ["{images}", "{images}/cat/../out.h5"],
+            "error: destination {images}/cat/../out.h5 is inside the source folder {images}: ",
+        ),
     ],
-    ids=["size-0", "missing-source", "unknown-protocol", "unknown-host", "dest-exists"],
+    ids=["size-0", "missing-source", "unknown-protocol", "unknown-host", "dest-exists", "inside"],
 )
 def test_pack_and_build_refuse_a_mistake_alike_before_prefect(
     mistake: list[str], expected: str, small_folder: Path, tmp_path: Path
@@ -239,8 +243,37 @@ def test_pack_and_build_refuse_a_mistake_alike_before_prefect(
         assert "h5forge.cli.inputs" in imported, command  # the shared checks ran
         assert not [m for m in imported if m.split(".")[0] == "prefect"], "prefect imported"
     assert lines["pack"] == lines["build"]
-    assert lines["build"].startswith(expected.format(dest=dest)), lines
+    assert lines["build"].startswith(expected.format(dest=dest, images=small_folder)), lines
     assert dest.read_bytes() == b"not replaced"
+    assert not (small_folder / "out.h5").exists()
+
+
+@pytest.mark.parametrize("named", ["--cache-dir", "XDG_CACHE_HOME"])
+def test_build_refuses_a_cache_inside_the_source_before_prefect(
+    named: str, small_folder: Path, tmp_path: Path
+) -> None:
+    # The fetch cache (downloads, extractions, the default Dask staging) inside the source
+    # folder would become part of what the next build reads.
+    before = sorted(p.name for p in small_folder.iterdir())
+    flag = ["--cache-dir", str(small_folder / "c")] if named == "--cache-dir" else []
+    cache = small_folder if named == "XDG_CACHE_HOME" else tmp_path / "cache"
+    run = h5forge(
+        "build",
+        str(small_folder),
+        str(tmp_path / "out.h5"),
+        *flag,
+        cwd=tmp_path,
+        cache=cache,
+        python=["-X", "importtime"],
+    )
+    assert run.returncode == 2, run.stderr[-3000:]
+    line = _error_line(run)
+    assert line.startswith("error: cache folder "), line
+    assert f"is inside the source folder {small_folder}: " in line
+    assert line.endswith("pass a cache_dir (--cache-dir) outside it")
+    assert not [m for m in _imported(run) if m.split(".")[0] == "prefect"], "prefect imported"
+    assert sorted(p.name for p in small_folder.iterdir()) == before
+    assert not (tmp_path / "out.h5").exists()
 
 
 def test_a_usage_error_is_found_without_importing_prefect(tmp_path: Path) -> None:

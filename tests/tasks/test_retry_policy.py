@@ -19,6 +19,7 @@ import h5forge.tasks
 from h5forge.errors import (
     ChecksumError,
     DestinationExistsError,
+    DownloadRefusedError,
     IntegrityError,
     MissingExtraError,
     UnsafeArchiveError,
@@ -50,6 +51,7 @@ PERMANENT = {
     "integrity": IntegrityError("/labels[3] = 12 out of range"),
     "checksum": ChecksumError("sha256 differs"),
     "unsafe-archive": UnsafeArchiveError("member ../x escapes the folder"),
+    "download-refused": DownloadRefusedError("refusing to follow a redirect 'a' -> 'ftp://b'"),
     "missing-extra": MissingExtraError("install h5forge[s3]"),
     "destination-exists": DestinationExistsError("out.h5"),
     "not-found": FileNotFoundError("no such object"),

@@ -14,10 +14,11 @@ from typing import Any
 import fsspec
 import pytest
 
-from h5forge.errors import ChecksumError, UnsafeArchiveError
+from h5forge.errors import ChecksumError, DownloadRefusedError, UnsafeArchiveError
 from h5forge.fetch.dest import MARKER
 from h5forge.fetch.sources import FetchResult, fetch
 from h5forge.location import Location
+from h5forge.tasks.common import is_transient
 from tests.fixtures.archives import GOOD_FILES, tar_bytes
 from tests.fixtures.servers import LoopbackHTTP, S3RequestLog
 
@@ -116,6 +117,18 @@ def test_http_404_names_the_url(http_server: LoopbackHTTP, tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="404.*/missing.tar"):
         fetch(url, tmp_path / "dest", **FAST)
     assert len(http_server.requests) == 1  # a 404 is not retried
+
+
+@pytest.mark.parametrize("status", [400, 405, 451])
+def test_an_http_refusal_is_the_downloads_own_permanent_error(
+    http_server: LoopbackHTTP, tmp_path: Path, status: int
+):
+    url = http_server.serve("/d.tar.gz", b"x")
+    http_server.fail("/d.tar.gz", status, times=5)
+    with pytest.raises(DownloadRefusedError, match=f"HTTP {status}.*/d.tar.gz") as info:
+        fetch(url, tmp_path / "dest", **FAST)
+    assert not is_transient(info.value)  # the fetch task fails at once, as the message says
+    assert len(http_server.requests) == 1
 
 
 def test_cache_hit_downloads_nothing(http_server: LoopbackHTTP, tmp_path: Path, archive: bytes):

@@ -15,7 +15,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from h5forge.errors import UnsafeArchiveError
+from h5forge.errors import DownloadRefusedError, UnsafeArchiveError
 from h5forge.fetch import http as _http
 from h5forge.fetch.sources import fetch
 from tests.fixtures.archives import GOOD_FILES, tar_bytes
@@ -135,22 +135,60 @@ def test_redirect_out_of_http_is_refused(http_server: LoopbackHTTP, tmp_path: Pa
     http_server.serve("/d.tar.gz", b"")
     http_server.redirect("/d.tar.gz", target, times=5)
 
-    with pytest.raises(UnsafeArchiveError, match="refusing to follow a redirect") as info:
+    with pytest.raises(DownloadRefusedError, match="refusing to follow a redirect") as info:
         _fetch(http_server.url("/d.tar.gz"), tmp_path)
 
-    assert target.split(":", 1)[0] in str(info.value)
+    assert not isinstance(info.value, UnsafeArchiveError)  # nothing was extracted
+    assert isinstance(info.value, OSError)  # a failed download, as every other one
+    assert f"{http_server.url('/d.tar.gz')!r} -> {target!r}" in str(info.value)
     assert len(http_server.requests) == 1  # refused at once, not retried
     _assert_nothing_kept(tmp_path)
 
 
 def test_redirect_loop_is_bounded(http_server: LoopbackHTTP, tmp_path: Path):
     http_server.serve("/a", b"")
-    http_server.redirect("/a", "/a", times=100)
+    http_server.redirect("/a", "/b", times=100)
+    http_server.redirect("/b", "/a", times=100)
 
-    with pytest.raises(OSError, match="too many redirects"):
+    with pytest.raises(DownloadRefusedError, match=r"too many redirects \(> 5\)") as info:
         _fetch(http_server.url("/a"), tmp_path)
 
+    # The 6th redirect is the one refused: /b (the 6th request) -> /a.
+    assert f"{http_server.url('/b')!r} -> {http_server.url('/a')!r}" in str(info.value)
     assert len(http_server.requests) == 6  # the first request and 5 redirects
+    _assert_nothing_kept(tmp_path)
+
+
+def test_a_refused_redirect_names_the_hop_redacted_and_fails_the_task_once(
+    prefect_harness: str, http_server: LoopbackHTTP, tmp_path: Path
+) -> None:
+    """Both ends of the refused hop are redacted (signed URLs carry secrets), and the fetch
+    task fails at its first attempt: a retry would be redirected the same way."""
+    from prefect import flow
+
+    from h5forge.location import Location
+    from h5forge.tasks.fetch import fetch_source
+    from tests.fixtures.prefect import flow_run_task_runs
+
+    http_server.serve("/d.tar.gz", b"")
+    http_server.redirect("/d.tar.gz", "ftp://user:pw-secret@127.0.0.1/x.tgz", times=5)
+    asked = http_server.url("/d.tar.gz") + "?X-Amz-Signature=sig-secret"
+
+    @flow(name="refused-redirect-test")
+    def fetch_once() -> None:
+        fetch_source(Location(asked), dest=str(tmp_path / "dest"))
+
+    state = fetch_once(return_state=True)
+    assert state.is_failed()
+    with pytest.raises(DownloadRefusedError) as info:
+        state.result()
+    text = str(info.value)
+    assert "-> 'ftp://" in text
+    assert http_server.url("/d.tar.gz") in text
+    assert "secret" not in text
+    [run] = flow_run_task_runs(state.state_details.flow_run_id)
+    assert run.run_count == 1
+    assert len(http_server.requests) == 1
 
 
 @pytest.mark.parametrize(

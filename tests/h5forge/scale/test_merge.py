@@ -15,7 +15,7 @@ from h5forge.demo import write_image_folder
 from h5forge.discover.catalog import discover
 from h5forge.errors import IntegrityError
 from h5forge.pack.config import PackConfig
-from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.config import DEFAULT_MAX_PIXELS, ImageConfig
 from h5forge.scale.merge import merge_parts
 from h5forge.scale.parts import pack_part
 from h5forge.scale.plan import plan_parts
@@ -87,10 +87,10 @@ def test_verify_unsealed_without_digests_still_checks_structure(
     path = Path(shutil.copy(parts["raw"][0], tmp_path / "s.h5"))
     flip_sample_byte(path, 1)
     with pytest.raises(IntegrityError, match="sample 1: sha256"):
-        verify_unsealed(str(path))
-    report = verify_unsealed(str(path), check_digests=False)
+        verify_unsealed(str(path), max_pixels=DEFAULT_MAX_PIXELS)
+    report = verify_unsealed(str(path), max_pixels=DEFAULT_MAX_PIXELS, check_digests=False)
     assert (report.num_samples, report.checked_samples) == (4, 0)
     with h5py.File(path, "r+") as h5:  # an index change: caught by the metadata digest
         h5["labels"][0] = np.int64(1 - h5["labels"][0])
     with pytest.raises(IntegrityError, match="metadata_sha256"):
-        verify_unsealed(str(path), check_digests=False)
+        verify_unsealed(str(path), max_pixels=DEFAULT_MAX_PIXELS, check_digests=False)
