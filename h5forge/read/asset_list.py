@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from h5forge.location import MAX_ASSET_LIST_BYTES, Location
+from h5forge.publish.versions import parse_version
 from h5forge.targets.schema import Column
 from h5forge.targets.words import describe_columns
 
@@ -82,8 +83,11 @@ def _checked(url: object, version: object, weight: object, where: str) -> AssetS
             f"{where}: url {url!r:.80} must be a non-empty string of at most "
             f"{_MAX_URL_CHARS} characters"
         )
-    if version is not None and not isinstance(version, str):
-        raise ValueError(f"{where}: version {version!r:.80} must be a string or null")
+    if version is not None:
+        try:
+            version = parse_version(version)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
     if (
         isinstance(weight, bool)
         or not isinstance(weight, (int, float))

@@ -255,7 +255,7 @@ def test_a_hostile_asset_list_is_refused_clearly(tmp_path: Path, body: Any, erro
     [
         ([], "0 assets given"),
         ([3], "sources\\[0\\] is int"),
-        ([("a.h5", 5)], "version 5 must be a string"),
+        ([("a.h5", 5)], r"sources\[0\]: version 5 must be .latest. or the first 16-64"),
         ([{"version": "latest"}], "has no 'url'"),
     ],
 )
