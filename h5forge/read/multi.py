@@ -35,6 +35,7 @@ from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.loader import BatchLoading
 from h5forge.read.mixing import select_subset
 from h5forge.read.options import ReadOptions, pick_options
+from h5forge.read.order import shown
 from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
@@ -136,7 +137,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         if isinstance(subset, float) and not 0.0 < subset <= 1.0:
             raise ValueError(f"subset={subset!r}: give a fraction in (0, 1]")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed={seed!r} must be an int >= 0")
+            raise ValueError(f"seed={shown(seed)} must be an int >= 0")
         if isinstance(sources, (str, os.PathLike, Location)):
             listed = Location.of(sources, storage_options)
             storage_options = dict(listed.options)

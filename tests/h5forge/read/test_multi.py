@@ -235,7 +235,7 @@ def test_an_asset_list_names_assets_relative_to_itself(assets: list[str]) -> Non
         ({"format": "h5forge-shards", "version": 1, "assets": [{"url": 7}]}, "url 7 must be"),
         (
             '{"format": "h5forge-shards", "version": 1, "assets": [{"url": "a", "weight": NaN}]}',
-            "weight nan must be a finite number > 0",
+            r"weight nan must be a finite number in \(0, 1.7976931348623157e\+308\]",
         ),
         (
             {"format": "h5forge-shards", "version": 1, "assets": [{"url": "a", "weight": -1}]},
@@ -300,7 +300,7 @@ def test_mixing_default_length_repeats_no_sample(assets: list[str]) -> None:
     order = mix.schedule(0)
     assert len(set(order.tolist())) == 48
     assert mix.quota.tolist() == [12, 12, 24]
-    with pytest.raises(ValueError, match="must be 3 finite numbers > 0"):
+    with pytest.raises(ValueError, match=r"weights\[1\]=0 must be a finite number in \(0, "):
         MixingSampler(ds, weights=[1, 0, 1])
 
 
