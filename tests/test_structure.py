@@ -381,7 +381,6 @@ ALONE: dict[str, str] = {
         "the asset list: an untrusted document with its own bounds and tests"
     ),
     "h5forge.read.block_cache": ("read-ahead blocks on disk, each checked: its own idea and tests"),
-    "h5forge.read.mixing": ("weighted mixing of assets: its own sampler and tests"),
     "h5forge.read.provenance": ("a sample's source path and provenance, read on request"),
     "h5forge.read.sampler": ("public: the resumable, distributed Sampler"),
     "h5forge.read.samples": (

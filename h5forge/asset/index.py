@@ -18,7 +18,7 @@ from h5forge.asset import format as fmt
 from h5forge.asset.open import H5_DAMAGE
 from h5forge.errors import IntegrityError
 
-__all__ = ["AssetIndex", "check_index", "check_labels", "load_index"]
+__all__ = ["AssetIndex", "check_index", "check_labels", "load_index", "repeated_paths"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,22 @@ def check_labels(index: AssetIndex, *, where: str) -> None:
             f"0..{s - 1} in /splits[{i}]; the file is damaged — run "
             "`h5forge verify`"
         )
+
+
+def repeated_paths(paths: list[str]) -> list[str]:
+    """One line per ``/paths`` row that repeats an earlier row's path (the first 100).
+
+    A sample's path is its identity (docs/FORMAT.md: ``diff`` matches samples by it and an
+    incremental build reuses by it), and discovery never lists one path twice, so a file that
+    does is not one h5forge wrote: ``verify`` and ``diff`` both refuse it.
+    """
+    first: dict[str, int] = {}
+    lines: list[str] = []
+    for row, path in enumerate(paths):
+        seen = first.setdefault(path, row)
+        if seen != row and len(lines) < 100:
+            lines.append(f"/paths[{row}] repeats the path of /paths[{seen}]: {path!r:.200}")
+    return lines
 
 
 def check_index(

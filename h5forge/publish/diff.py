@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from h5forge.asset import format as fmt
-from h5forge.asset.index import load_index
+from h5forge.asset.index import load_index, repeated_paths
 from h5forge.asset.open import open_h5
+from h5forge.errors import IntegrityError
 from h5forge.location import Location
 from h5forge.read.version import resolve_asset
 
@@ -55,6 +56,9 @@ def _read(where: Location) -> tuple[dict[str, bytes], Any, str]:
         paths = h5[fmt.PATHS].asstr()[:n]
         digests = np.asarray(h5[fmt.DIGESTS][:n], np.uint8)
         config = str(h5.attrs[fmt.A_CONFIG_SHA256])
+    repeats = repeated_paths(paths.tolist())
+    if repeats:  # samples are matched by path: verify refuses such a file too
+        raise IntegrityError(f"{where}: a sample path is not unique", repeats)
     return {p: d.tobytes() for p, d in zip(paths, digests, strict=True)}, index.classes, config
 
 
@@ -63,7 +67,8 @@ def diff_files(a: Location, b: Location) -> FileDiff:
 
     Raises:
         FileNotFoundError: nothing at ``a`` or ``b``.
-        IntegrityError, UnsealedFileError: one is damaged or not a sealed h5forge file.
+        IntegrityError, UnsealedFileError: one is damaged or not a sealed h5forge file (a
+            file that lists a sample path twice included, as ``verify`` refuses it).
     """
     old, old_classes, old_config = _read(a)
     new, new_classes, new_config = _read(b)

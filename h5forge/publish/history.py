@@ -43,8 +43,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_VERSIONS = 10_000  # entries under BASE/v/ read at most; more is not an asset we keep
-_KEY = re.compile(rf"^[0-9a-f]{{{KEY_HEX}}}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_KEY = re.compile(rf"[0-9a-f]{{{KEY_HEX}}}")  # fullmatch: no "...\n"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def scan_versions(asset: Location) -> VersionScan:
     for entry in entries:
         key = posixpath.basename(str(entry.get("name", "")).rstrip("/"))
         info = None
-        if _KEY.match(key) and entry.get("type") == "directory" and not entry.get("islink"):
+        if _KEY.fullmatch(key) and entry.get("type") == "directory" and not entry.get("islink"):
             # The folder's path is recomputed from the key, never taken from the listing.
             where = versions.join(key, f"{name}.h5").sidecar
             info = _read_version(where, base, key, pointer.sha256 if pointer else "")
@@ -139,7 +139,7 @@ def _read_version(
         url=redact_url(version_url(base, sha)),
         bytes=sidecar["bytes"],
         created_at=created.isoformat(),
-        parent=parent if isinstance(parent, str) and _SHA256.match(parent) else "",
+        parent=parent if isinstance(parent, str) and _SHA256.fullmatch(parent) else "",
         latest=sha == latest,
         num_samples=samples if isinstance(samples, int) and not isinstance(samples, bool) else None,
     )

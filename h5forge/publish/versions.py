@@ -33,9 +33,11 @@ __all__ = [
     "POINTER_FORMAT",
     "POINTER_SUFFIX",
     "Pointer",
+    "VERSION_FORM",
     "asset_base",
     "check_tree",
     "check_version_tree",
+    "parse_version",
     "pointer_url",
     "read_pointer",
     "resolve_version",
@@ -48,8 +50,11 @@ POINTER_SUFFIX = ".latest.json"
 POINTER_FORMAT = "h5forge-latest"
 _POINTER_VERSION = 1
 KEY_HEX = 16  # hex digits of the sha256 in a version's key: 64 bits, no collision in practice
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_PREFIX = re.compile(r"^[0-9a-f]{16,64}$")
+# fullmatch everywhere: ``$`` would also match before a trailing newline ("...\n").
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_PREFIX = re.compile(r"[0-9a-f]{16,64}")
+#: The accepted form of a version string, as every command and ``version=`` says it.
+VERSION_FORM = "'latest' or the first 16-64 lower-case hex digits of a version's sha256"
 _NAME = re.compile(r"^[^/\x00]{1,255}$")
 
 
@@ -60,7 +65,7 @@ def asset_base(url: str) -> str:
         base = base[: -len(".h5")]
     name = posixpath.basename(base)
     _, sep, rest = base.partition("://")
-    if (sep and "/" not in rest.strip("/")) or not _NAME.match(name) or name in (".", ".."):
+    if (sep and "/" not in rest.strip("/")) or not _NAME.fullmatch(name) or name in (".", ".."):
         # A bare bucket (s3://bucket) names no asset: its pointer would be another bucket.
         raise ValueError(
             f"{redact_url(str(url))!r} names no asset: its last part must be a file name "
@@ -69,13 +74,27 @@ def asset_base(url: str) -> str:
     return base
 
 
+def parse_version(version: object) -> str:
+    """``version`` itself when it is ``latest`` or a sha256 prefix of 16-64 lower-case hex
+    digits: the one parser of version strings (the reader, ``versions``, ``diff``, the
+    multi-asset list and every command's ``--version`` refuse exactly what it refuses).
+
+    Raises:
+        ValueError: anything else (upper case, spaces, a newline, ``LATEST``, a non-string),
+            named, with the accepted form.
+    """
+    if version == "latest" or (isinstance(version, str) and _PREFIX.fullmatch(version)):
+        return str(version)
+    raise ValueError(f"version {version!r:.80} must be {VERSION_FORM} (see `h5forge versions URL`)")
+
+
 def version_key(name: str, sha256: str) -> str:
     """``v/<16 hex>/NAME.h5``: where the version with this sha256 lives under the base.
 
     Raises:
         ValueError: ``sha256`` is not 16-64 lower-case hex digits (a key never leaves ``v/``).
     """
-    if not _PREFIX.match(sha256):
+    if not _PREFIX.fullmatch(sha256):
         raise ValueError(f"sha256 {sha256!r} must be 16-64 lower-case hex digits")
     return f"v/{sha256[:KEY_HEX]}/{name}.h5"
 
@@ -114,7 +133,7 @@ def write_pointer(asset: Location, sha256: str, *, parent: str = "") -> Pointer:
 
     The caller has published the version (file read back, sidecar written) before calling.
     """
-    if not _SHA256.match(sha256) or (parent and not _SHA256.match(parent)):
+    if not _SHA256.fullmatch(sha256) or (parent and not _SHA256.fullmatch(parent)):
         raise ValueError(f"sha256 {sha256!r} / parent {parent!r} must be 64 lower-case hex digits")
     base = asset_base(asset.url)
     pointer = Pointer(
@@ -163,9 +182,9 @@ def read_pointer(asset: Location) -> Pointer | None:
         )
     sha = body.get("sha256")
     parent = body.get("parent", "")
-    if not isinstance(sha, str) or not _SHA256.match(sha):
+    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
         raise ValueError(f"{shown}: sha256 {sha!r} is not 64 lower-case hex digits")
-    if not isinstance(parent, str) or (parent and not _SHA256.match(parent)):
+    if not isinstance(parent, str) or (parent and not _SHA256.fullmatch(parent)):
         raise ValueError(f"{shown}: parent {parent!r} is not a sha256")
     published = body.get("published_at", "")
     return Pointer(
@@ -187,6 +206,7 @@ def resolve_version(asset: Location, version: str) -> tuple[str, str]:
         FileNotFoundError: the asset has no pointer (``latest``) or no such version.
         ValueError: ``version`` is neither ``latest`` nor 16-64 lower-case hex digits.
     """
+    version = parse_version(version)
     url = asset.url
     if version == "latest":
         pointer = read_pointer(asset)
@@ -197,11 +217,6 @@ def resolve_version(asset: Location, version: str) -> tuple[str, str]:
             )
         check_version_tree(asset, pointer.sha256)
         return pointer.url, pointer.sha256
-    if not _PREFIX.match(version):
-        raise ValueError(
-            f"version {version!r} must be 'latest' or the first 16-64 hex digits of a "
-            "version's sha256 (see `h5forge versions URL`)"
-        )
     found = version_url(url, version)
     check_version_tree(asset, version)
     file = asset.with_url(found)

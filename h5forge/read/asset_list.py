@@ -10,15 +10,15 @@ asset as a URL, a ``(url, version)`` pair or a dict ``{"url": ..., "version": ..
                 {"url": "part-0001.h5"}]}
 
 ``url`` is required; ``version`` (``"latest"`` or a sha256 prefix, see
-:func:`h5forge.read.version.pin_version`) and ``weight`` (a finite number > 0, default 1; the
-asset's share in :class:`h5forge.read.mixing.MixingSampler`) are optional, other keys are
-refused. A relative ``url`` is relative to the asset list's folder. An asset list is at most
+:func:`h5forge.publish.versions.parse_version`) and ``weight`` (a finite number in ``(0,
+MAX_WEIGHT]``, up to the largest float, default 1; the asset's share in
+:class:`h5forge.read.mixing.MixingSampler`) are optional, other keys are refused. A relative
+``url`` is relative to the asset list's folder. An asset list is at most
 :data:`h5forge.location.MAX_ASSET_LIST_BYTES` and names at most :data:`MAX_ASSETS` assets.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +26,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from h5forge.location import MAX_ASSET_LIST_BYTES, Location
+from h5forge.publish.versions import parse_version
+from h5forge.read.mixing import MAX_WEIGHT
+from h5forge.read.order import shown
 from h5forge.targets.schema import Column
 from h5forge.targets.words import describe_columns
 
@@ -81,15 +84,20 @@ def _checked(url: object, version: object, weight: object, where: str) -> AssetS
             f"{where}: url {url!r:.80} must be a non-empty string of at most "
             f"{_MAX_URL_CHARS} characters"
         )
-    if version is not None and not isinstance(version, str):
-        raise ValueError(f"{where}: version {version!r:.80} must be a string or null")
+    if version is not None:
+        try:
+            version = parse_version(version)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    # A comparison, not math.isfinite: an int past the largest float (10**400) has no float.
     if (
         isinstance(weight, bool)
         or not isinstance(weight, (int, float))
-        or not math.isfinite(weight)
-        or weight <= 0
+        or not 0 < weight <= MAX_WEIGHT
     ):
-        raise ValueError(f"{where}: weight {weight!r:.80} must be a finite number > 0")
+        raise ValueError(
+            f"{where}: weight {shown(weight)} must be a finite number in (0, {MAX_WEIGHT!r}]"
+        )
     return AssetSource(url, version, float(weight))
 
 

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from h5forge.read import collate as _collate
+from h5forge.read.order import shown
 from h5forge.read.sampler import Sampler
 
 __all__ = ["BatchLoading", "Loader", "batch_loader"]
@@ -102,7 +103,7 @@ class Loader(DataLoader[Any]):
             order.load_state_dict(state["sampler"])
             return
         if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-            raise ValueError(f"state batches={batches!r} must be an int >= 0")
+            raise ValueError(f"state batches={shown(batches)} must be an int >= 0")
         self.sampler.skip = batches
 
 
@@ -123,7 +124,7 @@ def batch_loader(
     ``shuffle``, ``drop_last`` and ``seed`` (default: one drawn from ``generator`` when given,
     else 0), ranks from ``torch.distributed`` when it is initialised."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be an int >= 1")
+        raise ValueError(f"batch_size={shown(batch_size)} must be an int >= 1")
     for key in ("batch_size", "batch_sampler", "collate_fn", "shuffle"):
         if key in dataloader_kwargs:
             raise ValueError(

@@ -35,6 +35,7 @@ from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.loader import BatchLoading
 from h5forge.read.mixing import select_subset
 from h5forge.read.options import ReadOptions, pick_options
+from h5forge.read.order import shown
 from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
@@ -65,8 +66,8 @@ def _open_entry(
     try:
         return H5ImageDataset(where, version=version, options=options)
     except (OSError, ValueError, H5ForgeError) as e:
-        shown = f"{listed}: " if listed else ""
-        message = f"{shown}assets[{k}] ({where}): {e}"
+        prefix = f"{listed}: " if listed else ""
+        message = f"{prefix}assets[{k}] ({where}): {e}"
         try:
             named = type(e)(message)
         except Exception:  # an error type that takes other arguments: raised as it was
@@ -156,7 +157,7 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         if isinstance(subset, float) and not 0.0 < subset <= 1.0:
             raise ValueError(f"subset={subset!r}: give a fraction in (0, 1]")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed={seed!r} must be an int >= 0")
+            raise ValueError(f"seed={shown(seed)} must be an int >= 0")
         list_name = ""  # the asset list's, for messages about its entries
         if isinstance(sources, (str, os.PathLike, Location)):
             listed = Location.of(sources, storage_options)

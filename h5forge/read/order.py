@@ -19,13 +19,48 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["block_locality", "epoch_order"]
+__all__ = ["MAX_COUNT", "block_locality", "check_int", "epoch_order", "shown"]
+
+#: The most samples, blocks, ranks or draws an order counts (2**62): with it, every position
+#: computed from them (a sample's global position, padded by up to ``world_size`` more) stays
+#: below 2**63, so int64 arrays and ``len()`` (at most ``sys.maxsize``) hold it. A dataset
+#: this large would need 32 EiB for one epoch's order; the bound only keeps the arithmetic
+#: exact. Seeds and epochs are unbounded integers >= 0 (numpy's ``SeedSequence`` takes any).
+MAX_COUNT = 2**62
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an int when it is an integer (not a bool) in ``minimum..maximum``.
+
+    Raises:
+        ValueError: naming ``name``, the value and the range.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{_power(maximum)}"
+        raise ValueError(f"{name}={shown(value)} must be an integer {bound}")
     return int(value)
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for a message, at most 80 characters; an int of more than 30 digits
+    by its size (``repr`` of one over 4300 digits raises ValueError)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"{'-' if value < 0 else ''}(an integer of {value.bit_length()} bits)"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(shown(x) for x in value[:8]) + (", ..." if len(value) > 8 else "")
+        return f"[{inner}]"[:120]
+    return f"{value!r:.80}"
+
+
+def _power(value: int) -> str:
+    """``2**62`` rather than 4611686018427387904 in a message."""
+    exponent = value.bit_length() - 1
+    return f"2**{exponent}" if value == 1 << exponent and exponent > 16 else str(value)
 
 
 def epoch_order(
@@ -40,22 +75,24 @@ def epoch_order(
     """The visiting order of ``range(n)`` for ``epoch``: an int64 array, a permutation.
 
     Args:
-        n: number of samples (>= 0).
-        seed: the job's seed (>= 0); with ``epoch`` it fixes the order.
-        epoch: the epoch number (>= 0); each epoch gets a fresh order.
+        n: number of samples, ``0..MAX_COUNT`` (2**62).
+        seed: the job's seed, any integer >= 0; with ``epoch`` it fixes the order.
+        epoch: the epoch number, any integer >= 0; each epoch gets a fresh order.
         shuffle: ``False`` gives ``0..n-1`` in order (``seed``, ``epoch``, blocks ignored).
-        block_size: ``None`` for a uniform shuffle; else samples per contiguous block (>= 1).
-        window: blocks merged and shuffled together (>= 1); only with ``block_size``.
+        block_size: ``None`` for a uniform shuffle; else samples per contiguous block,
+            ``1..MAX_COUNT``.
+        window: blocks merged and shuffled together, ``1..MAX_COUNT``; only with
+            ``block_size``.
 
     Raises:
         ValueError: an argument is not an integer in its range.
     """
-    n = _check_int("n", n, 0)
-    seed = _check_int("seed", seed, 0)
-    epoch = _check_int("epoch", epoch, 0)
+    n = check_int("n", n, 0, MAX_COUNT)
+    seed = check_int("seed", seed, 0)
+    epoch = check_int("epoch", epoch, 0)
     if block_size is not None:
-        block_size = _check_int("block_size", block_size, 1)
-    window = _check_int("window", window, 1)
+        block_size = check_int("block_size", block_size, 1, MAX_COUNT)
+    window = check_int("window", window, 1, MAX_COUNT)
     if not shuffle:
         return np.arange(n, dtype=np.int64)
     rng = np.random.default_rng([seed, epoch])
@@ -77,10 +114,11 @@ def block_locality(order: np.ndarray, batch_size: int, block_size: int) -> float
 
     A uniform shuffle of a large dataset gives about ``batch_size`` (every sample of a batch in
     its own block); a block shuffle gives about ``window``. The lower it is, the fewer range
-    requests a batch costs and the less random the batches are.
+    requests a batch costs and the less random the batches are. ``batch_size`` and
+    ``block_size`` are integers in ``1..MAX_COUNT``.
     """
-    batch_size = _check_int("batch_size", batch_size, 1)
-    block_size = _check_int("block_size", block_size, 1)
+    batch_size = check_int("batch_size", batch_size, 1, MAX_COUNT)
+    block_size = check_int("block_size", block_size, 1, MAX_COUNT)
     blocks = np.asarray(order, dtype=np.int64) // block_size
     counts = [len(np.unique(blocks[i : i + batch_size])) for i in range(0, len(blocks), batch_size)]
     return float(np.mean(counts)) if counts else 0.0

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from h5forge.read.order import epoch_order
+from h5forge.read.order import MAX_COUNT, check_int, epoch_order, shown
 
 __all__ = ["Sampler"]
 
@@ -62,6 +62,11 @@ class Sampler(torch.utils.data.Sampler[int]):
     with no call at all. ``len()`` is the number of indices the next iteration yields (after a
     resume: the rest of the epoch).
 
+    Ranges (:data:`~h5forge.read.order.MAX_COUNT` is 2**62, which keeps every position within
+    int64): the length ``n`` is ``0..MAX_COUNT``, ``world_size`` ``1..MAX_COUNT``, ``rank``
+    ``0..world_size - 1``, ``block_size`` and ``window`` ``1..MAX_COUNT``; ``seed`` and the
+    epoch are any integer >= 0.
+
     Args:
         data_source: the dataset (its ``len()``; with ``split=`` that is the split's) or a length.
         shuffle: a fresh order each epoch; ``False`` visits ``0..n-1`` in order.
@@ -77,7 +82,8 @@ class Sampler(torch.utils.data.Sampler[int]):
         exact: evaluation: every sample to exactly one rank, no padding (counts differ by <= 1).
 
     Raises:
-        ValueError: an argument is out of range, or ``exact`` and ``drop_last`` are both given.
+        ValueError: an argument is out of range (named, with its value and range), or
+            ``exact`` and ``drop_last`` are both given.
     """
 
     def __init__(
@@ -95,8 +101,10 @@ class Sampler(torch.utils.data.Sampler[int]):
     ) -> None:
         n = data_source if isinstance(data_source, int) else len(data_source)
         epoch_order(0, seed=seed, block_size=block_size, window=window)  # checks the arguments
-        if isinstance(n, bool) or n < 0:
-            raise ValueError(f"data_source={data_source!r}: a length must be an int >= 0")
+        if isinstance(n, bool) or not 0 <= n <= MAX_COUNT:
+            raise ValueError(
+                f"data_source={shown(data_source)}: a length must be an int in 0..2**62"
+            )
         if exact and drop_last:
             raise ValueError(
                 "exact=True gives every sample to one rank; drop_last=True drops some: "
@@ -106,9 +114,8 @@ class Sampler(torch.utils.data.Sampler[int]):
             raise ValueError(f"give rank and world_size together (got {rank=}, {world_size=})")
         if rank is None or world_size is None:
             rank, world_size = _distributed()
-        for name, v in (("rank", rank), ("world_size", world_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}={v!r} must be an int >= 0")
+        world_size = check_int("world_size", world_size, 1, MAX_COUNT)
+        rank = check_int("rank", rank, 0)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in 0..{world_size - 1} (world_size)")
         self.n, self.seed, self.shuffle = n, seed, shuffle
@@ -122,7 +129,9 @@ class Sampler(torch.utils.data.Sampler[int]):
 
     # --- the order ------------------------------------------------------------------------
     def indices(self, epoch: int, start: int = 0) -> np.ndarray:
-        """This rank's indices of ``epoch`` from global position ``start`` (int64 array)."""
+        """This rank's indices of ``epoch`` (any int >= 0) from global position ``start``
+        (``0..n``): an int64 array."""
+        start = check_int("start", start, 0, self.n)
         order = epoch_order(
             self.n,
             seed=self.seed,
@@ -167,6 +176,7 @@ class Sampler(torch.utils.data.Sampler[int]):
         """The state once this rank has consumed ``consumed`` indices of the current iteration:
         ``{"epoch", "position", ...}``, the position in global samples. In ``exact`` mode
         save rank 0's state (it has the most samples)."""
+        consumed = check_int("consumed", consumed, 0)
         if self._current is None:
             epoch, position = self._epoch, self._position
         else:
@@ -197,7 +207,7 @@ class Sampler(torch.utils.data.Sampler[int]):
         for key in _ORDER_KEYS:
             if state[key] != getattr(self, key):
                 raise ValueError(
-                    f"the state was saved for {key}={state[key]!r}, this sampler has "
+                    f"the state was saved for {key}={shown(state[key])}, this sampler has "
                     f"{key}={getattr(self, key)!r}: it would continue another order; build the "
                     "Sampler over the same dataset with the same seed and shuffle"
                 )
@@ -208,5 +218,5 @@ class Sampler(torch.utils.data.Sampler[int]):
             or not isinstance(position, int)
             or not 0 <= position <= self.n
         ):
-            raise ValueError(f"state position={position!r} must be an int in 0..{self.n}")
+            raise ValueError(f"state position={shown(position)} must be an int in 0..{self.n}")
         self._epoch, self._position, self._current = int(epoch), position, None

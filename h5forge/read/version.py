@@ -24,7 +24,13 @@ from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.errors import IntegrityError
 from h5forge.location import Location
 from h5forge.publish.sidecar import load_sidecar, read_sidecar
-from h5forge.publish.versions import KEY_HEX, asset_base, pointer_url, resolve_version
+from h5forge.publish.versions import (
+    KEY_HEX,
+    asset_base,
+    parse_version,
+    pointer_url,
+    resolve_version,
+)
 from h5forge.redact import redact_url
 
 __all__ = [
@@ -47,15 +53,13 @@ def pin_version(where: Location, version: str | None) -> tuple[str, str]:
     Raises:
         FileNotFoundError: no pointer (``latest``), or no version with this prefix.
         IntegrityError: the version's sidecar names a sha256 outside the version's key.
-        ValueError: ``version`` is not None, ``latest`` or 16-64 lower-case hex digits.
+        ValueError: ``version`` is not None and not what
+            :func:`h5forge.publish.versions.parse_version` accepts.
     """
     url = where.url
     if version is None:
         return url, ""
-    if not isinstance(version, str):
-        raise ValueError(
-            f"version={version!r} must be 'latest', a sha256 prefix of 16-64 hex digits, or None"
-        )
+    version = parse_version(version)
     found, sha = resolve_version(where, version)
     if version == "latest":
         return found, sha

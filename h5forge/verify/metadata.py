@@ -1,4 +1,5 @@
-"""Verify what an asset's index and attributes claim: labels, split codes and two digests.
+"""Verify what an asset's index and attributes claim: labels, split codes, unique sample paths
+and two digests.
 
 The declared shapes, types and counts are checked before this runs (by
 :func:`h5forge.asset.index.load_index`, through :func:`h5forge.asset.declared.check_declared`);
@@ -15,7 +16,7 @@ import h5py
 import numpy as np
 
 from h5forge.asset import format as fmt
-from h5forge.asset.index import AssetIndex
+from h5forge.asset.index import AssetIndex, repeated_paths
 from h5forge.asset.metadata import metadata_sha256
 
 __all__ = ["check_metadata"]
@@ -35,6 +36,8 @@ def check_metadata(h5: h5py.File, idx: AssetIndex, fails: list[str]) -> None:
             f"split code {idx.split_codes[i]} out of range 0..{len(idx.split_names) - 1}"
             f" in /splits[{i}]"
         )
+    if hdr.num_samples:
+        fails.extend(repeated_paths(h5[fmt.PATHS].asstr()[: hdr.num_samples].tolist()))
     config = h5.attrs.get(fmt.A_CONFIG_JSON, "")
     config = config.decode() if isinstance(config, bytes) else str(config)
     want_hash = hashlib.sha256(config.encode("utf-8", "surrogateescape")).hexdigest()

@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
 
+from h5forge.asset.metadata import metadata_sha256
 from h5forge.demo import write_image_folder
+from h5forge.errors import IntegrityError
 from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.diff import diff_files, resolve_pair
 from h5forge.publish.release import VersionResult, publish_version
+from h5forge.publish.versions import VERSION_FORM, parse_version, resolve_version
+from h5forge.read.asset_list import parse_sources, read_asset_list
+from h5forge.read.dataset import H5ImageDataset
+from h5forge.read.multi import H5MultiDataset
+from h5forge.read.version import resolve_asset
+from h5forge.verify.checks import verify
 
 _CONFIG = PackConfig(ImageConfig(resize="resize", size=(16, 16)))
 
@@ -101,3 +111,99 @@ def test_cli_diff_refuses_a_bad_call(
     missing = _cli(base, v1.version, "f" * 16)
     assert missing.returncode == 2
     assert "no version" in missing.stderr
+
+
+# --- one parser of version strings; verify and diff agree on what a valid file is ----------
+
+
+def _non_canonical(key: str) -> list[object]:
+    """Forms of ``key`` (a real 16-hex version key) and of ``latest`` that only look alike."""
+    return [
+        key + "\n",
+        " " + key,
+        key.upper(),
+        key + "0" * 49,  # 65 digits
+        key[:15],
+        "LATEST",
+        "latest\n",
+        "",
+        16,
+    ]
+
+
+_ENTRIES = {  # every way a version string enters, in Python
+    "parse_version": lambda base, bad: parse_version(bad),
+    "resolve_version": lambda base, bad: resolve_version(base, bad),
+    "resolve_asset": lambda base, bad: resolve_asset(base, bad),
+    "reader": lambda base, bad: H5ImageDataset(base, version=bad),
+    "diff": lambda base, bad: resolve_pair([base, bad, "latest"]),
+    "diff, second": lambda base, bad: resolve_pair([base, "latest", bad]),
+    "sources": lambda base, bad: parse_sources([{"url": base, "version": bad}]),
+    "sources, pair": lambda base, bad: parse_sources([(base, bad)]),
+    "multi": lambda base, bad: H5MultiDataset([{"url": base, "version": bad}]),
+    "asset list": lambda base, bad: read_asset_list(_asset_list(base, bad)),
+}
+
+
+def _asset_list(base: str, version: object) -> str:
+    listed = Path(base).parent / "assets.json"
+    assets = [{"url": base, "version": version}]
+    listed.write_text(json.dumps({"format": "h5forge-shards", "version": 1, "assets": assets}))
+    return str(listed)
+
+
+@pytest.mark.parametrize("entry", sorted(_ENTRIES))
+def test_every_entry_refuses_what_the_reader_refuses(
+    two_versions: tuple[str, VersionResult, VersionResult], entry: str
+) -> None:
+    base, v1, _ = two_versions
+    for bad in _non_canonical(v1.version):
+        with pytest.raises(ValueError, match=re.escape(f"version {bad!r} must be {VERSION_FORM}")):
+            _ENTRIES[entry](base, bad)
+    assert _ENTRIES[entry](base, v1.version) is not None  # the canonical form is taken
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["diff", "{base}", "{bad}", "latest"], ["verify", "{base}", "--version", "{bad}"]]
+    + [["inspect", "{base}", "--version", "{bad}"]],
+)
+def test_every_command_refuses_what_the_reader_refuses(
+    two_versions: tuple[str, VersionResult, VersionResult], command: list[str]
+) -> None:
+    base, v1, _ = two_versions
+    for bad in (v1.version.upper(), " " + v1.version, "LATEST", v1.version + "\t"):
+        args = [a.format(base=base, bad=bad) for a in command]
+        got = subprocess.run(
+            [sys.executable, "-m", "h5forge.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert got.returncode == 2, (bad, got.stdout, got.stderr)
+        assert VERSION_FORM in " ".join(got.stderr.split()), got.stderr
+
+
+def _repeat_a_path(src: str, out: Path) -> Path:
+    """A copy of ``src`` whose /paths[1] repeats /paths[0], resealed as an attacker would."""
+    shutil.copyfile(src, out)
+    with h5py.File(out, "r+") as h5:
+        h5["paths"][1] = h5["paths"][0]
+        h5.attrs["metadata_sha256"] = metadata_sha256(h5)
+    return out
+
+
+def test_verify_and_diff_both_refuse_a_repeated_sample_path(
+    two_versions: tuple[str, VersionResult, VersionResult], tmp_path: Path
+) -> None:
+    _, v1, _ = two_versions
+    twice = _repeat_a_path(v1.url, tmp_path / "twice.h5")
+    with pytest.raises(IntegrityError, match=r"/paths\[1\] repeats the path of /paths\[0\]"):
+        verify(str(twice))
+    for a, b in ((v1.url, str(twice)), (str(twice), v1.url)):
+        with pytest.raises(IntegrityError, match=r"sample path is not unique(.|\n)*/paths\[1\]"):
+            diff_files(a, b)
+    # the untouched file passes both
+    verify(v1.url)
+    assert diff_files(v1.url, v1.url).same == 8

@@ -266,6 +266,12 @@ _SHA = "c" * 64
             json.dumps({"format": "h5forge-latest", "format_version": 1, "sha256": "XYZ"}).encode(),
             "'XYZ' is not 64",
         ),
+        (  # non-canonical: a trailing newline is not part of a sha256
+            json.dumps(
+                {"format": "h5forge-latest", "format_version": 1, "sha256": _SHA + "\n"}
+            ).encode(),
+            "is not 64",
+        ),
         (
             json.dumps(
                 {"format": "h5forge-latest", "format_version": 1, "sha256": _SHA, "parent": 7}

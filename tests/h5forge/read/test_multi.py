@@ -259,7 +259,7 @@ def test_an_entry_that_fails_to_open_is_named_with_its_asset_list(
         ({"format": "h5forge-shards", "version": 1, "assets": [{"url": 7}]}, "url 7 must be"),
         (
             '{"format": "h5forge-shards", "version": 1, "assets": [{"url": "a", "weight": NaN}]}',
-            "weight nan must be a finite number > 0",
+            r"weight nan must be a finite number in \(0, 1.7976931348623157e\+308\]",
         ),
         (
             {"format": "h5forge-shards", "version": 1, "assets": [{"url": "a", "weight": -1}]},
@@ -279,7 +279,7 @@ def test_a_hostile_asset_list_is_refused_clearly(tmp_path: Path, body: Any, erro
     [
         ([], "0 assets given"),
         ([3], "sources\\[0\\] is int"),
-        ([("a.h5", 5)], "version 5 must be a string"),
+        ([("a.h5", 5)], r"sources\[0\]: version 5 must be .latest. or the first 16-64"),
         ([{"version": "latest"}], "has no 'url'"),
     ],
 )
@@ -324,7 +324,7 @@ def test_mixing_default_length_repeats_no_sample(assets: list[str]) -> None:
     order = mix.schedule(0)
     assert len(set(order.tolist())) == 48
     assert mix.quota.tolist() == [12, 12, 24]
-    with pytest.raises(ValueError, match="must be 3 finite numbers > 0"):
+    with pytest.raises(ValueError, match=r"weights\[1\]=0 must be a finite number in \(0, "):
         MixingSampler(ds, weights=[1, 0, 1])
 
 
