@@ -133,11 +133,11 @@ def _non_canonical(key: str) -> list[object]:
 
 _ENTRIES = {  # every way a version string enters, in Python
     "parse_version": lambda base, bad: parse_version(bad),
-    "resolve_version": lambda base, bad: resolve_version(base, bad),
-    "resolve_asset": lambda base, bad: resolve_asset(base, bad),
+    "resolve_version": lambda base, bad: resolve_version(Location(base), bad),
+    "resolve_asset": lambda base, bad: resolve_asset(Location(base), bad),
     "reader": lambda base, bad: H5ImageDataset(base, version=bad),
-    "diff": lambda base, bad: resolve_pair([base, bad, "latest"]),
-    "diff, second": lambda base, bad: resolve_pair([base, "latest", bad]),
+    "diff": lambda base, bad: resolve_pair(Location(base), [bad, "latest"]),
+    "diff, second": lambda base, bad: resolve_pair(Location(base), ["latest", bad]),
     "sources": lambda base, bad: parse_sources([{"url": base, "version": bad}]),
     "sources, pair": lambda base, bad: parse_sources([(base, bad)]),
     "multi": lambda base, bad: H5MultiDataset([{"url": base, "version": bad}]),
@@ -203,7 +203,7 @@ def test_verify_and_diff_both_refuse_a_repeated_sample_path(
         verify(str(twice))
     for a, b in ((v1.url, str(twice)), (str(twice), v1.url)):
         with pytest.raises(IntegrityError, match=r"sample path is not unique(.|\n)*/paths\[1\]"):
-            diff_files(a, b)
+            diff_files(Location(a), Location(b))
     # the untouched file passes both
     verify(v1.url)
-    assert diff_files(v1.url, v1.url).same == 8
+    assert diff_files(Location(v1.url), Location(v1.url)).same == 8
