@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 # The CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test lint bench clean test-vision dist-check docs docs-build
+.PHONY: install demo test lint bench clean test-vision dist-check docs docs-build fuzz
 
 $(VENV)/.installed: pyproject.toml Makefile
 	@echo "==> [1/4] creating $(VENV)"
@@ -30,6 +30,15 @@ test: install
 	status=0; PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m pytest || status=$$?; \
 	$(MAKE) --no-print-directory test-vision || { [ $$status -ne 0 ] || status=1; }; \
 	[ $$status -eq 0 ] || { echo "make test: failed (exit $$status)"; exit $$status; }
+
+# The property tests of every reader of an untrusted document (issue 28; tests/fixtures/
+# documents.py) with fresh random examples, 50 times the fixed-seed budget the suite runs them
+# with: the profile "fuzz" of tests/conftest.py. Long (about an hour on 2 cores); a failure
+# prints the input that found it, to be kept as a test.
+FUZZ_TESTS := $(wildcard tests/h5forge/*/test_documents_properties.py) tests/h5forge/test_documents.py
+fuzz: install
+	$(PY) -m pytest -q -p no:cacheprovider -o timeout=0 --hypothesis-profile=fuzz \
+		--hypothesis-show-statistics $(FUZZ_TESTS)
 
 # One format and one lint for the whole tree; CI runs this before the tests.
 lint: install

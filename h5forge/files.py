@@ -13,6 +13,9 @@ such a name and have h5forge delete it. The rules, kept in this one module:
   random token, the pid and host). Cleanup removes only folders holding a marker that is a
   regular file owned by this user, never a folder by its name alone, and removes them without
   following links inside and without recursion (:func:`remove_tree`).
+- A file read by name in a tree others can write (an asset's folder, a cache, a staging folder)
+  is opened without blocking and refused unless it is a regular file (:func:`open_regular`):
+  a FIFO planted at the name would otherwise hang the open forever.
 - Turn-taking (one writer per output, per destination, per folder) is :mod:`h5forge.locks`;
   its lock records share the marker's fields (:func:`record`).
 
@@ -44,9 +47,11 @@ __all__ = [
     "NONBLOCK",
     "create_exclusive",
     "describe",
+    "file_kind",
     "is_ours",
     "make_marked_dir",
     "mark",
+    "open_regular",
     "read_small",
     "record",
     "remove_marked",
@@ -64,6 +69,49 @@ NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO planted at a name must not hang the open
+
+
+def open_regular(path: str | os.PathLike[str], what: str) -> int:
+    """A read-only descriptor on the regular file at ``path``, opened without blocking.
+
+    ``O_NONBLOCK`` makes an open of a FIFO return at once (it changes nothing for a regular
+    file's reads); the file is then refused unless it is a regular file, by ``fstat`` of the
+    descriptor, so a name swapped between a check and the open is caught too.
+
+    Args:
+        path: a local path (followed if it is a link; refuse links first where that matters).
+        what: what the file is, in words, for the error ("asset file", "part").
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: a FIFO, device, socket or folder at ``path``.
+    """
+    fd = os.open(path, os.O_RDONLY | NONBLOCK | CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(
+                f"{what} {os.fspath(path)!r} is {file_kind(mode)}, not a regular file; "
+                "remove it, or give the path of a file"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words (``"a FIFO (named pipe)"``), from its mode."""
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
 
 
 def describe(path: str | os.PathLike[str]) -> str:

@@ -21,6 +21,7 @@ from h5forge.asset.coalesce import (
     RemoteRanges,
 )
 from h5forge.errors import IntegrityError
+from h5forge.files import open_regular
 from h5forge.location import Location
 from h5forge.platforms import require_calls
 
@@ -56,7 +57,7 @@ class RangeReader:
         self.remote: RemoteRanges | None = None
         if where.is_local:
             require_calls("batched local reads", "preadv")
-            self._fd = os.open(self._path, os.O_RDONLY)
+            self._fd = open_regular(self._path, "asset file")  # never waits on a FIFO
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
         else:

@@ -22,6 +22,7 @@ not a regular file, or a bound passed: :data:`h5forge.location.MAX_COCO_BYTES`,
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from h5forge.discover.rows import check_file, check_path
 from h5forge.discover.source_samples import UNLABELLED, SourceSamples
 from h5forge.documents import parse_json
 from h5forge.errors import EmptyDatasetError
+from h5forge.files import open_regular
 from h5forge.location import MAX_COCO_BYTES
 from h5forge.paths import resolve
 from h5forge.targets.schema import MAX_CLASSES, Column, TargetError, check_value
@@ -126,7 +128,7 @@ def coco_samples(root: Path, path: Path, *, masks: bool = False) -> SourceSample
 
 def _load(path: Path, shown: str) -> dict[str, Any]:
     check_listing_file(path, f"COCO file '{shown}'", MAX_COCO_BYTES, "split it")
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path, "COCO file"), "rb") as f:  # never blocks on a FIFO
         data = parse_json(f.read(MAX_COCO_BYTES + 1), what="COCO file", name=shown)
     if (
         not isinstance(data, dict)

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from h5forge.documents import parse_json
+from h5forge.files import file_kind, open_regular
 from h5forge.location import MAX_LISTING_BYTES
 from h5forge.text import printable
 
@@ -34,7 +35,6 @@ __all__ = [
     "MAX_LISTING_ROWS",
     "MAX_PATH_BYTES",
     "ListingRow",
-    "file_kind",
     "read_rows",
 ]
 
@@ -99,24 +99,11 @@ def check_listing_file(path: Path, shown: str, limit: int, fix: str) -> None:
         raise ValueError(f"{shown} is {st.st_size:,} bytes, over the limit of {limit:,}; {fix}")
 
 
-def file_kind(mode: int) -> str:
-    """What a non-regular file is, in words (``"a FIFO (named pipe)"``), from its mode."""
-    for test, name in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "a special file"
-
-
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` of each physical line, decoded strictly, bounded in length."""
     shown = printable(path)
-    with open(path, "rb") as f:
+    # Never blocks, even on a FIFO swapped in after check_listing_file looked.
+    with os.fdopen(open_regular(path, "listing"), "rb") as f:
         number = 0
         while True:
             raw = f.readline(MAX_LINE_BYTES + 1)

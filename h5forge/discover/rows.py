@@ -12,7 +12,8 @@ import os
 import stat
 from pathlib import Path
 
-from h5forge.discover.listing import LABEL_FLOOR, MAX_PATH_BYTES, ListingRow, file_kind
+from h5forge.discover.listing import LABEL_FLOOR, MAX_PATH_BYTES, ListingRow
+from h5forge.files import file_kind
 from h5forge.paths import MAX_LINKS, is_within, resolve
 from h5forge.text import printable
 

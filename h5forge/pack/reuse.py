@@ -34,6 +34,7 @@ from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.asset.stored_copy import StoredRun
 from h5forge.discover.catalog import Catalog
 from h5forge.errors import H5ForgeError
+from h5forge.files import CLOEXEC, NONBLOCK
 from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.previous import Previous, file_identity
@@ -219,7 +220,8 @@ class SampleSource:
             stack.callback(opened.close)
             fd = opened.h5.id.get_vfd_handle()
         else:
-            fd = os.open(prev.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # Non-blocking: a FIFO swapped in is refused by the identity check, never waited on.
+            fd = os.open(prev.path, os.O_RDONLY | NONBLOCK | CLOEXEC)
             stack.callback(os.close, fd)
         if file_identity(os.fstat(fd)) != prev.identity:
             self._refuse(f"{prev.path} changed after it was checked")

@@ -125,7 +125,25 @@ class ImageConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ImageConfig:
-        """Inverse of :meth:`to_dict`: a missing ``decoder``/``resample`` is ``"pillow"``."""
+        """Inverse of :meth:`to_dict`: a missing ``decoder``/``resample`` is ``"pillow"``.
+
+        ``data`` may come from a file (the ``config_json`` attribute): anything but an object
+        of the fields is refused here, as the fields' values are by :meth:`validate`.
+
+        Raises:
+            ValueError: not a dict, an unknown field, or a value :meth:`validate` refuses.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"image configuration {data!r:.80} is not an object of the fields "
+                f"{', '.join(_FIELDS)}; write it with ImageConfig.to_json()"
+            )
+        unknown = sorted(str(k) for k in data if k not in _FIELDS)
+        if unknown:
+            raise ValueError(
+                f"image configuration has unknown fields {unknown}; the fields are "
+                f"{', '.join(_FIELDS)} (was it written by a newer h5forge? upgrade it)"
+            )
         return cls(**{**_LEGACY, **data})
 
     def to_json(self) -> str:
@@ -138,5 +156,13 @@ class ImageConfig:
 
     @classmethod
     def from_json(cls, text: str) -> ImageConfig:
-        """Inverse of :meth:`to_json`."""
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: not JSON (a :class:`~h5forge.documents.DocumentError`), or as
+                :meth:`from_dict`.
+        """
         return cls.from_dict(parse_json(text, what="image configuration", name="image"))
+
+
+_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ImageConfig))

@@ -29,7 +29,15 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from h5forge.files import is_ours, make_marked_dir, remove_tree, replace_file
+from h5forge.files import (
+    CLOEXEC,
+    NOFOLLOW,
+    NONBLOCK,
+    is_ours,
+    make_marked_dir,
+    remove_tree,
+    replace_file,
+)
 from h5forge.locks import folder_lock, lock_file
 
 __all__ = ["BLOCKS_KIND", "ENTRY_KIND", "BlockStore", "entry_bytes", "evict_cache"]
@@ -86,7 +94,9 @@ class BlockStore:
         is removed)."""
         path = self._path(k)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            # Non-blocking: a FIFO planted under a block's name would block the open forever;
+            # it is refused below (not a regular file), as a link is by NOFOLLOW.
+            fd = os.open(path, os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
         except OSError:
             self.misses += 1
             return None

@@ -36,7 +36,15 @@ from typing import Any
 from h5forge.asset.coalesce import DEFAULT_BLOCK_BYTES
 from h5forge.documents import DocumentError, parse_json
 from h5forge.errors import IntegrityError
-from h5forge.files import create_exclusive, is_ours, make_marked_dir, replace_file
+from h5forge.files import (
+    CLOEXEC,
+    NOFOLLOW,
+    NONBLOCK,
+    create_exclusive,
+    is_ours,
+    make_marked_dir,
+    replace_file,
+)
 from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
 from h5forge.locks import lock_file
 from h5forge.publish.sidecar import load_sidecar
@@ -232,10 +240,14 @@ class FileCache:
 
     def _record(self, entry: str) -> dict[str, Any] | None:
         try:
-            fd = os.open(os.path.join(entry, _RECORD), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            # Non-blocking: a FIFO planted under the record's name (a shared cache_dir) would
+            # block the open forever; it is refused below, unread, as a link is by NOFOLLOW.
+            fd = os.open(os.path.join(entry, _RECORD), os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
         except OSError:
             return None
         with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             raw = f.read(MAX_CACHE_RECORD_BYTES + 1)
         try:
             data = (

@@ -27,7 +27,7 @@ from h5forge.asset.placement import Head, early_allocation
 from h5forge.asset.range_copy import writeback_starter
 from h5forge.asset.stored_copy import StoredCopy, copy_blob, copy_filtered, copy_raw
 from h5forge.errors import IntegrityError, UnsafePathError
-from h5forge.files import same_file
+from h5forge.files import open_regular, same_file
 from h5forge.location import Location
 from h5forge.pack.commit import Staged
 from h5forge.pack.config import PackConfig
@@ -229,7 +229,7 @@ def assemble(
         flushing: Future[None] | None = None
         for i, part in enumerate(parts):
             with local_copy(part.where, tmp_dir) as local:
-                src_fd = os.open(local, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                src_fd = open_regular(local, "part")  # never waits on a FIFO
                 try:
                     # A local part must still be the file surveyed (and hashed); a remote
                     # one is the download, hashed now, before the download is deleted.

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from h5forge.cpus import usable_cpus
 from h5forge.errors import IntegrityError
+from h5forge.files import open_regular
 
 __all__ = ["Expected", "FileChecks", "FileIdentity"]
 
@@ -86,7 +87,7 @@ def _changed(url: str, first: str, a: FileIdentity, then: str, b: FileIdentity) 
 
 def _sha256_mapped(path: str, url: str, stop: threading.Event) -> tuple[str, FileIdentity]:
     """The sha256 of the file at ``path``, read through a read-only mapping."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path, "part")  # never waits on a FIFO planted in the staging folder
     try:
         before = FileIdentity.of(fd)
         digest = hashlib.sha256()

@@ -23,6 +23,7 @@ import numpy as np
 
 from h5forge.asset.index import AssetIndex
 from h5forge.cpus import usable_cpus
+from h5forge.files import open_regular
 from h5forge.location import Location
 from h5forge.platforms import require_calls
 
@@ -123,7 +124,11 @@ def _stream(
     fs, path = where.fs, where.path
     file_hash = hashlib.sha256()
     hasher = _Hasher(sorted(ranges, key=lambda r: r[1]), want_data, on_sample)
-    with fs.open(path, "rb", block_size=_BLOCK, cache_type="none") as f:
+    with (
+        os.fdopen(open_regular(path, "file"), "rb", buffering=0)  # never waits on a FIFO
+        if where.is_local
+        else fs.open(path, "rb", block_size=_BLOCK, cache_type="none")
+    ) as f:
         _scan(lambda view, _: int(f.readinto(view)), 0, None, hasher, on_bytes, file_hash)
     return file_hash.hexdigest()
 
@@ -161,7 +166,7 @@ def hash_local_ranges(
         if not group:
             return
         hasher = _Hasher(group, False, on_sample)
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path, "file")  # never waits on a FIFO swapped in
         try:
             start, stop = group[0][1], group[-1][1] + group[-1][2]
             if mapped:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from h5forge.documents import MAX_JSON_DEPTH, DocumentError, _nesting, parse_json
@@ -32,7 +32,6 @@ _JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
 @given(_JSON)
 def test_the_scan_measures_the_depth_of_any_json_document(value: Any) -> None:
     # Past the shortcut (at most MAX_JSON_DEPTH brackets cannot nest deeper), the scan's

@@ -415,3 +415,24 @@ def test_the_marker_stays_until_a_folder_becomes_the_destination(tmp_path: Path)
     commit(again, dest, replace=True)  # the old dest is marked once renamed aside, then gone
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]
     assert sorted(p.name for p in dest.iterdir()) == ["b.jpg"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_open_regular_never_waits_on_a_fifo_and_refuses_what_is_not_a_file(
+    tmp_path: Path,
+) -> None:
+    """Issue 28, class 3: the one way a file in a tree others can write is opened by name."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # no writer ever comes: a blocking open would hang here
+    with pytest.raises(ValueError, match=r"part '.*fifo' is a FIFO \(named pipe\), not a regular"):
+        files.open_regular(fifo, "part")
+    with pytest.raises(ValueError, match="is a folder, not a regular file"):
+        files.open_regular(tmp_path, "part")
+    with pytest.raises(FileNotFoundError):
+        files.open_regular(tmp_path / "absent", "part")
+    (tmp_path / "file").write_bytes(b"bytes")
+    fd = files.open_regular(tmp_path / "file", "part")
+    try:
+        assert os.read(fd, 10) == b"bytes"
+    finally:
+        os.close(fd)

@@ -266,3 +266,23 @@ def test_huge_declared_images_are_refused_before_allocation(
     ):
         H5ImageDataset(path)
     assert len(H5ImageDataset(path, max_pixels=900_000_000)) == 9  # the caller may allow it
+
+
+def test_fifo_under_a_files_name_is_never_opened_blocking_by_any_reader(aux: Path) -> None:
+    """Issue 28, class 3: every reader that opens a local file by name again after the first
+    check (ranges, the sample hash, the file hash, a part's hash in a merge) opens it without
+    blocking and refuses it; none waits for a writer that never comes."""
+    from h5forge.asset.ranges import RangeReader
+    from h5forge.scale.file_check import Expected, FileChecks
+    from h5forge.verify.digests import hash_local_ranges
+
+    fifo = str(aux / "fifo")
+    with pytest.raises(ValueError, match="not a regular file"):
+        RangeReader(Location(fifo))
+    for mapped in (False, True):
+        with pytest.raises(ValueError, match="not a regular file"):
+            hash_local_ranges(fifo, [(0, 0, 10)], lambda *_: None, lambda _: None, mapped=mapped)
+    with FileChecks(threads=1) as checks:
+        checks.start(0, fifo, Expected(fifo, fifo + ".sidecar", "0" * 64, 0))
+        with pytest.raises(ValueError, match="not a regular file"):
+            checks.settle(0)

@@ -323,3 +323,27 @@ def test_reused_bytes_move_in_runs_not_one_by_one(
     # preprocessed ones from the spool, each byte once.
     blob = config_name == "blob"
     assert sum(moved) == (stored if blob else 0) + (stored if blob else reused)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_fifo_swapped_in_for_the_previous_file_is_refused_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    """Issue 28, class 3: the previous version is opened again for the copy; a FIFO swapped in
+    under its name after the plan is refused by its identity (nothing reused), never opened
+    blocking (that hung the build)."""
+    from h5forge.discover.catalog import discover
+    from h5forge.pack.reuse import SampleSource
+
+    old = _source(tmp_path / "old")
+    config = CONFIGS["raw"]
+    previous = pack(old, tmp_path / "prev.h5", config=config, workers=1, max_bad_fraction=0.2)
+    source = SampleSource(
+        discover(old), config, workers=1, reuse=Reuse(previous.path, set(_tokens(old)))
+    )
+    assert source.copies  # planned to copy from it
+    os.unlink(previous.path)
+    os.mkfifo(previous.path)  # no writer ever comes
+    items = list(source)
+    assert len(items) == len(discover(old).samples)
+    assert (source.reused, source.refused) == (0, f"{previous.path} changed after it was checked")

@@ -140,6 +140,26 @@ def test_a_planted_link_is_not_followed(
     assert fresh.hits == 0
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_planted_fifo_is_not_waited_on(
+    packed: PackResult, published: str, s3_storage_options: dict[str, Any], tmp_path: Path
+) -> None:
+    # Issue 28, class 3: a FIFO under a block's name (a shared cache_dir) would block the open
+    # forever; it is refused unopened and the block fetched again.
+    raw = Path(packed.path).read_bytes()
+    ranges = _ranges(packed.path, [7])
+    store = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
+    _read(_reader(published, s3_storage_options, store), ranges)
+    blk = sorted(Path(store.entry).glob("*.blk"))[0]
+    blk.unlink()
+    os.mkfifo(blk)  # no writer ever comes
+    fresh = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
+    assert _read(_reader(published, s3_storage_options, fresh), ranges) == [
+        raw[o : o + n] for o, n in ranges
+    ]
+    assert fresh.hits == 0
+
+
 def test_a_folder_another_worker_is_still_marking_is_waited_for(tmp_path: Path) -> None:
     """A worker finding the blocks folder made but not yet marked (another worker between its
     mkdir and its marker, under the entry's lock) waits for that lock and keeps its block

@@ -279,6 +279,24 @@ def test_planted_links_are_refused(
         H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=link)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_fifo_in_place_of_an_entry_record_is_not_waited_on(
+    published: str,
+    two_assets: tuple[PackResult, PackResult],
+    s3_storage_options: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    # Issue 28, class 3: a FIFO planted under the entry's record (a shared cache_dir) would
+    # block the open forever; it is refused unopened, and the asset fetched again.
+    H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
+    (entry,) = _entries(tmp_path)
+    (entry / "entry.json").unlink()
+    os.mkfifo(entry / "entry.json")  # no writer ever comes
+    ds = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
+    assert content(ds[i] for i in range(len(ds))) == _truth(two_assets[0].path)
+    assert (entry / "entry.json").is_file()  # a fresh record in its place
+
+
 def test_an_unusable_cache_dir_is_a_clear_error(
     published: str, s3_storage_options: dict[str, Any], tmp_path: Path
 ) -> None:
