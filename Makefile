@@ -35,7 +35,7 @@ test: install
 # documents.py) with fresh random examples, 50 times the fixed-seed budget the suite runs them
 # with: the profile "fuzz" of tests/conftest.py. Long (about an hour on 2 cores); a failure
 # prints the input that found it, to be kept as a test.
-FUZZ_TESTS := $(wildcard tests/h5forge/*/test_documents_properties.py) tests/h5forge/test_documents.py
+FUZZ_TESTS := $(wildcard tests/h5forge/*/test_documents_properties.py) tests/h5forge/test_documents.py tests/h5forge/read/test_ranges.py
 fuzz: install
 	$(PY) -m pytest -q -p no:cacheprovider -o timeout=0 --hypothesis-profile=fuzz \
 		--hypothesis-show-statistics $(FUZZ_TESTS)

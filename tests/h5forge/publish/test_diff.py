@@ -141,7 +141,7 @@ _ENTRIES = {  # every way a version string enters, in Python
     "sources": lambda base, bad: parse_sources([{"url": base, "version": bad}]),
     "sources, pair": lambda base, bad: parse_sources([(base, bad)]),
     "multi": lambda base, bad: H5MultiDataset([{"url": base, "version": bad}]),
-    "asset list": lambda base, bad: read_asset_list(_asset_list(base, bad)),
+    "asset list": lambda base, bad: read_asset_list(Location(_asset_list(base, bad))),
 }
 
 

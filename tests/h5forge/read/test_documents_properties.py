@@ -172,12 +172,6 @@ def test_a_mixing_epoch_is_taken_or_raises_value_error(multi: H5MultiDataset, ep
     assert all(0 <= i < len(multi) for i in got)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 28 class 6 (numeric overflow from finite-but-huge mixing parameters: an "
-    "OverflowError, or a cast warning and negative quotas) is fixed on branch trust-56; when "
-    "it lands this passes: remove the mark",
-)
 @examples(100)
 @given(
     weights=st.none()

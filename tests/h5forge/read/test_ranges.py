@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from h5forge.demo import write_image_folder
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.preprocess.config import ImageConfig
@@ -29,6 +30,7 @@ from h5forge.read.mixing import MAX_WEIGHT, MixingSampler, select_subset
 from h5forge.read.multi import H5MultiDataset
 from h5forge.read.order import MAX_COUNT, block_locality, epoch_order, shown
 from h5forge.read.sampler import Sampler
+from tests.fixtures.documents import examples
 
 BIG = sys.float_info.max
 TINY = 5e-324  # the smallest subnormal
@@ -66,12 +68,10 @@ NUMBERS = (
 POSITIVE = st.floats(min_value=0.0, exclude_min=True, allow_infinity=False) | st.sampled_from(
     [BIG, 1e308, 1e300, TINY, 1e-300, 2**63, 2**64, 10**300, 10**400, 1, 3]
 )
-#: A property's settings: a fixed seed (CI reruns the same examples), no example database.
+#: A property's settings: the profile's (a fixed seed in CI; ``make fuzz`` runs many more),
+#: 30% of its example budget.
 PROPERTY = settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    max_examples=300,
+    examples(30),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
@@ -153,7 +153,9 @@ def test_an_asset_list_weight_past_the_float_maximum_is_refused(tmp_path: Path) 
     text = json.dumps(body).replace('"weight": 0', '"weight": 1' + "0" * 400)
     listed.write_text(text)
     with pytest.raises(ValueError, match=r"assets\.json: assets\[0\]: weight \(an integer of 1329"):
-        read_asset_list(str(listed))  # was OverflowError: int too large to convert to float
+        read_asset_list(
+            Location(str(listed))
+        )  # was OverflowError: int too large to convert to float
     with pytest.raises(ValueError, match=r"sources\[0\]: weight \(an integer of 1329 bits\)"):
         parse_sources([{"url": "a.h5", "weight": 10**400}])
     assert parse_sources([{"url": "a.h5", "weight": TINY}])[0].weight == TINY
