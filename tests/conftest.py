@@ -16,8 +16,8 @@ _COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 # Only the property tests (tests/h5forge/*/test_documents_properties.py, test_documents.py,
 # read/test_ranges.py) take max_examples from the profile; every other @given names its own.
 # ci: 1,000 examples a property (tests/fixtures/documents.py:examples gives a slow one a share
-# of that), 110 s for all of them (79 s of CPU) on the 2-core machine while a benchmark loaded it (load 4),
-# within the budget of about 3 minutes. fuzz: 50 times as many, about an hour.
+# of that), 110 s for all of them (79 s of CPU) on the 2-core machine while a benchmark loaded
+# it (load 4), within the budget of about 3 minutes. fuzz: 50 times as many, about an hour.
 settings.register_profile("ci", derandomize=True, database=None, max_examples=1000, **_COMMON)
 settings.register_profile("fuzz", max_examples=50_000, **_COMMON)
 settings.load_profile("ci")
