@@ -121,38 +121,36 @@ def test_a_damaged_block_is_fetched_again_never_returned(
     assert third.hits > 0
 
 
-def test_a_planted_link_is_not_followed(
-    packed: PackResult, published: str, s3_storage_options: dict[str, Any], tmp_path: Path
-) -> None:
-    raw = Path(packed.path).read_bytes()
-    ranges = _ranges(packed.path, [7])
-    store = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
-    _read(_reader(published, s3_storage_options, store), ranges)
-    blk = sorted(Path(store.entry).glob("*.blk"))[0]
+def _plant_link(blk: Path, tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_bytes(blk.read_bytes())  # even a copy of the right bytes, behind a link
     blk.unlink()
     os.symlink(secret, blk)
-    fresh = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
-    assert _read(_reader(published, s3_storage_options, fresh), ranges) == [
-        raw[o : o + n] for o, n in ranges
-    ]
-    assert fresh.hits == 0
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
-def test_a_planted_fifo_is_not_waited_on(
-    packed: PackResult, published: str, s3_storage_options: dict[str, Any], tmp_path: Path
-) -> None:
+def _plant_fifo(blk: Path, tmp_path: Path) -> None:
     # Issue 28, class 3: a FIFO under a block's name (a shared cache_dir) would block the open
-    # forever; it is refused unopened and the block fetched again.
+    # forever; it is refused unopened.
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("needs named pipes")
+    blk.unlink()
+    os.mkfifo(blk)  # no writer ever comes
+
+
+@pytest.mark.parametrize("plant", [_plant_link, _plant_fifo], ids=["link", "fifo"])
+def test_a_planted_link_or_fifo_is_not_followed(
+    plant: Any,
+    packed: PackResult,
+    published: str,
+    s3_storage_options: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """A block replaced by a link or a FIFO is never read through: the block is fetched again."""
     raw = Path(packed.path).read_bytes()
     ranges = _ranges(packed.path, [7])
     store = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
     _read(_reader(published, s3_storage_options, store), ranges)
-    blk = sorted(Path(store.entry).glob("*.blk"))[0]
-    blk.unlink()
-    os.mkfifo(blk)  # no writer ever comes
+    plant(sorted(Path(store.entry).glob("*.blk"))[0], tmp_path)
     fresh = BlockStore(str(tmp_path), "k", 1 << 30, BLOCK)
     assert _read(_reader(published, s3_storage_options, fresh), ranges) == [
         raw[o : o + n] for o, n in ranges
