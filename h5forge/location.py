@@ -52,6 +52,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_LINEAGE_BYTES",
     "MAX_LISTING_BYTES",
+    "MAX_MANIFEST_BYTES",
     "MAX_SIDECAR_BYTES",
     "MAX_POINTER_BYTES",
     "SIDECAR_SUFFIX",
@@ -81,6 +82,8 @@ MAX_POINTER_BYTES = 64 * 2**10
 MAX_LINEAGE_BYTES = 64 * 2**20
 #: A verified-cache entry's record: a few hundred bytes.
 MAX_CACHE_RECORD_BYTES = 64 * 2**10
+#: A sharded version's manifest (about 8 bytes per deleted row, 400 per shard).
+MAX_MANIFEST_BYTES = 256 * 2**20
 
 #: The published sidecar of ``NAME.h5`` is ``NAME.h5`` + this suffix.
 SIDECAR_SUFFIX = ".manifest.json"
@@ -226,13 +229,23 @@ class Location:
             FileNotFoundError: nothing here.
             DocumentError: over ``limit``, nested too deep, not JSON, or not a regular file.
         """
+        return parse_json(self.read_bytes(limit=limit, what=what), what=what, name=str(self))
+
+    def read_bytes(self, *, limit: int, what: str) -> bytes:
+        """The document here as bytes, read as :meth:`read_json` reads it (bounded, regular
+        files only) but not parsed: for a document whose bytes are hashed (a version manifest).
+
+        Raises:
+            FileNotFoundError: nothing here.
+            DocumentError: over ``limit``, or not a regular file.
+        """
         raw, size = self._read_bounded(limit, what)
         if size > limit:
             raise DocumentError(
                 f"{what} {str(self)!r} is {size} bytes, over {limit} bytes, the bound for a "
                 f"{what}: h5forge did not write it; remove it or write it again"
             )
-        return parse_json(raw, what=what, name=str(self))
+        return raw
 
     def _read_bounded(self, limit: int, what: str) -> tuple[bytes, int]:
         """``(at most limit + 1 bytes, size)``; ``size`` is exact only past the bound."""

@@ -93,6 +93,7 @@ A_FLOW_RUN_ID = "flow_run_id"
 A_CHANGES_JSON = "changes_json"
 # Version 2 only: the target schema (h5forge.targets.schema.schema_json).
 A_TARGETS_JSON = "targets_json"
+A_SHARD = "shard"  # optional: 1 in a shard of a sharded version (FORMAT.md, minor version 1)
 TARGETS = "targets"  # the group of the target columns, /targets/NAME/...
 #: The datasets of one target column, by kind (under /targets/NAME/).
 TARGET_DATASETS: dict[str, tuple[str, ...]] = {
@@ -154,13 +155,16 @@ ATTR_DESCRIPTIONS: dict[str, str] = {
     A_SOURCE_FINGERPRINT: "string, optional: sha256 hex of the source's pre-fetch fingerprint",
     A_FLOW_RUN_ID: "string, optional: the Prefect flow run that built the file",
     A_CHANGES_JSON: "string, optional: JSON {added, removed, replaced} source files vs the parent",
+    A_SHARD: "int, optional: 1 in a shard of a sharded version (minor version 1): its "
+    "created_at, h5forge_version, source_url and source_sha256 are '' (the version manifest "
+    "records them), so that its bytes depend only on its samples and configuration",
     A_TARGETS_JSON: "string, version 2 only: the target columns as canonical JSON (name, kind, "
     "classes, dtype, mask encoding 'raw' or 'png')",
 }
 
 #: The optional root attributes (lineage): absent from a file built without them.
 OPTIONAL_ATTRS: frozenset[str] = frozenset(
-    (A_PARENT_SHA256, A_SOURCE_FINGERPRINT, A_FLOW_RUN_ID, A_CHANGES_JSON)
+    (A_PARENT_SHA256, A_SOURCE_FINGERPRINT, A_FLOW_RUN_ID, A_CHANGES_JSON, A_SHARD)
 )
 
 _INDEX = (

@@ -32,6 +32,7 @@ def root_attrs(
     num_quarantined: int,
     lineage: Mapping[str, str] | None = None,
     targets_json: str = "",
+    shard: bool = False,
 ) -> dict[str, Any]:
     """Every root attribute but ``sealed`` (and ``metadata_sha256``, set when sealing).
 
@@ -44,14 +45,19 @@ def root_attrs(
         lineage: the optional lineage attributes (see :func:`check_lineage`); none by default.
         targets_json: the target schema (:func:`h5forge.targets.schema.schema_json`); when
             set, the file is format version 2 and records it, else version 1 without it.
+        shard: a shard of a sharded version: what varies between runs (``created_at``,
+            ``h5forge_version``, the source's URL and sha256) is left empty, and ``shard`` is 1,
+            so that the same samples and configuration give the same bytes (FORMAT.md).
     """
     from h5forge import __version__
 
+    if shard:
+        source_url = source_sha256 = ""
     return {
         fmt.A_FORMAT: fmt.FORMAT_NAME,
         fmt.A_VERSION: fmt.TARGETS_VERSION if targets_json else fmt.FORMAT_VERSION,
-        fmt.A_H5FORGE_VERSION: __version__,
-        fmt.A_CREATED_AT: datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        fmt.A_H5FORGE_VERSION: "" if shard else __version__,
+        fmt.A_CREATED_AT: "" if shard else datetime.now(timezone.utc).isoformat(timespec="seconds"),
         fmt.A_LAYOUT: layout,
         fmt.A_STORAGE: storage,
         fmt.A_ENCODING: encoding,
@@ -67,6 +73,7 @@ def root_attrs(
         fmt.A_COMPRESSION: compression,
         **check_lineage(lineage),
         **({fmt.A_TARGETS_JSON: targets_json} if targets_json else {}),
+        **({fmt.A_SHARD: 1} if shard else {}),
     }
 
 
@@ -79,6 +86,7 @@ def pack_attrs(
     source_url: str = "",
     source_sha256: str = "",
     lineage: Mapping[str, str] | None = None,
+    shard: bool = False,
 ) -> dict[str, Any]:
     """:func:`root_attrs` of a pack with ``config``, target columns ``schema`` (stored form,
     see :func:`h5forge.pack.targets.stored_schema`; ``()``: a version 1 file)."""
@@ -96,6 +104,7 @@ def pack_attrs(
         num_quarantined=0,
         lineage=lineage,
         targets_json=schema_json(schema) if schema else "",
+        shard=shard,
     )
 
 

@@ -158,12 +158,19 @@ def pack(
 
 
 def pack_slice(
-    catalog: Catalog, out: str | os.PathLike[str], *, config: PackConfig, workers: int | None
+    catalog: Catalog,
+    out: str | os.PathLike[str],
+    *,
+    config: PackConfig,
+    workers: int | None,
+    shard: bool = False,
 ) -> PackResult:
-    """Pack a slice of a catalog (a part) into ``out``, replacing it.
+    """Pack a slice of a catalog (a part, or with ``shard`` a shard) into ``out``, replacing it.
 
     Unlike :func:`pack`, a class may have no sample in the slice, and any number of inputs
-    may be quarantined: the merge applies ``max_bad_fraction`` to the whole dataset.
+    may be quarantined: the merge (or the sharded version) applies ``max_bad_fraction`` to the
+    whole dataset. A shard leaves out what varies between runs (:func:`~h5forge.pack.attrs.
+    root_attrs`), so the same slice and configuration give the same bytes.
     """
     t0 = time.perf_counter()
     out_path, filters = check_pack(config, out, workers, 1.0, True, _HOW)
@@ -177,6 +184,7 @@ def pack_slice(
         overwrite=True,
         every_class=False,
         t0=t0,
+        shard=shard,
     )
 
 
@@ -194,6 +202,7 @@ def _pack(
     overwrite: bool,
     every_class: bool,
     t0: float,
+    shard: bool = False,
 ) -> PackResult:
     """Write ``source`` into ``out_path`` and commit it; ``bar`` is closed either way."""
     catalog = source.catalog
@@ -205,6 +214,7 @@ def _pack(
         source_url=source_url,
         source_sha256=source_sha256,
         lineage=lineage,
+        shard=shard,
     )
     copies = source.copies  # then every sample is checked from the file before the seal
     try:

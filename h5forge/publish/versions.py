@@ -8,6 +8,12 @@ the file's sha256, never written over::
     BASE/v/<first 16 hex of sha256>/NAME.h5.manifest.json
     BASE.latest.json                                   the pointer, written last
 
+A sharded version (:mod:`h5forge.publish.manifest`) is a manifest instead of a file,
+``BASE/v/<first 16 hex of the manifest's sha256>/NAME.version.json``, over shard files under
+``BASE/shards/``; its pointer has format version 2 and ``kind: "sharded"``, which an h5forge
+that reads only version 1 refuses ("upgrade h5forge") instead of looking for a file that is not
+there. A single-file version's pointer stays format version 1, readable by every h5forge.
+
 The pointer is the commit marker for "latest": one small JSON object naming the version's full
 sha256, written in one step (temp file, fsync and rename on a local disk; one PUT on an object
 store). A pointer is untrusted input like any file: it is size-bounded, and the version's path
@@ -30,6 +36,7 @@ from h5forge.location import MAX_POINTER_BYTES, Location
 from h5forge.redact import redact_url
 
 __all__ = [
+    "KINDS",
     "POINTER_FORMAT",
     "POINTER_SUFFIX",
     "Pointer",
@@ -38,6 +45,7 @@ __all__ = [
     "check_tree",
     "check_version_tree",
     "parse_version",
+    "pointer_body",
     "pointer_url",
     "read_pointer",
     "resolve_version",
@@ -48,7 +56,10 @@ __all__ = [
 
 POINTER_SUFFIX = ".latest.json"
 POINTER_FORMAT = "h5forge-latest"
-_POINTER_VERSION = 1
+_POINTER_VERSION = 1  # a single-file version's pointer
+_SHARDED_POINTER_VERSION = 2  # a sharded version's pointer (kind "sharded")
+#: What a pointer's ``kind`` may be: a version that is one file, or a manifest of shards.
+KINDS = ("file", "sharded")
 KEY_HEX = 16  # hex digits of the sha256 in a version's key: 64 bits, no collision in practice
 # fullmatch everywhere: ``$`` would also match before a trailing newline ("...\n").
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -99,10 +110,16 @@ def version_key(name: str, sha256: str) -> str:
     return f"v/{sha256[:KEY_HEX]}/{name}.h5"
 
 
-def version_url(url: str, sha256: str) -> str:
-    """The URL of the version of the asset at ``url`` whose file has this sha256."""
+def version_url(url: str, sha256: str, kind: str = "file") -> str:
+    """The URL of the version of the asset at ``url`` whose file (``kind="file"``) or manifest
+    (``kind="sharded"``) has this sha256."""
+    from h5forge.publish.manifest import manifest_key
+
     base = asset_base(url)
-    return f"{base}/{version_key(posixpath.basename(base), sha256)}"
+    name = posixpath.basename(base)
+    if kind == "sharded":
+        return f"{base}/{manifest_key(name, sha256)}"
+    return f"{base}/{version_key(name, sha256)}"
 
 
 def pointer_url(url: str) -> str:
@@ -115,46 +132,63 @@ class Pointer:
     """What ``NAME.latest.json`` says: the latest version of one asset.
 
     Attributes:
-        url: the version's file (recomputed from the asset's base and ``sha256``).
-        sha256: the version file's full sha256 (hex).
+        url: the version's file, or its manifest for a sharded version (recomputed from the
+            asset's base, ``sha256`` and ``kind``).
+        sha256: the version file's (or manifest's) full sha256 (hex).
         published_at: when the pointer was written (ISO 8601, UTC).
         parent: the sha256 of the version it replaced as latest, "" for the first.
+        kind: ``"file"`` or ``"sharded"``.
     """
 
     url: str
     sha256: str
     published_at: str
     parent: str
+    kind: str = "file"
 
 
-def write_pointer(asset: Location, sha256: str, *, parent: str = "") -> Pointer:
+def write_pointer(asset: Location, sha256: str, *, parent: str = "", kind: str = "file") -> Pointer:
     """Make the version with this sha256 the latest of the asset at ``asset``, in one step;
     written last.
 
-    The caller has published the version (file read back, sidecar written) before calling.
+    The caller has published the version (file read back and sidecar written; or, sharded,
+    every shard and the manifest) before calling.
     """
+    body = pointer_body(asset, sha256, parent=parent, kind=kind)
+    asset.with_url(pointer_url(asset.url)).put(data=body)
+    return _pointer(asset_base(asset.url), json.loads(body))
+
+
+def pointer_body(asset: Location, sha256: str, *, parent: str = "", kind: str = "file") -> bytes:
+    """The bytes of a pointer naming this version (format version 1 for a file, 2 sharded)."""
     if not _SHA256.fullmatch(sha256) or (parent and not _SHA256.fullmatch(parent)):
         raise ValueError(f"sha256 {sha256!r} / parent {parent!r} must be 64 lower-case hex digits")
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} must be one of {KINDS}")
     base = asset_base(asset.url)
-    pointer = Pointer(
-        url=version_url(base, sha256),
-        sha256=sha256,
-        published_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        parent=parent,
-    )
     body = {
         "format": POINTER_FORMAT,
-        "format_version": _POINTER_VERSION,
+        "format_version": _POINTER_VERSION if kind == "file" else _SHARDED_POINTER_VERSION,
         "name": posixpath.basename(base),
         "sha256": sha256,
-        "path": version_key(posixpath.basename(base), sha256),
-        "published_at": pointer.published_at,
+        "path": version_url(base, sha256, kind)[len(base) + 1 :],
+        "published_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "parent": parent,
+        **({"kind": kind} if kind != "file" else {}),
     }
-    asset.with_url(pointer_url(base)).put(
-        data=(json.dumps(body, sort_keys=True, indent=1) + "\n").encode()
+    return (json.dumps(body, sort_keys=True, indent=1) + "\n").encode()
+
+
+def _pointer(base: str, body: dict[str, object]) -> Pointer:
+    sha, kind = str(body["sha256"]), str(body.get("kind", "file"))
+    published = body.get("published_at", "")
+    return Pointer(
+        url=version_url(base, sha, kind),
+        sha256=sha,
+        published_at=published if isinstance(published, str) else "",
+        parent=str(body.get("parent", "")),
+        kind=kind,
     )
-    return pointer
 
 
 def read_pointer(asset: Location) -> Pointer | None:
@@ -175,10 +209,16 @@ def read_pointer(asset: Location) -> Pointer | None:
         return None
     if not isinstance(body, dict) or body.get("format") != POINTER_FORMAT:
         raise ValueError(f"{shown} is not an h5forge pointer (format {POINTER_FORMAT!r})")
-    if body.get("format_version") != _POINTER_VERSION:
+    version = body.get("format_version")
+    if version not in (_POINTER_VERSION, _SHARDED_POINTER_VERSION) or isinstance(version, bool):
         raise ValueError(
-            f"{shown} has pointer format version {body.get('format_version')!r}; this h5forge "
-            f"reads version {_POINTER_VERSION}: upgrade h5forge"
+            f"{shown} has pointer format version {version!r:.40}; this h5forge reads versions "
+            f"{_POINTER_VERSION} and {_SHARDED_POINTER_VERSION}: upgrade h5forge"
+        )
+    kind = body.get("kind", "file")
+    if (version == _SHARDED_POINTER_VERSION) != (kind == "sharded") or kind not in KINDS:
+        raise ValueError(
+            f"{shown}: kind {kind!r:.40} does not go with pointer format version {version}"
         )
     sha = body.get("sha256")
     parent = body.get("parent", "")
@@ -186,13 +226,7 @@ def read_pointer(asset: Location) -> Pointer | None:
         raise ValueError(f"{shown}: sha256 {sha!r} is not 64 lower-case hex digits")
     if not isinstance(parent, str) or (parent and not _SHA256.fullmatch(parent)):
         raise ValueError(f"{shown}: parent {parent!r} is not a sha256")
-    published = body.get("published_at", "")
-    return Pointer(
-        url=version_url(base, sha),
-        sha256=sha,
-        published_at=published if isinstance(published, str) else "",
-        parent=parent,
-    )
+    return _pointer(base, body)
 
 
 def resolve_version(asset: Location, version: str) -> tuple[str, str]:
@@ -215,20 +249,23 @@ def resolve_version(asset: Location, version: str) -> tuple[str, str]:
                 f"no {redact_url(pointer_url(url))}: the asset has no published version; "
                 "publish one, or open a file by its URL"
             )
-        check_version_tree(asset, pointer.sha256)
+        check_version_tree(asset, pointer.sha256, pointer.kind)
         return pointer.url, pointer.sha256
-    found = version_url(url, version)
-    check_version_tree(asset, version)
-    file = asset.with_url(found)
-    if not file.fs.exists(file.path):
-        raise FileNotFoundError(f"no version {version} of {redact_url(asset_base(url))}")
-    return found, version
+    for kind in KINDS:  # a version is a file or, sharded, a manifest under the same key
+        found = version_url(url, version, kind)
+        check_version_tree(asset, version, kind)
+        file = asset.with_url(found)
+        if file.fs.exists(file.path):
+            return found, version
+    raise FileNotFoundError(f"no version {version} of {redact_url(asset_base(url))}")
 
 
-def check_version_tree(asset: Location, sha256: str) -> None:
-    """:func:`check_tree` down to the file of the version with this sha256 (or prefix)."""
+def check_version_tree(asset: Location, sha256: str, kind: str = "file") -> None:
+    """:func:`check_tree` down to the file (or, sharded, the manifest) of the version with
+    this sha256 (or prefix)."""
     base = asset_base(asset.url)
-    check_tree(asset.with_url(base), *version_key(posixpath.basename(base), sha256).split("/"))
+    key = version_url(base, sha256, kind)[len(base) + 1 :]
+    check_tree(asset.with_url(base), *key.split("/"))
 
 
 def check_tree(base: Location, *names: str) -> None:
