@@ -41,7 +41,7 @@ from h5forge.publish.versions import (
 )
 from h5forge.redact import redact_url
 
-__all__ = ["VersionResult", "publish_version"]
+__all__ = ["VersionResult", "asset_lock", "publish_version"]
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def publish_version(
     # One local hash names the version and checks its copy: publish() gets it, not recomputes it.
     sha = sha256 if sha256 is not None else Location.of(local).sha256()
     target = version_url(url, sha)
-    with _asset_lock(asset):
+    with asset_lock(asset):
         pointer = read_pointer(asset)
         if based_on is not None and pointer is not None and sha != pointer.sha256 != based_on:
             raise BusyError(
@@ -181,7 +181,7 @@ def publish_version(
 
 
 @contextmanager
-def _asset_lock(asset: Location) -> Iterator[None]:
+def asset_lock(asset: Location) -> Iterator[None]:
     """On a local store, publishers of one asset take turns (a lock on its folder ``BASE``);
     object stores have no lock: there the deployment's concurrency limit serialises builds."""
     base = asset.with_url(asset_base(asset.url))
