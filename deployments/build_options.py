@@ -23,6 +23,7 @@ __all__ = [
     "KeepVersions",
     "MinAgeS",
     "Sha256",
+    "MaxShardSize",
     "PartBytes",
     "PartSize",
     "SmokeBatches",
@@ -132,6 +133,16 @@ CacheDir = Annotated[
     typer.Option(
         help="where fetched sources are kept between builds (default: "
         "$XDG_CACHE_HOME/h5forge, else ~/.cache/h5forge)",
+    ),
+]
+
+MaxShardSize = Annotated[
+    str | None,
+    typer.Option(
+        metavar="SIZE",
+        help="with --versioned: publish the version as content-addressed shards of about "
+        "SIZE (e.g. 64MiB) shared by every version, and a manifest; a new version writes only "
+        "the shards of new and changed samples (default: each version is one file)",
     ),
 ]
 

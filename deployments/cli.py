@@ -41,6 +41,7 @@ from h5forge.deployments.build_options import (
     Executor,
     ExecutorChoice,
     KeepVersions,
+    MaxShardSize,
     MinAgeS,
     PartBytes,
     PartSize,
@@ -141,6 +142,7 @@ def build(
     versioned: Versioned = False,
     keep_versions: KeepVersions = DEFAULT_KEEP_VERSIONS,
     min_age_s: MinAgeS = DEFAULT_MIN_AGE_S,
+    max_shard_size: MaxShardSize = None,
     debug: Debug = False,
     pack_options: dict[str, Any] | None = None,
 ) -> None:
@@ -176,6 +178,7 @@ def build(
                 "versioned": versioned,
                 "keep_versions": keep_versions,
                 "min_age_s": min_age_s,
+                "max_shard_size": max_shard_size,
             }
         )
     except ValidationError as e:

@@ -19,12 +19,13 @@ Two choices are made once, before the stages run, and the flow body never branch
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from prefect import get_run_logger
 from prefect.runtime import flow_run
@@ -37,17 +38,19 @@ from h5forge.flows.entry import entry_flow
 from h5forge.flows.summary import BuildSummary, unchanged_summary
 from h5forge.flows.urls import check_url
 from h5forge.location import Location
-from h5forge.pack.reuse import Reuse
+from h5forge.pack.reuse import Reuse, unchanged_paths
 from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
 from h5forge.publish.lineage import Basis
 from h5forge.publish.preview import PREVIEW_SUFFIX, preview_url
+from h5forge.publish.sharded import StagedVersion, read_previous, remove_staged
 from h5forge.publish.storage import PublishResult
+from h5forge.publish.versions import asset_base, read_pointer
 from h5forge.redact import redact_url
 from h5forge.tasks.common import dataset_name
 from h5forge.tasks.discover import discover_samples
 from h5forge.tasks.fetch import fetch_task, source_dir
-from h5forge.tasks.pack import pack_images
+from h5forge.tasks.pack import pack_images, pack_shards
 from h5forge.tasks.parts import PartStats, executor_section
 from h5forge.tasks.publish import (
     as_published,
@@ -55,6 +58,7 @@ from h5forge.tasks.publish import (
     check_source,
     find_reusable,
     make_preview,
+    publish_shards_task,
     publish_task,
     publish_version_task,
 )
@@ -95,11 +99,11 @@ class _PlainFile:
         return None
 
     def publish(
-        self, path: str, *, png: str, metadata: dict[str, Any], about: str
+        self, packing: _Packed, *, png: str, metadata: dict[str, Any], about: str
     ) -> tuple[PublishResult, str]:
         """The published file and its version key ("": a plain file has none)."""
         published = publish_task(self.config.destination, description=about)(
-            path,
+            packing.packed.path,
             self.dest,
             preview_png=png,
             overwrite=self.config.overwrite,
@@ -134,13 +138,13 @@ class _NewVersion:
         return find_reusable(self.basis, into=str(work), asset=self.dest)
 
     def publish(
-        self, path: str, *, png: str, metadata: dict[str, Any], about: str
+        self, packing: _Packed, *, png: str, metadata: dict[str, Any], about: str
     ) -> tuple[PublishResult, str]:
         """The version's file (what the report shows) and its version key."""
         assert self.lineage is not None
         basis = self.basis
         released = publish_version_task(self.config.destination, description=about)(
-            path,
+            packing.packed.path,
             self.dest,
             preview_png=png,
             sources=dict(basis.fingerprint.files) if basis.fingerprint else None,
@@ -150,6 +154,42 @@ class _NewVersion:
             based_on=basis.latest_sha256,  # refused if another build published since
         )
         return as_published(released), released.version
+
+    def preview(self, published: PublishResult) -> str:
+        return published.url + PREVIEW_SUFFIX
+
+
+@dataclass(frozen=True)
+class _ShardedVersion(_NewVersion):
+    """Publish a new sharded version of ``DEST`` on top of ``basis``: only the shards of new and
+    changed samples are packed and uploaded (:mod:`h5forge.publish.sharded`)."""
+
+    def publish(
+        self, packing: _Packed, *, png: str, metadata: dict[str, Any], about: str
+    ) -> tuple[PublishResult, str]:
+        """The version's manifest (what the report shows) and its version key."""
+        assert self.lineage is not None
+        assert isinstance(packing, _ShardedPacked)
+        basis = self.basis
+        released = publish_shards_task(self.config.destination, description=about)(
+            packing.staged,
+            self.dest,
+            preview_png=png,
+            sources=dict(basis.fingerprint.files) if basis.fingerprint else None,
+            metadata={**metadata, **basis.sidecar_fields(self.lineage)},
+            lineage=self.lineage,
+            keep_versions=self.config.keep_versions,
+            min_age_s=self.config.min_age_s,
+            based_on=basis.latest_sha256,  # refused if another build published since
+        )
+        published = PublishResult(
+            url=released.url,
+            sidecar_url=released.url,  # the manifest is the version's record
+            sha256=released.sha256,
+            bytes=released.bytes_new + released.bytes_reused,
+            unchanged=False,
+        )
+        return published, released.version
 
     def preview(self, published: PublishResult) -> str:
         return published.url + PREVIEW_SUFFIX
@@ -172,10 +212,11 @@ def _publish_target(
             config_sha256=config.pack_config().sha256(),
             sha256=config.sha256,
         )
+    kind = _ShardedVersion if config.max_shard_size is not None else _NewVersion
     if basis.unchanged:
-        return _NewVersion(config, dest, basis, lineage=None)
+        return kind(config, dest, basis, lineage=None)
     lineage = basis.lineage(str(flow_run.id or ""), asset=dest)
-    return _NewVersion(config, dest, basis, lineage)
+    return kind(config, dest, basis, lineage)
 
 
 @dataclass(frozen=True)
@@ -254,13 +295,92 @@ def _pack_on_dask(
     )
 
 
-_PackStage = Callable[
-    [BuildConfig, _PackInputs, _Target, dict[str, float]], "_LocalPacked | DaskPacked"
-]
+@dataclass(frozen=True)
+class _ShardedPacked:
+    """A sharded pack's outcome: the staged version, and one of its shards as the local file
+    the verify, smoke-load and preview stages check (every new shard was verified in full when
+    it was sealed)."""
+
+    packed: PackResult
+    staged: StagedVersion
+    stats: PartStats | None = None
+
+    def remove_parts(self) -> None:
+        """Delete the local shards (published)."""
+        remove_staged(self.staged)
+
+
+def _pack_shards(
+    config: BuildConfig,
+    inputs: _PackInputs,
+    target: _Target,
+    seconds: dict[str, float],
+) -> _ShardedPacked:
+    """The pack stage of a sharded version: new shards for the samples the latest version
+    does not hold unchanged, on this machine's worker pool."""
+    assert isinstance(target, _ShardedVersion)
+    assert config.max_shard_size is not None
+    t0 = time.perf_counter()
+    with _stage(seconds, "pack"):
+        basis = target.basis
+        previous = read_previous(target.dest, read_pointer(target.dest))
+        if previous is not None and previous.sha256 != basis.latest_sha256:
+            previous = None  # moved since the fingerprint: the publish will refuse
+        files = dict(basis.fingerprint.files) if basis.fingerprint is not None else {}
+        unchanged = (
+            frozenset(unchanged_paths(previous.sources or {}, files)) if previous else frozenset()
+        )
+        staged = pack_shards(
+            inputs.catalog,
+            work=str(inputs.work),
+            dataset=inputs.dataset,
+            name=posixpath.basename(asset_base(config.destination)),
+            config=config.pack_config(),
+            max_shard_size=config.max_shard_size,
+            workers=config.workers,
+            max_bad_fraction=config.max_bad_fraction,
+            previous=previous,
+            unchanged=unchanged,
+        )
+        local = staged.first_new or _fetch_shard(staged, target.dest, inputs.work)
+    manifest = staged.manifest
+    packed = PackResult(
+        path=local,
+        num_samples=manifest.num_samples,
+        num_quarantined=len(staged.quarantined),
+        num_classes=len(manifest.classes),
+        classes=manifest.classes,
+        quarantined=staged.quarantined,
+        bytes=sum(e.bytes for e in manifest.shards),
+        seconds=time.perf_counter() - t0,
+        counts=staged.counts,
+        reused=manifest.num_samples
+        - sum(e.live for e in manifest.shards if e.sha256 in staged.new),
+    )
+    return _ShardedPacked(packed, staged)
+
+
+def _fetch_shard(staged: StagedVersion, dest: Location, work: Path) -> str:
+    """A local copy of the version's first shard (a version of old shards only), for the
+    checks that follow the pack."""
+    entry = staged.manifest.shards[0]
+    base = asset_base(dest.url)
+    shard = dest.with_url(staged.manifest.shard_url(base, entry))
+    if shard.is_local:
+        return shard.path
+    local = str(work / "shard-check.h5")
+    shard.fs.get_file(shard.path, local)
+    return local
+
+
+_Packed: TypeAlias = "_LocalPacked | DaskPacked | _ShardedPacked"
+_PackStage = Callable[[BuildConfig, _PackInputs, _Target, dict[str, float]], _Packed]
 
 
 def _pack_stage(config: BuildConfig) -> _PackStage:
-    """How this build packs, chosen once from ``config.executor``."""
+    """How this build packs, chosen once from ``config.executor`` and ``max_shard_size``."""
+    if config.max_shard_size is not None:
+        return _pack_shards
     return _pack_on_dask if config.executor == "dask" else _pack_locally
 
 
@@ -352,7 +472,7 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         }
         with _stage(seconds, "publish"):
             published, version = target.publish(
-                packed.path, png=png, metadata=metadata, about=f"h5forge asset {dataset}"
+                packing, png=png, metadata=metadata, about=f"h5forge asset {dataset}"
             )
         packing.remove_parts()  # published: the parts are no longer needed to resume
     preview = target.preview(published)

@@ -18,6 +18,7 @@ from h5forge.flows.version_fields import (
     DEFAULT_KEEP_VERSIONS,
     DEFAULT_MIN_AGE_S,
     KeepVersions,
+    MaxShardSize,
     MinAgeS,
     Versioned,
 )
@@ -148,6 +149,7 @@ class BuildConfig(BaseModel):
     versioned: Versioned = False
     keep_versions: KeepVersions = DEFAULT_KEEP_VERSIONS
     min_age_s: MinAgeS = DEFAULT_MIN_AGE_S
+    max_shard_size: MaxShardSize = None
     executor: Executor = "local"
     dask_address: DaskAddress = None
     part_size: PartSize = 2000
@@ -244,6 +246,20 @@ class BuildConfig(BaseModel):
                     f"{', '.join(dask_only)} apply to executor='dask' only, and executor is "
                     "'local'; set executor='dask' or leave them empty"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _sharded_settings(self) -> BuildConfig:
+        if self.max_shard_size is not None and not self.versioned:
+            raise ValueError(
+                f"max_shard_size={self.max_shard_size} shards a version, and versioned is off: "
+                "set versioned=True (CLI: --versioned), or leave max_shard_size empty"
+            )
+        if self.max_shard_size is not None and self.executor == "dask":
+            raise ValueError(
+                "max_shard_size with executor='dask': a sharded build packs on this machine "
+                "for now (docs/versions.md); use executor='local', or leave max_shard_size empty"
+            )
         return self
 
     @model_validator(mode="after")

@@ -6,16 +6,33 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
+from h5forge.options import parse_bytes
 from h5forge.publish.history import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S, check_retention
 
-__all__ = ["DEFAULT_KEEP_VERSIONS", "DEFAULT_MIN_AGE_S", "KeepVersions", "MinAgeS", "Versioned"]
+__all__ = [
+    "DEFAULT_KEEP_VERSIONS",
+    "DEFAULT_MIN_AGE_S",
+    "KeepVersions",
+    "MaxShardSize",
+    "MinAgeS",
+    "Versioned",
+]
 
 
 def _keep(value: int) -> int:
     check_retention(value, 0.0)
     return value
+
+
+def _shard_size(value: object) -> int | None:
+    if value is None or value == "":
+        return None
+    size = parse_bytes(value, "max_shard_size")
+    if size < 2**20:
+        raise ValueError(f"max_shard_size={value!r} must be at least 1MiB")
+    return size
 
 
 def _min_age(value: float) -> float:
@@ -52,4 +69,14 @@ MinAgeS = Annotated[
         "finds it. Default 86400 (one day); 0: keep_versions alone decides.",
     ),
     AfterValidator(_min_age),
+]
+MaxShardSize = Annotated[
+    int | None,
+    Field(
+        description="versioned: publish the version as shards of about this many bytes (e.g. "
+        "64MiB) under BASE/shards/, named by their content and shared by every version, and a "
+        "manifest BASE/v/<sha>/NAME.version.json; a new version writes only the shards of new "
+        "and changed samples. Empty: each version is one file.",
+    ),
+    BeforeValidator(_shard_size),
 ]

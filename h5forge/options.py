@@ -204,6 +204,29 @@ def check_size(size: Any, resize: str | None = None) -> tuple[int, int] | None:
     return size
 
 
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # fmt: skip
+
+
+def parse_bytes(text: object, what: str) -> int:
+    """A number of bytes from an int or a text such as ``64MiB``, ``1 GiB``, ``500MB``,
+    ``67108864``.
+
+    Raises:
+        ValueError: anything else, naming ``what``, the value and the accepted form.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = re.fullmatch(r"\s*(\d{1,16})\s*([a-zA-Z]{0,3})\s*", str(text))
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"{what}={str(text)[:40]!r} is not a size: give bytes, or a number with a unit "
+            "(KiB, MiB, GiB, TiB; KB, MB, GB, TB), e.g. 64MiB"
+        )
+    return int(match.group(1)) * _UNITS[unit]
+
+
 def parse_size(text: str, resize: str | None = None) -> tuple[int, int] | None:
     """Parse the ``--size`` grammar: ``S`` (square), ``HxW``, or ``none``; then check it.
 

@@ -25,9 +25,10 @@ from h5forge.errors import TooManyBadImagesError
 from h5forge.pack.config import PackConfig
 from h5forge.pack.reuse import Reuse
 from h5forge.pack.writer import PackResult, pack
+from h5forge.publish.sharded import Previous, StagedVersion, pack_sharded
 from h5forge.tasks.common import run_name
 
-__all__ = ["artifact_key", "pack_images", "quarantine_table"]
+__all__ = ["artifact_key", "pack_images", "pack_shards", "quarantine_table"]
 
 # Progress updates are API calls; one per second at most keeps a fast pack from being slowed
 # down by its own progress bar.
@@ -127,3 +128,51 @@ def pack_images(
         result.seconds,
     )
     return result
+
+
+@task(name="pack-shards", task_run_name=run_name("pack-shards"), cache_policy=NO_CACHE)
+def pack_shards(
+    catalog: Catalog,
+    *,
+    work: str,
+    dataset: str,
+    name: str,
+    config: PackConfig,
+    max_shard_size: int,
+    workers: int | None = None,
+    max_bad_fraction: float = 0.01,
+    previous: Previous | None = None,
+    unchanged: frozenset[str] = frozenset(),
+) -> StagedVersion:
+    """Pack the samples the previous version lacks into new shards under ``work``
+    (:func:`h5forge.publish.sharded.pack_sharded`); progress counts shards."""
+    progress_id = cast(
+        UUID,
+        create_progress_artifact(
+            0.0, key=artifact_key("pack-progress", dataset), description=f"shards of {dataset}"
+        ),
+    )
+    table_key = artifact_key("quarantine", dataset)
+    try:
+        staged = pack_sharded(
+            catalog,
+            work,
+            config=config,
+            max_shard_size=max_shard_size,
+            workers=workers,
+            max_bad_fraction=max_bad_fraction,
+            previous=previous,
+            unchanged=unchanged,
+            name=name,
+            on_shard=_Progress(progress_id),
+        )
+    except TooManyBadImagesError as e:
+        quarantine_table(e.quarantined, key=table_key)
+        raise
+    quarantine_table(staged.quarantined, key=table_key)
+    get_run_logger().info(
+        "packed %d new shards; %d shards referenced from the previous version",
+        len(staged.new),
+        len(staged.manifest.shards) - len(staged.new),
+    )
+    return staged

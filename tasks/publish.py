@@ -29,6 +29,7 @@ from h5forge.publish.history import check_retention
 from h5forge.publish.lineage import Basis, build_basis, reuse_previous, write_sources
 from h5forge.publish.preview import preview_url, publish_preview, write_preview
 from h5forge.publish.release import VersionResult, publish_version
+from h5forge.publish.sharded import ShardedResult, StagedVersion, publish_sharded
 from h5forge.publish.storage import PublishResult, publish
 from h5forge.publish.versions import version_url
 from h5forge.redact import redact_url
@@ -40,6 +41,7 @@ __all__ = [
     "asset_key",
     "check_source",
     "make_preview",
+    "publish_shards_task",
     "publish_task",
     "publish_version_task",
 ]
@@ -246,3 +248,79 @@ def as_published(result: VersionResult) -> PublishResult:
         bytes=result.bytes,
         unchanged=result.unchanged,
     )
+
+
+def _publish_shards(
+    staged: StagedVersion,
+    dest: Location,
+    *,
+    preview_png: str,
+    sources: dict[str, str] | None = None,
+    metadata: dict[str, Any] | None = None,
+    lineage: dict[str, str] | None = None,
+    keep_versions: int = 5,
+    min_age_s: float = 0.0,
+    based_on: str | None = None,
+) -> ShardedResult:
+    """Publish ``staged`` as a new sharded version of the asset ``dest``
+    (:func:`h5forge.publish.sharded.publish_sharded`: new shards, sources map, manifest,
+    pointer last, retention), then its preview beside the manifest.
+
+    The materialisation records the version, its lineage and its shards: ``shards``,
+    ``shards_new``, ``shards_reused``, ``bytes_new``, ``bytes_reused``.
+    """
+    check_retention(keep_versions, min_age_s)  # before any upload
+    meta = dict(metadata or {})
+    result = publish_sharded(
+        staged,
+        dest,
+        fields={
+            "source_url": str(meta.get("source", "")),
+            "source_fingerprint": str(meta.get("source_fingerprint", "")),
+            "lineage": dict(lineage or {}),
+        },
+        sources=sources,
+        based_on=based_on,
+        keep_versions=keep_versions,
+        min_age_s=min_age_s,
+    )
+    manifest = dest.with_url(version_url(dest.url, result.sha256, "sharded"))
+    manifest.with_url(preview_url(manifest.url)).put(local=preview_png)
+    changes = meta.get("changes") or {}
+    add_asset_metadata(
+        asset_key(dest.url),
+        {
+            **meta,
+            **{k: changes[k] for k in ("added", "removed", "replaced") if k in changes},
+            "parent_sha256": result.parent,
+            "sha256": result.sha256,
+            "version": result.version,
+            "removed_versions": list(result.removed),
+            "shards": result.shards,
+            "shards_new": result.shards_new,
+            "shards_reused": result.shards_reused,
+            "bytes_new": result.bytes_new,
+            "bytes_reused": result.bytes_reused,
+            "preview_url": redact_url(preview_url(manifest.url)),
+        },
+    )
+    return result
+
+
+def publish_shards_task(
+    dest: str, *, description: str = ""
+) -> MaterializingTask[..., ShardedResult]:
+    """The sharded publish task for the URL ``dest`` (the same asset as
+    :func:`publish_version_task`'s). Never cached."""
+    asset = Asset(
+        key=asset_key(dest),
+        properties=AssetProperties(name=dataset_name(dest), description=description[:2500] or None),
+    )
+    return materialize(
+        asset,
+        by="h5forge",
+        name="publish",
+        task_run_name=run_name("publish"),
+        cache_policy=NO_CACHE,
+        **with_retries(3, retry_upload),
+    )(_publish_shards)

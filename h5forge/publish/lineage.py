@@ -29,6 +29,7 @@ from h5forge.publish.versions import read_pointer
 
 __all__ = [
     "reuse_previous",
+    "sharded_fields",
     "SOURCES_SUFFIX",
     "Basis",
     "build_basis",
@@ -120,7 +121,9 @@ def build_basis(
     fingerprint = source_fingerprint(source, sha256=sha256)
     pointer = read_pointer(asset)
     latest: dict[str, Any] = {}
-    if pointer is not None:
+    if pointer is not None and pointer.kind == "sharded":
+        latest = sharded_fields(asset.with_url(pointer.url), pointer.sha256)
+    elif pointer is not None:
         target = asset.with_url(pointer.url).sidecar
         latest = load_sidecar(target) or {}
         if latest and latest["sha256"] != pointer.sha256:
@@ -135,6 +138,23 @@ def build_basis(
         latest_sha256=pointer.sha256 if pointer is not None and latest else "",
         latest=latest,
     )
+
+
+def sharded_fields(manifest: Location, sha256: str) -> dict[str, Any]:
+    """What a sidecar says of a single-file version, from a sharded version's manifest (its
+    sha256 checked): what the next build compares, and what an unchanged run reports."""
+    from h5forge.publish.manifest import read_manifest
+
+    m = read_manifest(manifest, sha256)
+    return {
+        "sha256": sha256,
+        "bytes": sum(e.bytes for e in m.shards),
+        "source_fingerprint": m.source_fingerprint,
+        "config_sha256": m.config_sha256,
+        "num_samples": m.num_samples,
+        "num_classes": len(m.classes),
+        "shards": len(m.shards),
+    }
 
 
 def sources_url(version_file: str) -> str:

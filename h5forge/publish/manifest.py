@@ -93,7 +93,8 @@ class ShardEntry:
         metadata_sha256: the digest of its index and attributes (checked at a local open).
         samples: rows in the shard.
         deleted: the rows this version excludes, sorted, unique (the deletion vector).
-        labels: the version's class index of each of the shard's classes (its ``/classes``).
+        labels: the version's class index of each of the shard's classes (its ``/classes``);
+            -1 for a class the version does not have (no live row may carry it).
         splits: live (not deleted) samples of each split name, as the shard's ``/split_names``
             say; a shard without splits has ``{}``.
     """
@@ -326,7 +327,9 @@ def _entry(item: object, k: int, num_classes: int, bad: Any) -> ShardEntry:
     deleted = _int_list(item.get("deleted"), samples, f"{where}.deleted", bad)
     if any(b <= a for a, b in zip(deleted, deleted[1:], strict=False)):
         raise bad(f"{where}.deleted must be sorted and unique")
-    labels = _int_list(item.get("labels"), num_classes, f"{where}.labels", bad, most=MAX_CLASSES)
+    labels = _int_list(
+        item.get("labels"), num_classes, f"{where}.labels", bad, most=MAX_CLASSES, least=-1
+    )
     splits = item.get("splits", {})
     live = samples - len(deleted)
     if (
@@ -350,13 +353,15 @@ def _entry(item: object, k: int, num_classes: int, bad: Any) -> ShardEntry:
     )
 
 
-def _int_list(value: object, bound: int, where: str, bad: Any, *, most: int = -1) -> list[int]:
-    """A list of ints in ``[0, bound)``, at most ``most`` long (``bound`` when -1)."""
+def _int_list(
+    value: object, bound: int, where: str, bad: Any, *, most: int = -1, least: int = 0
+) -> list[int]:
+    """A list of ints in ``[least, bound)``, at most ``most`` long (``bound`` when -1)."""
     most = bound if most < 0 else most
     if not isinstance(value, list) or len(value) > most:
         raise bad(f"{where} must be a list of at most {most} ints")
-    if not all(type(v) is int and 0 <= v < bound for v in value):
-        raise bad(f"{where} must hold ints in [0, {bound})")
+    if not all(type(v) is int and least <= v < bound for v in value):
+        raise bad(f"{where} must hold ints in [{least}, {bound})")
     return value
 
 
@@ -375,7 +380,7 @@ def check_labels(entry: ShardEntry, shard_classes: Sequence[str], classes: Seque
     from h5forge.errors import IntegrityError
 
     if len(entry.labels) != len(shard_classes) or any(
-        classes[v] != name for v, name in zip(entry.labels, shard_classes, strict=False)
+        v >= 0 and classes[v] != name for v, name in zip(entry.labels, shard_classes, strict=False)
     ):
         raise IntegrityError(
             f"shard {entry.sha256[:_KEY_HEX]} has classes {list(shard_classes)[:5]!r:.200}, "

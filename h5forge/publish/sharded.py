@@ -29,7 +29,7 @@ import logging
 import os
 import posixpath
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -210,6 +210,7 @@ def pack_sharded(
     unchanged: frozenset[str] = frozenset(),
     compact_below: float = COMPACT_BELOW,
     name: str,
+    on_shard: Callable[[int, int], None] | None = None,
 ) -> StagedVersion:
     """Pack ``catalog`` as a sharded version into ``work/shards/`` (see the module's doc).
 
@@ -219,6 +220,7 @@ def pack_sharded(
         unchanged: relative paths whose source files are those ``previous`` packed.
         compact_below: rewrite a referenced shard whose live fraction falls below this.
         name: the asset's name (the last part of its base).
+        on_shard: called with ``(shards packed, new shards in all)`` after each new shard.
 
     Raises:
         ValueError: ``max_shard_size`` < 1 MiB or ``compact_below`` outside [0, 1].
@@ -240,7 +242,10 @@ def pack_sharded(
     new: dict[str, str] = {}
     entries: list[ShardEntry] = list(kept)
     bad: list[tuple[str, str]] = []
-    for k, group in enumerate(plan_shards(fresh, config, max_shard_size)):
+    plan = plan_shards(fresh, config, max_shard_size)
+    for k, group in enumerate(plan):
+        if on_shard is not None:
+            on_shard(k, len(plan))
         part = replace(catalog, samples=tuple(fresh[i] for i in group), rejected=())
         out = folder / f"shard-{k:06d}.h5"
         result = pack_slice(part, out, config=config, workers=workers, shard=True)
@@ -253,6 +258,8 @@ def pack_sharded(
         os.replace(out, final)
         new[sha] = str(final)
         entries.append(_new_entry(str(final), sha, classes))
+    if on_shard is not None:
+        on_shard(len(plan), len(plan))
     bad = [*catalog.rejected, *bad]
     check_bad_fraction(len(catalog.samples) + len(catalog.rejected), bad, max_bad_fraction)
     packed = {s.relpath for s in catalog.samples} - {p for p, _ in bad}

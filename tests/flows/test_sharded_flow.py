@@ -1,0 +1,83 @@
+"""A sharded versioned build-h5-dataset (``max_shard_size``) after each kind of source change,
+on a local folder and on loopback S3: every version reads sample for sample as a full build
+of the new source, writes only the shards of what changed, and the Prefect asset records its
+shards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from h5forge.flows.build import BuildConfig, build_dataset
+from h5forge.location import Location
+from h5forge.publish.versions import read_pointer
+from tests.flows.test_incremental_flow import _Place
+from tests.h5forge.pack.test_incremental import CHANGES
+from tests.h5forge.publish.test_sharded_build import full_rows, version_rows
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_each_change_publishes_a_sharded_version_equal_to_a_full_build(
+    prefect_harness: str, tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    from h5forge.demo import write_image_folder
+
+    place = _Place(kind, tmp_path, request)
+    local = tmp_path / "src"
+    write_image_folder(
+        local, classes=("cat", "dog", "eel"), per_class=8, splits=("train", "val"), seed=7
+    )
+    place.sync(local)
+    config = BuildConfig(
+        source=place.source,
+        destination=place.dest,
+        credentials_block=place.block,
+        versioned=True,
+        min_age_s=0,
+        keep_versions=2,
+        smoke_workers=0,
+        size=224,
+        max_shard_size="1MiB",  # 6 samples a shard
+        workers=1,
+    )
+    asset = Location(place.dest, place.options)
+    first = build_dataset(config, cache_dir=str(tmp_path / "cache"))
+    assert first.version and not first.unchanged
+    rows, manifest = version_rows(asset)
+    assert rows == full_rows(local, tmp_path)
+    shards = len(manifest.shards)
+    assert shards == 8  # 48 samples
+    again = build_dataset(config, cache_dir=str(tmp_path / "cache"))
+    assert again.unchanged and again.sha256 == first.sha256
+    parent = first
+    for step, change in CHANGES.items():
+        change(local, tmp_path / f"extra-{step}")
+        place.sync(local)
+        built = build_dataset(config, cache_dir=str(tmp_path / "cache"))
+        assert not built.unchanged, step
+        rows, manifest = version_rows(asset)
+        assert rows == full_rows(local, tmp_path), step
+        assert manifest.parent == parent.sha256, step
+        pointer = read_pointer(asset)
+        assert pointer is not None
+        assert (pointer.sha256, pointer.kind) == (built.sha256, "sharded"), step
+        assert built.num_samples == manifest.num_samples == len(rows), step
+        parent = built
+
+
+def test_max_shard_size_needs_a_versioned_local_build() -> None:
+    with pytest.raises(ValueError, match="set versioned=True"):
+        BuildConfig(source="/tmp/x", destination="/tmp/y.h5", max_shard_size="64MiB")
+    with pytest.raises(ValueError, match="at least 1MiB"):
+        BuildConfig(source="/tmp/x", destination="/tmp/y.h5", versioned=True, max_shard_size=10)
+    with pytest.raises(ValueError, match="is not a size"):
+        BuildConfig(source="/tmp/x", destination="/tmp/y.h5", versioned=True, max_shard_size="6 4")
+    assert (
+        BuildConfig(
+            source="/tmp/x", destination="/tmp/y.h5", versioned=True, max_shard_size="64MiB"
+        ).max_shard_size
+        == 64 * 2**20
+    )

@@ -1,0 +1,248 @@
+"""Sharded versions, the writer: what a version holds, what a new version writes, and refusals.
+
+Every version is compared with a full single-file pack of the same source, sample by sample
+(path, class name, split, sha256 of the stored pixels), read from the shards' own datasets
+through the manifest's deletion vectors and class maps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import h5py
+import pytest
+
+from h5forge.demo import write_image_folder
+from h5forge.discover.catalog import discover
+from h5forge.errors import BusyError, IntegrityError
+from h5forge.location import Location
+from h5forge.pack.config import PackConfig
+from h5forge.pack.writer import pack
+from h5forge.publish.manifest import VersionManifest, manifest_bytes, read_manifest, shard_key
+from h5forge.publish.sharded import (
+    build_sharded_version,
+    pack_sharded,
+    publish_sharded,
+    read_previous,
+)
+from h5forge.publish.versions import asset_base, read_pointer
+
+SMALL = 2**20  # the smallest shard size: 6 samples of 224 x 224 x 3 each
+Row = tuple[str, str, str]  # class name, split, sha256 of the stored bytes
+
+
+def _texts(values: Any) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+
+def _file_rows(h5: h5py.File, rows: list[int], names: list[str]) -> dict[str, Row]:
+    paths = _texts(h5["paths"][:])
+    labels, splits = h5["labels"][:], h5["splits"][:]
+    split_names = _texts(h5["split_names"][:])
+    return {
+        paths[r]: (
+            names[int(labels[r])],
+            split_names[int(splits[r])],
+            h5["digests"][r].tobytes().hex(),
+        )
+        for r in rows
+    }
+
+
+def version_rows(asset: Location) -> tuple[dict[str, Row], VersionManifest]:
+    """Every live sample of the asset's latest (sharded) version, by path, on any store."""
+    pointer = read_pointer(asset)
+    assert pointer is not None
+    assert pointer.kind == "sharded"
+    manifest = read_manifest(asset.with_url(pointer.url), pointer.sha256)
+    base = asset_base(asset.url)
+    found: dict[str, Row] = {}
+    for entry in manifest.shards:
+        shard = asset.with_url(manifest.shard_url(base, entry))
+        data = shard.fs.cat_file(shard.path)
+        assert hashlib.sha256(data).hexdigest() == entry.sha256
+        with h5py.File(io.BytesIO(data), "r") as h5:
+            own = _texts(h5["classes"][:])
+            names = [manifest.classes[v] if v >= 0 else "" for v in entry.labels]
+            assert len(names) == len(own)
+            assert all(n in ("", o) for n, o in zip(names, own, strict=True))
+            rows = _file_rows(h5, entry.live_rows().tolist(), names)
+        assert not rows.keys() & found.keys(), "a sample is live in two shards"
+        found.update(rows)
+    assert len(found) == manifest.num_samples
+    assert "" not in {name for name, _, _ in found.values()}
+    return found, manifest
+
+
+def full_rows(source: Path, tmp: Path) -> dict[str, Row]:
+    """The same source packed into one file, by path."""
+    out = tmp / f"full-{len(list(tmp.glob('full-*')))}.h5"
+    pack(source, out, workers=1)
+    with h5py.File(out, "r") as h5:
+        return _file_rows(h5, list(range(h5["labels"].shape[0])), _texts(h5["classes"][:]))
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    write_image_folder(src, classes=("cat", "dog"), per_class=15, size=(60, 80))
+    return src
+
+
+def _build(source: Path, asset: Location, **kwargs: Any) -> Any:
+    return build_sharded_version(source, asset, max_shard_size=SMALL, workers=1, **kwargs)
+
+
+def test_a_sharded_version_reads_as_a_full_pack_of_each_source(
+    source: Path, tmp_path: Path
+) -> None:
+    asset = Location(str(tmp_path / "store" / "photos"))
+    first = _build(source, asset)
+    assert first.shards == 5 and first.shards_new == 5 and first.num_samples == 30
+    rows, manifest = version_rows(asset)
+    assert rows == full_rows(source, tmp_path)
+    assert manifest.classes == ("cat", "dog")
+
+    # a removed file, a replaced file (other pixels, same name), a new class
+    cats = sorted((source / "cat").iterdir())
+    cats[0].unlink()
+    shutil.copyfile(sorted((source / "dog").iterdir())[3], cats[7])
+    write_image_folder(tmp_path / "more", classes=("bird",), per_class=4, size=(60, 80), seed=7)
+    shutil.move(tmp_path / "more" / "bird", source / "bird")
+    second = _build(source, asset)
+    assert second.parent == first.sha256
+    rows, manifest = version_rows(asset)
+    assert rows == full_rows(source, tmp_path)
+    assert manifest.classes == ("bird", "cat", "dog")
+    # old shards keep their own class lists; the manifest maps them by name
+    old = [e for e in manifest.shards if e.sha256 not in {s for s in _new_shards(second, asset)}]
+    assert old and all(e.labels == (1, 2) for e in old)
+    assert sum(len(e.deleted) for e in manifest.shards) == 2  # the removed and the replaced
+
+
+def _new_shards(result: Any, asset: Location) -> set[str]:
+    manifest = read_manifest(asset.with_url(read_pointer(asset).url), result.sha256)
+    return {e.sha256 for e in manifest.shards[result.shards_reused :]}
+
+
+def test_a_new_version_writes_only_the_changed_samples_shards(source: Path, tmp_path: Path) -> None:
+    asset = Location(str(tmp_path / "store" / "photos"))
+    first = _build(source, asset)
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "store/photos/shards").iterdir()}
+    write_image_folder(tmp_path / "more", classes=("dog",), per_class=2, size=(60, 80), seed=9)
+    for f in (tmp_path / "more" / "dog").iterdir():
+        shutil.move(f, source / "dog" / f"new-{f.name}")
+    second = _build(source, asset)
+    assert (second.shards_new, second.shards_reused) == (1, first.shards)
+    assert second.bytes_new < first.bytes_new / 4
+    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "store/photos/shards").iterdir()}
+    assert {k: after[k] for k in before} == before  # no shard written over
+    assert len(after) == len(before) + 1
+
+
+def test_an_unchanged_source_publishes_nothing(source: Path, tmp_path: Path) -> None:
+    asset = Location(str(tmp_path / "store" / "photos"))
+    _build(source, asset)
+    listing = sorted(str(p) for p in (tmp_path / "store").rglob("*"))
+    pointer = (tmp_path / "store" / "photos.latest.json").read_bytes()
+    assert _build(source, asset) is None
+    assert sorted(str(p) for p in (tmp_path / "store").rglob("*")) == listing
+    assert (tmp_path / "store" / "photos.latest.json").read_bytes() == pointer
+
+
+def test_the_same_samples_give_the_same_shard_addresses(source: Path, tmp_path: Path) -> None:
+    one, two = Location(str(tmp_path / "a" / "x")), Location(str(tmp_path / "b" / "y"))
+    _build(source, one)
+    build_sharded_version(source, two, max_shard_size=SMALL, workers=2)  # other worker count
+    assert sorted(os.listdir(tmp_path / "a/x/shards")) == sorted(
+        os.listdir(tmp_path / "b/y/shards")
+    )
+
+
+def test_a_shard_left_mostly_dead_is_rewritten(source: Path, tmp_path: Path) -> None:
+    asset = Location(str(tmp_path / "store" / "photos"))
+    _build(source, asset)
+    _, manifest = version_rows(asset)
+    first = Path(asset.path) / shard_key(manifest.shards[0].sha256)
+    with h5py.File(first, "r") as h5:
+        doomed = _texts(h5["paths"][:])[:4]  # 4 of its 6 samples
+    for rel in doomed:
+        (source / rel).unlink()
+    second = _build(source, asset)
+    rows, manifest = version_rows(asset)
+    assert all(e.sha256 != first.stem for e in manifest.shards)  # compacted away
+    assert all(not e.deleted for e in manifest.shards)
+    assert rows == full_rows(source, tmp_path)
+    assert second.shards_new >= 1
+
+
+def test_a_publish_is_refused_when_another_published_since_it_began(
+    source: Path, tmp_path: Path
+) -> None:
+    asset = Location(str(tmp_path / "store" / "photos"))
+    first = _build(source, asset)
+    previous = read_previous(asset, read_pointer(asset))
+    (source / "cat" / sorted(os.listdir(source / "cat"))[0]).unlink()
+    staged = pack_sharded(
+        discover(source), tmp_path / "work", config=PackConfig(), max_shard_size=SMALL,
+        workers=1, previous=previous, unchanged=frozenset(), name="photos",
+    )  # fmt: skip
+    (source / "dog" / sorted(os.listdir(source / "dog"))[0]).unlink()
+    second = _build(source, asset)  # another build, published meanwhile
+    with pytest.raises(BusyError, match="moved to version"):
+        publish_sharded(staged, asset, based_on=first.sha256)
+    assert read_pointer(asset).sha256 == second.sha256
+
+
+def test_a_tampered_manifest_is_refused(source: Path, tmp_path: Path) -> None:
+    asset = Location(str(tmp_path / "store" / "photos"))
+    result = _build(source, asset)
+    where = Path(tmp_path / "store/photos/v" / result.version / "photos.version.json")
+    body = json.loads(where.read_bytes())
+    body["shards"][0]["deleted"] = [0]
+    where.write_bytes(json.dumps(body).encode())
+    with pytest.raises(IntegrityError, match="hashes to"):
+        read_manifest(Location(str(where)), result.sha256)
+    with pytest.raises(ValueError, match="num_samples"):
+        read_manifest(Location(str(where)))
+    body["num_samples"] -= 1
+    body["shards"][0]["deleted"] = [9]
+    where.write_bytes(json.dumps(body).encode())
+    with pytest.raises(ValueError, match=r"shards\[0\]\.deleted"):
+        read_manifest(Location(str(where)))
+
+
+def test_manifest_bytes_round_trip(source: Path, tmp_path: Path) -> None:
+    asset = Location(str(tmp_path / "store" / "photos"))
+    result = _build(source, asset)
+    _, manifest = version_rows(asset)
+    data = manifest_bytes(manifest)
+    assert hashlib.sha256(data).hexdigest() == result.sha256
+
+
+def test_a_sharded_version_on_s3_uploads_only_new_shards(
+    source: Path,
+    tmp_path: Path,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_requests: Any,
+) -> None:
+    asset = Location(f"s3://{s3_bucket}/photos", s3_storage_options)
+    first = _build(source, asset)
+    assert first.shards_new == first.shards == 5
+    (source / "cat" / sorted(os.listdir(source / "cat"))[0]).unlink()
+    s3_requests.clear()
+    second = _build(source, asset)
+    assert second.shards_reused == 5 and second.shards_new == 0
+    puts = [r for r in s3_requests() if r.method == "PUT"]
+    assert not [r for r in puts if "/shards/" in r.path]  # only the manifest, map and pointer
+    assert {r.path.rsplit("/", 1)[-1] for r in puts} >= {
+        "photos.version.json",
+        "photos.latest.json",
+    }
