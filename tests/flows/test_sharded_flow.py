@@ -45,13 +45,15 @@ def test_each_change_publishes_a_sharded_version_equal_to_a_full_build(
     )
     asset = Location(place.dest, place.options)
     first = build_dataset(config, cache_dir=str(tmp_path / "cache"))
-    assert first.version and not first.unchanged
+    assert first.version
+    assert not first.unchanged
     rows, manifest = version_rows(asset)
     assert rows == full_rows(local, tmp_path)
     shards = len(manifest.shards)
     assert shards == 8  # 48 samples
     again = build_dataset(config, cache_dir=str(tmp_path / "cache"))
-    assert again.unchanged and again.sha256 == first.sha256
+    assert again.unchanged
+    assert again.sha256 == first.sha256
     parent = first
     for step, change in CHANGES.items():
         change(local, tmp_path / f"extra-{step}")

@@ -104,7 +104,9 @@ def test_a_sharded_version_reads_as_a_full_pack_of_each_source(
 ) -> None:
     asset = Location(str(tmp_path / "store" / "photos"))
     first = _build(source, asset)
-    assert first.shards == 5 and first.shards_new == 5 and first.num_samples == 30
+    assert first.shards == 5
+    assert first.shards_new == 5
+    assert first.num_samples == 30
     rows, manifest = version_rows(asset)
     assert rows == full_rows(source, tmp_path)
     assert manifest.classes == ("cat", "dog")
@@ -121,8 +123,9 @@ def test_a_sharded_version_reads_as_a_full_pack_of_each_source(
     assert rows == full_rows(source, tmp_path)
     assert manifest.classes == ("bird", "cat", "dog")
     # old shards keep their own class lists; the manifest maps them by name
-    old = [e for e in manifest.shards if e.sha256 not in {s for s in _new_shards(second, asset)}]
-    assert old and all(e.labels == (1, 2) for e in old)
+    old = [e for e in manifest.shards if e.sha256 not in set(_new_shards(second, asset))]
+    assert old
+    assert all(e.labels == (1, 2) for e in old)
     assert sum(len(e.deleted) for e in manifest.shards) == 2  # the removed and the replaced
 
 
@@ -239,7 +242,8 @@ def test_a_sharded_version_on_s3_uploads_only_new_shards(
     (source / "cat" / sorted(os.listdir(source / "cat"))[0]).unlink()
     s3_requests.clear()
     second = _build(source, asset)
-    assert second.shards_reused == 5 and second.shards_new == 0
+    assert second.shards_reused == 5
+    assert second.shards_new == 0
     puts = [r for r in s3_requests() if r.method == "PUT"]
     assert not [r for r in puts if "/shards/" in r.path]  # only the manifest, map and pointer
     assert {r.path.rsplit("/", 1)[-1] for r in puts} >= {
