@@ -8,10 +8,11 @@ into a :class:`~h5forge.pack.sink.Sink`; :mod:`h5forge.pack.commit` verifies, se
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -186,6 +187,68 @@ def pack_slice(
         t0=t0,
         shard=shard,
     )
+
+
+class _Slice:
+    """The next ``len(catalog.samples)`` results of a stream shared by consecutive shards,
+    re-indexed from 0: what :func:`_pack` asks of a :class:`SampleSource`."""
+
+    copies = False
+    reused = 0
+    mismatched = 0
+
+    def __init__(self, catalog: Catalog, schema: Any, stream: Iterator[Any], offset: int) -> None:
+        self.catalog, self.schema, self._stream, self._offset = catalog, schema, stream, offset
+
+    def __iter__(self) -> Iterator[Any]:
+        for _ in range(len(self.catalog.samples)):
+            r = next(self._stream)
+            yield replace(r, index=r.index - self._offset)
+
+
+def pack_shards_stream(
+    catalog: Catalog,
+    groups: Sequence[int],
+    out: Callable[[int], str | os.PathLike[str]],
+    *,
+    config: PackConfig,
+    workers: int | None,
+) -> Iterator[PackResult]:
+    """Pack consecutive runs of ``catalog.samples`` (of ``groups[k]`` samples each) into the
+    shards ``out(k)``, one after the other, through ONE worker pool (a pool per shard would
+    cost its start-up, ~0.1 s, for every shard). Each shard is as :func:`pack_slice` with
+    ``shard=True`` writes it: sealed, verified, byte-reproducible.
+    """
+    t0 = time.perf_counter()
+    if sum(groups) != len(catalog.samples) or any(g < 1 for g in groups):
+        raise ValueError(f"groups {list(groups)[:10]} must be >= 1 each and add up to the samples")
+    source = SampleSource(catalog, config, workers=workers, reuse=None)
+    results = iter(source)
+    try:
+        # The pool starts before the first shard's file exists: its workers live on while
+        # every shard is sealed, and must not hold (a forked copy of) any shard's descriptor.
+        first = next(results, None)
+        stream = itertools.chain([] if first is None else [first], results)
+        offset = 0
+        for k, n in enumerate(groups):
+            part = replace(catalog, samples=catalog.samples[offset : offset + n], rejected=())
+            out_path, filters = check_pack(config, out(k), workers, 1.0, True, _HOW)
+            yield _pack(
+                _Slice(part, source.schema, stream, offset),  # type: ignore[arg-type]
+                out_path,
+                config,
+                filters,
+                max_bad_fraction=1.0,
+                bar=PackProgress(n, False, None),
+                overwrite=True,
+                every_class=False,
+                t0=t0,
+                shard=True,
+            )
+            offset += n
+            t0 = time.perf_counter()
+    finally:
+        results.close()
 
 
 def _pack(

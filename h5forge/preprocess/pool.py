@@ -310,17 +310,28 @@ def worker_context() -> BaseContext:
     macOS/Windows) unless it is fork, which is replaced by forkserver (spawn where it is
     missing). A forkserver context preloads the decoders.
     """
+    global _CHOSEN
     chosen = multiprocessing.get_start_method(allow_none=True)
-    if chosen is not None:
-        return multiprocessing.get_context(chosen)
     available = multiprocessing.get_all_start_methods()  # the platform default comes first
-    if available[0] != "fork":
-        return multiprocessing.get_context(available[0])
-    if "forkserver" not in available:
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    _preload(ctx)
-    return ctx
+    if _CHOSEN is not None and chosen == available[0]:
+        # Starting a forkserver or spawn process pins the *default* context to the platform's
+        # default as a side effect (CPython's get_preparation_data asks get_start_method()):
+        # that is not a choice, and the next pool would fork this (large, threaded) process,
+        # its open files included. Keep what the first pool used.
+        return _CHOSEN
+    if chosen is not None:
+        _CHOSEN = multiprocessing.get_context(chosen)
+    elif available[0] != "fork":
+        _CHOSEN = multiprocessing.get_context(available[0])
+    elif "forkserver" not in available:
+        _CHOSEN = multiprocessing.get_context("spawn")
+    else:
+        _CHOSEN = multiprocessing.get_context("forkserver")
+        _preload(_CHOSEN)
+    return _CHOSEN
+
+
+_CHOSEN: BaseContext | None = None  # the context of the first pool (see worker_context)
 
 
 # The pool's module: importing it imports the decode pipeline (numpy, Pillow) and the

@@ -226,7 +226,7 @@ def pack_sharded(
         ValueError: ``max_shard_size`` < 1 MiB or ``compact_below`` outside [0, 1].
         TooManyBadImagesError, EmptyDatasetError: as :func:`h5forge.pack.writer.pack`.
     """
-    from h5forge.pack.writer import pack_slice
+    from h5forge.pack.writer import pack_shards_stream
 
     if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int):
         raise ValueError(f"max_shard_size={max_shard_size!r} must be a number of bytes")
@@ -243,13 +243,23 @@ def pack_sharded(
     entries: list[ShardEntry] = list(kept)
     bad: list[tuple[str, str]] = []
     plan = plan_shards(fresh, config, max_shard_size)
-    for k, group in enumerate(plan):
+    ordered = replace(
+        catalog, samples=tuple(fresh[i] for group in plan for i in group), rejected=()
+    )
+    if on_shard is not None:
+        on_shard(0, len(plan))
+    results = pack_shards_stream(
+        ordered,
+        [len(g) for g in plan],
+        lambda k: folder / f"shard-{k:06d}.h5",
+        config=config,
+        workers=workers,
+    )
+    for k, result in enumerate(results):
         if on_shard is not None:
-            on_shard(k, len(plan))
-        part = replace(catalog, samples=tuple(fresh[i] for i in group), rejected=())
-        out = folder / f"shard-{k:06d}.h5"
-        result = pack_slice(part, out, config=config, workers=workers, shard=True)
+            on_shard(k + 1, len(plan))
         bad.extend(result.quarantined)
+        out = Path(result.path)
         if result.num_samples == 0:
             out.unlink()
             continue
@@ -258,8 +268,6 @@ def pack_sharded(
         os.replace(out, final)
         new[sha] = str(final)
         entries.append(_new_entry(str(final), sha, classes))
-    if on_shard is not None:
-        on_shard(len(plan), len(plan))
     bad = [*catalog.rejected, *bad]
     check_bad_fraction(len(catalog.samples) + len(catalog.rejected), bad, max_bad_fraction)
     packed = {s.relpath for s in catalog.samples} - {p for p, _ in bad}

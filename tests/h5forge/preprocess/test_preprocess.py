@@ -247,3 +247,36 @@ def test_killing_only_the_main_pack_process_takes_its_workers_with_it(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork is the platform default on Linux")
+def test_the_second_pack_of_a_process_starts_its_workers_as_the_first_did(tmp_path: Path) -> None:
+    """Starting a fork-server worker pins the default start method to fork as a side effect
+    (CPython asks ``get_start_method()``); the pool of a second pack must not take that for a
+    choice and fork the main process (its open files, the partial being written, included)."""
+    src = tmp_path / "src"
+    write_image_folder(src, classes=("a", "b"), per_class=8, seed=5, size=(40, 50))
+    code = (
+        "import multiprocessing, sys\n"
+        "from h5forge.pack.writer import pack\n"
+        "from h5forge.preprocess.pool import worker_context\n"
+        "if __name__ == '__main__':\n"
+        "    seen = []\n"
+        "    for k in range(2):\n"
+        "        pack(sys.argv[1], f'{sys.argv[2]}/{k}.h5', workers=2)\n"
+        "        seen.append(worker_context().get_start_method())\n"
+        "    print(multiprocessing.get_start_method(allow_none=True), *seen)\n"
+    )
+    script = tmp_path / "twice.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, str(script), str(src), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    pinned, first, second = done.stdout.split()
+    assert pinned == "fork"  # the side effect this guards against happened
+    assert first == second == "forkserver"
