@@ -1,4 +1,5 @@
-"""``h5forge`` command line: pack, verify, inspect, versions and diff, without Prefect.
+"""``h5forge`` command line: pack, verify, inspect, versions, diff, compact and purge, without
+Prefect.
 
 Exit codes, the same for every command (``build`` and ``demo`` included): 0 success, 1
 integrity or run failure, 2 usage error; the table is in :mod:`h5forge.cli.exits`.
@@ -20,6 +21,7 @@ import typer
 
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, run_guarded
 from h5forge.cli.options import AssetName, AssetVersion, with_pack_options
+from h5forge.cli.shards import compact, purge
 from h5forge.cli.summary import format_summary
 from h5forge.cli.verify import verify
 from h5forge.text import printable
@@ -229,6 +231,10 @@ def diff(
         f"config: {'changed' if d.config_changed else 'unchanged'}",
     ):
         typer.echo(line)
+
+
+app.command()(compact)
+app.command()(purge)
 
 
 def main() -> None:

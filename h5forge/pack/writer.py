@@ -165,8 +165,12 @@ def pack_slice(
     config: PackConfig,
     workers: int | None,
     shard: bool = False,
+    reuse: Reuse | None = None,
 ) -> PackResult:
     """Pack a slice of a catalog (a part, or with ``shard`` a shard) into ``out``, replacing it.
+
+    ``reuse``: a sealed file (an earlier shard) whose samples of these paths are copied as
+    stored, checked, instead of decoded (a shard rewritten without some rows).
 
     Unlike :func:`pack`, a class may have no sample in the slice, and any number of inputs
     may be quarantined: the merge (or the sharded version) applies ``max_bad_fraction`` to the
@@ -176,7 +180,7 @@ def pack_slice(
     t0 = time.perf_counter()
     out_path, filters = check_pack(config, out, workers, 1.0, True, _HOW)
     return _pack(
-        SampleSource(catalog, config, workers=workers, reuse=None),
+        SampleSource(catalog, config, workers=workers, reuse=reuse),
         out_path,
         config,
         filters,

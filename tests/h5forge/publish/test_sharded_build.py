@@ -250,3 +250,94 @@ def test_a_sharded_version_on_s3_uploads_only_new_shards(
         "photos.version.json",
         "photos.latest.json",
     }
+
+
+def test_purge_removes_a_samples_bytes_from_every_version(source: Path, tmp_path: Path) -> None:
+    from h5forge.publish.rewrite import purge
+
+    asset = Location(str(tmp_path / "store" / "photos"))
+    _build(source, asset)
+    doomed = "cat/" + sorted(os.listdir(source / "cat"))[2]
+    write_image_folder(tmp_path / "more", classes=("dog",), per_class=2, size=(60, 80), seed=9)
+    for f in (tmp_path / "more" / "dog").iterdir():
+        shutil.move(f, source / "dog" / f"new-{f.name}")
+    (source / doomed).unlink()  # removed from the source: the older version still holds it
+    _build(source, asset)
+    found_before = _files_holding(tmp_path / "store", doomed)
+    assert len(found_before) == 1  # one shard, shared by both versions
+    result = purge(asset, [doomed])
+    assert result.removed_samples == 1
+    assert len(result.versions) == 2  # both versions written anew
+    assert not _files_holding(tmp_path / "store", doomed)
+    rows, manifest = version_rows(asset)
+    assert doomed not in rows
+    assert rows == full_rows(source, tmp_path)  # the latest still reads as its source
+    assert manifest.parent == result.versions[0][1]
+    # every version left is readable, and none names a shard that is gone
+    for folder in (tmp_path / "store/photos/v").iterdir():
+        m = read_manifest(Location(str(next(folder.glob("*.version.json")))))
+        for e in m.shards:
+            assert (tmp_path / "store/photos" / shard_key(e.sha256)).exists()
+    # the next build is still incremental: nothing to do
+    assert _build(source, asset) is None
+
+
+def _files_holding(store: Path, path: str) -> list[Path]:
+    """The shard files whose /paths list ``path``."""
+    held = []
+    for shard in (store / "photos" / "shards").iterdir():
+        with h5py.File(shard, "r") as h5:
+            if path in _texts(h5["paths"][:]):
+                held.append(shard)
+    return held
+
+
+def test_compact_rewrites_mostly_dead_shards_with_their_live_rows(
+    source: Path, tmp_path: Path
+) -> None:
+    from h5forge.publish.rewrite import compact
+
+    asset = Location(str(tmp_path / "store" / "photos"))
+    _build(source, asset)
+    _, manifest = version_rows(asset)
+    first = Path(asset.path) / shard_key(manifest.shards[0].sha256)
+    with h5py.File(first, "r") as h5:
+        doomed = _texts(h5["paths"][:])[:2]  # 2 of 6: the shard is kept, 4/6 live
+    for rel in doomed:
+        (source / rel).unlink()
+    _build(source, asset)
+    before, manifest = version_rows(asset)
+    assert manifest.shards[0].deleted == (0, 1)
+    assert compact(asset, below=0.5).versions == ()  # 4/6 live: nothing to do
+    result = compact(asset, below=0.9)
+    assert len(result.shards_rewritten) == 1
+    after, compacted = version_rows(asset)
+    assert after == before  # the same samples, digests and all
+    assert list(after) == list(before)  # in the same order
+    assert compacted.shards[0].deleted == ()
+    assert compacted.shards[0].samples == 4
+    assert compacted.parent == manifest_sha(manifest)
+    assert _build(source, asset) is None  # still recognised as built from this source
+
+
+def manifest_sha(manifest: VersionManifest) -> str:
+    return hashlib.sha256(manifest_bytes(manifest)).hexdigest()
+
+
+def test_purge_and_compact_from_the_command_line(source: Path, tmp_path: Path) -> None:
+    from tests.h5forge.cli.test_cli import _cli, _error_line
+
+    base = tmp_path / "store" / "photos"
+    _build(source, Location(str(base)))
+    doomed = "dog/" + sorted(os.listdir(source / "dog"))[0]
+    done = _cli("purge", str(base), "--path", doomed)
+    assert done.returncode == 0, done.stderr
+    assert "1 rows removed from 1 shards; 1 versions written anew" in done.stdout
+    assert doomed not in version_rows(Location(str(base)))[0]
+    done = _cli("compact", str(base))
+    assert done.returncode == 0, done.stderr
+    assert "nothing written" in done.stdout
+    missing = _cli("purge", str(tmp_path / "nowhere"), "--path", doomed)
+    assert missing.returncode == 2
+    assert "has no sharded version" in _error_line(missing)
+    assert not (tmp_path / "nowhere").exists()  # nothing made for a name that is not there
