@@ -55,6 +55,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_SIDECAR_BYTES",
     "MAX_POINTER_BYTES",
+    "PreconditionError",
     "SIDECAR_SUFFIX",
     "TEMP_MARK",
     "DocumentError",
@@ -325,6 +326,55 @@ class Location:
             tmp.unlock()
             os.rename(tmp.path, path)
         fsync_dir(parent)  # persist the rename itself
+
+    # --- conditional writes (object stores that have them) ---------------------------------
+    @property
+    def conditional(self) -> bool:
+        """Whether writes here can be conditional on what is there (S3's ``If-Match`` /
+        ``If-None-Match`` on a PUT): then :meth:`put_if` is a compare-and-swap across hosts."""
+        return self.url.split("://", 1)[0].lower() in _CONDITIONAL
+
+    def etag(self) -> str | None:
+        """The ETag of the object here (None: no object); for :meth:`put_if`."""
+        fs, path = self.fs, self.path
+        fs.invalidate_cache(path)
+        try:
+            tag = fs.info(path).get("ETag")
+        except FileNotFoundError:
+            return None
+        return str(tag) if tag else None
+
+    def put_if(self, data: bytes, *, etag: str | None) -> None:
+        """Write ``data`` here only if the object is still the one with ``etag`` (None: only
+        if there is none), in one conditional PUT.
+
+        Raises:
+            PreconditionError: the object changed (or appeared) since ``etag`` was read.
+            ValueError: the store has no conditional writes (:attr:`conditional`).
+        """
+        if not self.conditional:
+            raise ValueError(f"{self}: this store has no conditional writes")
+        fs, path = self.fs, self.path
+        try:
+            if etag is None:
+                fs.pipe_file(path, data, mode="create")
+            else:
+                fs.pipe_file(path, data, IfMatch=etag)
+        except FileExistsError as e:
+            raise PreconditionError(f"{self} appeared meanwhile") from e
+        except OSError as e:
+            if "pre-condition" not in str(e).lower() and "precondition" not in str(e).lower():
+                raise
+            raise PreconditionError(f"{self} changed meanwhile") from e
+        finally:
+            fs.invalidate_cache(path)
+
+
+class PreconditionError(Exception):
+    """A conditional write found the object changed since it was read (another writer)."""
+
+
+_CONDITIONAL = ("s3", "s3a")  # S3 (and S3-compatible stores that implement If-Match)
 
 
 #: In the name of a temp file: ``.NAME.tmp-TOKEN``.

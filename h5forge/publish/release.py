@@ -34,6 +34,7 @@ from h5forge.publish.versions import (
     asset_base,
     check_tree,
     check_version_tree,
+    guard_pointer,
     pointer_url,
     read_pointer,
     version_url,
@@ -136,7 +137,8 @@ def publish_version(
     sha = sha256 if sha256 is not None else Location.of(local).sha256()
     target = version_url(url, sha)
     with asset_lock(asset):
-        pointer = read_pointer(asset)
+        guard = guard_pointer(asset)  # on S3, the pointer moves only if it is still this one
+        pointer = guard.pointer
         if based_on is not None and pointer is not None and sha != pointer.sha256 != based_on:
             raise BusyError(
                 f"{redact_url(pointer_url(url))} moved to version {pointer.sha256[:KEY_HEX]} "
@@ -164,7 +166,7 @@ def publish_version(
             sha256=sha,
         )
         if pointer is None or pointer.sha256 != sha:
-            write_pointer(asset, sha, parent=parent)
+            write_pointer(asset, sha, parent=parent, guard=guard)
             log.info("%s now names version %s", redact_url(pointer_url(url)), sha[:KEY_HEX])
         removed = apply_retention(asset, keep_versions=keep_versions, min_age_s=min_age_s)
     return VersionResult(

@@ -48,6 +48,7 @@ from h5forge.publish.versions import (
     KEY_HEX,
     asset_base,
     check_tree,
+    guard_pointer,
     read_pointer,
     version_url,
     write_pointer,
@@ -304,7 +305,8 @@ def compact(asset: Location, below: float = COMPACT_BELOW) -> RewriteResult:
     if read_pointer(asset) is None:  # before the lock, which would make the folder
         raise FileNotFoundError(f"{redact_url(asset_base(asset.url))} has no version")
     with asset_lock(asset), tempfile.TemporaryDirectory(prefix="h5forge-compact-") as tmp:
-        pointer = read_pointer(asset)
+        guard = guard_pointer(asset)
+        pointer = guard.pointer
         if pointer is None:
             raise FileNotFoundError(f"{redact_url(asset_base(asset.url))} has no version")
         if pointer.kind != "sharded":
@@ -329,7 +331,7 @@ def compact(asset: Location, below: float = COMPACT_BELOW) -> RewriteResult:
             return RewriteResult(pointer.sha256, (), (), 0)
         new = replace(manifest, shards=tuple(entries), parent=pointer.sha256)
         sha = _write_manifest(asset, new, was=pointer.sha256)
-        write_pointer(asset, sha, parent=pointer.sha256, kind="sharded")
+        write_pointer(asset, sha, parent=pointer.sha256, kind="sharded", guard=guard)
         log.info("compacted %d shards of %s", len(rewritten), redact_url(asset_base(asset.url)))
         return RewriteResult(sha, ((pointer.sha256, sha),), tuple(rewritten), 0)
 
@@ -366,7 +368,8 @@ def _republish(
 ) -> RewriteResult:
     """Upload the rewritten shards, write every version's manifest anew (oldest parent
     first), move the pointer, then delete what no version lists."""
-    pointer = read_pointer(asset)
+    guard = guard_pointer(asset)
+    pointer = guard.pointer
     if not new_shards:
         return RewriteResult(pointer.sha256 if pointer else "", (), (), 0)
     for made in new_shards.values():
@@ -401,7 +404,7 @@ def _republish(
         latest = renamed.get(pointer.sha256, pointer.sha256)
         parent = renamed.get(pointer.parent, pointer.parent)
         if latest != pointer.sha256:
-            write_pointer(asset, latest, parent=parent, kind=pointer.kind)
+            write_pointer(asset, latest, parent=parent, kind=pointer.kind, guard=guard)
     gone = [s for s, n in renamed.items() if n != s]
     _remove_unlisted(asset, new_shards.keys(), gone, keep_shards)
     log.info("purged %d rows from %s", removed, redact_url(asset_base(asset.url)))

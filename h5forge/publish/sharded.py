@@ -56,6 +56,7 @@ from h5forge.publish.versions import (
     Pointer,
     asset_base,
     check_tree,
+    guard_pointer,
     pointer_url,
     read_pointer,
     version_url,
@@ -433,7 +434,8 @@ def publish_sharded(
     home = asset.with_url(base)
     read_pointer(asset)  # checks the URL and the pointer first
     with asset_lock(asset):
-        pointer = read_pointer(asset)
+        guard = guard_pointer(asset)  # on S3, the pointer moves only if it is still this one
+        pointer = guard.pointer
         latest = pointer.sha256 if pointer is not None else ""
         if based_on is not None and latest != based_on:
             raise BusyError(
@@ -480,7 +482,7 @@ def publish_sharded(
             write_sources(where, sources)
         where.put(data=data)
         if latest != sha:
-            write_pointer(asset, sha, parent=latest, kind="sharded")
+            write_pointer(asset, sha, parent=latest, kind="sharded", guard=guard)
             log.info("%s now names version %s", redact_url(pointer_url(base)), sha[:KEY_HEX])
         removed = apply_retention(asset, keep_versions=keep_versions, min_age_s=min_age_s)
     all_bytes = sum(e.bytes for e in manifest.shards)

@@ -31,11 +31,12 @@ import re
 import stat
 from dataclasses import dataclass
 
-from h5forge.errors import UnsafePathError
-from h5forge.location import MAX_POINTER_BYTES, Location
+from h5forge.errors import BusyError, UnsafePathError
+from h5forge.location import MAX_POINTER_BYTES, Location, PreconditionError
 from h5forge.redact import redact_url
 
 __all__ = [
+    "Guard",
     "KINDS",
     "POINTER_FORMAT",
     "POINTER_SUFFIX",
@@ -44,6 +45,7 @@ __all__ = [
     "asset_base",
     "check_tree",
     "check_version_tree",
+    "guard_pointer",
     "parse_version",
     "pointer_body",
     "pointer_url",
@@ -147,15 +149,80 @@ class Pointer:
     kind: str = "file"
 
 
-def write_pointer(asset: Location, sha256: str, *, parent: str = "", kind: str = "file") -> Pointer:
+@dataclass(frozen=True)
+class Guard:
+    """The pointer as a publisher read it, and what a conditional write compares against.
+
+    Attributes:
+        pointer: what it said (None: the asset had none).
+        etag: on a store with conditional writes, the ETag of the pointer object read (None:
+            no object); unused elsewhere.
+        conditional: the store has conditional writes (S3): the pointer moves only if it is
+            still this one, whichever host moved it.
+    """
+
+    pointer: Pointer | None
+    etag: str | None = None
+    conditional: bool = False
+
+
+def guard_pointer(asset: Location, *, tries: int = 5) -> Guard:
+    """The pointer now, with (on S3) the ETag of the very object read: the tag is taken before
+    and after the read, and the read is repeated while they differ.
+
+    Raises:
+        BusyError: the pointer changed under every one of ``tries`` reads (writers racing).
+        ValueError: as :func:`read_pointer`.
+    """
+    target = asset.with_url(pointer_url(asset.url))
+    if not target.conditional:
+        return Guard(read_pointer(asset))
+    for _ in range(tries):
+        before = target.etag()
+        pointer = read_pointer(asset)
+        after = target.etag()
+        if before == after and (pointer is None) == (after is None):
+            return Guard(pointer, after, conditional=True)
+    raise BusyError(
+        f"{redact_url(pointer_url(asset.url))} changed under each of {tries} reads: other "
+        "builds are publishing this asset right now; run this one again later"
+    )
+
+
+def write_pointer(
+    asset: Location,
+    sha256: str,
+    *,
+    parent: str = "",
+    kind: str = "file",
+    guard: Guard | None = None,
+) -> Pointer:
     """Make the version with this sha256 the latest of the asset at ``asset``, in one step;
     written last.
 
     The caller has published the version (file read back and sidecar written; or, sharded,
-    every shard and the manifest) before calling.
+    every shard and the manifest) before calling. With ``guard`` (:func:`guard_pointer`, read
+    before the caller decided) on a store with conditional writes, the pointer moves only if it
+    is still the one read: a writer on another host that moved it meanwhile makes this one
+    fail instead of being overwritten.
+
+    Raises:
+        BusyError: the pointer moved since ``guard`` was read (nothing was written).
     """
     body = pointer_body(asset, sha256, parent=parent, kind=kind)
-    asset.with_url(pointer_url(asset.url)).put(data=body)
+    target = asset.with_url(pointer_url(asset.url))
+    if guard is not None and guard.conditional:
+        try:
+            target.put_if(body, etag=guard.etag)
+        except PreconditionError:
+            was = guard.pointer.sha256[:KEY_HEX] if guard.pointer else "no version"
+            raise BusyError(
+                f"{redact_url(pointer_url(asset.url))} was moved by another writer after this "
+                f"publish read it (it then named {was}): the pointer was left as that writer "
+                "made it; run this build again to build on it"
+            ) from None
+    else:
+        target.put(data=body)
     return _pointer(asset_base(asset.url), json.loads(body))
 
 

@@ -341,3 +341,73 @@ def test_purge_and_compact_from_the_command_line(source: Path, tmp_path: Path) -
     assert missing.returncode == 2
     assert "has no sharded version" in _error_line(missing)
     assert not (tmp_path / "nowhere").exists()  # nothing made for a name that is not there
+
+
+def test_the_pointer_moves_only_if_no_other_host_moved_it_on_s3(
+    source: Path, tmp_path: Path, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    from h5forge.publish.versions import guard_pointer, write_pointer
+
+    asset = Location(f"s3://{s3_bucket}/photos", s3_storage_options)
+    first = _build(source, asset)
+    guard = guard_pointer(asset)
+    assert guard.conditional
+    assert guard.pointer is not None
+    assert guard.pointer.sha256 == first.sha256
+    other = "ab" * 32
+    write_pointer(asset, other, parent=first.sha256, kind="sharded")  # another host's publish
+    with pytest.raises(BusyError, match="moved by another writer"):
+        write_pointer(asset, "cd" * 32, parent=first.sha256, kind="sharded", guard=guard)
+    assert read_pointer(asset).sha256 == other  # left as the other writer made it
+    # an asset with no pointer: only one of two first publishes may create it
+    empty = Location(f"s3://{s3_bucket}/fresh", s3_storage_options)
+    guards = [guard_pointer(empty), guard_pointer(empty)]
+    write_pointer(empty, other, kind="sharded", guard=guards[0])
+    with pytest.raises(BusyError):
+        write_pointer(empty, "cd" * 32, kind="sharded", guard=guards[1])
+
+
+def test_two_publishes_racing_on_s3_publish_one_version(
+    source: Path, tmp_path: Path, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    import threading
+
+    asset = Location(f"s3://{s3_bucket}/photos", s3_storage_options)
+    first = _build(source, asset)
+    previous = read_previous(asset, read_pointer(asset))
+    staged = []
+    for k in range(2):  # two builds of different sources, both based on the first version
+        copy = tmp_path / f"copy-{k}"
+        shutil.copytree(source, copy)
+        (copy / "cat" / sorted(os.listdir(copy / "cat"))[k]).unlink()
+        staged.append(
+            pack_sharded(
+                discover(copy),
+                tmp_path / f"work-{k}",
+                config=PackConfig(),
+                max_shard_size=SMALL,
+                workers=1,
+                previous=previous,
+                unchanged=frozenset(),
+                name="photos",
+            )  # fmt: skip
+        )
+    outcomes: list[object] = [None, None]
+    start = threading.Barrier(2)
+
+    def publish(k: int) -> None:
+        start.wait()
+        try:
+            outcomes[k] = publish_sharded(staged[k], asset, based_on=first.sha256)
+        except BusyError as e:
+            outcomes[k] = e
+
+    threads = [threading.Thread(target=publish, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = [o for o in outcomes if not isinstance(o, BusyError)]
+    assert len(won) == 1, outcomes
+    assert read_pointer(asset).sha256 == won[0].sha256  # type: ignore[attr-defined]
+    assert won[0].parent == first.sha256  # type: ignore[attr-defined]
