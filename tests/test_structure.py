@@ -43,6 +43,10 @@ LONG_MODULES: dict[str, str] = {
     "selects, how one process reads those columns and checks their values, how they collate",
     "h5forge.options": "every pack option defined once: what an option is and how a value is "
     "checked, the table of options, the rules between them, the renamed names",
+    "h5forge.publish.sharded": "a sharded version's writer read as one: what a new version "
+    "keeps of the previous one, what it packs, how it is published (pointer last)",
+    "h5forge.flows.build": "the build flow: its two choices (where it publishes, how it packs) "
+    "beside the stages they choose between, a sharded version's included",
 }
 
 
@@ -347,10 +351,8 @@ ALONE: dict[str, str] = {
     "h5forge.discover.report": (
         "a catalog in words for the task's log and report; no discover rule lives there"
     ),
+    "h5forge.cli.shards": ("the compact and purge commands, apart from the command wiring"),
     "h5forge.fetch.extract": ("safe archive extraction: a security boundary read on its own"),
-    "h5forge.fetch.fingerprint": (
-        "a source's identity without reading a file, shared by fetch and lineage"
-    ),
     "h5forge.fetch.http": (
         "the download loop (limits, retries, watchdog): a boundary read on its own"
     ),
@@ -373,10 +375,12 @@ ALONE: dict[str, str] = {
     ),
     "h5forge.preprocess.ring": ("the shared-memory ring results come back in"),
     "h5forge.publish.diff": ("comparing two versions' indexes: its own command and tests"),
+    "h5forge.publish.rewrite": (
+        "rewriting published shards (compact, purge): a takedown is read on its own"
+    ),
     "h5forge.publish.overlay": (
         "drawing boxes and masks on the preview: image code apart from publishing"
     ),
-    "h5forge.publish.release": ("publishing a version: pointer last, then retention"),
     "h5forge.read.asset_list": (
         "the asset list: an untrusted document with its own bounds and tests"
     ),

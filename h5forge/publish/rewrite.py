@@ -43,7 +43,7 @@ from h5forge.publish.manifest import (
     read_manifest,
     shard_key,
 )
-from h5forge.publish.sharded import COMPACT_BELOW, _texts
+from h5forge.publish.sharded import COMPACT_BELOW, texts
 from h5forge.publish.versions import (
     KEY_HEX,
     asset_base,
@@ -140,11 +140,11 @@ def _rewrite(
                 f"shard {entry.sha256[:KEY_HEX]} has target columns: rewriting shards with "
                 "targets is not supported yet; rebuild the asset without the samples instead"
             )
-        paths = _texts(h5[fmt.PATHS][:])
-        classes = _texts(h5[fmt.CLASSES][:])
+        paths = texts(h5[fmt.PATHS][:])
+        classes = texts(h5[fmt.CLASSES][:])
         labels = h5[fmt.LABELS][:]
         splits = h5[fmt.SPLITS][:]
-        names = _texts(h5[fmt.SPLIT_NAMES][:])
+        names = texts(h5[fmt.SPLIT_NAMES][:])
     rows = [paths[r] for r in keep]
     if len(set(rows)) != len(rows):
         raise IntegrityError(f"shard {entry.sha256[:KEY_HEX]} lists a path twice: not rewritten")
@@ -277,7 +277,7 @@ def purge(asset: Location, paths: Collection[str]) -> RewriteResult:
                 if entry.sha256 in new_shards or entry.sha256 in row_maps:
                     continue
                 with _local_shard(asset, entry, tmp) as local, open_h5(Location(local)) as h5:
-                    names = _texts(h5[fmt.PATHS][:])
+                    names = texts(h5[fmt.PATHS][:])
                 drop = {r for r, p in enumerate(names) if p in wanted}
                 if not drop:
                     row_maps[entry.sha256] = {}
@@ -349,7 +349,7 @@ def _refuse_single_files(asset: Location, wanted: frozenset[str]) -> None:
             continue
         check_tree(home, "v", key, f"{name}.h5")
         with open_h5(file) as h5:
-            held = wanted & set(_texts(h5[fmt.PATHS][:]))
+            held = wanted & set(texts(h5[fmt.PATHS][:]))
         if held:
             raise ValueError(
                 f"version {key} of {redact_url(base)} is a single file holding "
@@ -420,7 +420,7 @@ def _splits(local: str, mapping: dict[int, int], live: list[int]) -> dict[str, i
     """Live rows per split of the rewritten shard at ``local``, for the rows ``live`` (old
     numbering) that ``mapping`` carries over."""
     with open_h5(Location(local)) as h5:
-        names = _texts(h5[fmt.SPLIT_NAMES][:])
+        names = texts(h5[fmt.SPLIT_NAMES][:])
         splits = h5[fmt.SPLITS][:]
     counts: dict[str, int] = {}
     for r in live:

@@ -107,7 +107,8 @@ class Previous:
     shards: tuple[ShardIndex, ...]
 
 
-def _texts(values: Any) -> tuple[str, ...]:
+def texts(values: Any) -> tuple[str, ...]:
+    """An HDF5 string dataset's values as ``str``."""
     return tuple(v.decode() if isinstance(v, bytes) else str(v) for v in values)
 
 
@@ -134,11 +135,11 @@ def read_previous(asset: Location, pointer: Pointer | None) -> Previous | None:
                 )
             shards.append(
                 ShardIndex(
-                    paths=_texts(h5[fmt.PATHS][:]),
-                    classes=_texts(h5[fmt.CLASSES][:]),
+                    paths=texts(h5[fmt.PATHS][:]),
+                    classes=texts(h5[fmt.CLASSES][:]),
                     labels=np.asarray(h5[fmt.LABELS][:], dtype=np.int64),
                     splits=np.asarray(h5[fmt.SPLITS][:], dtype=np.int64),
-                    split_names=_texts(h5[fmt.SPLIT_NAMES][:]),
+                    split_names=texts(h5[fmt.SPLIT_NAMES][:]),
                 )
             )
     return Previous(manifest, pointer.sha256, read_sources(where), tuple(shards))
