@@ -83,3 +83,46 @@ def test_max_shard_size_needs_a_versioned_local_build() -> None:
         ).max_shard_size
         == 64 * 2**20
     )
+
+
+def test_a_single_file_asset_is_sharded_once_and_its_versions_record_their_shards(
+    prefect_harness: str, tmp_path: Path
+) -> None:
+    from h5forge.demo import write_image_folder
+    from h5forge.publish.sharded import texts
+    from h5forge.tasks.publish import asset_key
+    from tests.flows.test_versioned_retention import _events
+
+    src, dest = tmp_path / "src", str(tmp_path / "pub" / "set.h5")
+    write_image_folder(src, classes=("ant", "bee"), per_class=9, seed=5)
+    plain = BuildConfig(
+        source=str(src), destination=dest, versioned=True, min_age_s=0, smoke_workers=0, size=224
+    )
+    single = build_dataset(plain, cache_dir=str(tmp_path / "cache"))  # today's layout
+    sharded = plain.model_copy(update={"max_shard_size": 2**20})
+    again = build_dataset(sharded, cache_dir=str(tmp_path / "cache"))
+    assert again.unchanged  # the same source and pixels: a no-op stays a no-op
+    assert again.sha256 == single.sha256
+    (src / "ant" / sorted(p.name for p in (src / "ant").iterdir())[0]).unlink()
+    first = build_dataset(sharded, cache_dir=str(tmp_path / "cache"))  # re-shards, once
+    assert not first.unchanged
+    assert first.reused == 0
+    asset = Location(dest)
+    rows, manifest = version_rows(asset)
+    assert manifest.parent == single.sha256
+    assert rows == full_rows(src, tmp_path)
+    assert len(manifest.shards) == 3  # 17 samples, 6 a shard
+    import h5py
+
+    with h5py.File(single.destination, "r") as h5:  # the single-file version is still there
+        assert len(set(texts(h5["paths"][:])) - set(rows)) == 1  # the removed one
+    (src / "bee" / sorted(p.name for p in (src / "bee").iterdir())[0]).unlink()
+    second = build_dataset(sharded, cache_dir=str(tmp_path / "cache"))
+    events = {e.payload["version"]: e.payload for e in _events(asset_key(dest), 3)}
+    one, two = events[first.version], events[second.version]
+    assert (one["shards"], one["shards_new"], one["shards_reused"]) == (3, 3, 0)
+    assert (two["shards"], two["shards_new"], two["shards_reused"]) == (3, 0, 3)
+    assert two["bytes_new"] == 0
+    assert two["bytes_reused"] == one["bytes_new"] > 0
+    assert two["parent_sha256"] == first.sha256
+    assert two["removed"] == 1
