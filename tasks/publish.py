@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import posixpath
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prefect import task
 from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
@@ -225,6 +225,14 @@ def publish_version_task(
     Call it as ``publish_version_task(dest)(local_file, Location(dest, options),
     preview_png=..., sources=...)``. Never cached, as :func:`publish_task`.
     """
+    return cast(
+        "MaterializingTask[..., VersionResult]", _materializing(dest, description)(_publish_version)
+    )
+
+
+def _materializing(dest: str, description: str) -> Any:
+    """The decorator that makes a publish function a task materialising the asset ``dest``:
+    never cached (its answer is what the store holds now), retried on upload errors."""
     asset = Asset(
         key=asset_key(dest),
         properties=AssetProperties(name=dataset_name(dest), description=description[:2500] or None),
@@ -236,7 +244,7 @@ def publish_version_task(
         task_run_name=run_name("publish"),
         cache_policy=NO_CACHE,
         **with_retries(3, retry_upload),
-    )(_publish_version)
+    )
 
 
 def as_published(result: VersionResult) -> PublishResult:
@@ -312,15 +320,6 @@ def publish_shards_task(
 ) -> MaterializingTask[..., ShardedResult]:
     """The sharded publish task for the URL ``dest`` (the same asset as
     :func:`publish_version_task`'s). Never cached."""
-    asset = Asset(
-        key=asset_key(dest),
-        properties=AssetProperties(name=dataset_name(dest), description=description[:2500] or None),
+    return cast(
+        "MaterializingTask[..., ShardedResult]", _materializing(dest, description)(_publish_shards)
     )
-    return materialize(
-        asset,
-        by="h5forge",
-        name="publish",
-        task_run_name=run_name("publish"),
-        cache_policy=NO_CACHE,
-        **with_retries(3, retry_upload),
-    )(_publish_shards)
