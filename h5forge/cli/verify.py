@@ -132,7 +132,9 @@ def verify(
     """Verify structure, labels, byte ranges, digests, and the sidecar; exit 1 on any failure.
 
     When FILE.manifest.json is beside FILE (or --sidecar names one), its sha256, size, counts
-    and format version must agree with the file.
+    and format version must agree with the file. A sharded version: its manifest, then every
+    shard once (its address, size, every check above, its label map and counts); a failure
+    names the shard.
     """
     if no_sidecar and sidecar is not None:
         raise fail("--sidecar and --no-sidecar contradict each other; give one", EXIT_USAGE)
