@@ -10,7 +10,6 @@ import dataclasses
 import datetime as dt
 import multiprocessing
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from h5forge.demo import write_image_folder
 from h5forge.discover.catalog import Catalog, discover
 from h5forge.errors import IntegrityError, UnsafePathError
 from h5forge.location import Location
-from h5forge.locks import folder_lock
 from h5forge.pack.writer import pack
 from h5forge.publish.diff import diff_files, resolve_pair
 from h5forge.publish.history import (
@@ -38,14 +36,15 @@ from h5forge.publish.manifest import (
 )
 from h5forge.publish.named import resolve_named
 from h5forge.publish.release import publish_version
-from h5forge.publish.versions import read_pointer, version_url
+from h5forge.publish.versions import version_url
 from h5forge.verify.sharded import verify_version, verify_versions
 from tests.fixtures.damage import flip_sample_byte
 from tests.fixtures.sharded import (
     CONFIG,
+    collect_loop,
     make_sharded_version,
-    now,
     pack_shard,
+    publish_loop,
     publish_manifest,
     shard_entry,
     upload_shard,
@@ -344,52 +343,10 @@ def test_gc_on_the_loopback_s3(
 # The race: one process publishes versions that reuse shards (uploading a shard only when
 # its parent does not reference it), another runs retention and GC, on one local store.
 
-_POOL = [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20), (20, 24), (1, 5), (3, 7)]
+# 16 shards of 4 samples, 3 to a version: a shard soon goes unreferenced, and old, and is
+# collected, then may be chosen (and uploaded) again.
+_POOL = [(i, i + 4) for i in range(0, 21, 4)] + [(i, i + 4) for i in range(1, 20, 2)]
 _RACE_S = 2.5
-
-
-def _publisher(base: str, shards: list[str], classes: list[str], start: Any, out: Any) -> None:
-    asset = Location(base)
-    rng = random.Random(1)
-    published = busy = 0
-    start.wait(timeout=120)
-    deadline = time.monotonic() + _RACE_S
-    while time.monotonic() < deadline:
-        pointer = read_pointer(asset)
-        based_on = pointer.sha256 if pointer else ""
-        parent = _manifest(Path(base), based_on) if based_on else None
-        referenced = {s.sha256 for s in parent.shards} if parent else set()
-        chosen = [Path(p) for p in rng.sample(shards, 3)]
-        entries = []
-        for shard in chosen:
-            entry = shard_entry(shard, classes)
-            if entry.sha256 not in referenced:  # the writer's rule: upload unless the parent
-                upload_shard(asset, shard)  # names it, even when the store holds it
-            entries.append(entry)
-        time.sleep(rng.uniform(0, 0.02))  # the rest of a build
-        manifest = VersionManifest(
-            name="photos", classes=tuple(classes), shards=tuple(entries), created_at=now(),
-            parent=based_on,
-        )  # fmt: skip
-        with folder_lock(base):  # the commit: the pointer must still be the parent
-            latest = read_pointer(asset)
-            if (latest.sha256 if latest else "") != based_on:
-                busy += 1
-                continue
-            publish_manifest(asset, manifest)
-        published += 1
-    out.put(("published", published, busy))
-
-
-def _collector(base: str, start: Any, out: Any) -> None:
-    asset = Location(base)
-    versions = shards = 0
-    start.wait(timeout=120)
-    deadline = time.monotonic() + _RACE_S
-    while time.monotonic() < deadline:
-        versions += len(apply_retention(asset, keep_versions=2, min_age_s=0, shard_min_age_s=0.5))
-        shards += len(collect_shards(asset, min_age_s=0.5))
-    out.put(("collected", versions, shards))
 
 
 def test_a_publish_that_reuses_shards_never_races_gc_into_a_missing_shard(
@@ -402,11 +359,10 @@ def test_a_publish_that_reuses_shards_never_races_gc_into_a_missing_shard(
         _age(_shard_file(base, sha), 60)  # old from the start: only references keep them
     context = multiprocessing.get_context("spawn")
     out, start = context.Queue(), context.Barrier(2)
+    publisher = (str(base), pool, list(catalog.classes), _RACE_S, start, out)
     procs = [
-        context.Process(
-            target=_publisher, args=(str(base), pool, list(catalog.classes), start, out)
-        ),
-        context.Process(target=_collector, args=(str(base), start, out)),
+        context.Process(target=publish_loop, args=publisher),
+        context.Process(target=collect_loop, args=(str(base), _RACE_S, 0.5, start, out)),
     ]
     for p in procs:
         p.start()
@@ -414,9 +370,10 @@ def test_a_publish_that_reuses_shards_never_races_gc_into_a_missing_shard(
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    published, busy = results["published"]
+    published, busy, missing = results["published"]
     removed_versions, removed_shards = results["collected"]
     assert busy == 0  # one publisher: its parent is always the latest
+    assert missing == 0  # each new latest, read at once
     assert published >= 10, results
     assert removed_versions >= 5, results
     assert removed_shards >= 1, results
