@@ -43,6 +43,9 @@ LONG_MODULES: dict[str, str] = {
     "selects, how one process reads those columns and checks their values, how they collate",
     "h5forge.options": "every pack option defined once: what an option is and how a value is "
     "checked, the table of options, the rules between them, the renamed names",
+    "h5forge.publish.history": "what an asset keeps, read as one: the versions it lists (either "
+    "kind), which retention removes, and the shards they keep (garbage collection reads the same "
+    "listing, and its safety argument spans retention and the listing: docs/versions.md)",
 }
 
 

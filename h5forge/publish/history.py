@@ -323,7 +323,7 @@ def apply_retention(
     from h5forge.publish.preview import PREVIEW_SUFFIX  # imports Pillow: only when deleting
 
     check_retention(keep_versions, min_age_s)
-    check_retention(1, shard_min_age_s)
+    _check_shard_age(shard_min_age_s, "shard_min_age_s")
     now = _checked_now(now)
     base = asset_base(asset.url)
     name = posixpath.basename(base)
@@ -401,7 +401,7 @@ def collect_shards(
             entries under ``BASE/shards/``; the listing or the pointer is not trusted.
         UnsafePathError: on a local store, ``BASE/shards`` or a shard to delete is a link.
     """
-    check_retention(1, min_age_s)
+    _check_shard_age(min_age_s, "min_age_s")
     now = _checked_now(now)
     base = asset_base(asset.url)
     root = asset.with_url(base)
@@ -484,6 +484,19 @@ def _modified(entry: dict[str, Any]) -> dt.datetime | None:
     if isinstance(value, dt.datetime):
         return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
     return _when(value.replace("Z", "+00:00")) if isinstance(value, str) else None
+
+
+def _check_shard_age(seconds: float, name: str) -> None:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise ValueError(
+            f"{name}={seconds!r} must be a finite number of seconds >= 0: shards younger than "
+            "that are kept (a publish in flight may be about to reference them)"
+        )
 
 
 def _checked_now(now: dt.datetime | None) -> dt.datetime:

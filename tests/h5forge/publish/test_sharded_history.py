@@ -438,3 +438,14 @@ def test_diff_refuses_a_shard_that_is_not_the_one_its_entry_names(
     _shard_file(base, entry.sha256).unlink()
     with pytest.raises(FileNotFoundError, match="is missing"):
         diff_files(*resolve_pair(Location(str(base)), [v1[:16], v1[:16]]))
+
+
+@pytest.mark.parametrize("age", [-1.0, float("nan"), float("inf"), True, "1"])
+def test_a_shard_age_that_is_not_a_finite_number_of_seconds_is_refused(
+    tmp_path: Path, age: Any
+) -> None:
+    asset = Location(str(tmp_path / "photos"))
+    with pytest.raises(ValueError, match="shard_min_age_s="):
+        apply_retention(asset, keep_versions=1, shard_min_age_s=age)
+    with pytest.raises(ValueError, match="min_age_s="):
+        collect_shards(asset, min_age_s=age)
