@@ -78,7 +78,12 @@ def _read_sharded(where: Location) -> tuple[dict[str, bytes], Any, str]:
     its bytes must hash to that key, and each shard's index to its entry's metadata digest."""
     folder = posixpath.dirname(where.url.split("?", 1)[0])
     key, base = posixpath.basename(folder), posixpath.dirname(posixpath.dirname(folder))
-    manifest, _ = load_manifest(where, key)
+    try:
+        manifest, _ = load_manifest(where, key)
+    except IntegrityError:
+        raise
+    except ValueError as e:  # a damaged version, not a usage error
+        raise IntegrityError(f"{where}: {e}") from e
     root = where.with_url(base)
     paths: list[str] = []
     digests: list[np.ndarray] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import multiprocessing
 import os
 import time
@@ -434,6 +435,12 @@ def test_diff_refuses_a_shard_that_is_not_the_one_its_entry_names(
     v2 = _with_entry(base, v1, 0, metadata_sha256="1" * 64)
     with pytest.raises(IntegrityError, match="not the one its version names"):
         diff_files(*resolve_pair(Location(str(base)), [v1[:16], v2[:16]]))
+    junk = b'{"format": "h5forge-version", "format_version": 1}\n'  # hashes to its key
+    key = hashlib.sha256(junk).hexdigest()[:16]
+    (base / "v" / key).mkdir()
+    (base / "v" / key / "photos.version.json").write_bytes(junk)
+    with pytest.raises(IntegrityError, match="the manifest is malformed"):
+        diff_files(*resolve_pair(Location(str(base)), [v1[:16], key]))
     entry: ShardEntry = _manifest(base, v1).shards[0]
     _shard_file(base, entry.sha256).unlink()
     with pytest.raises(FileNotFoundError, match="is missing"):
