@@ -241,6 +241,13 @@ def test_versions_lists_sharded_versions_beside_single_file_ones(
     assert [v.parent for v in scan.versions[1:]] == [file_version.sha256, v1]
     assert scan.versions[1].url == version_url(str(base), v1, "sharded")
     assert set(scan.manifests) == {v1, v2}
+    # Retention of a mixed asset: the file version's folder goes whole, v1's manifest, and
+    # the one shard only v1 named.
+    removed = apply_retention(Location(str(base)), keep_versions=1, shard_min_age_s=0)
+    assert removed == [file_version.url, version_url(str(base), v1, "sharded")]
+    assert sorted(p.name for p in (base / "v").iterdir()) == [v2[:16]]
+    named = {e.sha256 for e in _manifest(base, v2).shards}
+    assert {p.name for p in (base / "shards").iterdir()} == {f"{s}.h5" for s in named}
 
 
 def test_versions_order_a_sharded_chain_made_within_one_second_by_parent(
