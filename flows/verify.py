@@ -17,7 +17,14 @@ from h5forge.flows.build import check_url
 from h5forge.flows.credentials import load_storage_options
 from h5forge.location import Location
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
-from h5forge.tasks.verify import check_sidecar, load_sidecar, resolve_asset, verify_file
+from h5forge.publish.named import is_manifest
+from h5forge.tasks.verify import (
+    check_sidecar,
+    load_sidecar,
+    resolve_asset,
+    verify_file,
+    verify_sharded,
+)
 
 __all__ = ["verify_asset"]
 
@@ -31,7 +38,8 @@ def verify_asset(
     sample_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.05,
     max_pixels: Annotated[int, Field(ge=1)] = DEFAULT_MAX_PIXELS,
 ) -> dict[str, Any]:
-    """Verify the asset at ``url`` against its ``.manifest.json``.
+    """Verify the asset at ``url`` against its ``.manifest.json``; a sharded version, its
+    manifest and every shard (:func:`h5forge.verify.sharded.verify_version`).
 
     Args:
         url: local path or fsspec URL of a published ``.h5`` asset; for a versioned asset
@@ -52,6 +60,16 @@ def verify_asset(
     # The one place the credentials meet the URL; the tasks take the Location (never cached).
     asset = Location(url, load_storage_options(credentials_block))
     file = asset.with_url(resolve_asset(asset))  # a versioned asset: its latest version
+    if is_manifest(file.url):  # sharded: the manifest, then every shard (no sidecar)
+        return dataclasses.asdict(
+            verify_sharded(
+                asset,
+                file.url,
+                sample_fraction=sample_fraction,
+                name=url,
+                max_pixels=max_pixels,
+            )
+        )
     sidecar = load_sidecar(file)
     for _ in range(_REPUBLISHED_TRIES):
         report = verify_file(

@@ -25,6 +25,7 @@ from h5forge.redact import redact_text, redact_url
 from h5forge.tasks.common import run_name, with_retries
 from h5forge.tasks.publish import asset_key
 from h5forge.verify.checks import VerifyReport, verify
+from h5forge.verify.sharded import VersionReport, verify_version
 
 __all__ = [
     "resolve_asset",
@@ -35,6 +36,7 @@ __all__ = [
     "emit_verify_failed",
     "load_sidecar",
     "verify_file",
+    "verify_sharded",
 ]
 
 VERIFY_FAILED = "h5forge.verify.failed"
@@ -100,6 +102,46 @@ def verify_file(
     return dataclasses.replace(report, path=redact_url(report.path))
 
 
+@task(name="verify-version", task_run_name=run_name("verify-version"), cache_policy=NO_CACHE)
+def verify_sharded(
+    asset: Location,
+    manifest_url: str,
+    *,
+    sample_fraction: float = 1.0,
+    name: str | None = None,
+    max_pixels: int,
+) -> VersionReport:
+    """Verify the sharded version whose manifest is at ``manifest_url`` (as
+    :func:`resolve_asset` returned it): the manifest, then every shard once
+    (:func:`h5forge.verify.sharded.verify_version`).
+
+    Args:
+        asset: the asset (its base, with its storage options).
+        name: the asset as the flow was given it, the resource of the failure event.
+
+    Raises:
+        IntegrityError: one line per failing check, each naming its shard;
+            :data:`VERIFY_FAILED` is emitted first.
+    """
+    # BASE/v/<16 hex>/NAME.version.json: the key is the version's sha256 prefix, and the
+    # manifest must hash to it (verify_version recomputes the address from it).
+    key = manifest_url.split("?", 1)[0].rsplit("/", 2)[-2]
+    try:
+        report = verify_version(asset, key, sample_fraction=sample_fraction, max_pixels=max_pixels)
+    except IntegrityError as e:
+        emit_verify_failed(name or asset.url, e, check="verify")
+        raise
+    get_run_logger().info(
+        "verified %s: %d samples in %d shards (%d digests checked), version %s",
+        redact_url(report.path),
+        report.num_samples,
+        len(report.shards),
+        report.checked_samples,
+        report.sha256,
+    )
+    return dataclasses.replace(report, path=redact_url(report.path))
+
+
 @task(
     name="read-sidecar",
     task_run_name=run_name("read-sidecar"),
@@ -138,7 +180,8 @@ def check_sidecar(
 )
 def resolve_asset(where: Location) -> str:
     """The URL of the file to verify: ``where``'s own, or, when no file is there and the asset
-    has a ``NAME.latest.json`` pointer (a versioned build), the version that pointer names."""
+    has a ``NAME.latest.json`` pointer (a versioned build), the version that pointer names (a
+    sharded version's manifest, for :func:`verify_sharded`)."""
     if where.fs.isfile(where.path):
         return where.url
     pointer = read_pointer(where)

@@ -47,6 +47,9 @@ LONG_MODULES: dict[str, str] = {
     "keeps of the previous one, what it packs, how it is published (pointer last)",
     "h5forge.flows.build": "the build flow: its two choices (where it publishes, how it packs) "
     "beside the stages they choose between, a sharded version's included",
+    "h5forge.publish.history": "what an asset keeps, read as one: the versions it lists (either "
+    "kind), which retention removes, and the shards they keep (garbage collection reads the same "
+    "listing, and its safety argument spans retention and the listing: docs/versions.md)",
 }
 
 

@@ -167,7 +167,8 @@ def versions(
         bool, typer.Option("--json", help="print the versions as one JSON document")
     ] = False,
 ) -> None:
-    """List the published versions of an asset, oldest first; exit 1 when it has none."""
+    """List the published versions of an asset, oldest first (single-file and sharded, with
+    their shards); exit 1 when it has none."""
     from h5forge.location import Location
     from h5forge.publish.history import scan_versions
 
@@ -188,9 +189,8 @@ def versions(
         samples = "" if v.num_samples is None else f"{v.num_samples} samples  "
         mark = "latest  " if v.latest else ""
         parent = v.parent[:16] if v.parent else "-"
-        typer.echo(
-            f"{v.version}  {v.created_at}  {v.bytes:,} bytes  {samples}{mark}parent {parent}"
-        )
+        size = f"{v.bytes:,} bytes" + (f" in {v.shards} shards" if v.kind == "sharded" else "")
+        typer.echo(f"{v.version}  {v.created_at}  {size}  {samples}{mark}parent {parent}")
     if scan.skipped:
         typer.echo(f"({scan.skipped} entries under v/ skipped: not versions h5forge wrote)")
 

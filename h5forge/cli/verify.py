@@ -1,5 +1,9 @@
 """``h5forge verify``: the file's own checks, then its sidecar; one report, text or JSON.
 
+A sharded version (``--version``, or the latest of an asset published sharded) is checked by
+:func:`h5forge.verify.sharded.verify_version`: its manifest, then every shard once; a failure
+names each shard and what failed in it.
+
 With ``--json`` the report is one JSON document on stdout whatever the outcome: on a failure it
 says ``"ok": false`` and lists the failures, one per failed check, and the exit code is the
 table's (1: the file failed a check; 2: nothing to verify by that name).
@@ -7,6 +11,7 @@ table's (1: the file failed a check; 2: nothing to verify by that name).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -61,6 +66,21 @@ def _verify_with_sidecar(
     return report, target
 
 
+def _verify_sharded(
+    asset: Any, sha: str, sidecar: str | None, sample_fraction: float, seed: int
+) -> Any:
+    """:func:`h5forge.verify.sharded.verify_version` of the sharded version ``sha``."""
+    from h5forge.verify.sharded import verify_version
+
+    if sidecar is not None:
+        raise fail(
+            "--sidecar: a sharded version has no sidecar (its manifest is checked, and every "
+            "shard against it); leave --sidecar out",
+            EXIT_USAGE,
+        )
+    return verify_version(asset, sha, sample_fraction=sample_fraction, seed=seed)
+
+
 def _failed(resolved: dict[str, Any], e: BaseException) -> dict[str, Any]:
     """The JSON document of a failed verification: ``error``, its first line, and
     ``failures``, one per failed check (an IntegrityError lists them as "- " lines)."""
@@ -112,19 +132,24 @@ def verify(
     """Verify structure, labels, byte ranges, digests, and the sidecar; exit 1 on any failure.
 
     When FILE.manifest.json is beside FILE (or --sidecar names one), its sha256, size, counts
-    and format version must agree with the file.
+    and format version must agree with the file. A sharded version: its manifest, then every
+    shard once (its address, size, every check above, its label map and counts); a failure
+    names the shard.
     """
     if no_sidecar and sidecar is not None:
         raise fail("--sidecar and --no-sidecar contradict each other; give one", EXIT_USAGE)
     from h5forge.location import Location
-    from h5forge.read.version import resolve_asset
+    from h5forge.publish.named import resolve_named
     from h5forge.verify.checks import verify as do_verify
 
     resolved = {"path": file, "version": version}  # the file once its name is resolved
 
     def check() -> tuple[Any, str | None, str]:
-        url, sha = resolve_asset(Location(file), version)
+        asset = Location(file)
+        url, sha, kind = resolve_named(asset, version)
         resolved.update(path=url, version=sha)
+        if kind == "sharded":
+            return _verify_sharded(asset, sha, sidecar, sample_fraction, seed), None, sha
 
         def verify_file() -> Any:
             return do_verify(url, sample_fraction=sample_fraction, seed=seed, progress=not as_json)
@@ -142,9 +167,20 @@ def verify(
             raise
 
     report, checked, sha = run_guarded(check_reporting_failures, what=file)
+    sharded = hasattr(report, "shards")
     if as_json:
-        document = {**report.__dict__, "sidecar": checked, "version": sha}
+        fields = dataclasses.asdict(report)
+        document = {**fields, "sidecar": checked, "version": report.sha256 if sharded else sha}
         typer.echo(json.dumps({"ok": True, **document, "failures": []}, indent=2))
+        return
+    if sharded:
+        typer.echo(
+            f"OK {printable(report.path)}: {report.num_samples} samples, "
+            f"{report.num_classes} classes, {len(report.shards)} shards of {report.bytes:,} "
+            f"bytes, version {report.sha256}, {report.checked_samples} digests checked in "
+            f"{report.seconds:.2f} s; the manifest and every shard checked (a sharded version "
+            "has no sidecar)"
+        )
         return
     against = (
         f"; matches its sidecar {printable(checked)}"

@@ -39,9 +39,11 @@ __all__ = [
     "MANIFEST_SUFFIX",
     "MAX_MANIFEST_BYTES",
     "MAX_SHARDS",
+    "NOT_IN_VERSION",
     "SHARDS_DIR",
     "ShardEntry",
     "VersionManifest",
+    "load_manifest",
     "manifest_bytes",
     "manifest_key",
     "parse_manifest",
@@ -62,6 +64,8 @@ MAX_CLASSES = 1_000_000
 MAX_SPLITS = 1024
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _KEY_HEX = 16
+#: ``labels[k]`` of a shard class the version does not have: no live row may carry it.
+NOT_IN_VERSION = -1
 _RUN_FIELDS = ("created_at", "h5forge_version", "source_url", "source_sha256")
 
 
@@ -93,8 +97,7 @@ class ShardEntry:
         metadata_sha256: the digest of its index and attributes (checked at a local open).
         samples: rows in the shard.
         deleted: the rows this version excludes, sorted, unique (the deletion vector).
-        labels: the version's class index of each of the shard's classes (its ``/classes``);
-            -1 for a class the version does not have (no live row may carry it).
+        labels: the version's class index of each of the shard's classes (its ``/classes``).
         splits: live (not deleted) samples of each split name, as the shard's ``/split_names``
             say; a shard without splits has ``{}``.
     """
@@ -228,17 +231,21 @@ def read_manifest(where: Location, sha256: str = "") -> VersionManifest:
             (the message names the manifest and the field).
         IntegrityError: its bytes do not hash to ``sha256``.
     """
+    return load_manifest(where, sha256)[0]
+
+
+def load_manifest(where: Location, sha256: str = "") -> tuple[VersionManifest, str]:
+    """:func:`read_manifest`, and the full sha256 of the manifest's bytes (the version's)."""
     from h5forge.errors import IntegrityError
 
     data = where.read_bytes(limit=MAX_MANIFEST_BYTES, what="version manifest")
-    if sha256:
-        found = hashlib.sha256(data).hexdigest()
-        if not found.startswith(sha256):
-            raise IntegrityError(
-                f"{where}: the version manifest hashes to {found}, not to the version "
-                f"{sha256}: it was replaced or damaged; publish the version again"
-            )
-    return parse_manifest(data, shown=str(where))
+    found = hashlib.sha256(data).hexdigest()
+    if sha256 and not found.startswith(sha256):
+        raise IntegrityError(
+            f"{where}: the version manifest hashes to {found}, not to the version "
+            f"{sha256}: it was replaced or damaged; publish the version again"
+        )
+    return parse_manifest(data, shown=str(where)), found
 
 
 def parse_manifest(data: bytes, *, shown: str) -> VersionManifest:
@@ -372,15 +379,17 @@ def run_fields() -> tuple[str, ...]:
 
 def check_labels(entry: ShardEntry, shard_classes: Sequence[str], classes: Sequence[str]) -> None:
     """``entry.labels`` maps ``shard_classes`` (the shard's ``/classes``) onto ``classes`` by
-    name.
+    name; :data:`NOT_IN_VERSION` (-1) only for a class the version does not have.
 
     Raises:
-        IntegrityError: a shard class maps to a class of another name, or the counts differ.
+        IntegrityError: a shard class maps to a class of another name, to -1 while the version
+            has it, or the counts differ.
     """
     from h5forge.errors import IntegrityError
 
     if len(entry.labels) != len(shard_classes) or any(
-        v >= 0 and classes[v] != name for v, name in zip(entry.labels, shard_classes, strict=False)
+        (name in classes) if v == NOT_IN_VERSION else classes[v] != name
+        for v, name in zip(entry.labels, shard_classes, strict=False)
     ):
         raise IntegrityError(
             f"shard {entry.sha256[:_KEY_HEX]} has classes {list(shard_classes)[:5]!r:.200}, "

@@ -23,6 +23,7 @@ at the same moment (docs/versions.md, "Retention of shards").
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import logging
@@ -425,7 +426,7 @@ def publish_sharded(
     """
     from h5forge import __version__
     from h5forge.publish.history import apply_retention, check_retention
-    from h5forge.publish.lineage import write_sources
+    from h5forge.publish.lineage import SOURCES_SUFFIX, write_sources
     from h5forge.publish.release import asset_lock
     from h5forge.publish.storage import read_back
 
@@ -483,7 +484,13 @@ def publish_sharded(
             write_sources(where, sources)
         where.put(data=data)
         if latest != sha:
-            write_pointer(asset, sha, parent=latest, kind="sharded", guard=guard)
+            try:
+                write_pointer(asset, sha, parent=latest, kind="sharded", guard=guard)
+            except BusyError:  # another host moved it: this version is not one, unlist it
+                for orphan in (where.url + SOURCES_SUFFIX, where.url):
+                    with contextlib.suppress(FileNotFoundError):
+                        where.with_url(orphan).fs.rm_file(where.with_url(orphan).path)
+                raise
             log.info("%s now names version %s", redact_url(pointer_url(base)), sha[:KEY_HEX])
         removed = apply_retention(asset, keep_versions=keep_versions, min_age_s=min_age_s)
     all_bytes = sum(e.bytes for e in manifest.shards)

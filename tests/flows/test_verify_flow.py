@@ -171,3 +171,32 @@ def test_build_and_verify_over_s3_with_credentials_from_a_secret_block(
     assert url in everything  # the search reaches what the runs recorded
     assert "s3cr3t-h5forge-test" not in everything
     assert "AKIAH5FORGETEST" not in everything
+
+
+def test_a_sharded_version_verifies_its_manifest_and_every_shard(
+    prefect_harness: str, tmp_path: Path
+) -> None:
+    """The latest version of an asset published sharded: no sidecar, its manifest and shards;
+    a missing shard fails the run, naming it."""
+    from h5forge.demo import write_image_folder
+    from h5forge.discover.catalog import discover
+    from h5forge.publish.manifest import shard_key
+    from tests.fixtures.sharded import make_sharded_version
+
+    write_image_folder(tmp_path / "photos", classes=("ant", "bee"), per_class=4, seed=2)
+    catalog = discover(tmp_path / "photos")
+    base = tmp_path / "store" / "photos"
+    sha = make_sharded_version(base, catalog, [(0, 4), (4, 8)], work=tmp_path / "work")
+    state = verify_asset(str(base) + ".h5", sample_fraction=1.0, return_state=True)
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result["sha256"] == sha
+    assert result["num_samples"] == 8
+    assert result["checked_samples"] == 8
+    assert len(result["shards"]) == 2
+    second = result["shards"][1]["sha256"]
+    (base / shard_key(second)).unlink()
+    state = verify_asset(str(base), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(IntegrityError, match=rf"shard 1 \({second[:16]}\): missing"):
+        state.result()
