@@ -234,6 +234,7 @@ def _pooled_with(
     n = len(paths)
     ctx = worker_context()
     check_main_importable(ctx)
+    chosen = multiprocessing.get_start_method(allow_none=True)
     pool = ProcessPoolExecutor(
         max_workers=min(workers, -(-n // chunk)),
         mp_context=ctx,
@@ -284,9 +285,24 @@ def _pooled_with(
             # with this process (end_with_owner).
             if done:
                 raise
+        finally:
+            _unchoose(chosen)
 
 
 # The start method of the workers
+
+
+def _unchoose(chosen: str | None) -> None:
+    """Undo the start method that starting the pool chose as a side effect.
+
+    Python's ``multiprocessing`` (before 3.14) makes the platform default (fork on Linux) the
+    process's chosen start method as it starts any forkserver or spawn worker
+    (``spawn.get_preparation_data`` calls ``get_start_method()``). :func:`worker_context` would
+    then take it for the caller's choice, and every later pool of the process would fork the
+    whole parent. Nothing is undone when a start method was already chosen.
+    """
+    if chosen is None and multiprocessing.get_start_method(allow_none=True) is not None:
+        multiprocessing.set_start_method(None, force=True)
 
 
 def check_main_importable(ctx: BaseContext) -> None:

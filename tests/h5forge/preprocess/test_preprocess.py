@@ -207,6 +207,45 @@ def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Pa
     assert ok.returncode == 0, ok.stderr
 
 
+_POOLS_TWICE = """
+import multiprocessing, sys
+from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.pool import iter_processed, worker_context
+if sys.argv[2] != "none":
+    multiprocessing.set_start_method(sys.argv[2])
+paths = sys.argv[3:]
+for _ in range(2):
+    assert len(list(iter_processed(paths, ImageConfig(size=(32, 32)), workers=2))) == len(paths)
+    print(multiprocessing.get_start_method(allow_none=True), worker_context().get_start_method())
+"""
+
+
+@pytest.mark.skipif(
+    multiprocessing.get_all_start_methods()[0] != "fork"
+    or "forkserver" not in multiprocessing.get_all_start_methods(),
+    reason="the platform's default start method is not fork",
+)
+@pytest.mark.parametrize(
+    ("chosen", "after"), [("none", "None forkserver"), ("spawn", "spawn spawn")]
+)
+def test_a_pool_leaves_the_start_method_as_it_found_it(
+    image_folder: Path, chosen: str, after: str
+) -> None:
+    """Starting forkserver workers makes Python choose fork for the whole process (before
+    3.14); the next pool then forked the parent. Each pool undoes that choice, never the
+    caller's own."""
+    paths = sorted(str(p) for p in image_folder.rglob("*.*"))[:8]
+    run = subprocess.run(
+        [sys.executable, "-c", _POOLS_TWICE, "x", chosen, *paths],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:2] == [after, after]
+
+
 _PACK = """
 import sys
 from h5forge.preprocess.config import ImageConfig
