@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -141,6 +143,32 @@ def test_work_in_flight_never_exceeds_the_window(tmp_path: Path) -> None:
     assert consumed[0] == n
     assert sorted(started) == list(range(n))
     assert violations == []
+
+
+def test_borrowed_samples_stay_intact_until_borrow_more_were_asked_for(
+    image_folder: Path,
+) -> None:
+    """With ``borrow=k`` the consumer keeps the views of its last k - 1 results while it asks
+    for the next: no worker writes into their slots meanwhile, though the window is small and
+    the consumer slow (the workers wait for slots)."""
+    paths = sorted(str(p) for p in image_folder.rglob("*.*")) * 4
+    held: collections.deque[Processed] = collections.deque(maxlen=4)
+    seen = 0
+    for r in iter_processed(paths, CFG, workers=2, window=6, borrow=4):
+        assert isinstance(r, Processed)
+        assert isinstance(r.data, memoryview)  # from the ring, not a copy
+        held.append(r)
+        time.sleep(0.005)  # the workers race ahead as far as the slots let them
+        for kept in held:
+            assert hashlib.sha256(kept.data).digest() == kept.digest, (seen, kept.index)
+        seen += 1
+    assert seen == len(paths)
+
+
+@pytest.mark.parametrize("borrow", [-1, 1.5, "2"])
+def test_borrow_must_be_a_count(image_folder: Path, borrow: object) -> None:
+    with pytest.raises(ValueError, match="borrow="):
+        iter_processed([str(image_folder)], CFG, borrow=borrow)  # type: ignore[arg-type]
 
 
 def test_closing_early_stops_the_workers(image_folder: Path) -> None:
