@@ -6,7 +6,8 @@ yet handed to the consumer, so memory stays bounded whatever the number of input
 Decoded samples of a fixed size do not travel back through the pool's pipe: workers write them
 into a shared-memory ring of ``window`` slots (:mod:`h5forge.preprocess.ring`) and return only
 the digest. Slots cannot collide: input ``i`` uses slot ``i % window``, and it is submitted only
-after input ``i - window`` was read out.
+after input ``i - window`` was read out (and, when the consumer keeps borrowed results, the
+``borrow - 1`` after it too).
 
 Workers end with the process that owns the pool, even when it is killed with SIGKILL
 (:mod:`h5forge.lifetime`).
