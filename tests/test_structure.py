@@ -363,9 +363,6 @@ ALONE: dict[str, str] = {
         "archive member names checked before extraction: a security boundary"
     ),
     "h5forge.fetch.objects": ("object and prefix copies through fsspec, one kind of source"),
-    "h5forge.pack.chunk_writes": (
-        "gathered chunk writes: a measured I/O technique with its own tests"
-    ),
     "h5forge.pack.previous": ("the checked index of the version an incremental pack reuses"),
     "h5forge.pack.sink": ("collecting results into /images: the writer's storage half"),
     "h5forge.preprocess.decode": (

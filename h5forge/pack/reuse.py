@@ -36,6 +36,7 @@ from h5forge.discover.catalog import Catalog
 from h5forge.errors import H5ForgeError
 from h5forge.files import CLOEXEC, NONBLOCK
 from h5forge.location import Location
+from h5forge.pack.chunk_writes import HOLD
 from h5forge.pack.config import PackConfig
 from h5forge.pack.previous import Previous, file_identity
 from h5forge.pack.targets import stored_schema
@@ -91,8 +92,9 @@ class SampleSource:
     """The samples of ``catalog`` in order, as the pool yields them: reused or preprocessed.
 
     Iterate it once; the writer stores each result before asking for the next (a preprocessed
-    sample may borrow the pool's shared memory until then). :attr:`reused` and
-    :attr:`mismatched` count as it goes.
+    sample may borrow the pool's shared memory, for up to
+    :data:`~h5forge.pack.chunk_writes.HOLD` more results, until its chunk is written).
+    :attr:`reused` and :attr:`mismatched` count as it goes.
 
     Args:
         catalog: the new source.
@@ -186,7 +188,7 @@ class SampleSource:
                 [samples[i].path for i in fresh_idx],
                 image,
                 workers=self.workers,
-                borrow=True,
+                borrow=HOLD + 1,  # the sink keeps up to HOLD of them as it asks for the next
                 threads=few,
                 schema=self.schema,
                 targets=[samples[i].targets for i in fresh_idx] if self.schema else None,

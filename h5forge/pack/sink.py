@@ -165,6 +165,8 @@ class Sink:
                 kept.append(r.index)
                 done += 1
             bar.advance(done)
+        if self._writer is not None:  # before the pool and its ring close
+            self._writer.flush()
         return kept, bad
 
     def add_run(self, run: StoredRun) -> None:

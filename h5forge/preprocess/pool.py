@@ -6,7 +6,8 @@ yet handed to the consumer, so memory stays bounded whatever the number of input
 Decoded samples of a fixed size do not travel back through the pool's pipe: workers write them
 into a shared-memory ring of ``window`` slots (:mod:`h5forge.preprocess.ring`) and return only
 the digest. Slots cannot collide: input ``i`` uses slot ``i % window``, and it is submitted only
-after input ``i - window`` was read out.
+after input ``i - window`` was read out (and, when the consumer keeps borrowed results, the
+``borrow - 1`` after it too).
 
 Workers end with the process that owns the pool, even when it is killed with SIGKILL
 (:mod:`h5forge.lifetime`).
@@ -54,7 +55,7 @@ def iter_processed(
     *,
     workers: int | None = None,
     window: int | None = None,
-    borrow: bool = False,
+    borrow: int = 0,
     threads: bool = False,
     schema: Sequence[Column] = (),
     targets: Sequence[Sequence[object]] | None = None,
@@ -74,10 +75,11 @@ def iter_processed(
         window: most inputs in flight (submitted, not yet yielded), >= 1; default
             ``4 * workers * chunk`` where chunk (inputs per task) is at most 16, fewer when
             that many fixed-size samples would pass 256 MiB (never below
-            ``2 * workers * chunk``).
+            ``2 * workers * chunk``), plus the ``borrow - 1`` slots the consumer keeps.
         borrow: a fixed-size sample's ``data`` may be a read-only memoryview of its slot in the
-            shared-memory ring instead of a copy, valid only until the next result is asked
-            for (the writer passes it straight to the file). Off by default.
+            shared-memory ring instead of a copy, valid until ``borrow`` more results were
+            asked for (``True`` or 1: until the next one; the writer keeps a few to write them
+            together, straight from the ring). 0 (the default): copies.
         threads: run ``workers`` threads of this process instead of worker processes (for a
             few inputs, where starting processes costs more than the GIL does; an incremental
             pack's new files). A decoder crash then takes this process with it.
@@ -94,6 +96,9 @@ def iter_processed(
         concurrent.futures.process.BrokenProcessPool: a worker died (decoder crash, OOM kill);
             the message names the inputs it held.
     """
+    if not isinstance(borrow, int) or borrow < 0:  # a bool is one
+        raise ValueError(f"borrow={borrow!r} must be an int >= 0 (or a bool)")
+    hold = max(int(borrow) - 1, 0)  # slots the consumer holds besides the latest result's
     for name, value in (("workers", workers), ("window", window)):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
@@ -119,8 +124,11 @@ def iter_processed(
     limit = window or 4 * n_workers * chunk
     size = _fixed_size(cfg)
     if window is None and size:
-        limit = min(limit, max(2 * n_workers * chunk, _RING_BYTES // size))
-    return _pooled(items, jobs, n_workers, min(chunk, limit), limit, size, borrow)
+        limit = min(limit, max(2 * n_workers * chunk, _RING_BYTES // size)) + hold
+    if size and limit <= hold:
+        raise ValueError(f"window={limit} must be more than borrow - 1 = {hold}")
+    hold = hold if size else 0  # results of other sizes are never borrowed
+    return _pooled(items, jobs, n_workers, min(chunk, limit - hold), limit, size, borrow, hold)
 
 
 class _Jobs:
@@ -212,11 +220,12 @@ def _pooled(
     chunk: int,
     window: int,
     size: int | None,
-    borrow: bool,
+    borrow: int,
+    hold: int,
 ) -> Generator[Result, None, None]:
     ring = Ring(size, window) if size else None
     try:
-        yield from _pooled_with(paths, jobs, workers, chunk, window, ring, borrow)
+        yield from _pooled_with(paths, jobs, workers, chunk, window, ring, borrow, hold)
     finally:
         if ring is not None:
             ring.close()
@@ -229,11 +238,13 @@ def _pooled_with(
     chunk: int,
     window: int,
     ring: Ring | None,
-    borrow: bool,
+    borrow: int,
+    hold: int,
 ) -> Generator[Result, None, None]:
     n = len(paths)
     ctx = worker_context()
     check_main_importable(ctx)
+    chosen = multiprocessing.get_start_method(allow_none=True)
     pool = ProcessPoolExecutor(
         max_workers=min(workers, -(-n // chunk)),
         mp_context=ctx,
@@ -247,7 +258,9 @@ def _pooled_with(
     done = False
     try:
         while pending or next_start < n:
-            while next_start < n and in_flight + min(chunk, n - next_start) <= window:
+            # An input reuses the slot of the one ``window`` before it: submitted only once
+            # that one was yielded and ``hold`` more after it (the consumer may keep them).
+            while next_start < n and in_flight + min(chunk, n - next_start) + hold <= window:
                 stop = min(n, next_start + chunk)
                 part = jobs.part(next_start, stop)
                 task = pool.submit(_process_chunk, next_start, paths[next_start:stop], part, spec)
@@ -267,8 +280,9 @@ def _pooled_with(
                 in_flight -= 1
                 if isinstance(r, InRing):
                     assert ring is not None
-                    # The consumer is done with it when it asks for the next result; only then
-                    # can the loop above submit the input that reuses the slot.
+                    # The consumer is done with it when it asks for the ``borrow``-th result
+                    # after it; only then can the loop above submit the input that reuses the
+                    # slot.
                     yield ring.borrow(r) if borrow else ring.take(r)
                 else:
                     yield r
@@ -284,9 +298,24 @@ def _pooled_with(
             # with this process (end_with_owner).
             if done:
                 raise
+        finally:
+            _unchoose(chosen)
 
 
 # The start method of the workers
+
+
+def _unchoose(chosen: str | None) -> None:
+    """Undo the start method that starting the pool chose as a side effect.
+
+    Python's ``multiprocessing`` (before 3.14) makes the platform default (fork on Linux) the
+    process's chosen start method as it starts any forkserver or spawn worker
+    (``spawn.get_preparation_data`` calls ``get_start_method()``). :func:`worker_context` would
+    then take it for the caller's choice, and every later pool of the process would fork the
+    whole parent. Nothing is undone when a start method was already chosen.
+    """
+    if chosen is None and multiprocessing.get_start_method(allow_none=True) is not None:
+        multiprocessing.set_start_method(None, force=True)
 
 
 def check_main_importable(ctx: BaseContext) -> None:

@@ -59,6 +59,7 @@ def _verify(
     thorough: bool = True,
     check_digests: bool = True,
     max_pixels: int,
+    own: bool = False,
 ) -> VerifyReport:
     if not 0.0 < sample_fraction <= 1.0:
         raise ValueError(f"sample_fraction={sample_fraction} must be in (0, 1]")
@@ -124,6 +125,7 @@ def _verify(
                 file_hash=thorough,
                 decode=thorough,
                 max_pixels=max_pixels,
+                own=own,
             )
         finally:
             if bar is not None:
@@ -250,7 +252,9 @@ def verify_unsealed(path: str, *, max_pixels: int, check_digests: bool = True) -
     are not decoded again (the writer's workers decoded exactly these bytes, which the sample
     digests prove), and HDF5's chunk lookup is not repeated for every chunk (HDF5 built this
     file's chunk index moments ago; that check is for damage at rest, see
-    :mod:`h5forge.verify.layout`). Sample digests are recomputed on every usable CPU at once.
+    :mod:`h5forge.verify.layout`). Sample digests are recomputed on every usable CPU at once,
+    from the page cache's pages in place (``mmap``: the file is the writer's own, created
+    exclusively and held under its lock).
 
     Args:
         path: the local unsealed file.
@@ -273,5 +277,6 @@ def verify_unsealed(path: str, *, max_pixels: int, check_digests: bool = True) -
             thorough=False,
             check_digests=check_digests,
             max_pixels=max_pixels,
+            own=True,
         ),
     )

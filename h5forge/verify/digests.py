@@ -214,11 +214,14 @@ def check_samples(
     file_hash: bool,
     decode: bool,
     max_pixels: int,
+    own: bool = False,
 ) -> str:
     """Check the digest of every chosen sample (and, with ``decode``, that encoded ones decode).
 
     Returns the file's sha256, or ``""`` without ``file_hash``: then a local file's samples are
-    hashed on every usable CPU at once instead of in one sequential pass.
+    hashed on every usable CPU at once instead of in one sequential pass; ``own`` (a file this
+    process created and holds: the writer's check before its seal) hashes them in the page
+    cache through ``mmap`` instead of copying them out (see :func:`hash_local_ranges`).
     """
     from h5forge.preprocess.images import Encoding, decode_stored
 
@@ -277,7 +280,7 @@ def check_samples(
             sha = _stream(where, ranges, on_sample, on_bytes, want_data=decode)
             sha = sha if file_hash else ""
         else:
-            hash_local_ranges(where.path, ranges, on_sample, on_bytes)
+            hash_local_ranges(where.path, ranges, on_sample, on_bytes, mapped=own)
             sha = ""
         for pending in decoding:
             pending.result()

@@ -36,3 +36,26 @@ def test_pieces_land_where_asked(tmp_path: Path) -> None:
         assert os.pread(fd, 4, 0) == b"late"
     finally:
         os.close(fd)
+
+
+def test_pieces_are_written_as_given_and_at_most_hold_are_kept(tmp_path: Path) -> None:
+    """A piece is written from the very buffer it was given (kept, not copied: a change before
+    the write is what lands), and the writer keeps at most HOLD: the next one writes them."""
+    hold = chunk_writes.HOLD
+    path = tmp_path / "f.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, 100 * (hold + 1))
+        writer = ChunkWriter(fd)
+        pieces = [bytearray([i + 1]) * 100 for i in range(hold + 1)]
+        for i, piece in enumerate(pieces[:hold]):
+            writer.write(100 * i, memoryview(piece))
+        pieces[0][:] = b"\xee" * 100  # still held: this is what the file gets
+        assert os.pread(fd, 100 * hold, 0) == bytes(100 * hold)
+        writer.write(100 * hold, memoryview(pieces[hold]))  # one more: the HOLD are written
+        assert os.pread(fd, 100 * hold, 0) == b"".join(pieces[:hold])
+        assert os.pread(fd, 100, 100 * hold) == bytes(100)
+        writer.flush()
+        assert os.pread(fd, 100 * (hold + 1), 0) == b"".join(pieces)
+    finally:
+        os.close(fd)

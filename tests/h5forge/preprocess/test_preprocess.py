@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -143,6 +145,32 @@ def test_work_in_flight_never_exceeds_the_window(tmp_path: Path) -> None:
     assert violations == []
 
 
+def test_borrowed_samples_stay_intact_until_borrow_more_were_asked_for(
+    image_folder: Path,
+) -> None:
+    """With ``borrow=k`` the consumer keeps the views of its last k - 1 results while it asks
+    for the next: no worker writes into their slots meanwhile, though the window is small and
+    the consumer slow (the workers wait for slots)."""
+    paths = sorted(str(p) for p in image_folder.rglob("*.*")) * 4
+    held: collections.deque[Processed] = collections.deque(maxlen=4)
+    seen = 0
+    for r in iter_processed(paths, CFG, workers=2, window=6, borrow=4):
+        assert isinstance(r, Processed)
+        assert isinstance(r.data, memoryview)  # from the ring, not a copy
+        held.append(r)
+        time.sleep(0.005)  # the workers race ahead as far as the slots let them
+        for kept in held:
+            assert hashlib.sha256(kept.data).digest() == kept.digest, (seen, kept.index)
+        seen += 1
+    assert seen == len(paths)
+
+
+@pytest.mark.parametrize("borrow", [-1, 1.5, "2"])
+def test_borrow_must_be_a_count(image_folder: Path, borrow: object) -> None:
+    with pytest.raises(ValueError, match="borrow="):
+        iter_processed([str(image_folder)], CFG, borrow=borrow)  # type: ignore[arg-type]
+
+
 def test_closing_early_stops_the_workers(image_folder: Path) -> None:
     paths = sorted(str(p) for p in image_folder.rglob("*.*")) * 4
     before = {p.pid for p in multiprocessing.active_children()}
@@ -205,6 +233,45 @@ def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Pa
         check=False,
     )
     assert ok.returncode == 0, ok.stderr
+
+
+_POOLS_TWICE = """
+import multiprocessing, sys
+from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.pool import iter_processed, worker_context
+if sys.argv[2] != "none":
+    multiprocessing.set_start_method(sys.argv[2])
+paths = sys.argv[3:]
+for _ in range(2):
+    assert len(list(iter_processed(paths, ImageConfig(size=(32, 32)), workers=2))) == len(paths)
+    print(multiprocessing.get_start_method(allow_none=True), worker_context().get_start_method())
+"""
+
+
+@pytest.mark.skipif(
+    multiprocessing.get_all_start_methods()[0] != "fork"
+    or "forkserver" not in multiprocessing.get_all_start_methods(),
+    reason="the platform's default start method is not fork",
+)
+@pytest.mark.parametrize(
+    ("chosen", "after"), [("none", "None forkserver"), ("spawn", "spawn spawn")]
+)
+def test_a_pool_leaves_the_start_method_as_it_found_it(
+    image_folder: Path, chosen: str, after: str
+) -> None:
+    """Starting forkserver workers makes Python choose fork for the whole process (before
+    3.14); the next pool then forked the parent. Each pool undoes that choice, never the
+    caller's own."""
+    paths = sorted(str(p) for p in image_folder.rglob("*.*"))[:8]
+    run = subprocess.run(
+        [sys.executable, "-c", _POOLS_TWICE, "x", chosen, *paths],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:2] == [after, after]
 
 
 _PACK = """
@@ -278,5 +345,5 @@ def test_the_second_pack_of_a_process_starts_its_workers_as_the_first_did(tmp_pa
     )
     assert done.returncode == 0, done.stderr
     pinned, first, second = done.stdout.split()
-    assert pinned == "fork"  # the side effect this guards against happened
+    assert pinned == "None"  # the pool undid the side effect
     assert first == second == "forkserver"
