@@ -15,6 +15,9 @@ Two choices are made once, before the stages run, and the flow body never branch
   ``executor="dask"``, parts packed as tasks on a Dask cluster and merged into the work dir
   (:func:`_pack_on_dask`, :mod:`h5forge.flows.dask_stage`). The parts are deleted once the
   asset is published, and kept after a failure so that a re-run packs only the missing ones.
+  A sharded version (``max_shard_size``) packs its new shards locally (:func:`_pack_shards`)
+  or, with ``executor="dask"``, on the workers, which upload them to the store themselves
+  (:func:`_pack_shards_on_dask`: no merge, no shard bytes through the flow's machine).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
 from h5forge.publish.lineage import Basis
 from h5forge.publish.preview import PREVIEW_SUFFIX, preview_url
-from h5forge.publish.sharded import StagedVersion, read_previous, remove_staged
+from h5forge.publish.sharded import Previous, StagedVersion, read_previous, remove_staged
 from h5forge.publish.storage import PublishResult
 from h5forge.publish.versions import asset_base, read_pointer
 from h5forge.redact import redact_url
@@ -310,6 +313,22 @@ class _ShardedPacked:
         remove_staged(self.staged)
 
 
+def _previous(target: _Target) -> tuple[Previous | None, frozenset[str]]:
+    """The sharded version a sharded build starts from (None when there is none, or when the
+    pointer moved since the fingerprint: the publish will refuse), and the relative paths
+    whose source files are unchanged since it."""
+    assert isinstance(target, _ShardedVersion)
+    basis = target.basis
+    previous = read_previous(target.dest, read_pointer(target.dest))
+    if previous is not None and previous.sha256 != basis.latest_sha256:
+        previous = None
+    files = dict(basis.fingerprint.files) if basis.fingerprint is not None else {}
+    unchanged = (
+        frozenset(unchanged_paths(previous.sources or {}, files)) if previous else frozenset()
+    )
+    return previous, unchanged
+
+
 def _pack_shards(
     config: BuildConfig,
     inputs: _PackInputs,
@@ -322,14 +341,7 @@ def _pack_shards(
     assert config.max_shard_size is not None
     t0 = time.perf_counter()
     with _stage(seconds, "pack"):
-        basis = target.basis
-        previous = read_previous(target.dest, read_pointer(target.dest))
-        if previous is not None and previous.sha256 != basis.latest_sha256:
-            previous = None  # moved since the fingerprint: the publish will refuse
-        files = dict(basis.fingerprint.files) if basis.fingerprint is not None else {}
-        unchanged = (
-            frozenset(unchanged_paths(previous.sources or {}, files)) if previous else frozenset()
-        )
+        previous, unchanged = _previous(target)
         staged = pack_shards(
             inputs.catalog,
             work=str(inputs.work),
@@ -343,7 +355,43 @@ def _pack_shards(
             unchanged=unchanged,
         )
         local = staged.first_new or _fetch_shard(staged, target.dest, inputs.work)
+    return _sharded_packed(staged, local, t0)
+
+
+def _pack_shards_on_dask(
+    config: BuildConfig,
+    inputs: _PackInputs,
+    target: _Target,
+    seconds: dict[str, float],
+) -> _ShardedPacked:
+    """The pack stage of a sharded version on the Dask cluster: the workers pack the new
+    shards and upload them to the store; this machine plans, collects their manifest entries
+    and downloads one shard for the checks that follow. No merge."""
+    from h5forge.flows.dask_stage import pack_shards_on_dask
+
+    assert isinstance(target, _ShardedVersion)
+    t0 = time.perf_counter()
+    with _stage(seconds, "pack"):
+        previous, unchanged = _previous(target)
+        staged, stats = pack_shards_on_dask(
+            config,
+            catalog=inputs.catalog,
+            asset=target.dest,
+            dataset=inputs.dataset,
+            name=posixpath.basename(asset_base(config.destination)),
+            previous=previous,
+            unchanged=unchanged,
+        )
+        local = _fetch_shard(staged, target.dest, inputs.work)
+    return _sharded_packed(staged, local, t0, stats)
+
+
+def _sharded_packed(
+    staged: StagedVersion, local: str, t0: float, stats: PartStats | None = None
+) -> _ShardedPacked:
+    """``staged`` with ``local``, the shard the next stages check, as a :class:`PackResult`."""
     manifest = staged.manifest
+    new = set(staged.new) | staged.in_store
     packed = PackResult(
         path=local,
         num_samples=manifest.num_samples,
@@ -354,16 +402,18 @@ def _pack_shards(
         bytes=sum(e.bytes for e in manifest.shards),
         seconds=time.perf_counter() - t0,
         counts=staged.counts,
-        reused=manifest.num_samples
-        - sum(e.live for e in manifest.shards if e.sha256 in staged.new),
+        reused=manifest.num_samples - sum(e.live for e in manifest.shards if e.sha256 in new),
     )
-    return _ShardedPacked(packed, staged)
+    return _ShardedPacked(packed, staged, stats)
 
 
 def _fetch_shard(staged: StagedVersion, dest: Location, work: Path) -> str:
-    """A local copy of the version's first shard (a version of old shards only), for the
-    checks that follow the pack."""
-    entry = staged.manifest.shards[0]
+    """A local copy of one shard of the version already in the store (the first new one, or
+    the first), for the checks that follow the pack."""
+    entry = next(
+        (e for e in staged.manifest.shards if e.sha256 in staged.in_store),
+        staged.manifest.shards[0],
+    )
     base = asset_base(dest.url)
     shard = dest.with_url(staged.manifest.shard_url(base, entry))
     if shard.is_local:
@@ -380,7 +430,7 @@ _PackStage = Callable[[BuildConfig, _PackInputs, _Target, dict[str, float]], _Pa
 def _pack_stage(config: BuildConfig) -> _PackStage:
     """How this build packs, chosen once from ``config.executor`` and ``max_shard_size``."""
     if config.max_shard_size is not None:
-        return _pack_shards
+        return _pack_shards_on_dask if config.executor == "dask" else _pack_shards
     return _pack_on_dask if config.executor == "dask" else _pack_locally
 
 

@@ -67,12 +67,17 @@ __all__ = [
     "COMPACT_BELOW",
     "DEFAULT_MAX_SHARD_SIZE",
     "Previous",
+    "ShardPlan",
     "ShardedResult",
     "StagedVersion",
     "build_sharded_version",
     "pack_sharded",
+    "plan_sharded",
     "publish_sharded",
     "read_previous",
+    "shard_entry",
+    "stage_sharded",
+    "upload_shard",
 ]
 
 log = logging.getLogger(__name__)
@@ -154,6 +159,9 @@ class StagedVersion:
         parent: the parent version's manifest sha256 ("" for none).
         quarantined: ``(path, reason)`` of the inputs not packed.
         counts: samples per split and class, as a single-file pack reports them.
+        in_store: the new shards already in the store, packed and uploaded (or found listed
+            by the parent) where they were packed (a Dask worker): the publish checks they are
+            there and uploads nothing for them.
     """
 
     manifest: VersionManifest
@@ -162,6 +170,7 @@ class StagedVersion:
     parent: str
     quarantined: tuple[tuple[str, str], ...]
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    in_store: frozenset[str] = frozenset()
 
     @property
     def first_new(self) -> str:
@@ -198,6 +207,51 @@ def plan_shards(
     return groups
 
 
+@dataclass(frozen=True)
+class ShardPlan:
+    """What a sharded build packs, decided before any image is read.
+
+    Attributes:
+        kept: the previous version's shards this version references (new deletion vectors).
+        fresh: the samples to pack into new shards, in shard order (the catalog's classes and
+            split names; no rejected inputs).
+        groups: samples per new shard, in order (they add up to ``fresh``'s samples).
+    """
+
+    kept: tuple[ShardEntry, ...]
+    fresh: Catalog
+    groups: tuple[int, ...]
+
+
+def plan_sharded(
+    catalog: Catalog,
+    *,
+    config: PackConfig,
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+    previous: Previous | None = None,
+    unchanged: frozenset[str] = frozenset(),
+    compact_below: float = COMPACT_BELOW,
+) -> ShardPlan:
+    """The shards ``previous`` keeps, and the new shards to pack (see :func:`pack_sharded`).
+
+    Raises:
+        ValueError: ``max_shard_size`` < 1 MiB or ``compact_below`` outside [0, 1].
+    """
+    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int):
+        raise ValueError(f"max_shard_size={max_shard_size!r} must be a number of bytes")
+    if max_shard_size < 2**20:
+        raise ValueError(f"max_shard_size={max_shard_size} must be at least 1 MiB (1048576)")
+    if not 0.0 <= compact_below <= 1.0:
+        raise ValueError(f"compact_below={compact_below!r} must be in [0, 1]")
+    kept, taken = _referenced(catalog, config, previous, unchanged, compact_below)
+    fresh = [s for s in catalog.samples if s.relpath not in taken]
+    plan = plan_shards(fresh, config, max_shard_size)
+    ordered = replace(
+        catalog, samples=tuple(fresh[i] for group in plan for i in group), rejected=()
+    )
+    return ShardPlan(tuple(kept), ordered, tuple(len(g) for g in plan))
+
+
 def pack_sharded(
     catalog: Catalog,
     work: str | os.PathLike[str],
@@ -228,36 +282,32 @@ def pack_sharded(
     """
     from h5forge.pack.writer import pack_shards_stream
 
-    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int):
-        raise ValueError(f"max_shard_size={max_shard_size!r} must be a number of bytes")
-    if max_shard_size < 2**20:
-        raise ValueError(f"max_shard_size={max_shard_size} must be at least 1 MiB (1048576)")
-    if not 0.0 <= compact_below <= 1.0:
-        raise ValueError(f"compact_below={compact_below!r} must be in [0, 1]")
+    plan = plan_sharded(
+        catalog,
+        config=config,
+        max_shard_size=max_shard_size,
+        previous=previous,
+        unchanged=unchanged,
+        compact_below=compact_below,
+    )
     folder = Path(work) / "shards"
     folder.mkdir(parents=True, exist_ok=True)
     classes = tuple(catalog.classes)
-    kept, taken = _referenced(catalog, config, previous, unchanged, compact_below)
-    fresh = [s for s in catalog.samples if s.relpath not in taken]
     new: dict[str, str] = {}
-    entries: list[ShardEntry] = list(kept)
+    entries: list[ShardEntry] = []
     bad: list[tuple[str, str]] = []
-    plan = plan_shards(fresh, config, max_shard_size)
-    ordered = replace(
-        catalog, samples=tuple(fresh[i] for group in plan for i in group), rejected=()
-    )
     if on_shard is not None:
-        on_shard(0, len(plan))
+        on_shard(0, len(plan.groups))
     results = pack_shards_stream(
-        ordered,
-        [len(g) for g in plan],
+        plan.fresh,
+        plan.groups,
         lambda k: folder / f"shard-{k:06d}.h5",
         config=config,
         workers=workers,
     )
     for k, result in enumerate(results):
         if on_shard is not None:
-            on_shard(k + 1, len(plan))
+            on_shard(k + 1, len(plan.groups))
         bad.extend(result.quarantined)
         out = Path(result.path)
         if result.num_samples == 0:
@@ -267,8 +317,42 @@ def pack_sharded(
         final = folder / f"{sha}.h5"
         os.replace(out, final)
         new[sha] = str(final)
-        entries.append(_new_entry(str(final), sha, classes))
-    bad = [*catalog.rejected, *bad]
+        entries.append(shard_entry(str(final), sha, classes))
+    return stage_sharded(
+        catalog,
+        plan,
+        entries,
+        bad,
+        config=config,
+        previous=previous,
+        max_bad_fraction=max_bad_fraction,
+        name=name,
+        new=new,
+    )
+
+
+def stage_sharded(
+    catalog: Catalog,
+    plan: ShardPlan,
+    entries: Sequence[ShardEntry],
+    quarantined: Sequence[tuple[str, str]],
+    *,
+    config: PackConfig,
+    previous: Previous | None,
+    max_bad_fraction: float,
+    name: str,
+    new: Mapping[str, str] | None = None,
+    in_store: frozenset[str] = frozenset(),
+) -> StagedVersion:
+    """The version ``plan`` makes once its new shards are packed: ``entries`` (in ``plan``'s
+    order, empty shards left out), the inputs they ``quarantined``, and where they are (the
+    local files ``new``, by sha256, or ``in_store`` already).
+
+    Raises:
+        TooManyBadImagesError, EmptyDatasetError: as :func:`h5forge.pack.writer.pack`.
+    """
+    classes = tuple(catalog.classes)
+    bad = [*catalog.rejected, *quarantined]
     check_bad_fraction(len(catalog.samples) + len(catalog.rejected), bad, max_bad_fraction)
     packed = {s.relpath for s in catalog.samples} - {p for p, _ in bad}
     live = tuple(s for s in catalog.samples if s.relpath in packed)
@@ -276,7 +360,7 @@ def pack_sharded(
     manifest = VersionManifest(
         name=name,
         classes=classes,
-        shards=tuple(entries),
+        shards=(*plan.kept, *entries),
         config_json=config.to_json(),
         config_sha256=config.sha256(),
         parent=previous.sha256 if previous is not None else "",
@@ -284,13 +368,14 @@ def pack_sharded(
     counts = replace(catalog, samples=live).counts()
     return StagedVersion(
         manifest=manifest,
-        new=new,
+        new=dict(new or {}),
         parent_shards=frozenset(e.sha256 for e in previous.manifest.shards)
         if previous
         else frozenset(),
         parent=previous.sha256 if previous is not None else "",
         quarantined=tuple(bad),
         counts=counts,
+        in_store=in_store,
     )
 
 
@@ -353,7 +438,7 @@ def _referenced(
     return kept, taken
 
 
-def _new_entry(local: str, sha: str, classes: Sequence[str]) -> ShardEntry:
+def shard_entry(local: str, sha: str, classes: Sequence[str]) -> ShardEntry:
     """The manifest entry of a shard just packed with ``classes``."""
     with open_h5(Location(local)) as h5:
         names = [n.decode() if isinstance(n, bytes) else n for n in h5[fmt.SPLIT_NAMES][:]]
@@ -425,7 +510,6 @@ def publish_sharded(
     from h5forge.publish.history import apply_retention, check_retention
     from h5forge.publish.lineage import write_sources
     from h5forge.publish.release import asset_lock
-    from h5forge.publish.storage import read_back
 
     check_retention(keep_versions, min_age_s)
     given = dict(fields or {})
@@ -444,22 +528,14 @@ def publish_sharded(
         check_tree(home, "shards")
         reused = staged.parent_shards if latest == staged.parent else frozenset()
         todo = [(sha, path) for sha, path in staged.new.items() if sha not in reused]
-
-        def upload(item: tuple[str, str]) -> int:
-            sha, path = item
-            check_tree(home, *shard_key(sha).split("/"))
-            target = home.join(*shard_key(sha).split("/"))
-            size = os.path.getsize(path)
-            target.put(local=path)
-            read_back(target, sha, size)
-            return size
-
+        placed = _check_in_store(home, staged, reused)
         if todo:
             home.join("shards").fs.makedirs(home.join("shards").path, exist_ok=True)
             with ThreadPoolExecutor(min(_UPLOADS, len(todo))) as pool:
-                sent = sum(pool.map(upload, todo))
+                sent = sum(pool.map(lambda item: upload_shard(home, *item), todo))
         else:
             sent = 0
+        sent += sum(placed.values())
         lineage = given.get("lineage") or {}
         manifest = replace(
             staged.manifest,
@@ -491,13 +567,58 @@ def publish_sharded(
         version=sha[:KEY_HEX],
         parent=latest,
         shards=len(manifest.shards),
-        shards_new=len(todo),
-        shards_reused=len(manifest.shards) - len(todo),
+        shards_new=len(todo) + len(placed),
+        shards_reused=len(manifest.shards) - len(todo) - len(placed),
         bytes_new=sent,
         bytes_reused=all_bytes - sent,
         num_samples=manifest.num_samples,
         removed=tuple(removed),
     )
+
+
+def upload_shard(home: Location, sha: str, local: str) -> int:
+    """Upload the local shard ``local`` (sha256 ``sha``) to ``home/shards/<sha>.h5`` and read
+    it back; its size. ``home`` is the asset's base (:func:`~h5forge.publish.versions.asset_base`).
+
+    Raises:
+        ChecksumError: the stored copy is not the local bytes (it is deleted).
+    """
+    from h5forge.publish.storage import read_back
+
+    check_tree(home, *shard_key(sha).split("/"))
+    target = home.join(*shard_key(sha).split("/"))
+    size = os.path.getsize(local)
+    target.put(local=local)
+    read_back(target, sha, size)
+    return size
+
+
+def _check_in_store(
+    home: Location, staged: StagedVersion, reused: frozenset[str]
+) -> dict[str, int]:
+    """The bytes of each shard of ``staged.in_store`` that this publish adds (not listed by
+    the latest version), after checking that every one is in the store with its size: it
+    was uploaded before the lock was taken, and nothing but a kept version protects it."""
+    sizes = {e.sha256: e.bytes for e in staged.manifest.shards}
+    placed: dict[str, int] = {}
+    for sha in sorted(staged.in_store):
+        check_tree(home, *shard_key(sha).split("/"))
+        target = home.join(*shard_key(sha).split("/"))
+        target.fs.invalidate_cache(target.path)
+        try:
+            found = target.fs.size(target.path)
+        except FileNotFoundError:
+            found = None
+        if found != sizes[sha]:
+            raise FileNotFoundError(
+                f"shard {sha[:KEY_HEX]} of this build is not in the store as uploaded "
+                f"({redact_url(str(target))}: {found if found is not None else 'missing'}, "
+                f"expected {sizes[sha]} bytes); it was removed after its upload (or the "
+                "version it was found in is gone): nothing was published, run the build again"
+            )
+        if sha not in reused:
+            placed[sha] = found
+    return placed
 
 
 def remove_staged(staged: StagedVersion) -> None:
