@@ -15,14 +15,14 @@ Two choices are made once, before the stages run, and the flow body never branch
   ``executor="dask"``, parts packed as tasks on a Dask cluster and merged into the work dir
   (:func:`_pack_on_dask`, :mod:`h5forge.flows.dask_stage`). The parts are deleted once the
   asset is published, and kept after a failure so that a re-run packs only the missing ones.
-  A sharded version (``max_shard_size``) packs its new shards locally (:func:`_pack_shards`)
-  or, with ``executor="dask"``, on the workers, which upload them to the store themselves
-  (:func:`_pack_shards_on_dask`: no merge, no shard bytes through the flow's machine).
+  A sharded version (``max_shard_size``) packs its new shards locally or, with
+  ``executor="dask"``, on the workers, which upload them to the store themselves (no merge, no
+  shard's bytes through the flow's machine): :func:`_pack_shards`,
+  :mod:`h5forge.flows.sharded_stage`.
 """
 
 from __future__ import annotations
 
-import posixpath
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,22 +38,21 @@ from h5forge.fetch.sources import FetchResult
 from h5forge.flows.config import DEFAULT_CACHE_DIR, BuildConfig
 from h5forge.flows.credentials import load_storage_options
 from h5forge.flows.entry import entry_flow
+from h5forge.flows.sharded_stage import ShardedPacked, pack_here, pack_on_workers
 from h5forge.flows.summary import BuildSummary, unchanged_summary
 from h5forge.flows.urls import check_url
 from h5forge.location import Location
-from h5forge.pack.reuse import Reuse, unchanged_paths
+from h5forge.pack.reuse import Reuse
 from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
 from h5forge.publish.lineage import Basis
 from h5forge.publish.preview import PREVIEW_SUFFIX, preview_url
-from h5forge.publish.sharded import Previous, StagedVersion, read_previous, remove_staged
 from h5forge.publish.storage import PublishResult
-from h5forge.publish.versions import asset_base, read_pointer
 from h5forge.redact import redact_url
 from h5forge.tasks.common import dataset_name
 from h5forge.tasks.discover import discover_samples
 from h5forge.tasks.fetch import fetch_task, source_dir
-from h5forge.tasks.pack import pack_images, pack_shards
+from h5forge.tasks.pack import pack_images
 from h5forge.tasks.parts import PartStats, executor_section
 from h5forge.tasks.publish import (
     as_published,
@@ -172,7 +171,7 @@ class _ShardedVersion(_NewVersion):
     ) -> tuple[PublishResult, str]:
         """The version's manifest (what the report shows) and its version key."""
         assert self.lineage is not None
-        assert isinstance(packing, _ShardedPacked)
+        assert isinstance(packing, ShardedPacked)
         basis = self.basis
         released = publish_shards_task(self.config.destination, description=about)(
             packing.staged,
@@ -298,139 +297,35 @@ def _pack_on_dask(
     )
 
 
-@dataclass(frozen=True)
-class _ShardedPacked:
-    """A sharded pack's outcome: the staged version, and one of its shards as the local file
-    the verify, smoke-load and preview stages check (every new shard was verified in full when
-    it was sealed)."""
-
-    packed: PackResult
-    staged: StagedVersion
-    stats: PartStats | None = None
-
-    def remove_parts(self) -> None:
-        """Delete the local shards (published)."""
-        remove_staged(self.staged)
-
-
-def _previous(target: _Target) -> tuple[Previous | None, frozenset[str]]:
-    """The sharded version a sharded build starts from (None when there is none, or when the
-    pointer moved since the fingerprint: the publish will refuse), and the relative paths
-    whose source files are unchanged since it."""
-    assert isinstance(target, _ShardedVersion)
-    basis = target.basis
-    previous = read_previous(target.dest, read_pointer(target.dest))
-    if previous is not None and previous.sha256 != basis.latest_sha256:
-        previous = None
-    files = dict(basis.fingerprint.files) if basis.fingerprint is not None else {}
-    unchanged = (
-        frozenset(unchanged_paths(previous.sources or {}, files)) if previous else frozenset()
-    )
-    return previous, unchanged
-
-
 def _pack_shards(
     config: BuildConfig,
     inputs: _PackInputs,
     target: _Target,
     seconds: dict[str, float],
-) -> _ShardedPacked:
-    """The pack stage of a sharded version: new shards for the samples the latest version
-    does not hold unchanged, on this machine's worker pool."""
+) -> ShardedPacked:
+    """The pack stage of a sharded version, on this machine or (``executor="dask"``) on the
+    Dask workers, which upload their shards themselves (:mod:`h5forge.flows.sharded_stage`)."""
     assert isinstance(target, _ShardedVersion)
-    assert config.max_shard_size is not None
-    t0 = time.perf_counter()
+    pack = pack_on_workers if config.executor == "dask" else pack_here
     with _stage(seconds, "pack"):
-        previous, unchanged = _previous(target)
-        staged = pack_shards(
-            inputs.catalog,
-            work=str(inputs.work),
-            dataset=inputs.dataset,
-            name=posixpath.basename(asset_base(config.destination)),
-            config=config.pack_config(),
-            max_shard_size=config.max_shard_size,
-            workers=config.workers,
-            max_bad_fraction=config.max_bad_fraction,
-            previous=previous,
-            unchanged=unchanged,
-        )
-        local = staged.first_new or _fetch_shard(staged, target.dest, inputs.work)
-    return _sharded_packed(staged, local, t0)
-
-
-def _pack_shards_on_dask(
-    config: BuildConfig,
-    inputs: _PackInputs,
-    target: _Target,
-    seconds: dict[str, float],
-) -> _ShardedPacked:
-    """The pack stage of a sharded version on the Dask cluster: the workers pack the new
-    shards and upload them to the store; this machine plans, collects their manifest entries
-    and downloads one shard for the checks that follow. No merge."""
-    from h5forge.flows.dask_stage import pack_shards_on_dask
-
-    assert isinstance(target, _ShardedVersion)
-    t0 = time.perf_counter()
-    with _stage(seconds, "pack"):
-        previous, unchanged = _previous(target)
-        staged, stats = pack_shards_on_dask(
+        return pack(
             config,
             catalog=inputs.catalog,
-            asset=target.dest,
+            work=inputs.work,
+            dest=target.dest,
+            basis=target.basis,
             dataset=inputs.dataset,
-            name=posixpath.basename(asset_base(config.destination)),
-            previous=previous,
-            unchanged=unchanged,
         )
-        local = _fetch_shard(staged, target.dest, inputs.work)
-    return _sharded_packed(staged, local, t0, stats)
 
 
-def _sharded_packed(
-    staged: StagedVersion, local: str, t0: float, stats: PartStats | None = None
-) -> _ShardedPacked:
-    """``staged`` with ``local``, the shard the next stages check, as a :class:`PackResult`."""
-    manifest = staged.manifest
-    new = set(staged.new) | staged.in_store
-    packed = PackResult(
-        path=local,
-        num_samples=manifest.num_samples,
-        num_quarantined=len(staged.quarantined),
-        num_classes=len(manifest.classes),
-        classes=manifest.classes,
-        quarantined=staged.quarantined,
-        bytes=sum(e.bytes for e in manifest.shards),
-        seconds=time.perf_counter() - t0,
-        counts=staged.counts,
-        reused=manifest.num_samples - sum(e.live for e in manifest.shards if e.sha256 in new),
-    )
-    return _ShardedPacked(packed, staged, stats)
-
-
-def _fetch_shard(staged: StagedVersion, dest: Location, work: Path) -> str:
-    """A local copy of one shard of the version already in the store (the first new one, or
-    the first), for the checks that follow the pack."""
-    entry = next(
-        (e for e in staged.manifest.shards if e.sha256 in staged.in_store),
-        staged.manifest.shards[0],
-    )
-    base = asset_base(dest.url)
-    shard = dest.with_url(staged.manifest.shard_url(base, entry))
-    if shard.is_local:
-        return shard.path
-    local = str(work / "shard-check.h5")
-    shard.fs.get_file(shard.path, local)
-    return local
-
-
-_Packed: TypeAlias = "_LocalPacked | DaskPacked | _ShardedPacked"
+_Packed: TypeAlias = "_LocalPacked | DaskPacked | ShardedPacked"
 _PackStage = Callable[[BuildConfig, _PackInputs, _Target, dict[str, float]], _Packed]
 
 
 def _pack_stage(config: BuildConfig) -> _PackStage:
     """How this build packs, chosen once from ``config.executor`` and ``max_shard_size``."""
     if config.max_shard_size is not None:
-        return _pack_shards_on_dask if config.executor == "dask" else _pack_shards
+        return _pack_shards
     return _pack_on_dask if config.executor == "dask" else _pack_locally
 
 

@@ -36,7 +36,7 @@ from h5forge.publish.versions import asset_base
 from h5forge.redact import redact_url
 from h5forge.scale.parts import PartResult
 from h5forge.scale.plan import PartSpec, part_catalog, part_location
-from h5forge.scale.shards import PartShards, cut_shard_parts, part_samples
+from h5forge.scale.shard_parts import PartShards, cut_shard_parts, part_samples
 from h5forge.tasks.common import dataset_name
 from h5forge.tasks.pack import artifact_key, quarantine_table
 from h5forge.tasks.parts import (
@@ -208,7 +208,7 @@ def pack_shards_on_dask(
     The plan (:func:`~h5forge.publish.sharded.plan_sharded`) is cut into parts of whole shards
     (``config.part_size`` images, ``config.part_bytes`` source bytes); each part task packs its
     shards and uploads them to ``asset``'s ``shards/`` folder from the worker
-    (:func:`h5forge.scale.shards.pack_part_shards`) and returns their manifest entries. Nothing
+    (:func:`h5forge.scale.shard_parts.pack_part_shards`) and returns their manifest entries. Nothing
     is merged: the staged version lists the referenced shards, then the new ones in plan
     order, all already in the store (``in_store``). Progress counts shards.
 

@@ -3,7 +3,7 @@
 ``pack_part_task`` is what runs on the Dask workers: a thin task over
 :func:`h5forge.scale.parts.pack_part` with retries, returning the small
 :class:`h5forge.scale.parts.PartResult` (never arrays). A sharded version's parts run as
-``pack_part_shards_task`` (:func:`h5forge.scale.shards.pack_part_shards`: shards uploaded from
+``pack_part_shards_task`` (:func:`h5forge.scale.shard_parts.pack_part_shards`: shards uploaded from
 the worker, manifest entries returned; no merge). The others run in the flow's process.
 Caching is off for all of them: whether a part is done is decided by its sidecar in the
 staging folder (:func:`h5forge.scale.parts.find_done_parts`), not by Prefect's cache. That
@@ -29,7 +29,7 @@ from h5forge.scale.merge import merge_parts
 from h5forge.scale.parts import PartResult, find_done_parts, pack_part
 from h5forge.scale.parts import remove_parts as remove_part_files
 from h5forge.scale.plan import PartSpec, plan_parts
-from h5forge.scale.shards import PartShards, ShardPart, pack_part_shards
+from h5forge.scale.shard_parts import PartShards, ShardPart, pack_part_shards
 from h5forge.tasks.common import (
     retry_upload,
     run_name,
@@ -179,7 +179,7 @@ def pack_part_shards_task(
     parent_shards: frozenset[str],
 ) -> PartShards:
     """Pack one part of a sharded plan into shards on a worker and upload each to the asset
-    (see :func:`h5forge.scale.shards.pack_part_shards`). ``dataset`` names the task run."""
+    (see :func:`h5forge.scale.shard_parts.pack_part_shards`). ``dataset`` names the task run."""
     result = pack_part_shards(catalog, part, asset, config=config, parent_shards=parent_shards)
     get_run_logger().info(
         "%s: %d shards (%d uploaded, %.1f MB), %d quarantined, in %.1f s",

@@ -24,7 +24,7 @@ from h5forge.publish.sharded import (
     stage_sharded,
 )
 from h5forge.publish.versions import asset_base, read_pointer
-from h5forge.scale.shards import (
+from h5forge.scale.shard_parts import (
     PartShards,
     cut_shard_parts,
     pack_part_shards,
