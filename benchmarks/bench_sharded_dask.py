@@ -16,13 +16,16 @@ The sharded path includes its publish; today's build is timed without publishing
 file (one more copy of every byte), so the comparison favours today's build. Shards are sized
 so that a part holds the same images as today's parts (``--part-size``, 2 shards a part).
 
-Target (issue 29): sharded wall <= today's Dask build minus today's merge.
+Target (issue 29): sharded wall <= today's Dask build minus today's merge. The CPU seconds of
+the workers and this process together are shown too: on a shared 2-core machine they move
+less with other load than wall time does.
 
-    python -m benchmarks.bench_sharded_dask              # 2000 generated photos, 3 rounds
+    python -m benchmarks.bench_sharded_dask --repeat 5   # 2000 generated photos
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -40,7 +43,19 @@ from h5forge.scale.plan import part_catalog, part_url, plan_parts
 from h5forge.scale.shard_parts import cut_shard_parts, pack_part_shards, part_samples
 
 
+def _process_cpu() -> float:
+    """CPU seconds (user + system) of the calling process: run on each worker."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _cpu(client: Any) -> float:
+    """CPU seconds of the workers and this process together (load-independent work)."""
+    return sum(client.run(_process_cpu).values()) + _process_cpu()
+
+
 def _today(client: Any, catalog: Catalog, part_size: int, work: Path, phases: dict) -> None:
+    c0 = _cpu(client)
     staging = work / "staging"
     shutil.rmtree(staging, ignore_errors=True)
     specs = plan_parts(catalog, samples_per_part=part_size)
@@ -63,11 +78,13 @@ def _today(client: Any, catalog: Catalog, part_size: int, work: Path, phases: di
         max_bad_fraction=1.0,
     )
     phases["merge"].append(time.perf_counter() - t)
+    phases["today cpu"].append(_cpu(client) - c0)
 
 
 def _sharded(
     client: Any, catalog: Catalog, part_size: int, shard_size: int, work: Path, phases: dict
 ) -> None:
+    c0 = _cpu(client)
     store = work / "store"
     shutil.rmtree(store, ignore_errors=True)
     asset = Location(str(store / "photos.h5"))
@@ -99,6 +116,7 @@ def _sharded(
     )
     publish_sharded(staged, asset, based_on="")
     phases["publish"].append(time.perf_counter() - t)
+    phases["sharded cpu"].append(_cpu(client) - c0)
     phases["parts count"] = [len(parts)]
 
 
@@ -113,7 +131,9 @@ def main() -> None:
     catalog = discover(root)
     sample = 224 * 224 * 3  # decoded 224 RGB: what plan_shards counts per sample
     shard_size = max(2**20, (args.part_size // 2) * sample + sample // 2)  # 2 shards a part
-    phases: dict[str, list[float]] = {"parts": [], "merge": [], "shard parts": [], "publish": []}
+    phases: dict[str, list[float]] = {
+        k: [] for k in ("parts", "merge", "shard parts", "publish", "today cpu", "sharded cpu")
+    }
     t0 = time.perf_counter()
     cluster = LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
@@ -148,6 +168,7 @@ def main() -> None:
             n / median(today),
             f"{median(phases['parts']):.2f}",
             f"{median(phases['merge']):.2f}",
+            f"{median(phases['today cpu']):.2f}",
         ],
         [
             "sharded dask, no merge (publish included)",
@@ -156,6 +177,7 @@ def main() -> None:
             n / median(sharded),
             f"{median(phases['shard parts']):.2f}",
             f"{median(phases['publish']):.2f}",
+            f"{median(phases['sharded cpu']):.2f}",
         ],
     ]
     report.add(
@@ -174,6 +196,7 @@ def main() -> None:
                 "img/s",
                 "parts s (median)",
                 "merge / publish s (median)",
+                "CPU s, workers + here (median)",
             ],
             rows,
         )

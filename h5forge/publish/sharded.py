@@ -15,6 +15,11 @@ reaches the store:
    since the build began, the new shards are uploaded concurrently and read back, then the
    sources map, the manifest, and the pointer last; then retention.
 
+On Dask (:mod:`h5forge.scale.shard_parts`) the workers pack the plan's shards
+(:func:`plan_sharded`) and upload them (:func:`upload_shard`) where they run; the flow stages
+the version from their manifest entries (:func:`stage_sharded`, ``in_store``) and publishes it
+the same way, checking that those shards are in the store instead of uploading them.
+
 A publish skips uploading a shard only when the parent version (the latest, which retention
 always keeps, and which the ``based_on`` check pins) references it; any other shard is uploaded
 even when an object of that name exists, because retention may be removing an unreferenced one
@@ -352,6 +357,12 @@ def stage_sharded(
         TooManyBadImagesError, EmptyDatasetError: as :func:`h5forge.pack.writer.pack`.
     """
     classes = tuple(catalog.classes)
+    stray = in_store - {e.sha256 for e in entries}
+    if stray:
+        raise ValueError(
+            f"in_store names shards that are not among the new entries: "
+            f"{sorted(s[:KEY_HEX] for s in stray)[:5]}; pass the entries' own sha256"
+        )
     bad = [*catalog.rejected, *quarantined]
     check_bad_fraction(len(catalog.samples) + len(catalog.rejected), bad, max_bad_fraction)
     packed = {s.relpath for s in catalog.samples} - {p for p, _ in bad}
@@ -598,26 +609,32 @@ def _check_in_store(
 ) -> dict[str, int]:
     """The bytes of each shard of ``staged.in_store`` that this publish adds (not listed by
     the latest version), after checking that every one is in the store with its size: it
-    was uploaded before the lock was taken, and nothing but a kept version protects it."""
+    was uploaded before the lock was taken, and nothing but a kept version protects it.
+    One listing of ``shards/`` (a few requests per thousand shards), not a request a shard."""
+    if not staged.in_store:
+        return {}
     sizes = {e.sha256: e.bytes for e in staged.manifest.shards}
+    folder = home.join("shards")
+    folder.fs.invalidate_cache(folder.path)
+    try:
+        listed = folder.fs.ls(folder.path, detail=True)
+    except FileNotFoundError:
+        listed = []
+    found = {posixpath.basename(str(i["name"]).rstrip("/")): i.get("size") for i in listed}
     placed: dict[str, int] = {}
     for sha in sorted(staged.in_store):
-        check_tree(home, *shard_key(sha).split("/"))
-        target = home.join(*shard_key(sha).split("/"))
-        target.fs.invalidate_cache(target.path)
-        try:
-            found = target.fs.size(target.path)
-        except FileNotFoundError:
-            found = None
-        if found != sizes[sha]:
+        key = shard_key(sha)
+        size = found.get(posixpath.basename(key))
+        if size != sizes[sha]:
             raise FileNotFoundError(
                 f"shard {sha[:KEY_HEX]} of this build is not in the store as uploaded "
-                f"({redact_url(str(target))}: {found if found is not None else 'missing'}, "
-                f"expected {sizes[sha]} bytes); it was removed after its upload (or the "
-                "version it was found in is gone): nothing was published, run the build again"
+                f"({redact_url(str(home.join(*key.split('/'))))}: "
+                f"{'missing' if size is None else f'{size} bytes'}, expected {sizes[sha]} "
+                "bytes); it was removed after its upload (or the version it was found in is "
+                "gone): nothing was published, run the build again"
             )
         if sha not in reused:
-            placed[sha] = found
+            placed[sha] = sizes[sha]
     return placed
 
 
