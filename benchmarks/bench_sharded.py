@@ -35,7 +35,8 @@ from benchmarks.bench_incremental import changed_copy
 from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
-from h5forge.publish.sharded import DEFAULT_MAX_SHARD_SIZE, build_sharded_version
+from h5forge.publish.shard_release import build_sharded_version
+from h5forge.publish.sharded import DEFAULT_MAX_SHARD_SIZE
 
 TARGETS = {"incremental 1%": 0.05, "incremental 10%": 0.2, "no-op": 0.01}
 

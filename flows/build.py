@@ -15,11 +15,14 @@ Two choices are made once, before the stages run, and the flow body never branch
   ``executor="dask"``, parts packed as tasks on a Dask cluster and merged into the work dir
   (:func:`_pack_on_dask`, :mod:`h5forge.flows.dask_stage`). The parts are deleted once the
   asset is published, and kept after a failure so that a re-run packs only the missing ones.
+  A sharded version (``max_shard_size``) packs its new shards locally or, with
+  ``executor="dask"``, on the workers, which upload them to the store themselves (no merge, no
+  shard's bytes through the flow's machine): :func:`_pack_shards`,
+  :mod:`h5forge.flows.sharded_stage`.
 """
 
 from __future__ import annotations
 
-import posixpath
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,22 +38,21 @@ from h5forge.fetch.sources import FetchResult
 from h5forge.flows.config import DEFAULT_CACHE_DIR, BuildConfig
 from h5forge.flows.credentials import load_storage_options
 from h5forge.flows.entry import entry_flow
+from h5forge.flows.sharded_stage import ShardedPacked, pack_here, pack_on_workers
 from h5forge.flows.summary import BuildSummary, unchanged_summary
 from h5forge.flows.urls import check_url
 from h5forge.location import Location
-from h5forge.pack.reuse import Reuse, unchanged_paths
+from h5forge.pack.reuse import Reuse
 from h5forge.pack.writer import PackResult
 from h5forge.preflight import check_destination
 from h5forge.publish.lineage import Basis
 from h5forge.publish.preview import PREVIEW_SUFFIX, preview_url
-from h5forge.publish.sharded import StagedVersion, read_previous, remove_staged
 from h5forge.publish.storage import PublishResult
-from h5forge.publish.versions import asset_base, read_pointer
 from h5forge.redact import redact_url
 from h5forge.tasks.common import dataset_name
 from h5forge.tasks.discover import discover_samples
 from h5forge.tasks.fetch import fetch_task, source_dir
-from h5forge.tasks.pack import pack_images, pack_shards
+from h5forge.tasks.pack import pack_images
 from h5forge.tasks.parts import PartStats, executor_section
 from h5forge.tasks.publish import (
     as_published,
@@ -169,7 +171,7 @@ class _ShardedVersion(_NewVersion):
     ) -> tuple[PublishResult, str]:
         """The version's manifest (what the report shows) and its version key."""
         assert self.lineage is not None
-        assert isinstance(packing, _ShardedPacked)
+        assert isinstance(packing, ShardedPacked)
         basis = self.basis
         released = publish_shards_task(self.config.destination, description=about)(
             packing.staged,
@@ -295,85 +297,28 @@ def _pack_on_dask(
     )
 
 
-@dataclass(frozen=True)
-class _ShardedPacked:
-    """A sharded pack's outcome: the staged version, and one of its shards as the local file
-    the verify, smoke-load and preview stages check (every new shard was verified in full when
-    it was sealed)."""
-
-    packed: PackResult
-    staged: StagedVersion
-    stats: PartStats | None = None
-
-    def remove_parts(self) -> None:
-        """Delete the local shards (published)."""
-        remove_staged(self.staged)
-
-
 def _pack_shards(
     config: BuildConfig,
     inputs: _PackInputs,
     target: _Target,
     seconds: dict[str, float],
-) -> _ShardedPacked:
-    """The pack stage of a sharded version: new shards for the samples the latest version
-    does not hold unchanged, on this machine's worker pool."""
+) -> ShardedPacked:
+    """The pack stage of a sharded version, on this machine or (``executor="dask"``) on the
+    Dask workers, which upload their shards themselves (:mod:`h5forge.flows.sharded_stage`)."""
     assert isinstance(target, _ShardedVersion)
-    assert config.max_shard_size is not None
-    t0 = time.perf_counter()
+    pack = pack_on_workers if config.executor == "dask" else pack_here
     with _stage(seconds, "pack"):
-        basis = target.basis
-        previous = read_previous(target.dest, read_pointer(target.dest))
-        if previous is not None and previous.sha256 != basis.latest_sha256:
-            previous = None  # moved since the fingerprint: the publish will refuse
-        files = dict(basis.fingerprint.files) if basis.fingerprint is not None else {}
-        unchanged = (
-            frozenset(unchanged_paths(previous.sources or {}, files)) if previous else frozenset()
-        )
-        staged = pack_shards(
-            inputs.catalog,
-            work=str(inputs.work),
+        return pack(
+            config,
+            catalog=inputs.catalog,
+            work=inputs.work,
+            dest=target.dest,
+            basis=target.basis,
             dataset=inputs.dataset,
-            name=posixpath.basename(asset_base(config.destination)),
-            config=config.pack_config(),
-            max_shard_size=config.max_shard_size,
-            workers=config.workers,
-            max_bad_fraction=config.max_bad_fraction,
-            previous=previous,
-            unchanged=unchanged,
         )
-        local = staged.first_new or _fetch_shard(staged, target.dest, inputs.work)
-    manifest = staged.manifest
-    packed = PackResult(
-        path=local,
-        num_samples=manifest.num_samples,
-        num_quarantined=len(staged.quarantined),
-        num_classes=len(manifest.classes),
-        classes=manifest.classes,
-        quarantined=staged.quarantined,
-        bytes=sum(e.bytes for e in manifest.shards),
-        seconds=time.perf_counter() - t0,
-        counts=staged.counts,
-        reused=manifest.num_samples
-        - sum(e.live for e in manifest.shards if e.sha256 in staged.new),
-    )
-    return _ShardedPacked(packed, staged)
 
 
-def _fetch_shard(staged: StagedVersion, dest: Location, work: Path) -> str:
-    """A local copy of the version's first shard (a version of old shards only), for the
-    checks that follow the pack."""
-    entry = staged.manifest.shards[0]
-    base = asset_base(dest.url)
-    shard = dest.with_url(staged.manifest.shard_url(base, entry))
-    if shard.is_local:
-        return shard.path
-    local = str(work / "shard-check.h5")
-    shard.fs.get_file(shard.path, local)
-    return local
-
-
-_Packed: TypeAlias = "_LocalPacked | DaskPacked | _ShardedPacked"
+_Packed: TypeAlias = "_LocalPacked | DaskPacked | ShardedPacked"
 _PackStage = Callable[[BuildConfig, _PackInputs, _Target, dict[str, float]], _Packed]
 
 

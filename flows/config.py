@@ -255,10 +255,11 @@ class BuildConfig(BaseModel):
                 f"max_shard_size={self.max_shard_size} shards a version, and versioned is off: "
                 "set versioned=True (CLI: --versioned), or leave max_shard_size empty"
             )
-        if self.max_shard_size is not None and self.executor == "dask":
+        if self.max_shard_size is not None and self.staging is not None:
             raise ValueError(
-                "max_shard_size with executor='dask': a sharded build packs on this machine "
-                "for now (docs/versions.md); use executor='local', or leave max_shard_size empty"
+                f"staging={redact_url(self.staging)!r} holds the parts of a single-file Dask "
+                "build; with max_shard_size the workers upload their shards straight to the "
+                "destination's shards/ folder: leave staging empty"
             )
         return self
 

@@ -35,8 +35,9 @@ PartSize = Annotated[
     Field(
         ge=1,
         le=10_000_000,
-        description="executor dask: most images per part (one task "
-        "each). Plan at least 4 parts per worker process so the last ones finish together.",
+        description="executor dask: most images per part (one task each; "
+        "with max_shard_size a part is a run of whole shards). Plan at least 4 parts per "
+        "worker process so the last ones finish together.",
     ),
 ]
 PartBytes = Annotated[

@@ -2,7 +2,9 @@
 
 ``pack_part_task`` is what runs on the Dask workers: a thin task over
 :func:`h5forge.scale.parts.pack_part` with retries, returning the small
-:class:`h5forge.scale.parts.PartResult` (never arrays). The others run in the flow's process.
+:class:`h5forge.scale.parts.PartResult` (never arrays). A sharded version's parts run as
+``pack_part_shards_task`` (:func:`h5forge.scale.shard_parts.pack_part_shards`: shards uploaded from
+the worker, manifest entries returned; no merge). The others run in the flow's process.
 Caching is off for all of them: whether a part is done is decided by its sidecar in the
 staging folder (:func:`h5forge.scale.parts.find_done_parts`), not by Prefect's cache. That
 also keeps the staging :class:`~h5forge.location.Location` they take, whose options may hold
@@ -27,6 +29,7 @@ from h5forge.scale.merge import merge_parts
 from h5forge.scale.parts import PartResult, find_done_parts, pack_part
 from h5forge.scale.parts import remove_parts as remove_part_files
 from h5forge.scale.plan import PartSpec, plan_parts
+from h5forge.scale.shard_parts import PartShards, ShardPart, pack_part_shards
 from h5forge.tasks.common import (
     retry_upload,
     run_name,
@@ -39,6 +42,7 @@ __all__ = [
     "PartStats",
     "executor_section",
     "merge_task",
+    "pack_part_shards_task",
     "pack_part_task",
     "plan_part_build",
     "remove_parts",
@@ -69,7 +73,10 @@ class PartStats(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     address: str = Field(description="the Dask scheduler the parts ran on")
-    staging: str = Field(description="where the parts and their sidecars were published")
+    staging: str = Field(
+        description="where the parts and their sidecars were published (a sharded version: "
+        "the shards folder the parts uploaded to)"
+    )
     total: int = Field(description="parts in the plan")
     packed: tuple[int, ...] = Field(description="parts packed by this run")
     skipped: tuple[int, ...] = Field(description="parts found done in staging and reused")
@@ -144,6 +151,43 @@ def pack_part_task(
         result.num_samples,
         result.num_quarantined,
         result.bytes / 1e6,
+        result.seconds,
+    )
+    return result
+
+
+def _shards_run_name() -> str:
+    params = runtime.task_run.parameters
+    part = params.get("part")
+    where = f" {part.name}" if isinstance(part, ShardPart) else ""
+    return f"pack-part-shards[{params.get('dataset', '')}{where}]"
+
+
+@task(
+    name="pack-part-shards",
+    task_run_name=_shards_run_name,
+    cache_policy=NO_CACHE,
+    **with_retries(2, retry_upload),
+)
+def pack_part_shards_task(
+    catalog: Catalog,
+    part: ShardPart,
+    asset: Location,
+    *,
+    dataset: str,
+    config: PackConfig,
+    parent_shards: frozenset[str],
+) -> PartShards:
+    """Pack one part of a sharded plan into shards on a worker and upload each to the asset
+    (see :func:`h5forge.scale.shard_parts.pack_part_shards`). ``dataset`` names the task run."""
+    result = pack_part_shards(catalog, part, asset, config=config, parent_shards=parent_shards)
+    get_run_logger().info(
+        "%s: %d shards (%d uploaded, %.1f MB), %d quarantined, in %.1f s",
+        part.name,
+        len(result.entries),
+        len(result.uploaded),
+        result.bytes_uploaded / 1e6,
+        len(result.quarantined),
         result.seconds,
     )
     return result
@@ -230,8 +274,12 @@ def executor_section(
         f"**skipped** (found done in staging, sidecar and sha256 checked): {skipped}"
         + (f" ({listed})" if skipped else ""),
         f"- **part stage**: {seconds.get('pack', 0.0):,.2f} s on the cluster; "
-        f"**merge**: {seconds.get('merge', 0.0):,.2f} s here (stored bytes copied, each "
-        "sample's digest checked)",
+        + (
+            f"**merge**: {seconds['merge']:,.2f} s here (stored bytes copied, each "
+            "sample's digest checked)"
+            if "merge" in seconds
+            else "**no merge**: each part uploaded its own shards to the store"
+        ),
         "",
     ]
     return "\n".join(lines)

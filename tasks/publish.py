@@ -29,7 +29,8 @@ from h5forge.publish.history import check_retention
 from h5forge.publish.lineage import Basis, build_basis, reuse_previous, write_sources
 from h5forge.publish.preview import preview_url, publish_preview, write_preview
 from h5forge.publish.release import VersionResult, publish_version
-from h5forge.publish.sharded import ShardedResult, StagedVersion, publish_sharded
+from h5forge.publish.shard_release import ShardedResult, publish_sharded
+from h5forge.publish.sharded import StagedVersion
 from h5forge.publish.storage import PublishResult, publish
 from h5forge.publish.versions import version_url
 from h5forge.redact import redact_url

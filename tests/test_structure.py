@@ -43,8 +43,6 @@ LONG_MODULES: dict[str, str] = {
     "selects, how one process reads those columns and checks their values, how they collate",
     "h5forge.options": "every pack option defined once: what an option is and how a value is "
     "checked, the table of options, the rules between them, the renamed names",
-    "h5forge.publish.sharded": "a sharded version's writer read as one: what a new version "
-    "keeps of the previous one, what it packs, how it is published (pointer last)",
     "h5forge.flows.build": "the build flow: its two choices (where it publishes, how it packs) "
     "beside the stages they choose between, a sharded version's included",
     "h5forge.publish.history": "what an asset keeps, read as one: the versions it lists (either "

@@ -25,12 +25,8 @@ from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.publish.manifest import VersionManifest, manifest_bytes, read_manifest, shard_key
-from h5forge.publish.sharded import (
-    build_sharded_version,
-    pack_sharded,
-    publish_sharded,
-    read_previous,
-)
+from h5forge.publish.shard_release import build_sharded_version, publish_sharded
+from h5forge.publish.sharded import pack_sharded, read_previous
 from h5forge.publish.versions import asset_base, read_pointer
 
 SMALL = 2**20  # the smallest shard size: 6 samples of 224 x 224 x 3 each
