@@ -36,6 +36,7 @@ from h5forge.read.loader import BatchLoading
 from h5forge.read.mixing import select_subset
 from h5forge.read.options import ReadOptions, pick_options
 from h5forge.read.order import shown
+from h5forge.read.sharded import is_manifest
 from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
@@ -273,6 +274,8 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         order = np.argsort(asset, kind="stable")  # positions grouped by asset, in batch order
         cuts = np.flatnonzero(np.diff(asset[order])) + 1
         groups = [g.tolist() for g in np.split(order, cuts) if len(g)]
+        if any(is_manifest(d.url) for d in self.datasets):
+            return None  # a sharded version's samples are read by its own dataset, per item
         states = [self._state(int(asset[g[0]])) for g in groups]
         shapes = {s[2] for s in states or [self._state(0)]}  # an empty batch: asset 0's shape
         hwc = shapes.pop()
