@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,10 +138,9 @@ class ShardedVersion:
     def _open_shard(self, k: int) -> _Shard:
         entry = self.manifest.shards[k]
         where = self.where.with_url(self.shard_url(k))
-        if where.is_local:
-            _check_local_shard(where, entry)
+        check = _local_check(where, entry) if where.is_local else None
         try:
-            st = open_state(where, self.options, entry.sha256)
+            st = open_state(where, self.options, entry.sha256, check)
         except ValueError as e:
             if self.options.target == CLASS or k == 0 or isinstance(e, IntegrityError):
                 raise
@@ -345,36 +344,42 @@ def _json(text: str) -> Any:
         return None
 
 
-def _check_local_shard(where: Location, entry: ShardEntry) -> None:
-    """A local shard is the file its entry names: its size and ``metadata_sha256``
-    (recomputed, never the attribute taken on trust), as
-    :func:`h5forge.read.version.check_version_file` checks a version's file.
+def _local_check(where: Location, entry: ShardEntry) -> Callable[[Any], None]:
+    """The check that a local shard is the file its entry names, to run on the handle it is
+    read through: its size and ``metadata_sha256`` (recomputed, never the attribute taken on
+    trust), as :func:`h5forge.read.version.check_version_file` checks a version's file.
 
-    Raises:
+    Raises (the check, and this for a missing shard):
         FileNotFoundError: the shard is missing (naming it).
         IntegrityError: it is another file.
     """
     shown = redact_url(where.url)
-    replaced = (
-        f"{shown} is not the shard {entry.sha256[:16]} its version's manifest names: it was "
-        "replaced by another file; delete it and publish the version again"
-    )
     try:
-        size = os.stat(where.path).st_size
+        os.stat(where.path)
     except FileNotFoundError:
         raise FileNotFoundError(
             f"shard {shown} of the version is missing: the asset's shards/ folder was "
             "pruned or only partly copied; copy the asset again, or publish the version again"
         ) from None
-    if size != entry.bytes:
-        raise IntegrityError(f"{replaced} (it is {size} bytes, the manifest says {entry.bytes})")
-    try:
-        with open_h5(where) as h5:
+    replaced = (
+        f"{shown} is not the shard {entry.sha256[:16]} its version's manifest names: it was "
+        "replaced by another file; delete it and publish the version again"
+    )
+
+    def check(h5: Any) -> None:
+        size = h5.id.get_filesize()
+        if size != entry.bytes:
+            raise IntegrityError(
+                f"{replaced} (it is {size} bytes, the manifest says {entry.bytes})"
+            )
+        try:
             found = metadata_sha256(h5)
-    except H5_DAMAGE as e:
-        raise IntegrityError(f"{replaced} ({type(e).__name__}: {e})") from None
-    if found != entry.metadata_sha256:
-        raise IntegrityError(
-            f"{replaced} (its index and attributes hash to {found}, the manifest records "
-            f"{entry.metadata_sha256})"
-        )
+        except H5_DAMAGE as e:
+            raise IntegrityError(f"{replaced} ({type(e).__name__}: {e})") from None
+        if found != entry.metadata_sha256:
+            raise IntegrityError(
+                f"{replaced} (its index and attributes hash to {found}, the manifest records "
+                f"{entry.metadata_sha256})"
+            )
+
+    return check
