@@ -24,6 +24,7 @@ import shutil
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -165,15 +166,19 @@ def main() -> None:
         opens = interleave(
             {"sharded": open_big, "sharded, split": open_split, "one file": open_one}, args.repeat
         )
+        datasets = {"one file": H5ImageDataset(one), "sharded": H5ImageDataset(sharded)}
+        assert len(datasets["one file"]) == len(datasets["sharded"])
         feeds = {
-            "one file": H5ImageDataset(one),
-            "sharded": H5ImageDataset(sharded),
+            f"{name}{', persistent' if keep else ''}": ds.loader(
+                64, shuffle=True, num_workers=2, persistent_workers=keep
+            )
+            for keep in (False, True)
+            for name, ds in datasets.items()
         }
-        assert len(feeds["one file"]) == len(feeds["sharded"])
 
-        def epoch(ds: H5ImageDataset) -> int:
+        def epoch(loader: Any) -> int:
             n = 0
-            for images, _ in ds.loader(64, shuffle=True, num_workers=2):
+            for images, _ in loader:
                 n += len(images)
             return n
 
@@ -182,12 +187,13 @@ def main() -> None:
             got, _cpu = epoch_rounds(feeds, epoch, 1)
             for k in feeds:
                 rates[k].extend(got[k])
+        del feeds  # persistent workers end here
     med = {k: statistics.median(v) for k, v in opens.items()}
     report.add(
         f"Open: a version of {args.shards:,} shards x {args.per_shard:,} samples "
         f"({n_big:,} live samples; 10 deleted rows, train/val counts and a 100-class label map "
         f"per shard; manifest {manifest_size:,} bytes), no shard opened; against one file of "
-        f"{len(feeds['one file']):,} samples. Medians of {args.repeat} interleaved rounds."
+        f"{len(datasets['one file']):,} samples. Medians of {args.repeat} interleaved rounds."
     )
     report.add(
         table(
@@ -211,20 +217,26 @@ def main() -> None:
     report.add(
         f"Loader: {described}; decoded 224, one file ({one_size:,} bytes) vs "
         f"{loader_shards} shards of about {args.shard_mib} MiB of the same samples; "
-        f"loader(64, shuffle=True, num_workers=2), one epoch per round, medians of "
+        f"loader(64, shuffle=True, num_workers=2), with and without persistent_workers "
+        f"(without: every epoch's workers open each shard they read, ~10 ms each), one "
+        f"epoch per round, medians of "
         f"{args.repeat} rounds (order rotated each round)."
     )
     report.add(
         table(
             ["feed", "median img/s", "ratio", "target"],
             [
-                ["one file", f"{r['one file']:,.0f}", "1.00x", ""],
-                [
-                    "sharded version",
-                    f"{r['sharded']:,.0f}",
-                    f"{r['sharded'] / r['one file']:.2f}x",
-                    verdict(r["sharded"] / r["one file"], 0.95),
-                ],
+                row
+                for keep in ("", ", persistent")
+                for row in (
+                    [f"one file{keep}", f"{r['one file' + keep]:,.0f}", "1.00x", ""],
+                    [
+                        f"sharded version{keep}",
+                        f"{r['sharded' + keep]:,.0f}",
+                        f"{r['sharded' + keep] / r['one file' + keep]:.2f}x",
+                        verdict(r["sharded" + keep] / r["one file" + keep], 0.95),
+                    ],
+                )
             ],
         )
     )

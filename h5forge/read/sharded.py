@@ -114,6 +114,7 @@ class ShardedVersion:
         self.classes = list(m.classes)
         self._pid = os.getpid()
         self._open: dict[int, _Shard] = {}
+        self._orphans: list[dict[int, _Shard]] = []
         self._paths: dict[int, np.ndarray] = {}
         if options.target != CLASS and m.shards:
             self.shard(0)  # target= checked here, in the constructing process (a ValueError)
@@ -128,7 +129,8 @@ class ShardedVersion:
 
     def shard(self, k: int) -> _Shard:
         """Shard ``k`` opened and checked in this process (on first use)."""
-        if self._pid != os.getpid():  # inherited through fork: never use the parent's handles
+        if self._pid != os.getpid():  # inherited through fork: never use or close the parent's
+            self._orphans.append(self._open)  # handles (kept referenced, as one file's are)
             self._pid, self._open, self._paths = os.getpid(), {}, {}
         found = self._open.get(k)
         if found is None:
@@ -254,7 +256,7 @@ class ShardedVersion:
             return read_batch(sh.state, rows.tolist(), slot=slot, shared=shared, labels=labels)
         if self.options.target != CLASS:
             return None
-        shapes = {self.shard(s).fixed for s, _, _ in groups}
+        shapes = self.shapes(positions)
         hwc = shapes.pop() if len(shapes) == 1 else None
         if hwc is None:
             return None
@@ -262,20 +264,31 @@ class ShardedVersion:
         try:
             view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
             size = int(math.prod(hwc))
-            labels = batch.labels.numpy()
-            for s, at, rows in groups:
-                sh = self.shard(s)
-                st = sh.state
-                assert st.reader is not None
-                mine = [view[p * size : (p + 1) * size] for p in at.tolist()]
-                r = rows.tolist()
-                st.reader.read_into(st.index.byte_ranges[rows].tolist(), mine)
-                st.check(mine, r)
-                labels[at] = sh.lut[st.index.labels[rows]]
+            bufs = [view[p * size : (p + 1) * size] for p in range(len(positions))]
+            batch.labels.numpy()[:] = self.fill(positions, bufs)
         except BaseException:
             batch.release()
             raise
         return batch.result()
+
+    def shapes(self, positions: np.ndarray) -> set[tuple[int, ...] | None]:
+        """The image shapes of the shards ``positions`` touch (None: one is not fixed-size,
+        decoded and unfiltered)."""
+        return {self.shard(s).fixed for s, _, _ in self.groups(positions)}
+
+    def fill(self, positions: np.ndarray, bufs: Sequence[memoryview]) -> np.ndarray:
+        """Read the fixed-size samples of ``positions`` into ``bufs`` (one each), each shard's
+        share with one ``read_into``; return their labels in the version's numbering."""
+        labels = np.empty(len(positions), dtype=np.int64)
+        for s, at, rows in self.groups(positions):
+            sh = self.shard(s)
+            st = sh.state
+            assert st.reader is not None
+            mine = [bufs[p] for p in at.tolist()]
+            st.reader.read_into(st.index.byte_ranges[rows].tolist(), mine)
+            st.check(mine, rows.tolist())
+            labels[at] = sh.lut[st.index.labels[rows]]
+        return labels
 
     def collate(self, items: Sequence[tuple[Any, Any]], *, slot: bool) -> Any:
         """Items of :meth:`items` batched as one file's would be."""
