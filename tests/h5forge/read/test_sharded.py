@@ -30,6 +30,7 @@ from h5forge.pack.writer import pack
 from h5forge.publish.manifest import manifest_bytes, manifest_key, parse_manifest
 from h5forge.publish.versions import write_pointer
 from h5forge.read.dataset import H5ImageDataset
+from h5forge.read.mixing import MixingSampler
 from h5forge.read.multi import H5MultiDataset
 from h5forge.read.sampler import Sampler
 from tests.fixtures.sharded import DECODED, make_sharded_version
@@ -287,6 +288,11 @@ def test_multi_dataset_over_a_sharded_and_a_single_file_asset(
     assert counts.tolist() == [12, 12, 12, 12]
     batches = list(multi.loader(8, num_workers=2))
     assert sum(len(y) for _, y in batches) == 48
+    mix = MixingSampler(multi, weights=[3, 1], length=40, seed=2)
+    drawn = list(mix)
+    assert sum(i < 24 for i in drawn) == 30  # the sharded asset's share of the weights
+    labels = torch.cat([y for _, y in multi.loader(8, sampler=drawn, num_workers=2)])
+    assert labels.tolist() == [multi.targets[i] for i in drawn]
 
 
 def test_provenance_comes_from_the_manifest(sharded: str) -> None:
