@@ -383,11 +383,7 @@ ALONE: dict[str, str] = {
         "the asset list: an untrusted document with its own bounds and tests"
     ),
     "h5forge.read.block_cache": ("read-ahead blocks on disk, each checked: its own idea and tests"),
-    "h5forge.read.provenance": ("a sample's source path and provenance, read on request"),
     "h5forge.read.sampler": ("public: the resumable, distributed Sampler"),
-    "h5forge.read.samples": (
-        "reading and checking one sample's bytes: the integrity boundary of reads"
-    ),
     "h5forge.scale.assemble": ("writing the merged file, apart from the merge's checks and plan"),
     "h5forge.scale.download": ("a checked local copy of a remote part"),
     "h5forge.scale.merge": ("public: merge_parts, the Dask stage's merge"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -28,6 +28,7 @@ from h5forge.read.loader import BatchLoading
 from h5forge.read.options import ReadOptions, pick_options
 from h5forge.read.provenance import SampleSources
 from h5forge.read.samples import read_batch, read_images, read_with_targets
+from h5forge.read.sharded import ShardedVersion, is_manifest
 from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
@@ -74,6 +75,13 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         options: all of the above but ``url``, ``version`` and ``storage_options`` as one
             :class:`~h5forge.read.options.ReadOptions`, instead of those keywords (giving both
             is refused).
+
+    A sharded version (docs/FORMAT.md, "Sharded versions") reads as one dataset: ``url`` is
+    its manifest, ``version`` the manifest's sha256, and opening reads the manifest alone
+    (length, ``split=`` counts, classes, order: shards in manifest order, each shard's live
+    rows in file order); each shard is opened, and checked against its manifest entry, on first
+    use in the process that reads it (:mod:`h5forge.read.sharded`). ``targets`` and
+    ``sources`` open every shard.
 
     Opening checks the whole file before reading any sample (docs/FORMAT.md, "What readers
     refuse"): links, virtual datasets, external storage, declared sizes, labels, byte ranges.
@@ -138,6 +146,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         self._state: ProcessState | None = None
         self._orphans: list[ProcessState] = []
         self._indices: np.ndarray | None = None
+        self._sharded: ShardedVersion | None = None
         open_named(where, version, self._open_file)
 
     # torchvision's convention: a dataset's transforms may be set after it is made (a split's
@@ -168,6 +177,9 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
 
     def _open_file(self, url: str, version: str) -> None:
         self.url, self.version = url, version
+        if is_manifest(url):
+            self._shards()  # the manifest alone: shards open on first use
+            return
         fmt.refuse_partial(url)
         file = Location(url, self.storage_options)
         if version and file.is_local:
@@ -188,6 +200,16 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         self._state = None
         self._orphans = []
         self._indices = None  # selected on first access, in the process that reads
+        self._sharded = None
+
+    def _shards(self) -> ShardedVersion:
+        """The sharded version's index (read from its manifest once per process)."""
+        if self._sharded is None:
+            where = Location(self.url, self.storage_options)
+            self._sharded = ShardedVersion(where, self.version, self.options)
+            self.classes = list(self._sharded.classes)
+            self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        return self._sharded
 
     # --- per-process state -------------------------------------------------------------------
     def _open(self) -> ProcessState:
@@ -222,47 +244,84 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
 
     def close(self) -> None:
         """Release this process's handles (they reopen on the next access)."""
+        if self._sharded is not None:
+            self._sharded.close()
         if self._state is not None and self._state.pid == os.getpid():
             self._state.close()
         self._state = None
 
     # --- torch Dataset protocol --------------------------------------------------------------
     def __len__(self) -> int:
+        if is_manifest(self.url):
+            return len(self._shards())
         self._open()
         assert self._indices is not None
         return len(self._indices)
 
     @property
     def schema(self) -> tuple[Column, ...]:
-        """The file's target columns (:mod:`h5forge.targets.schema`); ``()`` for version 1."""
+        """The file's target columns (:mod:`h5forge.targets.schema`); ``()`` for version 1.
+        Of a sharded version: its first shard's (every shard read with ``target=`` has them)."""
+        if is_manifest(self.url):
+            return self._shards().schema()
         return file_schema(self._open().index.header, where=self.url)
 
     def collate(self, items: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
         """Samples ``(image, target)`` (of this file's ``target=``) batched as
         :meth:`read_batch` batches them: :meth:`h5forge.read.targets.Selection.batch`."""
+        if is_manifest(self.url):
+            return self._shards().collate(items, slot=False)
         return self._open().selection.batch(items, url=self.url)
 
     @property
     def targets(self) -> list[int]:
-        """Label of every sample, like torchvision's ImageFolder."""
+        """Label of every sample, like torchvision's ImageFolder (of a sharded version: in
+        its numbering, opening every shard)."""
+        if is_manifest(self.url):
+            return cast(list[int], self._shards().labels().tolist())
         self._open()
         return self._labels.tolist()
 
     def __getattr__(self, name: str) -> Any:
         # classes / class_to_idx after unpickling: load them on first use.
+        if name in ("classes", "class_to_idx") and is_manifest(self.__dict__.get("url", "")):
+            self._shards()
+            return self.__dict__[name]
         if name in ("classes", "class_to_idx", "_labels"):
             self._open()
             return self.__dict__[name]
         raise AttributeError(name)
 
+    # --- where samples came from (one file's: SampleSources; a sharded version's here) --------
+    def source_path(self, i: int) -> str:
+        if is_manifest(self.url):
+            return self._shards().source_paths(self._positions([i]))[0]
+        return super().source_path(i)
+
+    source_path.__doc__ = SampleSources.source_path.__doc__
+
+    @property
+    def sources(self) -> list[str]:
+        """The source path of every sample of this dataset, in index order."""
+        if is_manifest(self.url):
+            return self._shards().source_paths(np.arange(len(self)))
+        return SampleSources.sources.fget(self)  # type: ignore[attr-defined]
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """How and from what the asset was made (:attr:`SampleSources.provenance`); of a
+        sharded version, from its manifest, with ``lineage`` and ``shards`` besides."""
+        if is_manifest(self.url):
+            return {"url": self.url, "sha256": self.version, **self._shards().provenance()}
+        return SampleSources.provenance.fget(self)  # type: ignore[attr-defined]
+
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         image, target = self.__getitems__([i])[0]
         return plain(image), target
 
-    def _rows(self, indices: Sequence[int]) -> list[int]:
-        """File rows of dataset indices (negative ones count from the end)."""
-        assert self._indices is not None
-        n = len(self._indices)
+    def _positions(self, indices: Sequence[int]) -> np.ndarray:
+        """Dataset indices checked, negative ones counted from the end."""
+        n = len(self)
         asked = np.asarray(indices, dtype=np.int64).reshape(-1)
         where = np.where(asked < 0, asked + n, asked)
         outside = (where < 0) | (where >= n)
@@ -270,19 +329,33 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             raise IndexError(
                 f"index {int(asked[np.flatnonzero(outside)[0]])} out of range for {n} samples"
             )
+        return where
+
+    def _rows(self, indices: Sequence[int]) -> list[int]:
+        """File rows of dataset indices (negative ones count from the end)."""
+        where = self._positions(indices)
+        assert self._indices is not None
         return cast(list[int], self._indices[where].tolist())
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
-        st = self._open()
-        rows = self._rows(indices)
         o = self.options
-        if st.selection.columns or st.selection.as_dict:
-            images, targets = read_with_targets(st, rows, max_pixels=o.max_pixels)
+        images: Iterable[Any]
+        targets: Iterable[Any]
+        if is_manifest(self.url):
+            pairs: Any = self._shards().items(self._positions(indices))
+            if not o.transformed:
+                return cast(list[tuple[Any, Any]], pairs)
+            images, targets = (p[0] for p in pairs), (p[1] for p in pairs)
         else:
-            images = read_images(st, rows, max_pixels=o.max_pixels)
-            targets = st.index.labels[rows].tolist()
-        if not o.transformed:
-            return list(zip(images, targets, strict=True))
+            st = self._open()
+            rows = self._rows(indices)
+            if st.selection.columns or st.selection.as_dict:
+                images, targets = read_with_targets(st, rows, max_pixels=o.max_pixels)
+            else:
+                images = read_images(st, rows, max_pixels=o.max_pixels)
+                targets = st.index.labels[rows].tolist()
+            if not o.transformed:
+                return list(zip(images, targets, strict=True))
         out = []
         for image, target in zip(images, targets, strict=True):
             if o.transform is not None:
@@ -316,6 +389,13 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         and returns a :class:`h5forge.read.batches.SlotBatch` (see that module)."""
         from torch.utils.data import get_worker_info
 
+        if is_manifest(self.url):
+            in_worker = get_worker_info() is not None
+            sharded, at = self._shards(), self._positions(indices)
+            direct = sharded.read_batch(at, slot=use_slots and in_worker, shared=in_worker)
+            if direct is not None:
+                return direct
+            return sharded.collate(self.__getitems__(indices), slot=use_slots and in_worker)
         st = self._open()
         idx = st.index
         in_worker = get_worker_info() is not None

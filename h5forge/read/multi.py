@@ -36,6 +36,7 @@ from h5forge.read.loader import BatchLoading
 from h5forge.read.mixing import select_subset
 from h5forge.read.options import ReadOptions, pick_options
 from h5forge.read.order import shown
+from h5forge.read.sharded import ShardedVersion, is_manifest
 from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
@@ -264,6 +265,11 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
             h.labels[at] = idx.labels[rows] if lut is None else lut[idx.labels[rows]]
         return h.states[a]
 
+    def _sharded(self, a: int) -> ShardedVersion | None:
+        """Asset ``a``'s sharded version (its dataset's, opened in this process), or None."""
+        d = self.datasets[a]
+        return d._shards() if is_manifest(d.url) else None
+
     def _read_direct(self, asset: np.ndarray, local: np.ndarray, *, slot: bool) -> Any:
         """The batch read straight into one :class:`~h5forge.read.batches.Batch`; None when
         a transform is set or an asset's samples are not fixed-size, decoded and unfiltered."""
@@ -273,27 +279,47 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
         order = np.argsort(asset, kind="stable")  # positions grouped by asset, in batch order
         cuts = np.flatnonzero(np.diff(asset[order])) + 1
         groups = [g.tolist() for g in np.split(order, cuts) if len(g)]
-        states = [self._state(int(asset[g[0]])) for g in groups]
-        shapes = {s[2] for s in states or [self._state(0)]}  # an empty batch: asset 0's shape
-        hwc = shapes.pop()
-        if shapes or hwc is None:
+        # A sharded asset reads its own share (its shards' samples and labels); a file, here.
+        sharded = [self._sharded(int(asset[g[0]])) for g in groups]
+        states = [
+            None if v is not None else self._state(int(asset[g[0]]))
+            for g, v in zip(groups, sharded, strict=True)
+        ]
+        shapes: set[tuple[int, ...] | None] = set()
+        for g, v, one in zip(groups, sharded, states, strict=True):
+            if v is not None:
+                shapes |= v.shapes(local[g])
+            elif one is not None:
+                shapes.add(one[2])
+        if not groups:  # an empty batch: asset 0's shape
+            v0 = self._sharded(0)
+            shapes = v0.shapes(local) if v0 is not None else {self._state(0)[2]}
+        hwc = shapes.pop() if len(shapes) == 1 else None
+        if hwc is None:
             return None
         in_worker = get_worker_info() is not None
         batch = _batches.Batch(len(asset), hwc, slot=slot and in_worker, shared=in_worker)
         try:
-            assert self._handles is not None
             flat = local + self._starts[asset]
             view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
             size = int(math.prod(hwc))
             bufs = [view[p * size : (p + 1) * size] for p in range(len(asset))]
-            ranges = self._handles.ranges[flat].tolist()
-            for g, (st, file_rows, _) in zip(groups, states, strict=True):
-                assert st.reader is not None
+            labels = batch.labels.numpy()
+            for g, v, state in zip(groups, sharded, states, strict=True):
                 mine = [bufs[p] for p in g]
-                st.reader.read_into([ranges[p] for p in g], mine)
+                if v is not None:
+                    found = v.fill(local[g], mine)
+                    lut = self._maps[int(asset[g[0]])]
+                    labels[g] = found if lut is None else lut[found]
+                    continue
+                assert state is not None
+                assert self._handles is not None
+                st, file_rows, _ = state
+                assert st.reader is not None
+                st.reader.read_into(self._handles.ranges[flat[g]].tolist(), mine)
                 if st.digests is not None:
                     st.check(mine, file_rows[local[g]].tolist())
-            batch.labels.numpy()[:] = self._handles.labels[flat]
+                labels[g] = self._handles.labels[flat[g]]
         except BaseException:
             batch.release()
             raise

@@ -46,14 +46,23 @@ def fill(st: ProcessState, rows: list[int], view: memoryview, extra: Extra = _NO
     st.check(bufs, rows)
 
 
-def read_batch(st: ProcessState, rows: list[int], *, slot: bool, shared: bool) -> Any:
+def read_batch(
+    st: ProcessState,
+    rows: list[int],
+    *,
+    slot: bool,
+    shared: bool,
+    labels: np.ndarray | None = None,
+) -> Any:
     """The fixed-size, unfiltered samples of ``rows`` as one :class:`h5forge.read.batches.Batch`
     (pixels and labels in one buffer: one allocation, and one hand-over, per batch); returns
     its :meth:`~h5forge.read.batches.Batch.result`. With target columns (``st.targets``),
     their values are read in the same call, raw masks, boxes and label lists straight into
     regions of the batch's memory, and the batch's second item is the targets
-    (:meth:`h5forge.read.targets.Selection.from_columns`)."""
+    (:meth:`h5forge.read.targets.Selection.from_columns`). ``labels``: the rows' labels to
+    hand out instead of the file's (a shard's, in its version's numbering)."""
     idx = st.index
+    labels = idx.labels[rows] if labels is None else labels
     assert idx.image_shape is not None
     n, (h, w) = len(rows), idx.image_shape[:2]
     plan = {} if st.targets is None else st.targets.regions(rows, (h, w))
@@ -76,21 +85,22 @@ def read_batch(st: ProcessState, rows: list[int], *, slot: bool, shared: bool) -
             into = {name: t.numpy() for name, t in regions.items()}
             extra, bufs = st.targets.wanted(rows, into=into)
         fill(st, rows, memoryview(batch.flat.numpy()).cast("B"), extra)  # type: ignore[arg-type]
-        batch.labels.numpy()[:] = idx.labels[rows]
+        batch.labels.numpy()[:] = labels
         if st.targets is None and not st.selection.as_dict:
             return batch.result()
         cols = {} if st.targets is None else st.targets.batch(rows, bufs, regions)
-        targets = st.selection.from_columns(idx.labels[rows], cols, [(h, w)] * n, in_worker=shared)
+        targets = st.selection.from_columns(labels, cols, [(h, w)] * n, in_worker=shared)
     except BaseException:
         batch.release()
         raise
     return batch.result(targets)
 
 
-def _targets(st: ProcessState, rows: list[int], bufs: dict[str, list[memoryview]]) -> list[Any]:
+def _targets(
+    st: ProcessState, rows: list[int], bufs: dict[str, list[memoryview]], labels: list[int]
+) -> list[Any]:
     """Each row's target (:meth:`h5forge.read.targets.Selection.target`) from its label and
     its columns' filled buffers."""
-    labels = st.index.labels[rows].tolist()
     if st.targets is None:
         return [st.selection.target(y, {}, (0, 0)) for y in labels]
     values = st.targets.values(rows, bufs)
@@ -101,14 +111,15 @@ def _targets(st: ProcessState, rows: list[int], bufs: dict[str, list[memoryview]
 
 
 def read_with_targets(
-    st: ProcessState, rows: list[int], *, max_pixels: int
+    st: ProcessState, rows: list[int], *, max_pixels: int, labels: np.ndarray | None = None
 ) -> tuple[Iterable[Any], list[Any]]:
     """The images of ``rows`` (:func:`read_images`, as :meth:`Selection.image
     <h5forge.read.targets.Selection.image>` hands them out) and their targets, the target
-    columns read in the same call as the images."""
+    columns read in the same call as the images; ``labels`` as for :func:`read_batch`."""
     extra, bufs = (_NO_EXTRA, {}) if st.targets is None else st.targets.wanted(rows)
     images = read_images(st, rows, max_pixels=max_pixels, extra=extra)
-    targets = _targets(st, rows, bufs)
+    found = st.index.labels[rows] if labels is None else labels
+    targets = _targets(st, rows, bufs, found.tolist())
     return (st.selection.image(image) for image in images), targets
 
 

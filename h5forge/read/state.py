@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,7 @@ class ProcessState:
         where: Location,
         options: ReadOptions,
         store: BlockSource | None = None,
+        check: Callable[[Any], None] | None = None,
     ):
         self.pid = os.getpid()
         self.url = url = where.url
@@ -85,6 +86,8 @@ class ProcessState:
         want_digests = options.verify_reads
         try:
             h5 = self.opened.h5
+            if check is not None:
+                check(h5)
             self.index = load_index(h5, where=url)
             check_index(self.index, h5.id.get_filesize(), where=url, max_pixels=options.max_pixels)
             self.digests = _digests(h5, url) if want_digests else None
@@ -155,6 +158,7 @@ def open_state(
     where: Location,
     options: ReadOptions,
     sha256: str = "",
+    check: Callable[[Any], None] | None = None,
 ) -> ProcessState:
     """This process's :class:`ProcessState` for ``where``, read with ``options``, opened again
     if a publish replaced the file while it was being opened.
@@ -163,7 +167,9 @@ def open_state(
     (:meth:`h5forge.read.cache.FileCache.local_copy`, ``sha256`` the pinned version's; one
     larger than the cache's limit is read remotely with its blocks kept there), and the
     copy opened must be the inode that was validated (an eviction or refetch in between opens
-    it again). ``where`` is still the one messages name.
+    it again). ``where`` is still the one messages name. ``check(h5)``, when given, is called
+    with the open HDF5 handle before anything is read from it (a sharded version's shard is
+    checked against its manifest entry on the handle it is read through).
 
     Raises:
         IntegrityError: the file was replaced 3 times in a row, or is damaged.
@@ -174,8 +180,8 @@ def open_state(
         try:
             if pinned is None:
                 store = cache.block_store(where, sha256) if cache is not None else None
-                return ProcessState(where, options, store)
-            st = ProcessState(Location(pinned.path), options)
+                return ProcessState(where, options, store, check)
+            st = ProcessState(Location(pinned.path), options, check=check)
         except _Replaced:
             continue
         except FileNotFoundError:

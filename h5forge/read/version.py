@@ -15,6 +15,7 @@ resolves names with :func:`resolve_asset`, the same functions.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 
@@ -22,7 +23,8 @@ from h5forge.asset import format as fmt
 from h5forge.asset.metadata import metadata_sha256
 from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.errors import IntegrityError
-from h5forge.location import Location
+from h5forge.location import MAX_MANIFEST_BYTES, Location
+from h5forge.publish.manifest import MANIFEST_SUFFIX
 from h5forge.publish.sidecar import load_sidecar, read_sidecar
 from h5forge.publish.versions import (
     KEY_HEX,
@@ -63,6 +65,15 @@ def pin_version(where: Location, version: str | None) -> tuple[str, str]:
     found, sha = resolve_version(where, version)
     if version == "latest":
         return found, sha
+    if found.endswith(MANIFEST_SUFFIX):  # sharded: the manifest's bytes name the version
+        data = where.with_url(found).read_bytes(limit=MAX_MANIFEST_BYTES, what="version manifest")
+        recorded = hashlib.sha256(data).hexdigest()
+        if not recorded.startswith(version):
+            raise FileNotFoundError(
+                f"no version {version} of {redact_url(asset_base(url))}: the version with key "
+                f"{version[:KEY_HEX]} has sha256 {recorded}"
+            )
+        return found, recorded
     recorded = read_sidecar(where.with_url(found))["sha256"]
     if not recorded.startswith(version[:KEY_HEX]):
         raise IntegrityError(

@@ -1,0 +1,398 @@
+"""A sharded version read as one dataset: one global index from the manifest, shards opened lazily.
+
+:class:`H5ImageDataset <h5forge.read.dataset.H5ImageDataset>` reads a version whose pointer
+(or ``version=``) names a manifest (:mod:`h5forge.publish.manifest`) through a
+:class:`ShardedVersion`. Opening reads the manifest alone, checked against the version's
+sha256: the dataset's length (with ``split=``, from each shard's ``splits`` counts), its
+classes and the global order (shards in manifest order, each shard's live rows in file order)
+need no shard. A shard is opened on first use, in the process that reads it (a DataLoader
+worker), by the single-file machinery (:func:`h5forge.read.state.open_state`, with all its
+checks) at the address recomputed from its sha256 (``BASE/shards/<sha256>.h5``, never a URL
+taken from the manifest), and checked against its manifest entry before any sample is used:
+
+* a local shard's size and ``metadata_sha256`` (recomputed) are the entry's (a remote one is
+  checked by the verified cache, which keys it by its content address, or by ``verify_reads``);
+* its sample count is the entry's, and its live rows of the split are as many as the entry says;
+* its ``/classes`` map by name onto the version's classes (``labels``; ``-1``: a class that is
+  not in the version, so a live row with it is refused); labels are handed out in the version's
+  numbering;
+* with ``target=`` other than ``"class"``, its target columns are the first shard's (the one
+  shard opened when the dataset is made: ``target=`` is checked against it there).
+
+Each refusal is an :class:`~h5forge.errors.IntegrityError` naming the shard.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from h5forge.asset import format as fmt
+from h5forge.asset.metadata import metadata_sha256
+from h5forge.asset.open import H5_DAMAGE, open_h5
+from h5forge.asset.target_layout import file_schema
+from h5forge.documents import DocumentError, parse_json
+from h5forge.errors import IntegrityError
+from h5forge.location import Location
+from h5forge.publish.manifest import (
+    MANIFEST_SUFFIX,
+    ShardEntry,
+    VersionManifest,
+    check_labels,
+    read_manifest,
+)
+from h5forge.publish.versions import version_url
+from h5forge.read import batches as _batches
+from h5forge.read import collate as _collate
+from h5forge.read.options import ReadOptions
+from h5forge.read.provenance import MAX_JSON_BYTES, PROVENANCE_ATTRS
+from h5forge.read.samples import read_batch, read_images, read_with_targets
+from h5forge.read.state import ProcessState, open_state
+from h5forge.read.targets import CLASS
+from h5forge.redact import redact_url
+from h5forge.targets.schema import Column
+
+__all__ = ["ShardedVersion", "is_manifest"]
+
+
+def is_manifest(url: str) -> bool:
+    """Whether ``url`` names a version manifest (what a sharded version resolves to)."""
+    return url.endswith(MANIFEST_SUFFIX)
+
+
+@dataclass
+class _Shard:
+    """One open shard: its state, the file rows of its dataset positions, its label map."""
+
+    state: ProcessState
+    rows: np.ndarray
+    lut: np.ndarray  # shard label -> version label (-1: not in the version)
+    fixed: tuple[int, ...] | None  # image shape when fixed-size, decoded and unfiltered
+
+
+class ShardedVersion:
+    """The global index of a sharded version and this process's open shards.
+
+    Args:
+        where: the manifest (``BASE/v/<16 hex>/NAME.version.json``).
+        sha256: the version's full sha256: the manifest's bytes must hash to it.
+        options: how the dataset reads (``split`` selects, the rest as for one file).
+
+    Raises:
+        FileNotFoundError: no manifest there.
+        IntegrityError: the manifest does not hash to ``sha256``.
+        ValueError: a malformed manifest, or ``split`` no shard has.
+    """
+
+    def __init__(self, where: Location, sha256: str, options: ReadOptions) -> None:
+        self.where, self.options = where, options
+        self.manifest: VersionManifest = read_manifest(where, sha256)
+        self.base = where.url.rsplit("/", 3)[0]
+        if version_url(self.base, sha256, "sharded") != where.url:
+            raise ValueError(
+                f"{where}: a version manifest lives at BASE/v/<16 hex>/NAME{MANIFEST_SUFFIX} "
+                "under its asset's base; open the asset by its base and version"
+            )
+        split, m = options.split, self.manifest
+        if split is not None and split not in m.split_names:
+            raise ValueError(
+                f"split {split!r} is not in {redact_url(where.url)}; it has "
+                f"{list(m.split_names) or 'no splits'}"
+            )
+        counts = np.array(
+            [s.live if split is None else int(s.splits.get(split, 0)) for s in m.shards],
+            dtype=np.int64,
+        )
+        self.counts = counts
+        self.ends = np.cumsum(counts)
+        self.starts = self.ends - counts
+        self.classes = list(m.classes)
+        self._pid = os.getpid()
+        self._open: dict[int, _Shard] = {}
+        self._orphans: list[dict[int, _Shard]] = []
+        self._paths: dict[int, np.ndarray] = {}
+        if options.target != CLASS and m.shards:
+            self.shard(0)  # target= checked here, in the constructing process (a ValueError)
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    # --- shards, opened lazily per process -------------------------------------------------
+    def shard_url(self, k: int) -> str:
+        """The URL of shard ``k``, recomputed from its sha256 under the asset's base."""
+        return self.manifest.shard_url(self.base, self.manifest.shards[k])
+
+    def shard(self, k: int) -> _Shard:
+        """Shard ``k`` opened and checked in this process (on first use)."""
+        if self._pid != os.getpid():  # inherited through fork: never use or close the parent's
+            self._orphans.append(self._open)  # handles (kept referenced, as one file's are)
+            self._pid, self._open, self._paths = os.getpid(), {}, {}
+        found = self._open.get(k)
+        if found is None:
+            found = self._open[k] = self._open_shard(k)
+        return found
+
+    def _open_shard(self, k: int) -> _Shard:
+        entry = self.manifest.shards[k]
+        where = self.where.with_url(self.shard_url(k))
+        check = _local_check(where, entry) if where.is_local else None
+        try:
+            st = open_state(where, self.options, entry.sha256, check)
+        except ValueError as e:
+            if self.options.target == CLASS or k == 0 or isinstance(e, IntegrityError):
+                raise
+            # Shard 0 was read with this target= (checked when the dataset was made).
+            raise IntegrityError(
+                f"shard {k} ({redact_url(where.url)}) cannot be read with target="
+                f"{self.options.target!r:.200} as shard 0 is ({e}): its target columns differ; "
+                "every shard of a version read with target= must have the same columns; read "
+                "it with target='class', or rebuild the version"
+            ) from None
+        try:
+            return self._checked(k, entry, st)
+        except BaseException:
+            st.close()
+            raise
+
+    def _checked(self, k: int, entry: ShardEntry, st: ProcessState) -> _Shard:
+        idx, shown = st.index, f"shard {k} ({redact_url(st.url)})"
+        if idx.header.num_samples != entry.samples:
+            raise IntegrityError(
+                f"{shown} has {idx.header.num_samples} samples, its manifest entry says "
+                f"{entry.samples}: the shard was replaced or the manifest is damaged"
+            )
+        try:
+            check_labels(entry, list(idx.classes), self.manifest.classes)
+        except IntegrityError as e:
+            raise IntegrityError(f"{shown}: {e}") from None
+        rows = entry.live_rows()
+        split = self.options.split
+        if split is not None:
+            code = idx.split_names.index(split) if split in idx.split_names else -1
+            rows = rows[idx.split_codes[rows] == code]
+        if len(rows) != self.counts[k]:
+            raise IntegrityError(
+                f"{shown} has {len(rows)} live samples of split {split!r}, its manifest entry "
+                f"says {int(self.counts[k])}: the shard was replaced or the manifest is damaged"
+            )
+        lut = np.asarray(entry.labels, dtype=np.int64)
+        mapped = lut[idx.labels[rows]] if len(lut) else np.full(len(rows), -1, np.int64)
+        if (mapped < 0).any():
+            r = int(rows[np.flatnonzero(mapped < 0)[0]])
+            raise IntegrityError(
+                f"{shown}: sample {r} has class {idx.classes[int(idx.labels[r])]!r}, which the "
+                "version does not have (its manifest maps it to -1) yet keeps the sample: the "
+                "manifest is damaged; publish the version again"
+            )
+        if self.options.target != CLASS and k != 0:
+            first = self.shard(0).state.index.header
+            if file_schema(idx.header, where=st.url) != file_schema(first, where=st.url):
+                raise IntegrityError(
+                    f"{shown} has target columns {file_schema(idx.header, where=st.url)!r:.300}, "
+                    f"shard 0 has {file_schema(first, where=st.url)!r:.300}: every shard of a "
+                    "version read with target= must have the same columns; read it with "
+                    "target='class', or rebuild the version"
+                )
+        fixed = idx.header.storage == "array" and not idx.filtered
+        return _Shard(st, rows, lut, idx.image_shape if fixed else None)
+
+    def close(self) -> None:
+        """Release this process's shard handles (they reopen on the next access)."""
+        if self._pid == os.getpid():
+            for sh in self._open.values():
+                sh.state.close()
+        self._open = {}
+
+    # --- where an index lives ------------------------------------------------------------
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard, position within the shard)`` of in-range dataset ``positions``."""
+        k = np.searchsorted(self.ends, positions, side="right")
+        return k, positions - self.starts[k]
+
+    def groups(self, positions: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(shard, batch positions, file rows)`` of each shard ``positions`` touch."""
+        k, local = self.locate(positions)
+        out = []
+        for s in np.unique(k).tolist():
+            at = np.flatnonzero(k == s)
+            out.append((s, at, self.shard(s).rows[local[at]]))
+        return out
+
+    # --- reading ---------------------------------------------------------------------------
+    def items(self, positions: np.ndarray) -> list[tuple[Any, Any]]:
+        """``(image, target)`` of each position (no transforms), in order."""
+        out: list[Any] = [None] * len(positions)
+        max_pixels = self.options.max_pixels
+        for s, at, rows in self.groups(positions):
+            sh = self.shard(s)
+            st, r = sh.state, rows.tolist()
+            labels = sh.lut[st.index.labels[rows]]
+            if st.selection.columns or st.selection.as_dict:
+                images, targets = read_with_targets(st, r, max_pixels=max_pixels, labels=labels)
+            else:
+                images, targets = read_images(st, r, max_pixels=max_pixels), labels.tolist()
+            for p, image, target in zip(at.tolist(), images, targets, strict=True):
+                out[p] = (image, target)
+        return out
+
+    def read_batch(self, positions: np.ndarray, *, slot: bool, shared: bool) -> Any:
+        """The batch of ``positions`` read in place (fixed-size decoded shards, no transform):
+        one batch buffer across shards, each shard's share with one ``read_into``; None when
+        it cannot be (the caller reads item by item)."""
+        if self.options.transformed:
+            return None
+        groups = self.groups(positions)
+        if len(groups) == 1:  # one shard: the single-file path, target columns included
+            s, _, rows = groups[0]
+            sh = self.shard(s)
+            if sh.fixed is None:
+                return None
+            labels = sh.lut[sh.state.index.labels[rows]]
+            return read_batch(sh.state, rows.tolist(), slot=slot, shared=shared, labels=labels)
+        if self.options.target != CLASS:
+            return None
+        shapes = self.shapes(positions)
+        hwc = shapes.pop() if len(shapes) == 1 else None
+        if hwc is None:
+            return None
+        batch = _batches.Batch(len(positions), hwc, slot=slot, shared=shared)
+        try:
+            view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
+            size = int(math.prod(hwc))
+            bufs = [view[p * size : (p + 1) * size] for p in range(len(positions))]
+            batch.labels.numpy()[:] = self.fill(positions, bufs)
+        except BaseException:
+            batch.release()
+            raise
+        return batch.result()
+
+    def shapes(self, positions: np.ndarray) -> set[tuple[int, ...] | None]:
+        """The image shapes of the shards ``positions`` touch (None: one is not fixed-size,
+        decoded and unfiltered)."""
+        return {self.shard(s).fixed for s, _, _ in self.groups(positions)}
+
+    def fill(self, positions: np.ndarray, bufs: Sequence[memoryview]) -> np.ndarray:
+        """Read the fixed-size samples of ``positions`` into ``bufs`` (one each), each shard's
+        share with one ``read_into``; return their labels in the version's numbering."""
+        labels = np.empty(len(positions), dtype=np.int64)
+        for s, at, rows in self.groups(positions):
+            sh = self.shard(s)
+            st = sh.state
+            assert st.reader is not None
+            mine = [bufs[p] for p in at.tolist()]
+            st.reader.read_into(st.index.byte_ranges[rows].tolist(), mine)
+            st.check(mine, rows.tolist())
+            labels[at] = sh.lut[st.index.labels[rows]]
+        return labels
+
+    def collate(self, items: Sequence[tuple[Any, Any]], *, slot: bool) -> Any:
+        """Items of :meth:`items` batched as one file's would be."""
+        st = self.shard(0).state if len(self) else None
+        if st is not None and (st.selection.columns or st.selection.as_dict):
+            return st.selection.batch(items, url=self.where.url)
+        return _collate.collate(list(items), slot=slot, url=self.where.url)
+
+    def labels(self) -> np.ndarray:
+        """Every sample's label in the version's numbering (opens every shard)."""
+        parts = [np.zeros(0, np.int64)]
+        for s in range(len(self.manifest.shards)):
+            if self.counts[s]:
+                sh = self.shard(s)
+                parts.append(sh.lut[sh.state.index.labels[sh.rows]])
+        return np.concatenate(parts)
+
+    def schema(self) -> tuple[Column, ...]:
+        """The target columns (the first shard's; every shard read with target= has them)."""
+        if not self.manifest.shards:
+            return ()
+        st = self.shard(0).state
+        return file_schema(st.index.header, where=st.url)
+
+    # --- where samples came from -----------------------------------------------------------
+    def source_paths(self, positions: np.ndarray) -> list[str]:
+        """The source path of each position (each shard's ``/paths`` read once here)."""
+        out: list[str] = [""] * len(positions)
+        for s, at, rows in self.groups(positions):
+            paths = self._paths.get(s)
+            if paths is None:
+                with open_h5(self.where.with_url(self.shard_url(s))) as h5:
+                    paths = np.asarray(h5[fmt.PATHS].asstr()[()], dtype=object).reshape(-1)
+                self._paths[s] = paths
+            for p, r in zip(at.tolist(), rows.tolist(), strict=True):
+                out[p] = str(paths[r])
+        return out
+
+    def provenance(self) -> dict[str, Any]:
+        """The provenance keys of one file's (:mod:`h5forge.read.provenance`), from the
+        manifest; besides them ``lineage`` (the build's lineage fields) and ``shards``."""
+        m = self.manifest
+        fields = {
+            fmt.A_SOURCE_URL: m.source_url,
+            fmt.A_SOURCE_SHA256: m.source_sha256,
+            fmt.A_SOURCE_FINGERPRINT: m.source_fingerprint,
+            fmt.A_CREATED_AT: m.created_at,
+            fmt.A_H5FORGE_VERSION: m.h5forge_version,
+            fmt.A_CONFIG_SHA256: m.config_sha256,
+            fmt.A_PARENT_SHA256: m.parent,
+        }
+        found: dict[str, Any] = {k: fields.get(k) or m.lineage.get(k, "") for k in PROVENANCE_ATTRS}
+        found["config"] = _json(m.config_json)
+        found["changes"] = _json(m.lineage.get(fmt.A_CHANGES_JSON, ""))
+        found["lineage"] = dict(m.lineage)
+        found["shards"] = len(m.shards)
+        return found
+
+
+def _json(text: str) -> Any:
+    if not text or len(text) > MAX_JSON_BYTES:
+        return None
+    try:
+        return parse_json(text, what="manifest field", name="manifest")
+    except DocumentError:
+        return None
+
+
+def _local_check(where: Location, entry: ShardEntry) -> Callable[[Any], None]:
+    """The check that a local shard is the file its entry names, to run on the handle it is
+    read through: its size and ``metadata_sha256`` (recomputed, never the attribute taken on
+    trust), as :func:`h5forge.read.version.check_version_file` checks a version's file.
+
+    Raises (the check, and this for a missing shard):
+        FileNotFoundError: the shard is missing (naming it).
+        IntegrityError: it is another file.
+    """
+    shown = redact_url(where.url)
+    try:
+        os.stat(where.path)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"shard {shown} of the version is missing: the asset's shards/ folder was "
+            "pruned or only partly copied; copy the asset again, or publish the version again"
+        ) from None
+    replaced = (
+        f"{shown} is not the shard {entry.sha256[:16]} its version's manifest names: it was "
+        "replaced by another file; delete it and publish the version again"
+    )
+
+    def check(h5: Any) -> None:
+        size = h5.id.get_filesize()
+        if size != entry.bytes:
+            raise IntegrityError(
+                f"{replaced} (it is {size} bytes, the manifest says {entry.bytes})"
+            )
+        try:
+            found = metadata_sha256(h5)
+        except H5_DAMAGE as e:
+            raise IntegrityError(f"{replaced} ({type(e).__name__}: {e})") from None
+        if found != entry.metadata_sha256:
+            raise IntegrityError(
+                f"{replaced} (its index and attributes hash to {found}, the manifest records "
+                f"{entry.metadata_sha256})"
+            )
+
+    return check
