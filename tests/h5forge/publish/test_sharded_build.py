@@ -407,3 +407,20 @@ def test_two_publishes_racing_on_s3_publish_one_version(
     assert len(won) == 1, outcomes
     assert read_pointer(asset).sha256 == won[0].sha256  # type: ignore[attr-defined]
     assert won[0].parent == first.sha256  # type: ignore[attr-defined]
+
+
+def test_a_built_sharded_version_reads_through_the_dataset(source: Path, tmp_path: Path) -> None:
+    from h5forge import H5ImageDataset
+
+    asset = Location(str(tmp_path / "store" / "photos"))
+    first = _build(source, asset)
+    (source / "cat" / sorted(os.listdir(source / "cat"))[0]).unlink()
+    second = _build(source, asset)
+    rows, manifest = version_rows(asset)
+    ds = H5ImageDataset(str(tmp_path / "store" / "photos"))
+    assert ds.version == second.sha256
+    assert len(ds) == len(rows) == manifest.num_samples
+    got = {ds.source_path(i): ds.classes[ds[i][1]] for i in range(len(ds))}
+    assert got == {p: row[0] for p, row in rows.items()}
+    old = H5ImageDataset(str(tmp_path / "store" / "photos"), version=first.sha256[:16])
+    assert len(old) == len(ds) + 1  # the first version still reads, removed sample included
