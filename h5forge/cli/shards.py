@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from h5forge.cli.exits import run_guarded
+from h5forge.cli.exits import EXIT_USAGE, fail, run_guarded
 from h5forge.text import printable
 
 __all__ = ["compact", "purge"]
@@ -52,10 +52,11 @@ def purge(
         typer.Option(
             "--path",
             metavar="PATH",
-            help="a sample's path in the source, as the asset records it (repeat for more)",
+            help="a sample's path in the source, as the asset records it (repeat for more; "
+            "default: none, and at least one is needed)",
             show_default=False,
         ),
-    ],
+    ] = None,  # type: ignore[assignment]
 ) -> None:
     """Remove samples' bytes from every version of a sharded asset (a takedown): the shards
     holding them are rewritten without them, every version gets a new manifest, and the old
@@ -63,6 +64,10 @@ def purge(
     from h5forge.location import Location
     from h5forge.publish.rewrite import purge as run
 
+    if not path:
+        raise fail(
+            "purge needs at least one --path PATH (a sample's path in the source)", EXIT_USAGE
+        )
     result = run_guarded(run, run_guarded(Location, url, what=url), path, what=url)
     typer.echo(
         f"{printable(url)}: {result.removed_samples} rows removed from "
