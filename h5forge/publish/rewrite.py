@@ -23,8 +23,7 @@ import logging
 import os
 import posixpath
 import tempfile
-from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from h5forge.asset import format as fmt
@@ -43,6 +42,7 @@ from h5forge.publish.manifest import (
     read_manifest,
     shard_key,
 )
+from h5forge.publish.shard_release import upload_shard
 from h5forge.publish.sharded import COMPACT_BELOW, texts
 from h5forge.publish.versions import (
     KEY_HEX,
@@ -108,25 +108,35 @@ def _versions(asset: Location) -> list[tuple[str, VersionManifest]]:
     return found
 
 
-@contextmanager
-def _local_shard(asset: Location, entry: ShardEntry, tmp: str) -> Iterator[str]:
-    """A local path of ``entry``'s shard, its sha256 checked (downloaded when remote)."""
-    base = asset_base(asset.url)
-    check_tree(asset.with_url(base), *shard_key(entry.sha256).split("/"))
-    shard = asset.with_url(f"{base}/{shard_key(entry.sha256)}")
-    local = shard.path if shard.is_local else os.path.join(tmp, f"{entry.sha256}.h5")
-    if not shard.is_local:
-        shard.fs.get_file(shard.path, local)
-    if Location(local).sha256() != entry.sha256:
-        raise IntegrityError(
-            f"shard {entry.sha256[:KEY_HEX]} of {redact_url(base)} does not hash to its "
-            "address: it was replaced or damaged; nothing was rewritten"
-        )
-    yield local
+class _Shards:
+    """The local copies of an asset's shards that a rewrite reads, each fetched (when remote)
+    and hashed against its address once, however often it is read."""
+
+    def __init__(self, asset: Location, tmp: str) -> None:
+        self.asset, self.tmp = asset, tmp
+        self._checked: dict[str, str] = {}
+
+    def local(self, entry: ShardEntry) -> str:
+        """A local path of ``entry``'s shard, its sha256 checked."""
+        if entry.sha256 in self._checked:
+            return self._checked[entry.sha256]
+        base = asset_base(self.asset.url)
+        check_tree(self.asset.with_url(base), *shard_key(entry.sha256).split("/"))
+        shard = self.asset.with_url(f"{base}/{shard_key(entry.sha256)}")
+        local = shard.path if shard.is_local else os.path.join(self.tmp, f"{entry.sha256}.h5")
+        if not shard.is_local:
+            shard.fs.get_file(shard.path, local)
+        if Location(local).sha256() != entry.sha256:
+            raise IntegrityError(
+                f"shard {entry.sha256[:KEY_HEX]} of {redact_url(base)} does not hash to its "
+                "address: it was replaced or damaged; nothing was rewritten"
+            )
+        self._checked[entry.sha256] = local
+        return local
 
 
 def _rewrite(
-    asset: Location, entry: ShardEntry, keep: list[int], config: PackConfig, tmp: str
+    shards: _Shards, entry: ShardEntry, keep: list[int], config: PackConfig
 ) -> tuple[ShardEntry, str] | None:
     """A new shard of ``entry``'s rows ``keep`` (stored bytes copied, checked): its entry
     (labels and splits as the old one's, no deleted rows) and local file; None for no rows."""
@@ -134,7 +144,8 @@ def _rewrite(
 
     if not keep:
         return None
-    with _local_shard(asset, entry, tmp) as local, open_h5(Location(local)) as h5:
+    tmp, local = shards.tmp, shards.local(entry)
+    with open_h5(Location(local)) as h5:
         if h5.attrs.get(fmt.A_TARGETS_JSON):
             raise ValueError(
                 f"shard {entry.sha256[:KEY_HEX]} has target columns: rewriting shards with "
@@ -164,10 +175,9 @@ def _rewrite(
         skipped={},
     )
     out = os.path.join(tmp, f"new-{entry.sha256[:KEY_HEX]}.h5")
-    with _local_shard(asset, entry, tmp) as local:
-        result = pack_slice(
-            catalog, out, config=config, workers=1, shard=True, reuse=Reuse(local, frozenset(rows))
-        )
+    result = pack_slice(
+        catalog, out, config=config, workers=1, shard=True, reuse=Reuse(local, frozenset(rows))
+    )
     if result.reused != len(keep) or result.num_samples != len(keep):
         raise IntegrityError(
             f"rewriting shard {entry.sha256[:KEY_HEX]} copied {result.reused} of {len(keep)} "
@@ -194,15 +204,7 @@ def _rewrite(
 
 
 def _upload(asset: Location, sha: str, local: str) -> None:
-    from h5forge.publish.storage import read_back
-
-    base = asset_base(asset.url)
-    home = asset.with_url(base)
-    check_tree(home, *shard_key(sha).split("/"))
-    target = home.join(*shard_key(sha).split("/"))
-    home.join("shards").fs.makedirs(home.join("shards").path, exist_ok=True)
-    target.put(local=local)
-    read_back(target, sha, os.path.getsize(local))
+    upload_shard(asset.with_url(asset_base(asset.url)), sha, local)
 
 
 def _write_manifest(
@@ -268,6 +270,7 @@ def purge(asset: Location, paths: Collection[str]) -> RewriteResult:
         if not versions:
             raise FileNotFoundError(f"{redact_url(asset_base(asset.url))} has no sharded version")
         _refuse_single_files(asset, wanted)
+        shards = _Shards(asset, tmp)
         new_shards: dict[str, tuple[ShardEntry, str] | None] = {}
         row_maps: dict[str, dict[int, int]] = {}
         removed = 0
@@ -276,7 +279,7 @@ def purge(asset: Location, paths: Collection[str]) -> RewriteResult:
             for entry in manifest.shards:
                 if entry.sha256 in new_shards or entry.sha256 in row_maps:
                     continue
-                with _local_shard(asset, entry, tmp) as local, open_h5(Location(local)) as h5:
+                with open_h5(Location(shards.local(entry))) as h5:
                     names = texts(h5[fmt.PATHS][:])
                 drop = {r for r, p in enumerate(names) if p in wanted}
                 if not drop:
@@ -284,7 +287,7 @@ def purge(asset: Location, paths: Collection[str]) -> RewriteResult:
                     continue
                 keep = [r for r in range(entry.samples) if r not in drop]
                 removed += len(drop)
-                new_shards[entry.sha256] = _rewrite(asset, entry, keep, config, tmp)
+                new_shards[entry.sha256] = _rewrite(shards, entry, keep, config)
                 row_maps[entry.sha256] = {old: new for new, old in enumerate(keep)}
         return _republish(asset, versions, new_shards, row_maps, removed, wanted)
 
@@ -316,13 +319,14 @@ def compact(asset: Location, below: float = COMPACT_BELOW) -> RewriteResult:
             )
         manifest = read_manifest(asset.with_url(pointer.url), pointer.sha256)
         config = PackConfig.from_json(manifest.config_json)
+        shards = _Shards(asset, tmp)
         entries: list[ShardEntry] = []
         rewritten: list[tuple[str, str]] = []
         for entry in manifest.shards:
             if entry.live >= below * entry.samples:
                 entries.append(entry)
                 continue
-            made = _rewrite(asset, entry, entry.live_rows().tolist(), config, tmp)
+            made = _rewrite(shards, entry, entry.live_rows().tolist(), config)
             rewritten.append((entry.sha256, made[0].sha256 if made else ""))
             if made is not None:
                 _upload(asset, made[0].sha256, made[1])
