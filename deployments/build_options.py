@@ -140,9 +140,9 @@ MaxShardSize = Annotated[
     str | None,
     typer.Option(
         metavar="SIZE",
-        help="with --versioned: publish the version as content-addressed shards of about "
-        "SIZE (e.g. 64MiB) shared by every version, and a manifest; a new version writes only "
-        "the shards of new and changed samples (default: each version is one file)",
+        help="with --versioned: publish each version as content-addressed shards of about "
+        "SIZE shared by every version, and a manifest; a new version writes only the shards "
+        "of new and changed samples [default: 64MiB; off: each version is one file]",
     ),
 ]
 

@@ -155,6 +155,14 @@ def build(
     from h5forge.deployments.settings import cache_dir_from_env
     from h5forge.flows.config import DEFAULT_CACHE_DIR, BuildConfig
 
+    if max_shard_size is not None and not versioned:
+        raise usage_error(
+            ValueError(
+                f"--max-shard-size {max_shard_size} shards a version, and the build is not "
+                "versioned (an unversioned DEST is one file): add --versioned, or drop "
+                "--max-shard-size"
+            )
+        )
     # The checks `pack` makes too, in the same order, with the same messages, before Prefect.
     v = dict(check_options(pack_options or {}).values)
     hw = v.pop("size")
@@ -178,7 +186,8 @@ def build(
                 "versioned": versioned,
                 "keep_versions": keep_versions,
                 "min_age_s": min_age_s,
-                "max_shard_size": max_shard_size,
+                # Not given: BuildConfig's default (versioned builds are sharded).
+                **({} if max_shard_size is None else {"max_shard_size": max_shard_size}),
             }
         )
     except ValidationError as e:

@@ -214,7 +214,7 @@ def _publish_target(
             config_sha256=config.pack_config().sha256(),
             sha256=config.sha256,
         )
-    kind = _ShardedVersion if config.max_shard_size is not None else _NewVersion
+    kind = _ShardedVersion if config.sharded else _NewVersion
     if basis.unchanged:
         return kind(config, dest, basis, lineage=None)
     lineage = basis.lineage(str(flow_run.id or ""), asset=dest)
@@ -324,7 +324,7 @@ _PackStage = Callable[[BuildConfig, _PackInputs, _Target, dict[str, float]], _Pa
 
 def _pack_stage(config: BuildConfig) -> _PackStage:
     """How this build packs, chosen once from ``config.executor`` and ``max_shard_size``."""
-    if config.max_shard_size is not None:
+    if config.sharded:
         return _pack_shards
     return _pack_on_dask if config.executor == "dask" else _pack_locally
 

@@ -16,7 +16,9 @@ from h5forge.flows.pack_fields import pack_default, pack_field
 from h5forge.flows.urls import check_dask_address, check_url
 from h5forge.flows.version_fields import (
     DEFAULT_KEEP_VERSIONS,
+    DEFAULT_MAX_SHARD_SIZE,
     DEFAULT_MIN_AGE_S,
+    SHARDS_OFF,
     KeepVersions,
     MaxShardSize,
     MinAgeS,
@@ -149,7 +151,7 @@ class BuildConfig(BaseModel):
     versioned: Versioned = False
     keep_versions: KeepVersions = DEFAULT_KEEP_VERSIONS
     min_age_s: MinAgeS = DEFAULT_MIN_AGE_S
-    max_shard_size: MaxShardSize = None
+    max_shard_size: MaxShardSize = DEFAULT_MAX_SHARD_SIZE
     executor: Executor = "local"
     dask_address: DaskAddress = None
     part_size: PartSize = 2000
@@ -250,18 +252,27 @@ class BuildConfig(BaseModel):
 
     @model_validator(mode="after")
     def _sharded_settings(self) -> BuildConfig:
-        if self.max_shard_size is not None and not self.versioned:
+        size = self.max_shard_size
+        if size is not None and size != DEFAULT_MAX_SHARD_SIZE and not self.versioned:
             raise ValueError(
-                f"max_shard_size={self.max_shard_size} shards a version, and versioned is off: "
-                "set versioned=True (CLI: --versioned), or leave max_shard_size empty"
+                f"max_shard_size={size} shards a version, and versioned is off (an unversioned "
+                "build is one file): set versioned=True (CLI: --versioned), or leave "
+                "max_shard_size at its default"
             )
-        if self.max_shard_size is not None and self.staging is not None:
+        if self.sharded and self.staging is not None:
             raise ValueError(
                 f"staging={redact_url(self.staging)!r} holds the parts of a single-file Dask "
-                "build; with max_shard_size the workers upload their shards straight to the "
-                "destination's shards/ folder: leave staging empty"
+                "build; a versioned build is sharded (max_shard_size) and its workers upload "
+                "their shards straight to the destination's shards/ folder: leave staging "
+                f"empty, or set max_shard_size={SHARDS_OFF!r} (CLI: --max-shard-size "
+                f"{SHARDS_OFF}) for one file per version"
             )
         return self
+
+    @property
+    def sharded(self) -> bool:
+        """Whether this build publishes a sharded version (versioned, ``max_shard_size`` set)."""
+        return self.versioned and self.max_shard_size is not None
 
     @model_validator(mode="after")
     def _outside_the_source(self) -> BuildConfig:

@@ -9,11 +9,14 @@ from typing import Annotated
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from h5forge.options import parse_bytes
+from h5forge.publish.manifest import DEFAULT_MAX_SHARD_SIZE
 from h5forge.publish.history import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S, check_retention
 
 __all__ = [
     "DEFAULT_KEEP_VERSIONS",
+    "DEFAULT_MAX_SHARD_SIZE",
     "DEFAULT_MIN_AGE_S",
+    "SHARDS_OFF",
     "KeepVersions",
     "MaxShardSize",
     "MinAgeS",
@@ -26,8 +29,12 @@ def _keep(value: int) -> int:
     return value
 
 
+#: What turns sharding off (one file per version), besides ``None``.
+SHARDS_OFF = "off"
+
+
 def _shard_size(value: object) -> int | None:
-    if value is None or value == "":
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", SHARDS_OFF)):
         return None
     size = parse_bytes(value, "max_shard_size")
     if size < 2**20:
@@ -73,10 +80,11 @@ MinAgeS = Annotated[
 MaxShardSize = Annotated[
     int | None,
     Field(
-        description="versioned: publish the version as shards of about this many bytes (e.g. "
-        "64MiB) under BASE/shards/, named by their content and shared by every version, and a "
-        "manifest BASE/v/<sha>/NAME.version.json; a new version writes only the shards of new "
-        "and changed samples. Empty: each version is one file.",
+        description="versioned: publish each version as shards of about this many bytes "
+        "(default 64MiB) under BASE/shards/, named by their content and shared by every "
+        "version, and a manifest BASE/v/<sha>/NAME.version.json; a new version writes only the "
+        "shards of new and changed samples. Empty (or 'off'): each version is one file, "
+        "BASE/v/<sha>/NAME.h5. Unversioned builds are always one file.",
     ),
     BeforeValidator(_shard_size),
 ]

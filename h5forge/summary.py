@@ -13,7 +13,7 @@ from h5forge.asset.target_layout import file_schema
 from h5forge.location import Location
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 
-__all__ = ["summarize"]
+__all__ = ["summarize", "summarize_sharded"]
 
 
 def _plain(value: Any) -> Any:
@@ -76,3 +76,57 @@ def summarize(where: Location, *, max_quarantined: int = 50) -> dict[str, Any]:
             "targets": [c.to_dict() for c in schema],
             "quarantined": [list(p) for p in zip(q_paths, q_reasons, strict=True)],
         }
+
+
+def summarize_sharded(where: Location, sha256: str) -> dict[str, Any]:
+    """:func:`summarize`'s summary of the sharded version whose manifest is at ``where`` (its
+    sha256 ``sha256``): the manifest's facts, the first shard's layout attributes, and counts
+    per split and class read from every shard's labels (each shard checked against its entry
+    as a reader checks it); ``shards`` and ``first_shard`` (its URL) besides.
+
+    Raises:
+        IntegrityError: the manifest or a shard is not what the version names.
+    """
+    from h5forge.read.options import ReadOptions
+    from h5forge.read.sharded import ShardedVersion
+
+    version = ShardedVersion(where, sha256, ReadOptions())
+    m = version.manifest
+    counts: dict[str, dict[str, int]] = {}
+    for split in m.split_names:
+        part = version if split == "" else ShardedVersion(where, sha256, ReadOptions(split=split))
+        per: Any = np.bincount(part.labels(), minlength=len(m.classes)) if len(part) else []
+        counts[split] = {c: int(n) for c, n in zip(m.classes, per, strict=False) if n}
+    attrs: dict[str, Any] = {}
+    shape: Any = "variable"
+    if m.shards:
+        state = version.shard(0).state
+        with open_h5(where.with_url(version.shard_url(0))) as h5:
+            attrs = {k: _plain(v) for k, v in sorted(h5.attrs.items()) if k != fmt.A_CONFIG_JSON}
+        shape = list(state.index.image_shape) if state.index.image_shape else "variable"
+    attrs.update(
+        {
+            fmt.A_CREATED_AT: m.created_at,
+            fmt.A_H5FORGE_VERSION: m.h5forge_version,
+            fmt.A_SOURCE_URL: m.source_url,
+            fmt.A_SOURCE_SHA256: m.source_sha256,
+            fmt.A_NUM_SAMPLES: m.num_samples,
+            fmt.A_NUM_CLASSES: len(m.classes),
+        }
+    )
+    attrs.pop(fmt.A_NUM_QUARANTINED, None)  # the shards' own, not the version's
+    schema = version.schema()
+    version.close()
+    return {
+        "url": where.url,
+        "bytes": sum(e.bytes for e in m.shards),
+        "sealed": True,
+        "shards": len(m.shards),
+        "first_shard": version.shard_url(0) if m.shards else "",
+        "attributes": attrs,
+        "config": m.config_json,
+        "image_shape": shape,
+        "counts": counts,
+        "targets": [c.to_dict() for c in schema],
+        "quarantined": [],
+    }

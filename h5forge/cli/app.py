@@ -132,13 +132,17 @@ def inspect(
 ) -> None:
     """Print a summary of the file (counts, layout, size, config); optionally a preview grid."""
     from h5forge.location import Location
+    from h5forge.read.sharded import is_manifest
     from h5forge.read.version import resolve_asset
-    from h5forge.summary import summarize
+    from h5forge.summary import summarize, summarize_sharded
 
     asset = run_guarded(Location, file, what=file)
     file, sha = run_guarded(resolve_asset, asset, version, what=file)
     where = asset.with_url(file)
-    info = {**run_guarded(summarize, where, what=file), "version": sha}
+    if is_manifest(file):  # a sharded version: its manifest and shards
+        info = {**run_guarded(summarize_sharded, where, sha, what=file), "version": sha}
+    else:
+        info = {**run_guarded(summarize, where, what=file), "version": sha}
     if as_json:
         # ASCII: names from the file reach the terminal as \u escapes, never as controls.
         typer.echo(json.dumps(info, indent=2, ensure_ascii=True))
@@ -149,7 +153,8 @@ def inspect(
     if preview is not None:
         from h5forge.publish.preview import write_preview
 
-        run_guarded(write_preview, where, preview, what=str(preview), n=n)
+        shown = where.with_url(info["first_shard"]) if info.get("first_shard") else where
+        run_guarded(write_preview, shown, preview, what=str(preview), n=n)
         typer.echo(f"preview written to {printable(preview)}")
 
 

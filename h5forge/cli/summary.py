@@ -49,7 +49,12 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"storage, encoding {printable(get('encoding', '?'))}, mode {printable(get('mode', '?'))},"
         f" images {printable(shown_shape)})",
         f"compression:  {printable(get('compression', 'none'))}",
-        f"size:         {int(info.get('bytes', 0)):,} bytes",
+        f"size:         {int(info.get('bytes', 0)):,} bytes"
+        + (
+            f" in {info['shards']} shard{'' if info['shards'] == 1 else 's'}"
+            if "shards" in info
+            else ""
+        ),
         f"samples:      {get('num_samples', '?')} in {get('num_classes', '?')} classes, "
         f"{get('num_quarantined', len(quarantined))} quarantined",
     ]

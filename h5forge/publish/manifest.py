@@ -35,6 +35,7 @@ import numpy as np
 from h5forge.location import MAX_MANIFEST_BYTES, Location
 
 __all__ = [
+    "DEFAULT_MAX_SHARD_SIZE",
     "MANIFEST_FORMAT",
     "MANIFEST_SUFFIX",
     "MAX_MANIFEST_BYTES",
@@ -55,6 +56,8 @@ MANIFEST_FORMAT = "h5forge-version"
 MANIFEST_VERSION = 1
 MANIFEST_SUFFIX = ".version.json"
 SHARDS_DIR = "shards"
+#: The default size of a shard, for versioned builds (docs/versions.md says why).
+DEFAULT_MAX_SHARD_SIZE = 64 * 2**20
 #: The most shards one version lists.
 MAX_SHARDS = 200_000
 #: The most samples one shard, and one version, may hold.

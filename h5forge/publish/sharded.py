@@ -40,13 +40,15 @@ from typing import Any
 import numpy as np
 
 from h5forge.asset import format as fmt
-from h5forge.asset.open import open_h5
+from h5forge.asset.metadata import metadata_sha256
+from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.discover.catalog import Catalog, Sample
 from h5forge.errors import IntegrityError
 from h5forge.location import Location
 from h5forge.pack.checks import check_bad_fraction, check_every_class
 from h5forge.pack.config import PackConfig
 from h5forge.publish.manifest import (
+    DEFAULT_MAX_SHARD_SIZE,
     ShardEntry,
     VersionManifest,
     read_manifest,
@@ -74,8 +76,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The default size of a shard (see docs/versions.md for why).
-DEFAULT_MAX_SHARD_SIZE = 64 * 2**20
 #: A referenced shard with fewer live rows than this fraction is rewritten (compaction).
 COMPACT_BELOW = 0.5
 
@@ -109,35 +109,62 @@ def texts(values: Any) -> tuple[str, ...]:
 
 def read_previous(asset: Location, pointer: Pointer | None) -> Previous | None:
     """The latest version of ``asset`` when it is sharded (None otherwise), with each of its
-    shards' ``/paths``, ``/classes``, ``/labels`` and ``/splits`` (the index, not the images)."""
+    shards' ``/paths``, ``/classes``, ``/labels`` and ``/splits`` (the index, not the images).
+
+    Nothing is reused from a version that is not what its pointer and manifest name: a
+    manifest that does not hash to the pointer's sha256, or a shard that is missing or whose
+    size or recomputed ``metadata_sha256`` differ from its entry, is logged and the build
+    builds in full (None), as a replaced single-file version is
+    (:func:`h5forge.publish.lineage.reusable`)."""
     from h5forge.publish.lineage import read_sources
 
     if pointer is None or pointer.kind != "sharded":
         return None
     where = asset.with_url(pointer.url)
-    manifest = read_manifest(where, pointer.sha256)
     base = asset_base(asset.url)
-    shards = []
-    for entry in manifest.shards:
-        check_tree(asset.with_url(base), *shard_key(entry.sha256).split("/"))
-        with open_h5(asset.with_url(manifest.shard_url(base, entry))) as h5:
-            found = int(h5.attrs[fmt.A_NUM_SAMPLES])
-            if found != entry.samples:
-                raise IntegrityError(
-                    f"shard {entry.sha256[:KEY_HEX]} of {where} has {found} samples, its "
-                    f"manifest says {entry.samples}: the asset is damaged; publish it in full "
-                    "under a new name"
-                )
-            shards.append(
-                ShardIndex(
-                    paths=texts(h5[fmt.PATHS][:]),
-                    classes=texts(h5[fmt.CLASSES][:]),
-                    labels=np.asarray(h5[fmt.LABELS][:], dtype=np.int64),
-                    splits=np.asarray(h5[fmt.SPLITS][:], dtype=np.int64),
-                    split_names=texts(h5[fmt.SPLIT_NAMES][:]),
-                )
+    try:
+        manifest = read_manifest(where, pointer.sha256)
+        shards = tuple(_shard_index(asset, base, manifest, entry) for entry in manifest.shards)
+    except (IntegrityError, FileNotFoundError) as e:
+        log.warning(
+            "the latest version %s is not the one its pointer names (%s); nothing is reused "
+            "from it (a full build). Publish that version again, or delete it",
+            where,
+            e,
+        )
+        return None
+    return Previous(manifest, pointer.sha256, read_sources(where), shards)
+
+
+def _shard_index(
+    asset: Location, base: str, manifest: VersionManifest, entry: ShardEntry
+) -> ShardIndex:
+    """One shard's index, read after checking the shard is the one ``entry`` names."""
+    check_tree(asset.with_url(base), *shard_key(entry.sha256).split("/"))
+    url = manifest.shard_url(base, entry)
+    with open_h5(asset.with_url(url)) as h5:
+        try:
+            size, found = h5.id.get_filesize(), metadata_sha256(h5)
+        except H5_DAMAGE as e:
+            raise IntegrityError(f"shard {url}: {type(e).__name__}: {e}") from None
+        if (size, found) != (entry.bytes, entry.metadata_sha256):
+            raise IntegrityError(
+                f"shard {entry.sha256[:KEY_HEX]} ({url}) is {size} bytes with metadata "
+                f"{found[:KEY_HEX]}, its entry says {entry.bytes} bytes and "
+                f"{entry.metadata_sha256[:KEY_HEX]}: it was replaced"
             )
-    return Previous(manifest, pointer.sha256, read_sources(where), tuple(shards))
+        if int(h5.attrs[fmt.A_NUM_SAMPLES]) != entry.samples:
+            raise IntegrityError(
+                f"shard {entry.sha256[:KEY_HEX]} has {int(h5.attrs[fmt.A_NUM_SAMPLES])} "
+                f"samples, its entry says {entry.samples}"
+            )
+        return ShardIndex(
+            paths=texts(h5[fmt.PATHS][:]),
+            classes=texts(h5[fmt.CLASSES][:]),
+            labels=np.asarray(h5[fmt.LABELS][:], dtype=np.int64),
+            splits=np.asarray(h5[fmt.SPLITS][:], dtype=np.int64),
+            split_names=texts(h5[fmt.SPLIT_NAMES][:]),
+        )
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,21 @@ def test_build_failure_exits_1_with_one_paragraph_and_no_traceback(
             ["build", "images", "out.h5", "--versioned", "--min-age-s", "-1"],
             "min_age_s=-1.0 must be a finite number of seconds >= 0",
         ),
+        (
+            ["build", "images", "out.h5", "--max-shard-size", "64MiB"],
+            "--max-shard-size 64MiB shards a version, and the build is not versioned",
+        ),
+        (
+            ["build", "images", "out.h5", "--versioned", "--max-shard-size", "1KiB"],
+            "max_shard_size='1KiB' must be at least 1MiB",
+        ),
+        (
+            [
+                *("build", "images", "out.h5", "--versioned", "--executor", "dask"),
+                *("--dask-address", "tcp://127.0.0.1:1", "--staging", "parts"),
+            ],
+            "leave staging empty, or set max_shard_size='off' (CLI: --max-shard-size off)",
+        ),
         (["demo", "out.hdf5"], "must end in .h5"),
     ],
 )

@@ -1,6 +1,7 @@
-"""A versioned build-h5-dataset after each kind of source change, on a local folder and on
-loopback S3 (a growing bucket prefix, published to the same bucket): every version equals a
-full build of the new source sample for sample, and records what changed since its parent."""
+"""A versioned build-h5-dataset of single-file versions (``max_shard_size="off"``) after each
+kind of source change, on a local folder and on loopback S3 (a growing bucket prefix,
+published to the same bucket): every version equals a full build of the new source sample for
+sample, and records what changed since its parent."""
 
 from __future__ import annotations
 
@@ -141,6 +142,7 @@ def test_each_change_is_built_incrementally_and_equals_a_full_build(
         keep_versions=2,
         smoke_workers=0,
         size=32,
+        max_shard_size="off",  # one file per version (sharded: tests/flows/test_sharded_flow.py)
     )
     state = build_dataset(config, cache_dir=str(tmp_path / "cache"), return_state=True)
     assert state.is_completed(), state.message
@@ -179,8 +181,14 @@ def test_a_previous_version_replaced_by_another_asset_is_never_reused(
             root, classes=("cat", "dog", "eel"), per_class=3, splits=("train", "val"), seed=seed
         )
     dest = str(tmp_path / "pub" / "set.h5")
-    config = BuildConfig(
-        source=str(local), destination=dest, versioned=True, min_age_s=0, smoke_workers=0, size=32
+    config = BuildConfig(  # one file (sharded: tests/h5forge/publish/test_sharded_build.py)
+        source=str(local),
+        destination=dest,
+        versioned=True,
+        min_age_s=0,
+        smoke_workers=0,
+        size=32,
+        max_shard_size="off",
     )
     first = build_dataset(config, cache_dir=str(tmp_path / "cache"))
     pointer = read_pointer(Location(dest))

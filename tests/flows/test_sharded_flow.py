@@ -11,6 +11,7 @@ import pytest
 
 from h5forge.flows.build import BuildConfig, build_dataset
 from h5forge.location import Location
+from h5forge.publish.manifest import DEFAULT_MAX_SHARD_SIZE
 from h5forge.publish.versions import read_pointer
 from tests.flows.test_incremental_flow import _Place
 from tests.h5forge.pack.test_incremental import CHANGES
@@ -70,19 +71,36 @@ def test_each_change_publishes_a_sharded_version_equal_to_a_full_build(
         parent = built
 
 
-def test_max_shard_size_needs_a_versioned_local_build() -> None:
+def test_versioned_builds_are_sharded_by_default_and_unversioned_ones_are_one_file() -> None:
+    plain = BuildConfig(source="/tmp/x", destination="/tmp/y.h5")
+    assert not plain.sharded  # an unversioned DEST.h5 is one file, whatever max_shard_size says
+    versioned = BuildConfig(source="/tmp/x", destination="/tmp/y.h5", versioned=True)
+    assert versioned.sharded
+    assert versioned.max_shard_size == DEFAULT_MAX_SHARD_SIZE == 64 * 2**20
+    for off in ("off", "OFF", "", None):
+        one_file = BuildConfig(
+            source="/tmp/x", destination="/tmp/y.h5", versioned=True, max_shard_size=off
+        )
+        assert one_file.max_shard_size is None
+        assert not one_file.sharded
     with pytest.raises(ValueError, match="set versioned=True"):
-        BuildConfig(source="/tmp/x", destination="/tmp/y.h5", max_shard_size="64MiB")
+        BuildConfig(source="/tmp/x", destination="/tmp/y.h5", max_shard_size="32MiB")
     with pytest.raises(ValueError, match="at least 1MiB"):
         BuildConfig(source="/tmp/x", destination="/tmp/y.h5", versioned=True, max_shard_size=10)
     with pytest.raises(ValueError, match="is not a size"):
         BuildConfig(source="/tmp/x", destination="/tmp/y.h5", versioned=True, max_shard_size="6 4")
     assert (
         BuildConfig(
-            source="/tmp/x", destination="/tmp/y.h5", versioned=True, max_shard_size="64MiB"
+            source="/tmp/x", destination="/tmp/y.h5", versioned=True, max_shard_size="16MiB"
         ).max_shard_size
-        == 64 * 2**20
+        == 16 * 2**20
     )
+    dask = {"executor": "dask", "dask_address": "tcp://127.0.0.1:1", "staging": "/tmp/parts"}
+    with pytest.raises(ValueError, match="--max-shard-size off"):
+        BuildConfig(**dask, source="/tmp/x", destination="/tmp/y.h5", versioned=True)
+    assert not BuildConfig(
+        **dask, source="/tmp/x", destination="/tmp/y.h5", versioned=True, max_shard_size="off"
+    ).sharded
 
 
 def test_a_single_file_asset_is_sharded_once_and_its_versions_record_their_shards(
@@ -95,8 +113,14 @@ def test_a_single_file_asset_is_sharded_once_and_its_versions_record_their_shard
 
     src, dest = tmp_path / "src", str(tmp_path / "pub" / "set.h5")
     write_image_folder(src, classes=("ant", "bee"), per_class=9, seed=5)
-    plain = BuildConfig(
-        source=str(src), destination=dest, versioned=True, min_age_s=0, smoke_workers=0, size=224
+    plain = BuildConfig(  # one file per version, as every version was before issue 29
+        source=str(src),
+        destination=dest,
+        versioned=True,
+        min_age_s=0,
+        smoke_workers=0,
+        size=224,
+        max_shard_size="off",
     )
     single = build_dataset(plain, cache_dir=str(tmp_path / "cache"))  # today's layout
     sharded = plain.model_copy(update={"max_shard_size": 2**20})

@@ -49,7 +49,12 @@ def test_a_local_source_unchanged_touched_and_reconfigured(
     src = _source(tmp_path / "src")
     pub = tmp_path / "pub"
     config = BuildConfig(
-        source=str(src), destination=str(pub / "set.h5"), versioned=True, smoke_workers=0, size=32
+        source=str(src),
+        destination=str(pub / "set.h5"),
+        versioned=True,
+        smoke_workers=0,
+        size=32,
+        max_shard_size="off",  # one file per version (sharded: tests/flows/test_sharded_flow.py)
     )
     state, first = _build(config, tmp_path / "cache")
     assert not first.unchanged
@@ -100,8 +105,13 @@ def test_a_local_source_unchanged_touched_and_reconfigured(
     assert _sidecar(third.destination, {})["changes"] == {"added": 0, "removed": 0, "replaced": 0}
 
 
+@pytest.mark.parametrize("layout", ["sharded", "one file"])
 def test_an_s3_asset_is_not_rebuilt_when_nothing_changed(
-    prefect_harness: str, tmp_path: Path, s3_bucket: str, s3_storage_options: dict[str, Any]
+    prefect_harness: str,
+    tmp_path: Path,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    layout: str,
 ) -> None:
     from prefect.blocks.system import Secret
 
@@ -115,11 +125,13 @@ def test_an_s3_asset_is_not_rebuilt_when_nothing_changed(
         versioned=True,
         smoke_workers=0,
         size=32,
+        max_shard_size="64MiB" if layout == "sharded" else "off",
     )
+    name = "set.version.json" if layout == "sharded" else "set.h5"
     _, first = _build(config, tmp_path / "cache")
     assert not first.unchanged
     before = _objects(f"s3://{s3_bucket}", s3_storage_options)
-    assert f"{s3_bucket}/assets/set/v/{first.version}/set.h5.sources.json" in before
+    assert f"{s3_bucket}/assets/set/v/{first.version}/{name}.sources.json" in before
     _, again = _build(config, tmp_path / "cache")
     assert again.unchanged
     assert again.sha256 == first.sha256
@@ -130,11 +142,13 @@ def test_an_s3_asset_is_not_rebuilt_when_nothing_changed(
     _, grown = _build(config, tmp_path / "cache")
     assert not grown.unchanged
     assert grown.num_samples == first.num_samples + 1
-    assert _sidecar(f"{base}/v/{grown.version}/set.h5", s3_storage_options)["changes"] == {
-        "added": 1,
-        "removed": 0,
-        "replaced": 0,
-    }
+    assert grown.reused == first.num_samples
+    if layout == "one file":
+        changes = _sidecar(f"{base}/v/{grown.version}/set.h5", s3_storage_options)["changes"]
+    else:
+        with fsspec.open(f"{base}/v/{grown.version}/{name}", **s3_storage_options) as f:
+            changes = json.loads(json.load(f)["lineage"]["changes_json"])
+    assert changes == {"added": 1, "removed": 0, "replaced": 0}
 
 
 @pytest.mark.parametrize("versioned", [False, True])
@@ -151,8 +165,13 @@ def test_a_changed_source_is_built_incrementally_and_equals_a_full_build(
 
     src = _source(tmp_path / "src")
     pub = tmp_path / "pub"
-    config = BuildConfig(
-        source=str(src), destination=str(pub / "set.h5"), versioned=True, smoke_workers=0, size=32
+    config = BuildConfig(  # one file per version (sharded: tests/flows/test_sharded_flow.py)
+        source=str(src),
+        destination=str(pub / "set.h5"),
+        versioned=True,
+        smoke_workers=0,
+        size=32,
+        max_shard_size="off",
     )
     _, first = _build(config, tmp_path / "cache")
     assert first.reused == 0  # nothing to reuse yet
@@ -180,16 +199,24 @@ def test_a_changed_source_is_built_incrementally_and_equals_a_full_build(
         assert inc["images"][()].tobytes() == ref["images"][()].tobytes()
 
 
+@pytest.mark.parametrize("layout", ["sharded", "one file"])
 def test_the_re_verify_flow_checks_the_version_the_pointer_names(
-    prefect_harness: str, tmp_path: Path
+    prefect_harness: str, tmp_path: Path, layout: str
 ) -> None:
     from h5forge.flows.verify import verify_asset
 
     src = _source(tmp_path / "src")
     dest = str(tmp_path / "pub" / "set.h5")
-    config = BuildConfig(source=str(src), destination=dest, versioned=True, smoke_workers=0)
+    config = BuildConfig(
+        source=str(src),
+        destination=dest,
+        versioned=True,
+        smoke_workers=0,
+        max_shard_size="64MiB" if layout == "sharded" else "off",
+    )
     _, built = _build(config, tmp_path / "cache")
     assert not os.path.exists(dest)  # a versioned asset has no file at the destination
     verified = verify_asset(dest, sample_fraction=1.0)
-    assert verified["path"].endswith(f"/set/v/{built.version}/set.h5")
+    name = "set.version.json" if layout == "sharded" else "set.h5"
+    assert verified["path"].endswith(f"/set/v/{built.version}/{name}")
     assert verified["sha256"] == built.sha256

@@ -199,6 +199,37 @@ def test_a_publish_is_refused_when_another_published_since_it_began(
     assert read_pointer(asset).sha256 == second.sha256
 
 
+@pytest.mark.parametrize("replaced", ["shard", "manifest"])
+def test_nothing_is_reused_from_a_latest_version_that_was_replaced(
+    source: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, replaced: str
+) -> None:
+    asset = Location(str(tmp_path / "store" / "photos"))
+    first = _build(source, asset)
+    _, manifest = version_rows(asset)
+    if replaced == "shard":
+        # Another valid shard of as many samples (other pixels, the same names) at its address.
+        other = tmp_path / "other"
+        write_image_folder(other, classes=("cat", "dog"), per_class=15, size=(60, 80), seed=3)
+        _build(other, Location(str(tmp_path / "elsewhere" / "photos")))
+        theirs = sorted((tmp_path / "elsewhere/photos/shards").iterdir())
+        ours = Path(asset.path) / shard_key(manifest.shards[0].sha256)
+        same = [t for t in theirs if t.stat().st_size == ours.stat().st_size]
+        swap = (same or theirs)[0]  # of the same size where one is: the metadata tells
+        ours.write_bytes(swap.read_bytes())
+    else:
+        where = tmp_path / "store/photos/v" / first.version / "photos.version.json"
+        body = json.loads(where.read_bytes())
+        body["created_at"] = "2000-01-01T00:00:00+00:00"
+        where.write_bytes(json.dumps(body).encode())
+    assert read_previous(asset, read_pointer(asset)) is None
+    assert "nothing is reused" in caplog.text
+    (source / "cat" / sorted(os.listdir(source / "cat"))[0]).unlink()
+    second = _build(source, asset)
+    assert (second.shards_reused, second.shards_new) == (0, second.shards)  # a full build
+    rows, _ = version_rows(asset)
+    assert rows == full_rows(source, tmp_path)
+
+
 def test_a_tampered_manifest_is_refused(source: Path, tmp_path: Path) -> None:
     asset = Location(str(tmp_path / "store" / "photos"))
     result = _build(source, asset)
