@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import hashlib
 import logging
 import os
@@ -26,8 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from h5forge.errors import BusyError
-from h5forge.location import Location
+from h5forge.errors import BusyError, ChecksumError
+from h5forge.files import same_file
+from h5forge.location import Location, fsync_dir
 from h5forge.pack.config import PackConfig
 from h5forge.publish.manifest import (
     manifest_bytes,
@@ -197,6 +199,11 @@ def upload_shard(home: Location, sha: str, local: str) -> int:
     """Upload the local shard ``local`` (sha256 ``sha``) to ``home/shards/<sha>.h5`` and read
     it back; its size. ``home`` is the asset's base (:func:`~h5forge.publish.versions.asset_base`).
 
+    On a local store on the same file system as ``local`` (a sealed, fsynced shard of this
+    build), the shard is hard-linked into place instead (:func:`_link_shard`): its bytes are
+    written once, and the stored file is the very inode that was hashed, so there is nothing
+    to read back.
+
     Raises:
         ChecksumError: the stored copy is not the local bytes (it is deleted).
     """
@@ -205,9 +212,32 @@ def upload_shard(home: Location, sha: str, local: str) -> int:
     check_tree(home, *shard_key(sha).split("/"))
     target = home.join(*shard_key(sha).split("/"))
     size = os.path.getsize(local)
+    if target.is_local and _link_shard(local, target.path):
+        return size
     target.put(local=local)
     read_back(target, sha, size)
     return size
+
+
+def _link_shard(local: str, path: str) -> bool:
+    """Hard-link ``local`` at ``path``, exclusively (never over an existing name, never
+    through a link); whether it did. False where the store cannot (another file system, no
+    hard links) or ``path`` exists (an unreferenced shard retention may be deleting: the
+    caller writes it anew, replacing the name)."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    try:
+        os.link(local, path, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError as e:
+        if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+            return False
+        raise
+    if not same_file(os.lstat(path), os.stat(local)):  # pragma: no cover - a race lost
+        raise ChecksumError(f"{redact_url(path)} changed while it was linked; publish again", [])
+    fsync_dir(folder)  # persist the new name
+    return True
 
 
 def _check_in_store(

@@ -25,7 +25,7 @@ from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import pack
 from h5forge.publish.manifest import VersionManifest, manifest_bytes, read_manifest, shard_key
-from h5forge.publish.shard_release import build_sharded_version, publish_sharded
+from h5forge.publish.shard_release import build_sharded_version, publish_sharded, upload_shard
 from h5forge.publish.sharded import pack_sharded, read_previous
 from h5forge.publish.versions import asset_base, read_pointer
 
@@ -228,6 +228,30 @@ def test_nothing_is_reused_from_a_latest_version_that_was_replaced(
     assert (second.shards_reused, second.shards_new) == (0, second.shards)  # a full build
     rows, _ = version_rows(asset)
     assert rows == full_rows(source, tmp_path)
+
+
+def test_a_local_shard_is_linked_into_the_store_and_a_name_taken_is_written_anew(
+    tmp_path: Path,
+) -> None:
+    local = tmp_path / "work" / "shard.h5"
+    local.parent.mkdir()
+    local.write_bytes(os.urandom(5000))
+    sha = hashlib.sha256(local.read_bytes()).hexdigest()
+    home = Location(str(tmp_path / "store" / "photos"))
+    assert upload_shard(home, sha, str(local)) == 5000
+    stored = Path(home.path) / shard_key(sha)
+    assert os.path.samestat(stored.stat(), local.stat())  # one inode: written once
+    local.unlink()  # the build removes its staged shards: the stored one stays
+    assert hashlib.sha256(stored.read_bytes()).hexdigest() == sha
+    # A name already taken (say, by a shard retention is deleting, or other bytes): written
+    # anew over it from the local file, and read back.
+    again = tmp_path / "work" / "again.h5"
+    again.write_bytes(stored.read_bytes())
+    stored.unlink()
+    stored.write_bytes(b"not the shard")
+    assert upload_shard(home, sha, str(again)) == 5000
+    assert not os.path.samestat(stored.stat(), again.stat())
+    assert hashlib.sha256(stored.read_bytes()).hexdigest() == sha
 
 
 def test_a_tampered_manifest_is_refused(source: Path, tmp_path: Path) -> None:
