@@ -279,8 +279,10 @@ class FileCache:
     # --- entries -------------------------------------------------------------------------------
     def _valid(self, entry: str, want: str, size: int, *, locked: bool = False) -> Pinned | None:
         """The entry's copy if it is ours and unchanged since it was validated (or, if changed,
-        hashes to ``want`` again); a changed, mismatching entry is removed. One not ours: refused
-        ``locked`` (under its lock, where folder and marker are made), else None (half made?)."""
+        hashes to ``want`` again); a changed, mismatching entry is removed. One without its
+        record is removed only ``locked`` (a download renames its copy, then writes the record,
+        under the lock). One not ours: refused ``locked`` (under its lock, where folder and
+        marker are made), else None (half made?)."""
         if not os.path.lexists(entry):
             return None
         if not is_ours(entry, _KIND):
@@ -294,6 +296,8 @@ class FileCache:
         if (st := _lstat(asset)) is None:
             return None
         if record is None or record.get("sha256") != want or not stat.S_ISREG(st.st_mode):
+            if not locked:  # a download between renaming its copy and writing its record (a
+                return None  # worker fetching the same shard): only its lock may decide
             log.warning("cache entry %s is incomplete or not ours; fetching it again", entry)
             self._drop(entry)
             return None

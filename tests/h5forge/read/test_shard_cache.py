@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from h5forge.demo import write_image_folder
 from h5forge.errors import IntegrityError
 from h5forge.files import is_ours
 from h5forge.location import Location
+from h5forge.locks import lock_file
 from h5forge.publish.manifest import VersionManifest, read_manifest, shard_key
 from h5forge.publish.shard_release import build_sharded_version
 from h5forge.read.block_cache import ENTRY_KIND
@@ -244,3 +246,43 @@ def test_a_shard_over_the_limit_of_another_size_is_refused(
     )
     with pytest.raises(IntegrityError, match=f"{entry.bytes - 100} bytes.*{entry.bytes}"):
         ds[0]
+
+
+def test_a_copy_whose_record_is_being_written_is_waited_for_not_removed(
+    local_asset: tuple[Path, str],
+    tmp_path: Path,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_requests: S3RequestLog,
+) -> None:
+    """Two workers needing one shard: the second finds the first's copy renamed into place but
+    its record not yet written (under the entry's lock). It waits for the lock and uses the
+    copy; it never removes it (which made the shard download twice)."""
+    base, _ = local_asset
+    url = _upload(base, f"s3://{s3_bucket}/photos", s3_storage_options)
+    cache = tmp_path / "cache"
+    H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)[0]
+    good = (base / shard_key(_manifest(base).shards[0].sha256)).read_bytes()
+    (entry,) = [e for e in _entries(cache) if (e / "asset.h5").read_bytes() == good]
+    record = (entry / "entry.json").read_bytes()
+    inode = (entry / "asset.h5").stat().st_ino
+    held, go = threading.Event(), threading.Event()
+
+    def first_worker() -> None:
+        with lock_file(f"{entry}.lock"):
+            (entry / "entry.json").unlink()  # between its rename and its record
+            held.set()
+            go.wait(30)
+            (entry / "entry.json").write_bytes(record)
+
+    other = threading.Thread(target=first_worker)
+    other.start()
+    assert held.wait(30)
+    threading.Timer(1.0, go.set).start()
+    s3_requests.clear()
+    second = H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)
+    image, _ = second[0]
+    other.join(30)
+    assert _shard_gets(s3_requests) == Counter()
+    assert (entry / "asset.h5").stat().st_ino == inode
+    assert content([(image, 0)]) == content([(H5ImageDataset(str(base))[0][0], 0)])
