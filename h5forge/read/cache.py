@@ -7,11 +7,20 @@ jobs on the machine) reads it with ``pread`` like a local file.
 - **Key**: the asset's identity, never its name alone: canonical URL, the sha256 of its
   sidecar (``NAME.h5.manifest.json``, written by publish) or of its pinned version, its size
   and ETag. A replaced asset has a new key, so a stale copy is never served.
+- **Shards are keyed by content address**: a shard of a sharded version
+  (``BASE/shards/<sha256>.h5``) is keyed by the sha256 and size its version's manifest records,
+  nothing else: versions that share a shard, and the same shard reached under another base (a
+  second bucket, a copied asset), share one entry, downloaded once. An entry found valid is
+  served without asking the server anything (not even its size). A shard larger than the limit
+  keeps its blocks under its URL's key, as an asset does: a block cannot be checked against the
+  whole file's sha256, so blocks from one place never serve another.
 - **Validated**: a download is hashed as it arrives and kept only when it matches the sidecar's
-  sha256 and size; the entry records the copy's inode, size, mtime and ctime, and a later change
-  (a flipped byte is a write: it moves mtime and ctime) makes the next open hash it again and,
-  on a mismatch, fetch it again. The dataset's workers get the main process's check pickled and
-  ask the server nothing (:meth:`FileCache.local_copy`). Per-sample checks: ``verify_reads``.
+  (or pinned version's, or shard's manifest entry's) sha256 and size, else refused with an
+  :class:`~h5forge.errors.IntegrityError` and nothing kept; the entry records the copy's inode,
+  size, mtime and ctime, and a later change (a flipped byte is a write: it moves mtime and
+  ctime) makes the next open hash it again and, on a mismatch, fetch it again. The dataset's
+  workers get the main process's check pickled and ask the server nothing
+  (:meth:`FileCache.local_copy`). Per-sample checks: ``verify_reads``.
 - **Safe to share**: entries are folders carrying h5forge's marker (:mod:`h5forge.files`);
   a download holds the entry's lock file (:func:`h5forge.locks.lock_file`), writes a fresh
   exclusive temp name and renames it into place, so concurrent workers and jobs download once
@@ -27,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import stat
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +53,7 @@ from h5forge.files import (
     create_exclusive,
     is_ours,
     make_marked_dir,
+    remove_tree,
     replace_file,
 )
 from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
@@ -58,6 +69,8 @@ DEFAULT_CACHE_LIMIT = 50 << 30
 _KIND = ENTRY_KIND
 _ASSET, _RECORD = "asset.h5", "entry.json"
 _CHUNK = 8 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_SIDECAR, _MANIFEST = "its sidecar", "its version's manifest"
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,21 @@ class Pinned:
 
 def _identity(st: os.stat_result) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _content_key(sha256: str, size: int) -> str:
+    """The entry key of a shard: its content address alone (no URL, base or version)."""
+    return hashlib.sha256(f"h5forge shard\n{sha256}\n{size}".encode()).hexdigest()
+
+
+def _why(source: str) -> str:
+    """What a copy that does not match ``source`` means, and what to do."""
+    if source == _MANIFEST:  # a shard never changes: other bytes under its name are damage
+        return (
+            "the shard on the server is not the one its version names (damaged or overwritten); "
+            "copy it again from a good replica, or publish the version again"
+        )
+    return "the asset is being replaced or damaged — retry, or run `h5forge verify` on it"
 
 
 def _lstat(path: str) -> os.stat_result | None:
@@ -90,8 +118,8 @@ class FileCache:
 
     root: str
     limit_bytes: int = DEFAULT_CACHE_LIMIT
-    # Copies this object validated, by (canonical URL, sha256 asked for); pickled with it, so
-    # DataLoader workers reuse the main process's check (see local_copy).
+    # Copies this object validated, by (canonical URL, sha256 asked for), a shard's by ("",
+    # "sha256:size"); pickled with it, so DataLoader workers reuse the main process's check.
     pins: dict[tuple[str, str], Pinned | None] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -124,7 +152,9 @@ class FileCache:
                 "can write, or leave cache_dir unset to read remotely"
             )
 
-    def local_copy(self, where: Location, sha256: str = "") -> Pinned | None:
+    def local_copy(
+        self, where: Location, sha256: str = "", size: int | None = None
+    ) -> Pinned | None:
         """The validated local copy of ``where``, downloaded on a miss; None when the asset is
         local already or larger than the limit (then read it remotely, its blocks kept in
         :meth:`block_store`).
@@ -134,16 +164,26 @@ class FileCache:
         ask nothing: the copy validated is served while its inode, size, mtime and ctime are
         unchanged, hashed again if they changed (a mismatch or a missing copy asks the server).
 
+        A shard (``size`` given) costs no request once its entry is valid, in any process: its
+        entry's name is computed from ``sha256`` and ``size``; a miss downloads it (the
+        object's HEAD and GET) under the entry's lock.
+
         Args:
             sha256: the asset's full sha256 when known (a pinned version); else the sidecar's.
+            size: with ``sha256``, a shard's content address, both from its version's manifest
+                (checked against the manifest's own sha256): the copy is keyed by them alone and
+                shared by every URL the same bytes are published under.
 
         Raises:
-            IntegrityError: the download does not match the sidecar (the message says how).
-            ValueError: no sidecar and no ``sha256``: nothing to validate a copy against.
+            IntegrityError: the download does not match the sidecar, pinned version or shard's
+                manifest entry (the message says how); nothing is kept.
+            ValueError: no sidecar and no ``sha256``: nothing to validate a copy against; a
+                shard's ``sha256`` is not 64 lower-case hex digits or ``size`` < 1.
             UnsafePathError: the entry's name in ``cache_dir`` is taken by something not ours.
         """
-        if (key := (where.key, sha256)) in self.stores:
+        if (where.key, sha256) in self.stores:
             return None  # too large: its blocks are kept instead (block_store)
+        key = (where.key, sha256) if size is None else ("", f"{sha256}:{size}")
         known = self.pins.get(key)
         if known is not None:
             st = _lstat(known.path)
@@ -155,7 +195,11 @@ class FileCache:
                 return known
         if where.is_local:
             return None
-        self.pins[key] = found = self._check(where, sha256)
+        if size is None:
+            found = self._check(where, sha256)
+        else:
+            found = self._check_shard(where, sha256, size)
+        self.pins[key] = found
         return found
 
     def block_store(self, where: Location, sha256: str = "") -> BlockStore | None:
@@ -163,13 +207,42 @@ class FileCache:
         the limit (:mod:`h5forge.read.block_cache`); None otherwise."""
         return self.stores.get((where.key, sha256))
 
-    def _check(self, where: Location, sha256: str) -> Pinned | None:
-        """:meth:`local_copy` asking the server: the object's identity, its sidecar."""
+    def _check_shard(self, where: Location, sha256: str, size: int) -> Pinned | None:
+        """:meth:`local_copy` of a shard: its entry named by its content address, found valid
+        without a request, else downloaded (a shard over the limit: :meth:`_check`, blocks)."""
+        if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+            raise ValueError(f"shard sha256 {sha256!r:.80} must be 64 lower-case hex digits")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"shard size {size!r:.40} must be an integer >= 1 (bytes)")
+        if size > self.limit_bytes:
+            return self._check(where, sha256, size)
+        entry = os.path.join(self.root, _content_key(sha256, size)[:32])
+        found = self._valid(entry, sha256, size)
+        if found is not None:
+            return found  # asked nothing: the address is the manifest's, the copy was hashed
+        with lock_file(entry + ".lock", target=f"the cache entry of shard {sha256[:16]}"):
+            found = self._valid(entry, sha256, size, locked=True)
+            if found is not None:
+                return found  # another process or worker downloaded it meanwhile
+            evict_cache(self.root, self.limit_bytes, size, keep=entry)
+            return self._download(where, entry, sha256, size, _MANIFEST)
+
+    def _check(self, where: Location, sha256: str, expected: int | None = None) -> Pinned | None:
+        """:meth:`local_copy` asking the server: the object's identity, its sidecar (a shard's
+        ``expected`` size and ``sha256`` are its manifest entry's: no sidecar asked)."""
         fs, path, shown = where.fs, where.path, str(where)
-        with ThreadPoolExecutor(1) as pool:  # the two requests overlap: one latency, not two
-            head = pool.submit(fs.info, path)
-            sidecar = load_sidecar(where.sidecar)
-            info = head.result()
+        if expected is None:
+            with ThreadPoolExecutor(1) as pool:  # the two requests overlap: one latency, not two
+                head = pool.submit(fs.info, path)
+                sidecar = load_sidecar(where.sidecar)
+                info = head.result()
+            source = _SIDECAR
+            stale = "the asset is being republished or its sidecar is stale — retry once it is done"
+        else:
+            info, sidecar, source = fs.info(path), {"sha256": sha256, "bytes": expected}, _MANIFEST
+            stale = _why(source)
+        if info.get("type") == "directory":  # a prefix, as a sharded asset's base is: no file
+            raise FileNotFoundError(f"no file at {shown} (a folder or prefix)")
         size = int(info["size"])
         want = sha256 or (sidecar["sha256"] if sidecar else "")
         if not want:
@@ -180,8 +253,7 @@ class FileCache:
             )
         if sidecar is not None and sidecar["bytes"] != size:
             raise IntegrityError(
-                f"{shown} has {size} bytes, its sidecar records {sidecar['bytes']}; the "
-                "asset is being republished or its sidecar is stale — retry once it is done"
+                f"{shown} has {size} bytes, {source} records {sidecar['bytes']}; {stale}"
             )
         tag = str(info.get("ETag") or info.get("etag") or info.get("mtime") or "")
         key = hashlib.sha256(f"{where.key}\n{want}\n{size}\n{tag}".encode()).hexdigest()
@@ -202,13 +274,15 @@ class FileCache:
             if found is not None:
                 return found
             evict_cache(self.root, self.limit_bytes, size, keep=entry)
-            return self._download(fs, path, shown, entry, want, size)
+            return self._download(where, entry, want, size, f"{_SIDECAR} or version")
 
     # --- entries -------------------------------------------------------------------------------
     def _valid(self, entry: str, want: str, size: int, *, locked: bool = False) -> Pinned | None:
         """The entry's copy if it is ours and unchanged since it was validated (or, if changed,
-        hashes to ``want`` again); a changed, mismatching entry is removed. One not ours: refused
-        ``locked`` (under its lock, where folder and marker are made), else None (half made?)."""
+        hashes to ``want`` again); a changed, mismatching entry is removed. One without its
+        record is removed only ``locked`` (a download renames its copy, then writes the record,
+        under the lock). One not ours: refused ``locked`` (under its lock, where folder and
+        marker are made), else None (half made?)."""
         if not os.path.lexists(entry):
             return None
         if not is_ours(entry, _KIND):
@@ -222,6 +296,8 @@ class FileCache:
         if (st := _lstat(asset)) is None:
             return None
         if record is None or record.get("sha256") != want or not stat.S_ISREG(st.st_mode):
+            if not locked:  # a download between renaming its copy and writing its record (a
+                return None  # worker fetching the same shard): only its lock may decide
             log.warning("cache entry %s is incomplete or not ours; fetching it again", entry)
             self._drop(entry)
             return None
@@ -271,11 +347,16 @@ class FileCache:
             if os.path.lexists(os.path.join(entry, name)):
                 os.unlink(os.path.join(entry, name))
 
-    def _download(self, fs: Any, path: str, shown: str, entry: str, want: str, size: int) -> Pinned:
-        if not os.path.lexists(entry):
+    def _download(self, where: Location, entry: str, want: str, size: int, source: str) -> Pinned:
+        """Download ``where`` into ``entry`` (its lock held), hashed as it arrives; kept only if
+        it is ``size`` bytes hashing to ``want`` (what ``source`` records)."""
+        fs, path, shown = where.fs, where.path, str(where)
+        made = not os.path.lexists(entry)
+        if made:
             make_marked_dir(entry, _KIND)
         part = os.path.join(entry, f".{_ASSET}.part-{secrets.token_hex(6)}")
         fd = create_exclusive(part, 0o644)
+        kept = False
         try:
             h, got = hashlib.sha256(), 0
             with (
@@ -294,13 +375,16 @@ class FileCache:
             if got != size or h.hexdigest() != want:
                 raise IntegrityError(
                     f"{shown}: downloaded {got} bytes with sha256 {h.hexdigest()}; expected "
-                    f"{size} bytes with sha256 {want} (its sidecar or version); the asset is "
-                    "being replaced or damaged — retry, or run `h5forge verify` on it"
+                    f"{size} bytes with sha256 {want} ({source}); {_why(source)}; nothing was "
+                    "kept"
                 )
             os.replace(part, os.path.join(entry, _ASSET))
+            kept = True
         finally:
             if os.path.lexists(part):
                 os.unlink(part)
+            if made and not kept:
+                remove_tree(entry)  # the folder made for it: nothing of a refused download stays
         st = os.lstat(os.path.join(entry, _ASSET))
         record = {"format": _KIND, "url": shown, "sha256": want, "stat": _identity(st)}
         replace_file(os.path.join(entry, _RECORD), json.dumps(record).encode())

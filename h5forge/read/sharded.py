@@ -142,7 +142,7 @@ class ShardedVersion:
         where = self.where.with_url(self.shard_url(k))
         check = _local_check(where, entry) if where.is_local else None
         try:
-            st = open_state(where, self.options, entry.sha256, check)
+            st = open_state(where, self.options, entry.sha256, check, size=entry.bytes)
         except ValueError as e:
             if self.options.target == CLASS or k == 0 or isinstance(e, IntegrityError):
                 raise

@@ -159,6 +159,7 @@ def open_state(
     options: ReadOptions,
     sha256: str = "",
     check: Callable[[Any], None] | None = None,
+    size: int | None = None,
 ) -> ProcessState:
     """This process's :class:`ProcessState` for ``where``, read with ``options``, opened again
     if a publish replaced the file while it was being opened.
@@ -167,7 +168,10 @@ def open_state(
     (:meth:`h5forge.read.cache.FileCache.local_copy`, ``sha256`` the pinned version's; one
     larger than the cache's limit is read remotely with its blocks kept there), and the
     copy opened must be the inode that was validated (an eviction or refetch in between opens
-    it again). ``where`` is still the one messages name. ``check(h5)``, when given, is called
+    it again). With ``size`` (a shard: ``sha256`` and ``size`` from its version's manifest),
+    the copy is keyed by that content address alone, shared by every version and base that
+    names the shard, and a valid one is opened without asking the server anything. ``where`` is
+    still the one messages name. ``check(h5)``, when given, is called
     with the open HDF5 handle before anything is read from it (a sharded version's shard is
     checked against its manifest entry on the handle it is read through).
 
@@ -176,7 +180,7 @@ def open_state(
     """
     cache = options.cache
     for _ in range(3):
-        pinned = cache.local_copy(where, sha256) if cache is not None else None
+        pinned = cache.local_copy(where, sha256, size) if cache is not None else None
         try:
             if pinned is None:
                 store = cache.block_store(where, sha256) if cache is not None else None
