@@ -112,7 +112,14 @@ def _print_summary(summary: Any) -> None:
         typer.echo(f"version:     {summary.version}{unchanged}")
     typer.echo(f"sha256:      {summary.sha256}")
     typer.echo(f"size:        {summary.bytes:,} bytes")
-    typer.echo(f"sidecar:     {printable(summary.sidecar_url)}")
+    if summary.shards:  # a sharded version: its manifest is its record
+        typer.echo(
+            f"shards:      {summary.shards} ({summary.shards_new} new, "
+            f"{summary.shards_reused} reused from the previous version)"
+        )
+        typer.echo(f"manifest:    {printable(summary.sidecar_url)}")
+    else:
+        typer.echo(f"sidecar:     {printable(summary.sidecar_url)}")
     typer.echo(f"preview:     {printable(summary.preview_url)}")
     rates = ", ".join(f"{m} {r:,.0f} img/s" for m, r in summary.smoke_per_method.items())
     typer.echo(f"smoke-load:  {rates} (DataLoader workers, after start-up)")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -96,6 +96,10 @@ class _PlainFile:
         """Never: a plain file is built whenever asked."""
         return None
 
+    def shard_counts(self) -> dict[str, int]:
+        """What the summary says of shards: nothing (one file)."""
+        return {}
+
     def reusable(self, work: Path) -> Reuse | None:
         """Nothing: a plain file has no previous version to copy samples from."""
         return None
@@ -125,6 +129,10 @@ class _NewVersion:
     dest: Location
     basis: Basis
     lineage: dict[str, str] | None  # None when the source is unchanged: nothing to build
+
+    def shard_counts(self) -> dict[str, int]:
+        """What the summary says of shards: nothing (one file per version)."""
+        return {}
 
     def already_published(self, seconds: dict[str, float]) -> BuildSummary | None:
         """The latest version's summary when it is built from this source and configuration."""
@@ -166,6 +174,8 @@ class _ShardedVersion(_NewVersion):
     """Publish a new sharded version of ``DEST`` on top of ``basis``: only the shards of new and
     changed samples are packed and uploaded (:mod:`h5forge.publish.sharded`)."""
 
+    counts: dict[str, int] = field(default_factory=dict)  # filled in by publish
+
     def publish(
         self, packing: _Packed, *, png: str, metadata: dict[str, Any], about: str
     ) -> tuple[PublishResult, str]:
@@ -184,6 +194,11 @@ class _ShardedVersion(_NewVersion):
             min_age_s=self.config.min_age_s,
             based_on=basis.latest_sha256,  # refused if another build published since
         )
+        self.counts.update(
+            shards=released.shards,
+            shards_new=released.shards_new,
+            shards_reused=released.shards_reused,
+        )
         published = PublishResult(
             url=released.url,
             sidecar_url=released.url,  # the manifest is the version's record
@@ -195,6 +210,10 @@ class _ShardedVersion(_NewVersion):
 
     def preview(self, published: PublishResult) -> str:
         return published.url + PREVIEW_SUFFIX
+
+    def shard_counts(self) -> dict[str, int]:
+        """The shards the version lists, packed by this build and reused (after publish)."""
+        return dict(self.counts)
 
 
 _Target = _PlainFile | _NewVersion
@@ -455,4 +474,5 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
         unchanged=False,
         version=version,
         reused=packed.reused,
+        **target.shard_counts(),
     )

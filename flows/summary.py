@@ -57,7 +57,15 @@ class BuildSummary(BaseModel):
     )
     reused: int = Field(
         default=0,
-        description="versioned: samples copied from the previous version (source unchanged)",
+        description="versioned: samples reused from the previous version (source unchanged): "
+        "referenced in its shards, or copied from its file",
+    )
+    shards: int = Field(default=0, description="sharded version: the shards it lists")
+    shards_new: int = Field(
+        default=0, description="sharded version: shards this build packed and uploaded"
+    )
+    shards_reused: int = Field(
+        default=0, description="sharded version: shards referenced from the previous version"
     )
 
 

@@ -171,7 +171,7 @@ def pack_shards(
         raise
     quarantine_table(staged.quarantined, key=table_key)
     get_run_logger().info(
-        "packed %d new shards; %d shards referenced from the previous version",
+        "shards: %d packed, %d referenced from the previous version",
         len(staged.new),
         len(staged.manifest.shards) - len(staged.new),
     )

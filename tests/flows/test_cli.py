@@ -119,6 +119,9 @@ def test_a_versioned_build_is_read_back_by_the_name_it_was_built_to(
     assert run.returncode == 0, run.stderr[-3000:]
     pointer = read_pointer(Location(str(dest)))
     assert pointer is not None
+    assert pointer.kind == "sharded"  # the default of a versioned build
+    assert "shards:      1 (1 new, 0 reused from the previous version)" in run.stdout
+    assert f"manifest:    {pointer.url}" in run.stdout
     assert not dest.exists()
     base = str(dest)[: -len(".h5")]
     for name, version in [(str(dest), []), (base, []), (base, ["--version", pointer.sha256[:16]])]:

@@ -52,6 +52,7 @@ def test_each_change_publishes_a_sharded_version_equal_to_a_full_build(
     assert rows == full_rows(local, tmp_path)
     shards = len(manifest.shards)
     assert shards == 8  # 48 samples
+    assert (first.shards, first.shards_new, first.shards_reused) == (8, 8, 0)
     again = build_dataset(config, cache_dir=str(tmp_path / "cache"))
     assert again.unchanged
     assert again.sha256 == first.sha256
@@ -68,6 +69,8 @@ def test_each_change_publishes_a_sharded_version_equal_to_a_full_build(
         assert pointer is not None
         assert (pointer.sha256, pointer.kind) == (built.sha256, "sharded"), step
         assert built.num_samples == manifest.num_samples == len(rows), step
+        assert built.shards == len(manifest.shards) == built.shards_new + built.shards_reused
+        assert built.shards_reused > 0, step
         parent = built
 
 
