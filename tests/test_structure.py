@@ -390,9 +390,6 @@ ALONE: dict[str, str] = {
     "h5forge.smoke.expected": (
         "what each sample must read back as, apart from running the workers"
     ),
-    "h5forge.targets.columns": (
-        "a file's target columns as byte ranges: the targets' storage model"
-    ),
     "h5forge.targets.drawn": (
         "drawing polygons and RLE into masks: geometry code with its own tests"
     ),

@@ -16,11 +16,18 @@ writer pack again, preprocessing it. Filtered chunks are read through HDF5 and c
 (:class:`~h5forge.pack.previous.Previous`); a mismatch is preprocessed from source. Both are
 counted in ``PackResult.reuse_mismatched``. A previous file that fails its checks is not used
 at all (:attr:`SampleSource.refused` says why).
+
+Target columns: a catalog's target values may differ from the previous file's for an unchanged
+image (a listing's caption edited), so a pack with target columns reuses nothing, unless
+:attr:`Reuse.targets` says the previous file's values are the ones to keep (a rewrite of that
+file, whose catalog was read from it): reused samples then carry their stored target bytes from
+it, each checked against its column's digests (:mod:`h5forge.pack.carried`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Generator, Iterator, Mapping
@@ -32,10 +39,12 @@ from h5forge.asset import format as fmt
 from h5forge.asset.index import check_index, load_index
 from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.asset.stored_copy import StoredRun
+from h5forge.asset.target_layout import file_schema
 from h5forge.discover.catalog import Catalog
-from h5forge.errors import H5ForgeError
+from h5forge.errors import H5ForgeError, IntegrityError
 from h5forge.files import CLOEXEC, NONBLOCK
 from h5forge.location import Location
+from h5forge.pack.carried import CarriedRun, CarriedTargets
 from h5forge.pack.chunk_writes import HOLD
 from h5forge.pack.config import PackConfig
 from h5forge.pack.previous import Previous, file_identity
@@ -62,6 +71,11 @@ class Reuse:
         path: the previous version's file, local (the caller downloads it).
         unchanged: relative paths (as the catalog records them) whose source file is the same
             as when the previous version was packed.
+        targets: reused samples keep the target values the previous file stores (its target
+            columns must be this pack's), not the catalog's: for a rewrite of that file. A
+            reused sample whose bytes do not match is then an error, never packed from its
+            source (the values are the previous file's). False: a pack with target columns
+            reuses nothing.
 
     Raises:
         TypeError: ``path`` is not a path, or ``unchanged`` is not a collection of strings.
@@ -70,6 +84,7 @@ class Reuse:
 
     path: str
     unchanged: frozenset[str]
+    targets: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", os.fspath(self.path))
@@ -113,8 +128,9 @@ class SampleSource:
         self.refused = ""
         self._rows: dict[int, int] = {}  # catalog index -> row of the previous file
         self._previous: Previous | None = None
-        if reuse is not None and reuse.unchanged and self.schema:
-            # Reused samples would need their target columns copied and checked too.
+        self._carry = bool(self.schema) and reuse is not None and reuse.targets
+        if reuse is not None and reuse.unchanged and self.schema and not reuse.targets:
+            # The catalog's values may not be the previous file's (see the module's doc).
             self._refuse(f"the catalog has target columns {[c.name for c in self.schema]}")
         elif reuse is not None and reuse.unchanged:
             try:
@@ -142,6 +158,10 @@ class SampleSource:
             storage = "array" if cfg.fixed_size else "blob"
             if index.header.storage != storage or index.filtered != bool(cfg.filter_kwargs()):
                 self._refuse(f"{where}: its storage does not match its config_json")
+                return
+            held = file_schema(index.header, where=where)
+            if self._carry and held != self.schema:
+                self._refuse(f"{where} has target columns {held!r:.300}, not this pack's")
                 return
             n = index.header.num_samples
             digests = h5[fmt.DIGESTS][()]
@@ -181,6 +201,7 @@ class SampleSource:
         samples, image = self.catalog.samples, self.config.image
         with contextlib.ExitStack() as stack:  # the previous file, the pool
             reused = self._open_reused(stack)
+            carried = self._open_carried(stack)
             fresh_idx = [i for i in range(len(samples)) if i not in self._rows]
             # A few samples beside reused ones cost less on threads than starting the pool
             few = bool(self._rows) and len(fresh_idx) < _POOL_MIN
@@ -203,13 +224,44 @@ class SampleSource:
                 r = next(reused)
                 if r is None:  # its bytes do not match the previous /digests
                     self.mismatched += 1
+                    if self._carry:  # its targets are the previous file's: none to pack with
+                        where = self._previous.path if self._previous else "previous file"
+                        raise IntegrityError(
+                            f"{where}: sample {samples[i].relpath!r} does not match its "
+                            "/digests; its targets are carried from that file, so it cannot be "
+                            "packed from source: verify it (`h5forge verify`)"
+                        )
                     yield process_file(i, samples[i].path, image, self.schema, samples[i].targets)
                     i += 1
                     continue
                 n = len(r) if isinstance(r, StoredRun) else 1
                 self.reused += n
-                yield r
+                yield self._with_targets(r, carried)
                 i += n
+
+    def _open_carried(self, stack: contextlib.ExitStack) -> CarriedTargets | None:
+        """The previous file's target columns, when reused samples carry theirs (its identity
+        checked again: a file swapped in since it was planned with is an error)."""
+        prev = self._previous
+        if not self._carry or prev is None or not self._rows:
+            return None
+        opened = open_h5(Location(prev.path))
+        stack.callback(opened.close)
+        if file_identity(os.fstat(opened.h5.id.get_vfd_handle())) != prev.identity:
+            raise IntegrityError(f"{prev.path} changed after it was checked: nothing was reused")
+        return CarriedTargets(opened.h5, self.schema, where=prev.path)
+
+    def _with_targets(
+        self, r: Processed | StoredRun, carried: CarriedTargets | None
+    ) -> Processed | StoredRun:
+        """A reused sample (or run) with its stored targets, read from the previous file."""
+        if carried is None:
+            return r
+        if isinstance(r, StoredRun):
+            rows = [self._rows[i] for i in range(r.first, r.first + len(r))]
+            run = {f.name: getattr(r, f.name) for f in dataclasses.fields(StoredRun)}
+            return CarriedRun(**run, targets=tuple(carried.row(row) for row in rows))
+        return replace(r, targets=carried.row(self._rows[r.index]))
 
     def _open_reused(self, stack: contextlib.ExitStack) -> Iterator[Processed | StoredRun | None]:
         """The reused samples in catalog order (None: a digest mismatch); opens the previous

@@ -31,6 +31,7 @@ from h5forge.discover.catalog import Catalog
 from h5forge.errors import IntegrityError
 from h5forge.output_lock import OutputLock
 from h5forge.pack.bar import PackProgress
+from h5forge.pack.carried import CarriedRun
 from h5forge.pack.chunk_writes import ChunkWriter
 from h5forge.pack.config import PackConfig
 from h5forge.pack.targets import PackTargets
@@ -140,7 +141,7 @@ class Sink:
         targets: PackTargets | None = None,
     ) -> tuple[list[int], list[tuple[str, str]]]:
         """Store every processed sample of ``results`` (in catalog order), advancing ``bar``;
-        with ``targets``, each sample's target values into it.
+        with ``targets``, each sample's target values into it (a run's are carried with it).
 
         Returns:
             The catalog indices of the stored samples, and ``(relative path, reason)`` of each
@@ -151,7 +152,11 @@ class Sink:
         done = 0
         for r in results:
             if isinstance(r, StoredRun):
-                assert targets is None, "a pack with target columns reuses nothing"
+                if targets is not None:  # carried from the file the run is copied from
+                    assert isinstance(r, CarriedRun), "a run of a pack with targets carries them"
+                    assert len(r.targets) == len(r), "a stored value per sample of the run"
+                    for t in r.targets:
+                        targets.add((), t)
                 self.add_run(r)
                 kept.extend(range(r.first, r.first + len(r)))
                 done += len(r)

@@ -52,7 +52,8 @@ class PackTargets:
         self.stats = TargetStats(schema)
 
     def add(self, raw: Sequence[object], stored: StoredTargets | None) -> None:
-        """The next packed sample: its catalog values and what the worker stored."""
+        """The next packed sample: its catalog values (``()`` for values carried as another
+        file stored them, :mod:`h5forge.pack.carried`) and what is stored."""
         assert stored is not None, "a schema's samples carry their targets"
         self.sink.add(stored)
         self.stats.add(raw, stored)

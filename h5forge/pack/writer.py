@@ -150,8 +150,8 @@ def pack(
                 t0=t0,
             )
         except CopiedMismatch as e:  # nothing was kept of this pass; the next reuses fewer
-            if not e.paths - damaged:
-                raise
+            if not e.paths - damaged or (reuse is not None and reuse.targets):
+                raise  # carried targets are the previous file's: no source to pack them from
             log.warning("%s", e)
             damaged |= e.paths
             continue

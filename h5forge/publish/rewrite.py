@@ -2,8 +2,11 @@
 
 Both rewrite a shard by copying the stored bytes of the rows it keeps into a new shard
 (:func:`h5forge.pack.writer.pack_slice` with ``reuse``: the stored-copy kernel, each sample's
-sha256 checked from the new file; never decoded, so the source is not needed), named by its
-own sha256 like any shard. Everything else follows the publish order: new shards first, then
+sha256 checked from the new file; never decoded, so the source is not needed), with each kept
+row's target columns as the shard stores them (boxes, masks, labels lists, text, numbers:
+:mod:`h5forge.pack.carried`, each value checked against its digest; the new shard has the same
+columns, so every shard of a version still reads with one ``target=``), named by its own
+sha256 like any shard. Everything else follows the publish order: new shards first, then
 new manifests, then the pointer, and only then is anything removed.
 
 - :func:`compact` writes a new latest version whose shards that had fewer than ``below`` of
@@ -27,7 +30,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from h5forge.asset import format as fmt
+from h5forge.asset.index import check_labels, load_index
 from h5forge.asset.open import open_h5
+from h5forge.asset.target_layout import file_schema
 from h5forge.discover.catalog import Catalog, Sample
 from h5forge.errors import IntegrityError
 from h5forge.location import MAX_MANIFEST_BYTES, Location
@@ -145,17 +150,13 @@ def _rewrite(
     if not keep:
         return None
     tmp, local = shards.tmp, shards.local(entry)
-    with open_h5(Location(local)) as h5:
-        if h5.attrs.get(fmt.A_TARGETS_JSON):
-            raise ValueError(
-                f"shard {entry.sha256[:KEY_HEX]} has target columns: rewriting shards with "
-                "targets is not supported yet; rebuild the asset without the samples instead"
-            )
+    where = f"shard {entry.sha256[:KEY_HEX]}"
+    with open_h5(Location(local)) as h5:  # its index and target layout checked, then read
+        index = load_index(h5, where=where)
+        check_labels(index, where=where)
+        schema = file_schema(index.header, where=where)
         paths = texts(h5[fmt.PATHS][:])
-        classes = texts(h5[fmt.CLASSES][:])
-        labels = h5[fmt.LABELS][:]
-        splits = h5[fmt.SPLITS][:]
-        names = texts(h5[fmt.SPLIT_NAMES][:])
+    labels, splits, names = index.labels, index.split_codes, index.split_names
     rows = [paths[r] for r in keep]
     if len(set(rows)) != len(rows):
         raise IntegrityError(f"shard {entry.sha256[:KEY_HEX]} lists a path twice: not rewritten")
@@ -167,17 +168,17 @@ def _rewrite(
                 relpath=paths[r],
                 label=int(labels[r]),
                 split=names[int(splits[r])],
-            )
+            )  # its target values are carried from the shard (Reuse.targets), as stored
             for r in keep
         ),
-        classes=tuple(classes),
+        classes=index.classes,
         splits=tuple(n for n in names if n),
         skipped={},
+        schema=schema,
     )
     out = os.path.join(tmp, f"new-{entry.sha256[:KEY_HEX]}.h5")
-    result = pack_slice(
-        catalog, out, config=config, workers=1, shard=True, reuse=Reuse(local, frozenset(rows))
-    )
+    reuse = Reuse(local, frozenset(rows), targets=True)
+    result = pack_slice(catalog, out, config=config, workers=1, shard=True, reuse=reuse)
     if result.reused != len(keep) or result.num_samples != len(keep):
         raise IntegrityError(
             f"rewriting shard {entry.sha256[:KEY_HEX]} copied {result.reused} of {len(keep)} "

@@ -46,7 +46,8 @@ class TargetStats:
         self._dropped = [0] * len(self.schema)
 
     def add(self, raw: Sequence[object], stored: StoredTargets) -> None:
-        """One packed sample: its raw values (schema order) and what was stored."""
+        """One packed sample: its raw values (schema order; ``()`` for values carried as
+        stored from another file) and what was stored."""
         self.samples += 1
         for k, (c, blob, shape) in enumerate(
             zip(self.schema, stored.data, stored.shapes, strict=True)
@@ -55,7 +56,8 @@ class TargetStats:
                 classes = np.frombuffer(blob, np.float32).reshape(-1, 6)[:, 4].astype(np.int64)
                 self._counts[k] += np.bincount(classes, minlength=len(self._counts[k]))
                 self._total[k] += len(classes)
-                self._dropped[k] += len(raw[k]) - len(classes)  # type: ignore[arg-type]
+                if raw:  # carried values (no raw ones) were stored as they were: none dropped
+                    self._dropped[k] += len(raw[k]) - len(classes)  # type: ignore[arg-type]
                 self._extremes(k, len(classes))
             elif c.kind == "mask":
                 made = stored.histograms[k] if len(stored.histograms) > k else None

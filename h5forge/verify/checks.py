@@ -81,10 +81,11 @@ def _verify(
             if sample_fraction >= 1.0
             else sorted(random.Random(seed).sample(range(n), max(1, round(n * sample_fraction))))
         )
+        if not fails:  # the target columns of the same samples (format version 2); the
+            # caller's own check (check_digests=False) covers the images' bytes, not these
+            check_targets(h5, idx.header, chosen, fails, decode=thorough, max_pixels=max_pixels)
         if not check_digests:  # the caller checked every sample's bytes as it wrote them
             chosen = []
-        if not fails:  # the target columns of the same samples (format version 2)
-            check_targets(h5, idx.header, chosen, fails, decode=thorough, max_pixels=max_pixels)
         if fails:
             raise IntegrityError(f"{url} failed verification", fails)
         images = h5[fmt.IMAGES]
@@ -261,10 +262,11 @@ def verify_unsealed(path: str, *, max_pixels: int, check_digests: bool = True) -
         max_pixels: the writer's own decode bound (its configuration's ``max_image_pixels``):
             an encoded sample's recorded ``H*W`` above it is refused, as :func:`verify` does.
             Never taken from the file, and never the default where the writer was given more.
-        check_digests: False skips the per-sample sha256 pass (``checked_samples`` is 0) and
-            keeps every structural check; for a writer that already checked the bytes it
+        check_digests: False skips the per-sample sha256 pass of the images
+            (``checked_samples`` is 0) and keeps every structural check and the target
+            columns' digests and rules; for a writer that already checked the image bytes it
             wrote (:func:`h5forge.scale.merge.merge_parts`: each part's file sha256, or each
-            sample's digest for parts without a sidecar).
+            sample's digest for parts without a sidecar; a pack copying stored samples).
     """
     return _damage_is_integrity(
         path,
