@@ -20,21 +20,27 @@ taken from the manifest), and checked against its manifest entry before any samp
   shard opened when the dataset is made: ``target=`` is checked against it there).
 
 Each refusal is an :class:`~h5forge.errors.IntegrityError` naming the shard.
+
+A local shard is checked once per file, not once per process: :meth:`ShardedVersion.prepare`
+(``loader()`` calls it before its workers start) checks every local shard in the process that
+forks the workers, and each worker reopens a shard checked there only by its byte reader, after
+comparing the file's identity (:mod:`h5forge.read.shard_check`); a changed file is checked in
+full again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from h5forge.asset import format as fmt
-from h5forge.asset.metadata import metadata_sha256
-from h5forge.asset.open import H5_DAMAGE, open_h5
+from h5forge.asset.open import open_h5
 from h5forge.asset.target_layout import file_schema
 from h5forge.documents import DocumentError, parse_json
 from h5forge.errors import IntegrityError
@@ -52,6 +58,7 @@ from h5forge.read import collate as _collate
 from h5forge.read.options import ReadOptions
 from h5forge.read.provenance import MAX_JSON_BYTES, PROVENANCE_ATTRS
 from h5forge.read.samples import read_batch, read_images, read_with_targets
+from h5forge.read.shard_check import Identity, LocalCheck, reattach
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
 from h5forge.redact import redact_url
@@ -67,12 +74,14 @@ def is_manifest(url: str) -> bool:
 
 @dataclass
 class _Shard:
-    """One open shard: its state, the file rows of its dataset positions, its label map."""
+    """One open shard: its state, the file rows of its dataset positions, its label map,
+    and the identity of the local file its checks passed on (None: remote)."""
 
     state: ProcessState
     rows: np.ndarray
     lut: np.ndarray  # shard label -> version label (-1: not in the version)
     fixed: tuple[int, ...] | None  # image shape when fixed-size, decoded and unfiltered
+    identity: Identity | None = None
 
 
 class ShardedVersion:
@@ -116,6 +125,9 @@ class ShardedVersion:
         self._open: dict[int, _Shard] = {}
         self._orphans: list[dict[int, _Shard]] = []
         self._paths: dict[int, np.ndarray] = {}
+        # Local shards checked by prepare() (in this process or the one that forked it), their
+        # handles closed: reopened by identity (shard_check.reattach), never read through.
+        self._checked: dict[int, _Shard] = {}
         if options.target != CLASS and m.shards:
             self.shard(0)  # target= checked here, in the constructing process (a ValueError)
 
@@ -129,18 +141,59 @@ class ShardedVersion:
 
     def shard(self, k: int) -> _Shard:
         """Shard ``k`` opened and checked in this process (on first use)."""
+        self._own()
+        found = self._open.get(k)
+        if found is None:
+            found = self._open[k] = self._reopen(k) or self._open_shard(k)
+        return found
+
+    def _own(self) -> None:
         if self._pid != os.getpid():  # inherited through fork: never use or close the parent's
             self._orphans.append(self._open)  # handles (kept referenced, as one file's are)
             self._pid, self._open, self._paths = os.getpid(), {}, {}
-        found = self._open.get(k)
-        if found is None:
-            found = self._open[k] = self._open_shard(k)
-        return found
+
+    def prepare(self) -> None:
+        """Open and check every local shard the dataset reads, here, once, and close it again,
+        so that processes forked after this (DataLoader workers; ``loader()`` calls this before
+        its workers start) reopen each by identity instead of checking it again: ~10 ms a shard
+        per worker per epoch without persistent workers. Remote shards are left to the workers
+        (their downloads run there, in parallel). Keeps no handle open.
+
+        Raises:
+            FileNotFoundError, IntegrityError: as the workers would, naming the shard.
+        """
+        if not self.where.is_local:
+            return
+        self._own()
+        for k in range(len(self.manifest.shards)):
+            if not self.counts[k]:
+                continue
+            now = Identity.at(self.where.with_url(self.shard_url(k)))
+            done = self._checked.get(k) or self._open.get(k)
+            if done is None or done.identity != now:  # changed since: check it again, here
+                self._checked.pop(k, None)
+                done = self._open_shard(k)
+                done.state.close()
+            if done.identity is not None and not done.state.index.filtered:
+                self._checked[k] = done
+
+    def _reopen(self, k: int) -> _Shard | None:
+        """Shard ``k`` as :meth:`prepare` checked it, reading through a new descriptor, if it
+        is still that file (None: open and check it in full)."""
+        done = self._checked.get(k)
+        if done is None or done.identity is None:
+            return None
+        where = self.where.with_url(self.shard_url(k))
+        st = reattach(done.state, where, done.identity)
+        if st is None:
+            del self._checked[k]  # changed: checked in full, and refused if it is another file
+            return None
+        return dataclasses.replace(done, state=st)
 
     def _open_shard(self, k: int) -> _Shard:
         entry = self.manifest.shards[k]
         where = self.where.with_url(self.shard_url(k))
-        check = _local_check(where, entry) if where.is_local else None
+        check = LocalCheck(where, entry) if where.is_local else None
         try:
             st = open_state(where, self.options, entry.sha256, check)
         except ValueError as e:
@@ -154,12 +207,14 @@ class ShardedVersion:
                 "it with target='class', or rebuild the version"
             ) from None
         try:
-            return self._checked(k, entry, st)
+            sh = self._check(k, entry, st)
         except BaseException:
             st.close()
             raise
+        sh.identity = None if check is None else check.identity
+        return sh
 
-    def _checked(self, k: int, entry: ShardEntry, st: ProcessState) -> _Shard:
+    def _check(self, k: int, entry: ShardEntry, st: ProcessState) -> _Shard:
         idx, shown = st.index, f"shard {k} ({redact_url(st.url)})"
         if idx.header.num_samples != entry.samples:
             raise IntegrityError(
@@ -256,7 +311,7 @@ class ShardedVersion:
             return read_batch(sh.state, rows.tolist(), slot=slot, shared=shared, labels=labels)
         if self.options.target != CLASS:
             return None
-        shapes = self.shapes(positions)
+        shapes = {self.shard(s).fixed for s, _, _ in groups}
         hwc = shapes.pop() if len(shapes) == 1 else None
         if hwc is None:
             return None
@@ -265,7 +320,7 @@ class ShardedVersion:
             view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
             size = int(math.prod(hwc))
             bufs = [view[p * size : (p + 1) * size] for p in range(len(positions))]
-            batch.labels.numpy()[:] = self.fill(positions, bufs)
+            batch.labels.numpy()[:] = self.fill(positions, bufs, groups)
         except BaseException:
             batch.release()
             raise
@@ -276,11 +331,17 @@ class ShardedVersion:
         decoded and unfiltered)."""
         return {self.shard(s).fixed for s, _, _ in self.groups(positions)}
 
-    def fill(self, positions: np.ndarray, bufs: Sequence[memoryview]) -> np.ndarray:
+    def fill(
+        self,
+        positions: np.ndarray,
+        bufs: Sequence[memoryview],
+        groups: list[tuple[int, np.ndarray, np.ndarray]] | None = None,
+    ) -> np.ndarray:
         """Read the fixed-size samples of ``positions`` into ``bufs`` (one each), each shard's
-        share with one ``read_into``; return their labels in the version's numbering."""
+        share with one ``read_into``; return their labels in the version's numbering.
+        ``groups``: :meth:`groups` of ``positions``, when the caller has them."""
         labels = np.empty(len(positions), dtype=np.int64)
-        for s, at, rows in self.groups(positions):
+        for s, at, rows in self.groups(positions) if groups is None else groups:
             sh = self.shard(s)
             st = sh.state
             assert st.reader is not None
@@ -355,44 +416,3 @@ def _json(text: str) -> Any:
         return parse_json(text, what="manifest field", name="manifest")
     except DocumentError:
         return None
-
-
-def _local_check(where: Location, entry: ShardEntry) -> Callable[[Any], None]:
-    """The check that a local shard is the file its entry names, to run on the handle it is
-    read through: its size and ``metadata_sha256`` (recomputed, never the attribute taken on
-    trust), as :func:`h5forge.read.version.check_version_file` checks a version's file.
-
-    Raises (the check, and this for a missing shard):
-        FileNotFoundError: the shard is missing (naming it).
-        IntegrityError: it is another file.
-    """
-    shown = redact_url(where.url)
-    try:
-        os.stat(where.path)
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"shard {shown} of the version is missing: the asset's shards/ folder was "
-            "pruned or only partly copied; copy the asset again, or publish the version again"
-        ) from None
-    replaced = (
-        f"{shown} is not the shard {entry.sha256[:16]} its version's manifest names: it was "
-        "replaced by another file; delete it and publish the version again"
-    )
-
-    def check(h5: Any) -> None:
-        size = h5.id.get_filesize()
-        if size != entry.bytes:
-            raise IntegrityError(
-                f"{replaced} (it is {size} bytes, the manifest says {entry.bytes})"
-            )
-        try:
-            found = metadata_sha256(h5)
-        except H5_DAMAGE as e:
-            raise IntegrityError(f"{replaced} ({type(e).__name__}: {e})") from None
-        if found != entry.metadata_sha256:
-            raise IntegrityError(
-                f"{replaced} (its index and attributes hash to {found}, the manifest records "
-                f"{entry.metadata_sha256})"
-            )
-
-    return check
