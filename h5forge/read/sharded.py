@@ -128,6 +128,9 @@ class ShardedVersion:
         # Local shards checked by prepare() (in this process or the one that forked it), their
         # handles closed: reopened by identity (shard_check.reattach), never read through.
         self._checked: dict[int, _Shard] = {}
+        # Per dataset position, of the shards open in this process: byte range, version label
+        # (a batch across shards gathers them with one index, not a pass per shard).
+        self._flat: tuple[np.ndarray, np.ndarray] | None = None
         if options.target != CLASS and m.shards:
             self.shard(0)  # target= checked here, in the constructing process (a ValueError)
 
@@ -145,19 +148,25 @@ class ShardedVersion:
         found = self._open.get(k)
         if found is None:
             found = self._open[k] = self._reopen(k) or self._open_shard(k)
+            if self._flat is None:
+                self._flat = (np.zeros((len(self), 2), np.int64), np.zeros(len(self), np.int64))
+            at = slice(int(self.starts[k]), int(self.ends[k]))
+            self._flat[0][at] = found.state.index.byte_ranges[found.rows]
+            self._flat[1][at] = found.lut[found.state.index.labels[found.rows]]
         return found
 
     def _own(self) -> None:
         if self._pid != os.getpid():  # inherited through fork: never use or close the parent's
             self._orphans.append(self._open)  # handles (kept referenced, as one file's are)
-            self._pid, self._open, self._paths = os.getpid(), {}, {}
+            self._pid, self._open, self._paths, self._flat = os.getpid(), {}, {}, None
 
     def prepare(self) -> None:
         """Open and check every local shard the dataset reads, here, once, and close it again,
         so that processes forked after this (DataLoader workers; ``loader()`` calls this before
         its workers start) reopen each by identity instead of checking it again: ~10 ms a shard
         per worker per epoch without persistent workers. Remote shards are left to the workers
-        (their downloads run there, in parallel). Keeps no handle open.
+        (their downloads run there, in parallel), and so are the reads of shards whose images
+        are filtered (through an HDF5 handle). Opens no handle that it keeps.
 
         Raises:
             FileNotFoundError, IntegrityError: as the workers would, naming the shard.
@@ -174,15 +183,15 @@ class ShardedVersion:
                 self._checked.pop(k, None)
                 done = self._open_shard(k)
                 done.state.close()
-            if done.identity is not None and not done.state.index.filtered:
+            if done.identity is not None:
                 self._checked[k] = done
 
     def _reopen(self, k: int) -> _Shard | None:
         """Shard ``k`` as :meth:`prepare` checked it, reading through a new descriptor, if it
         is still that file (None: open and check it in full)."""
         done = self._checked.get(k)
-        if done is None or done.identity is None:
-            return None
+        if done is None or done.identity is None or done.state.index.filtered:
+            return None  # filtered images are read through an HDF5 handle, opened with checks
         where = self.where.with_url(self.shard_url(k))
         st = reattach(done.state, where, done.identity)
         if st is None:
@@ -301,17 +310,18 @@ class ShardedVersion:
         it cannot be (the caller reads item by item)."""
         if self.options.transformed:
             return None
-        groups = self.groups(positions)
-        if len(groups) == 1:  # one shard: the single-file path, target columns included
-            s, _, rows = groups[0]
+        parts = self._parts(positions)
+        if len(parts) == 1:  # one shard: the single-file path, target columns included
+            s = parts[0][0]
             sh = self.shard(s)
             if sh.fixed is None:
                 return None
+            rows = sh.rows[positions - self.starts[s]]
             labels = sh.lut[sh.state.index.labels[rows]]
             return read_batch(sh.state, rows.tolist(), slot=slot, shared=shared, labels=labels)
         if self.options.target != CLASS:
             return None
-        shapes = {self.shard(s).fixed for s, _, _ in groups}
+        shapes = {self.shard(s).fixed for s, _ in parts}
         hwc = shapes.pop() if len(shapes) == 1 else None
         if hwc is None:
             return None
@@ -320,7 +330,7 @@ class ShardedVersion:
             view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
             size = int(math.prod(hwc))
             bufs = [view[p * size : (p + 1) * size] for p in range(len(positions))]
-            batch.labels.numpy()[:] = self.fill(positions, bufs, groups)
+            batch.labels.numpy()[:] = self.fill(positions, bufs, parts)
         except BaseException:
             batch.release()
             raise
@@ -329,27 +339,38 @@ class ShardedVersion:
     def shapes(self, positions: np.ndarray) -> set[tuple[int, ...] | None]:
         """The image shapes of the shards ``positions`` touch (None: one is not fixed-size,
         decoded and unfiltered)."""
-        return {self.shard(s).fixed for s, _, _ in self.groups(positions)}
+        return {self.shard(s).fixed for s, _ in self._parts(positions)}
 
     def fill(
         self,
         positions: np.ndarray,
         bufs: Sequence[memoryview],
-        groups: list[tuple[int, np.ndarray, np.ndarray]] | None = None,
+        parts: list[tuple[int, np.ndarray]] | None = None,
     ) -> np.ndarray:
         """Read the fixed-size samples of ``positions`` into ``bufs`` (one each), each shard's
         share with one ``read_into``; return their labels in the version's numbering.
-        ``groups``: :meth:`groups` of ``positions``, when the caller has them."""
-        labels = np.empty(len(positions), dtype=np.int64)
-        for s, at, rows in self.groups(positions) if groups is None else groups:
-            sh = self.shard(s)
-            st = sh.state
+        ``parts``: the shards ``positions`` touch, when the caller has them."""
+        parts = self._parts(positions) if parts is None else parts
+        states = [self.shard(s).state for s, _ in parts]  # opened: their rows are in _flat
+        assert self._flat is not None
+        ranges = self._flat[0][positions].tolist()
+        for (s, at), st in zip(parts, states, strict=True):
             assert st.reader is not None
-            mine = [bufs[p] for p in at.tolist()]
-            st.reader.read_into(st.index.byte_ranges[rows].tolist(), mine)
-            st.check(mine, rows.tolist())
-            labels[at] = sh.lut[st.index.labels[rows]]
-        return labels
+            batch_at = at.tolist()
+            mine = [bufs[p] for p in batch_at]
+            st.reader.read_into([ranges[p] for p in batch_at], mine)
+            if st.digests is not None:
+                rows = self._open[s].rows[positions[at] - self.starts[s]]
+                st.check(mine, rows.tolist())
+        return self._flat[1][positions]
+
+    def _parts(self, positions: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``(shard, batch positions)`` of each shard ``positions`` touch, in shard order: the
+        grouping of :meth:`groups` without the file rows (one sort, not a pass per shard)."""
+        k = np.searchsorted(self.ends, positions, side="right")
+        order = np.argsort(k, kind="stable")
+        cuts = np.flatnonzero(np.diff(k[order])) + 1
+        return [(int(k[at[0]]), at) for at in np.split(order, cuts) if len(at)]
 
     def collate(self, items: Sequence[tuple[Any, Any]], *, slot: bool) -> Any:
         """Items of :meth:`items` batched as one file's would be."""

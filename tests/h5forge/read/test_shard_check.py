@@ -10,6 +10,7 @@ read as before.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import numpy as np
 import pytest
 import torch
 
@@ -26,7 +28,7 @@ from h5forge.errors import IntegrityError
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.multi import H5MultiDataset
 from h5forge.read.shard_check import Identity
-from tests.fixtures.sharded_read import make_sharded_version
+from tests.fixtures.sharded_read import DECODED, make_sharded_version
 
 VICTIM, OTHER = 2, 3  # shard 2 changed; shard 3 (as many samples) its valid replacement
 
@@ -195,3 +197,55 @@ def test_multi_dataset_workers_inherit_each_sharded_assets_checks(base: Path) ->
         5, num_workers=1, multiprocessing_context="fork", worker_init_fn=in_worker
     )
     assert sum(len(x) for x, _ in loader) == 48
+
+
+def test_filtered_shards_are_checked_before_the_fork_and_opened_in_full_by_workers(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "src"
+    write_image_folder(root, classes=("a", "b"), per_class=6, seed=4, size=(30, 40))
+    gz = dataclasses.replace(DECODED, compression="gzip")
+    base = tmp_path / "gz"
+    make_sharded_version(base, discover(root), [range(0, 12, 2), range(1, 12, 2)], config=gz)
+    ds = H5ImageDataset(base)
+    first = _epoch(ds)
+    sv = ds._shards()
+    assert sorted(sv._checked) == [0, 1]
+    assert all(done.state.index.filtered for done in sv._checked.values())
+
+    def in_worker(_: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        assert info is not None
+        mine = info.dataset.dataset._shards()  # type: ignore[attr-defined]
+        for k, done in mine._checked.items():  # read through HDF5: opened with the checks
+            assert mine.shard(k).state.index is not done.state.index
+
+    assert _epoch(ds, worker_init_fn=in_worker) == first
+    assert len(first) == 12
+
+
+def test_verify_reads_checks_a_batch_across_shards_and_names_the_corrupt_sample(
+    base: Path,
+) -> None:
+    ds = H5ImageDataset(base, verify_reads=True)
+    everything = list(range(len(ds)))
+    images, labels = ds.read_batch(everything)  # every shard's share, each checked
+    items = H5ImageDataset(base).__getitems__(everything)  # item by item, shard by shard
+    assert [x.numpy().tobytes() for x in images] == [
+        np.asarray(image).tobytes() for image, _ in items
+    ]
+    assert labels.tolist() == [label for _, label in items]
+    sv = ds._shards()
+    sh = sv.shard(VICTIM)
+    offset = int(sh.state.index.byte_ranges[int(sh.rows[1]), 0])
+    ds.close()
+    with open(_shard(ds, VICTIM), "r+b") as f:  # one image byte: no metadata check sees it
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(IntegrityError, match=rf"sample {int(sh.rows[1])} .*read back with sha256"):
+        _epoch(ds)  # checked again before the fork (it passes: images are not metadata);
+        # the workers check each sample they read against its digest
+    with pytest.raises(IntegrityError, match=rf"sample {int(sh.rows[1])} .*read back with sha256"):
+        ds.read_batch(everything)
