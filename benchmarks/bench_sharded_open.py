@@ -218,8 +218,9 @@ def main() -> None:
         f"Loader: {described}; decoded 224, one file ({one_size:,} bytes) vs "
         f"{loader_shards} shards of about {args.shard_mib} MiB of the same samples; "
         f"loader(64, shuffle=True, num_workers=2), with and without persistent_workers "
-        f"(without: every epoch's workers open each shard they read, ~10 ms each), one "
-        f"epoch per round, medians of "
+        f"(without: every epoch's workers are new processes; loader() checks each local "
+        f"shard once, before the first epoch's workers fork, and they reopen it by its file "
+        f"identity), one epoch per round, medians of "
         f"{args.repeat} rounds (order rotated each round)."
     )
     report.add(

@@ -332,9 +332,6 @@ ALONE: dict[str, str] = {
     "h5forge.asset.declared": (
         "declared shapes and counts checked at open: a boundary on untrusted files"
     ),
-    "h5forge.asset.ranges": (
-        "the reader's batched byte-range reads (local pread, remote coalescing)"
-    ),
     "h5forge.cli.summary": (
         "the inspect summary's words, apart from the command wiring in cli.app"
     ),
@@ -384,6 +381,10 @@ ALONE: dict[str, str] = {
     ),
     "h5forge.read.block_cache": ("read-ahead blocks on disk, each checked: its own idea and tests"),
     "h5forge.read.sampler": ("public: the resumable, distributed Sampler"),
+    "h5forge.read.shard_check": (
+        "what proves a local shard is the file its manifest names, and when a check made "
+        "once (before the workers fork) still holds: a trust boundary with its own tests"
+    ),
     "h5forge.scale.assemble": ("writing the merged file, apart from the merge's checks and plan"),
     "h5forge.scale.download": ("a checked local copy of a remote part"),
     "h5forge.scale.merge": ("public: merge_parts, the Dask stage's merge"),

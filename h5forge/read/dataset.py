@@ -211,6 +211,12 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         return self._sharded
 
+    def _before_fork(self) -> None:
+        """A sharded version's local shards checked here once, before ``loader()``'s workers
+        fork, so that they inherit the checks (:meth:`ShardedVersion.prepare`)."""
+        if is_manifest(self.url):
+            self._shards().prepare()
+
     # --- per-process state -------------------------------------------------------------------
     def _open(self) -> ProcessState:
         st = self._state

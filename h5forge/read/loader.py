@@ -54,6 +54,16 @@ class _Skipping(BatchSampler):
                 yield batch
 
 
+def _forks(loader: DataLoader[Any]) -> bool:
+    """Whether ``loader``'s workers start by ``fork`` (inheriting this process's memory)."""
+    ctx = loader.multiprocessing_context
+    if ctx is not None:
+        return bool(ctx.get_start_method() == "fork")
+    mp = torch.multiprocessing
+    # The first of get_all_start_methods() is the default; reading it fixes nothing.
+    return (mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0]) == "fork"
+
+
 class Loader(DataLoader[Any]):
     """A DataLoader that knows where its epoch is: ``state_dict()`` / ``load_state_dict()``.
 
@@ -64,13 +74,18 @@ class Loader(DataLoader[Any]):
 
     sampler: _Skipping  # a batch sampler: automatic batching is off
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, before_fork: Callable[[], None] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._base = 0  # batches of the epoch skipped by this iteration (a resumed one)
         self._yielded = 0  # batches handed out by this iteration
+        self._before_fork = before_fork
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._base, self._yielded = self.sampler.skip, 0
+        if self._before_fork is not None and self.num_workers > 0 and _forks(self):
+            self._before_fork()  # what forked workers inherit instead of redoing each epoch
         return self._count(super().__iter__())
 
     def _count(self, iterator: Iterator[Any]) -> Iterator[Any]:
@@ -117,12 +132,14 @@ def batch_loader(
     drop_last: bool,
     generator: torch.Generator | None,
     seed: int | None = None,
+    before_fork: Callable[[], None] | None = None,
     **dataloader_kwargs: Any,
 ) -> Loader:
     """A :class:`Loader` calling ``read(indices)`` once per batch of ``dataset`` (see
     ``H5ImageDataset.loader``). Without ``sampler``, the order is a :class:`Sampler` with
     ``shuffle``, ``drop_last`` and ``seed`` (default: one drawn from ``generator`` when given,
-    else 0), ranks from ``torch.distributed`` when it is initialised."""
+    else 0), ranks from ``torch.distributed`` when it is initialised. ``before_fork`` is called
+    before each iteration whose workers start by ``fork`` (what they should inherit)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={shown(batch_size)} must be an int >= 1")
     for key in ("batch_size", "batch_sampler", "collate_fn", "shuffle"):
@@ -147,6 +164,7 @@ def batch_loader(
         batch_size=None,
         collate_fn=_collate.send_batch,
         sampler=_Skipping(order, batch_size, drop_last),
+        before_fork=before_fork,
         **dataloader_kwargs,
     )
 
@@ -157,6 +175,9 @@ class BatchLoading:
 
     def _read_batch(self, indices: Sequence[int], *, use_slots: bool) -> Any:
         raise NotImplementedError
+
+    def _before_fork(self) -> None:
+        """Work done once here so that forked workers inherit it (nothing by default)."""
 
     def loader(
         self,
@@ -207,5 +228,6 @@ class BatchLoading:
             drop_last=drop_last,
             generator=generator,
             seed=seed,
+            before_fork=self._before_fork,
             **dataloader_kwargs,
         )

@@ -230,6 +230,12 @@ class H5MultiDataset(BatchLoading, Dataset[tuple[Any, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_handles", "_orphans")}
 
+    def _before_fork(self) -> None:
+        """Each sharded asset's local shards checked here once, before ``loader()``'s
+        workers fork, so that they inherit the checks."""
+        for d in self.datasets:
+            d._before_fork()
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._handles, self._orphans = None, []

@@ -20,21 +20,27 @@ taken from the manifest), and checked against its manifest entry before any samp
   shard opened when the dataset is made: ``target=`` is checked against it there).
 
 Each refusal is an :class:`~h5forge.errors.IntegrityError` naming the shard.
+
+A local shard is checked once per file, not once per process: :meth:`ShardedVersion.prepare`
+(``loader()`` calls it before its workers start) checks every local shard in the process that
+forks the workers, and each worker reopens a shard checked there only by its byte reader, after
+comparing the file's identity (:mod:`h5forge.read.shard_check`); a changed file is checked in
+full again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from h5forge.asset import format as fmt
-from h5forge.asset.metadata import metadata_sha256
-from h5forge.asset.open import H5_DAMAGE, open_h5
+from h5forge.asset.open import open_h5
 from h5forge.asset.target_layout import file_schema
 from h5forge.documents import DocumentError, parse_json
 from h5forge.errors import IntegrityError
@@ -52,6 +58,7 @@ from h5forge.read import collate as _collate
 from h5forge.read.options import ReadOptions
 from h5forge.read.provenance import MAX_JSON_BYTES, PROVENANCE_ATTRS
 from h5forge.read.samples import read_batch, read_images, read_with_targets
+from h5forge.read.shard_check import Identity, LocalCheck, reattach
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
 from h5forge.redact import redact_url
@@ -67,12 +74,14 @@ def is_manifest(url: str) -> bool:
 
 @dataclass
 class _Shard:
-    """One open shard: its state, the file rows of its dataset positions, its label map."""
+    """One open shard: its state, the file rows of its dataset positions, its label map,
+    and the identity of the local file its checks passed on (None: remote)."""
 
     state: ProcessState
     rows: np.ndarray
     lut: np.ndarray  # shard label -> version label (-1: not in the version)
     fixed: tuple[int, ...] | None  # image shape when fixed-size, decoded and unfiltered
+    identity: Identity | None = None
 
 
 class ShardedVersion:
@@ -116,6 +125,12 @@ class ShardedVersion:
         self._open: dict[int, _Shard] = {}
         self._orphans: list[dict[int, _Shard]] = []
         self._paths: dict[int, np.ndarray] = {}
+        # Local shards checked by prepare() (in this process or the one that forked it), their
+        # handles closed: reopened by identity (shard_check.reattach), never read through.
+        self._checked: dict[int, _Shard] = {}
+        # Per dataset position, of the shards open in this process: byte range, version label
+        # (a batch across shards gathers them with one index, not a pass per shard).
+        self._flat: tuple[np.ndarray, np.ndarray] | None = None
         if options.target != CLASS and m.shards:
             self.shard(0)  # target= checked here, in the constructing process (a ValueError)
 
@@ -129,18 +144,65 @@ class ShardedVersion:
 
     def shard(self, k: int) -> _Shard:
         """Shard ``k`` opened and checked in this process (on first use)."""
-        if self._pid != os.getpid():  # inherited through fork: never use or close the parent's
-            self._orphans.append(self._open)  # handles (kept referenced, as one file's are)
-            self._pid, self._open, self._paths = os.getpid(), {}, {}
+        self._own()
         found = self._open.get(k)
         if found is None:
-            found = self._open[k] = self._open_shard(k)
+            found = self._open[k] = self._reopen(k) or self._open_shard(k)
+            if self._flat is None:
+                self._flat = (np.zeros((len(self), 2), np.int64), np.zeros(len(self), np.int64))
+            at = slice(int(self.starts[k]), int(self.ends[k]))
+            self._flat[0][at] = found.state.index.byte_ranges[found.rows]
+            self._flat[1][at] = found.lut[found.state.index.labels[found.rows]]
         return found
+
+    def _own(self) -> None:
+        if self._pid != os.getpid():  # inherited through fork: never use or close the parent's
+            self._orphans.append(self._open)  # handles (kept referenced, as one file's are)
+            self._pid, self._open, self._paths, self._flat = os.getpid(), {}, {}, None
+
+    def prepare(self) -> None:
+        """Open and check every local shard the dataset reads, here, once, and close it again,
+        so that processes forked after this (DataLoader workers; ``loader()`` calls this before
+        its workers start) reopen each by identity instead of checking it again: ~10 ms a shard
+        per worker per epoch without persistent workers. Remote shards are left to the workers
+        (their downloads run there, in parallel), and so are the reads of shards whose images
+        are filtered (through an HDF5 handle). Opens no handle that it keeps.
+
+        Raises:
+            FileNotFoundError, IntegrityError: as the workers would, naming the shard.
+        """
+        if not self.where.is_local:
+            return
+        self._own()
+        for k in range(len(self.manifest.shards)):
+            if not self.counts[k]:
+                continue
+            now = Identity.at(self.where.with_url(self.shard_url(k)))
+            done = self._checked.get(k) or self._open.get(k)
+            if done is None or done.identity != now:  # changed since: check it again, here
+                self._checked.pop(k, None)
+                done = self._open_shard(k)
+                done.state.close()
+            if done.identity is not None:
+                self._checked[k] = done
+
+    def _reopen(self, k: int) -> _Shard | None:
+        """Shard ``k`` as :meth:`prepare` checked it, reading through a new descriptor, if it
+        is still that file (None: open and check it in full)."""
+        done = self._checked.get(k)
+        if done is None or done.identity is None or done.state.index.filtered:
+            return None  # filtered images are read through an HDF5 handle, opened with checks
+        where = self.where.with_url(self.shard_url(k))
+        st = reattach(done.state, where, done.identity)
+        if st is None:
+            del self._checked[k]  # changed: checked in full, and refused if it is another file
+            return None
+        return dataclasses.replace(done, state=st)
 
     def _open_shard(self, k: int) -> _Shard:
         entry = self.manifest.shards[k]
         where = self.where.with_url(self.shard_url(k))
-        check = _local_check(where, entry) if where.is_local else None
+        check = LocalCheck(where, entry) if where.is_local else None
         try:
             st = open_state(where, self.options, entry.sha256, check, size=entry.bytes)
         except ValueError as e:
@@ -154,12 +216,14 @@ class ShardedVersion:
                 "it with target='class', or rebuild the version"
             ) from None
         try:
-            return self._checked(k, entry, st)
+            sh = self._check(k, entry, st)
         except BaseException:
             st.close()
             raise
+        sh.identity = None if check is None else check.identity
+        return sh
 
-    def _checked(self, k: int, entry: ShardEntry, st: ProcessState) -> _Shard:
+    def _check(self, k: int, entry: ShardEntry, st: ProcessState) -> _Shard:
         idx, shown = st.index, f"shard {k} ({redact_url(st.url)})"
         if idx.header.num_samples != entry.samples:
             raise IntegrityError(
@@ -246,17 +310,18 @@ class ShardedVersion:
         it cannot be (the caller reads item by item)."""
         if self.options.transformed:
             return None
-        groups = self.groups(positions)
-        if len(groups) == 1:  # one shard: the single-file path, target columns included
-            s, _, rows = groups[0]
+        parts = self._parts(positions)
+        if len(parts) == 1:  # one shard: the single-file path, target columns included
+            s = parts[0][0]
             sh = self.shard(s)
             if sh.fixed is None:
                 return None
+            rows = sh.rows[positions - self.starts[s]]
             labels = sh.lut[sh.state.index.labels[rows]]
             return read_batch(sh.state, rows.tolist(), slot=slot, shared=shared, labels=labels)
         if self.options.target != CLASS:
             return None
-        shapes = self.shapes(positions)
+        shapes = {self.shard(s).fixed for s, _ in parts}
         hwc = shapes.pop() if len(shapes) == 1 else None
         if hwc is None:
             return None
@@ -265,7 +330,7 @@ class ShardedVersion:
             view = memoryview(batch.flat.numpy()).cast("B")  # type: ignore[arg-type]
             size = int(math.prod(hwc))
             bufs = [view[p * size : (p + 1) * size] for p in range(len(positions))]
-            batch.labels.numpy()[:] = self.fill(positions, bufs)
+            batch.labels.numpy()[:] = self.fill(positions, bufs, parts)
         except BaseException:
             batch.release()
             raise
@@ -274,21 +339,38 @@ class ShardedVersion:
     def shapes(self, positions: np.ndarray) -> set[tuple[int, ...] | None]:
         """The image shapes of the shards ``positions`` touch (None: one is not fixed-size,
         decoded and unfiltered)."""
-        return {self.shard(s).fixed for s, _, _ in self.groups(positions)}
+        return {self.shard(s).fixed for s, _ in self._parts(positions)}
 
-    def fill(self, positions: np.ndarray, bufs: Sequence[memoryview]) -> np.ndarray:
+    def fill(
+        self,
+        positions: np.ndarray,
+        bufs: Sequence[memoryview],
+        parts: list[tuple[int, np.ndarray]] | None = None,
+    ) -> np.ndarray:
         """Read the fixed-size samples of ``positions`` into ``bufs`` (one each), each shard's
-        share with one ``read_into``; return their labels in the version's numbering."""
-        labels = np.empty(len(positions), dtype=np.int64)
-        for s, at, rows in self.groups(positions):
-            sh = self.shard(s)
-            st = sh.state
+        share with one ``read_into``; return their labels in the version's numbering.
+        ``parts``: the shards ``positions`` touch, when the caller has them."""
+        parts = self._parts(positions) if parts is None else parts
+        states = [self.shard(s).state for s, _ in parts]  # opened: their rows are in _flat
+        assert self._flat is not None
+        ranges = self._flat[0][positions].tolist()
+        for (s, at), st in zip(parts, states, strict=True):
             assert st.reader is not None
-            mine = [bufs[p] for p in at.tolist()]
-            st.reader.read_into(st.index.byte_ranges[rows].tolist(), mine)
-            st.check(mine, rows.tolist())
-            labels[at] = sh.lut[st.index.labels[rows]]
-        return labels
+            batch_at = at.tolist()
+            mine = [bufs[p] for p in batch_at]
+            st.reader.read_into([ranges[p] for p in batch_at], mine)
+            if st.digests is not None:
+                rows = self._open[s].rows[positions[at] - self.starts[s]]
+                st.check(mine, rows.tolist())
+        return self._flat[1][positions]
+
+    def _parts(self, positions: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``(shard, batch positions)`` of each shard ``positions`` touch, in shard order: the
+        grouping of :meth:`groups` without the file rows (one sort, not a pass per shard)."""
+        k = np.searchsorted(self.ends, positions, side="right")
+        order = np.argsort(k, kind="stable")
+        cuts = np.flatnonzero(np.diff(k[order])) + 1
+        return [(int(k[at[0]]), at) for at in np.split(order, cuts) if len(at)]
 
     def collate(self, items: Sequence[tuple[Any, Any]], *, slot: bool) -> Any:
         """Items of :meth:`items` batched as one file's would be."""
@@ -355,44 +437,3 @@ def _json(text: str) -> Any:
         return parse_json(text, what="manifest field", name="manifest")
     except DocumentError:
         return None
-
-
-def _local_check(where: Location, entry: ShardEntry) -> Callable[[Any], None]:
-    """The check that a local shard is the file its entry names, to run on the handle it is
-    read through: its size and ``metadata_sha256`` (recomputed, never the attribute taken on
-    trust), as :func:`h5forge.read.version.check_version_file` checks a version's file.
-
-    Raises (the check, and this for a missing shard):
-        FileNotFoundError: the shard is missing (naming it).
-        IntegrityError: it is another file.
-    """
-    shown = redact_url(where.url)
-    try:
-        os.stat(where.path)
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"shard {shown} of the version is missing: the asset's shards/ folder was "
-            "pruned or only partly copied; copy the asset again, or publish the version again"
-        ) from None
-    replaced = (
-        f"{shown} is not the shard {entry.sha256[:16]} its version's manifest names: it was "
-        "replaced by another file; delete it and publish the version again"
-    )
-
-    def check(h5: Any) -> None:
-        size = h5.id.get_filesize()
-        if size != entry.bytes:
-            raise IntegrityError(
-                f"{replaced} (it is {size} bytes, the manifest says {entry.bytes})"
-            )
-        try:
-            found = metadata_sha256(h5)
-        except H5_DAMAGE as e:
-            raise IntegrityError(f"{replaced} ({type(e).__name__}: {e})") from None
-        if found != entry.metadata_sha256:
-            raise IntegrityError(
-                f"{replaced} (its index and attributes hash to {found}, the manifest records "
-                f"{entry.metadata_sha256})"
-            )
-
-    return check

@@ -8,6 +8,7 @@ images are filtered (compressed), and samples are read by byte range.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from collections.abc import Callable, Sequence
@@ -128,6 +129,15 @@ class ProcessState:
                     raise _Replaced(url)
             finally:
                 self.opened.close()  # the rest is read by byte range; no HDF5 handle kept
+
+    def reattached(self, reader: RangeReader) -> ProcessState:
+        """This state (checked here or in the process that forked this one) reading through
+        ``reader``, a new descriptor of the same file, in this process: nothing is read or
+        checked again (:func:`h5forge.read.shard_check.reattach` says when that is right)."""
+        assert not self.index.filtered, "filtered images are read through an HDF5 handle"
+        st = copy.copy(self)
+        st.pid, st.reader = os.getpid(), reader
+        return st
 
     def close(self) -> None:
         if self.reader is not None:
