@@ -27,12 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from h5forge.errors import BusyError, ChecksumError
+from h5forge.errors import BusyError, ChecksumError, IntegrityError
 from h5forge.files import same_file
 from h5forge.location import Location, fsync_dir
 from h5forge.pack.config import PackConfig
 from h5forge.publish.manifest import (
     manifest_bytes,
+    read_manifest,
     shard_key,
 )
 from h5forge.publish.sharded import (
@@ -310,14 +311,17 @@ def build_sharded_version(
     config = PackConfig() if config is None else config
     fingerprint = source_fingerprint(Location.of(source))
     pointer = read_pointer(asset)
+    if pointer is not None and pointer.kind == "sharded" and fingerprint is not None:
+        # A no-op reads the manifest alone (the shards' indexes only when there is work; a
+        # manifest that is not the pointer's is left to read_previous, which says so).
+        with contextlib.suppress(IntegrityError):
+            latest = read_manifest(asset.with_url(pointer.url), pointer.sha256)
+            if (latest.source_fingerprint, latest.config_sha256) == (
+                fingerprint.digest,
+                config.sha256(),
+            ):
+                return None
     previous = read_previous(asset, pointer)
-    if (
-        previous is not None
-        and fingerprint is not None
-        and previous.manifest.source_fingerprint == fingerprint.digest
-        and previous.manifest.config_sha256 == config.sha256()
-    ):
-        return None
     files = dict(fingerprint.files) if fingerprint is not None else {}
     unchanged = (
         frozenset(unchanged_paths(previous.sources or {}, files)) if previous else frozenset()
