@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 _RUN_BYTES = 64 << 20  # reused chunks copied per StoredRun (then checked while the next copies)
 # Fewer samples to preprocess than this, beside reused ones, are preprocessed on threads of this
 # process: starting the worker processes (forkserver, imports) costs about as much as 200 samples.
-_POOL_MIN = 200
+POOL_MIN = 200
 _REFUSED = (H5ForgeError, FileNotFoundError, *H5_DAMAGE)
 
 
@@ -116,12 +116,23 @@ class SampleSource:
         config: this pack's configuration.
         workers: preprocessing processes (None: CPU count).
         reuse: the previous version, or None for a full build.
+        few: the samples to preprocess are few (fewer than ``POOL_MIN``) beside work that
+            is not theirs (reused rows, or other shards' samples referenced, not packed):
+            preprocess them on threads of this process instead of starting a pool of
+            processes (in a fresh process its start costs more than they do). None: decide
+            from ``reuse``.
     """
 
     def __init__(
-        self, catalog: Catalog, config: PackConfig, *, workers: int | None, reuse: Reuse | None
+        self,
+        catalog: Catalog,
+        config: PackConfig,
+        *,
+        workers: int | None,
+        reuse: Reuse | None,
+        few: bool | None = None,
     ) -> None:
-        self.catalog, self.config, self.workers = catalog, config, workers
+        self.catalog, self.config, self.workers, self._few = catalog, config, workers, few
         self.schema = stored_schema(catalog.schema, config.image.layout)
         self.reused = 0
         self.mismatched = 0
@@ -204,7 +215,7 @@ class SampleSource:
             carried = self._open_carried(stack)
             fresh_idx = [i for i in range(len(samples)) if i not in self._rows]
             # A few samples beside reused ones cost less on threads than starting the pool
-            few = bool(self._rows) and len(fresh_idx) < _POOL_MIN
+            few = bool(self._rows) and len(fresh_idx) < POOL_MIN if self._few is None else self._few
             fresh = iter_processed(
                 [samples[i].path for i in fresh_idx],
                 image,

@@ -217,16 +217,18 @@ def pack_shards_stream(
     *,
     config: PackConfig,
     workers: int | None,
+    few: bool = False,
 ) -> Iterator[PackResult]:
     """Pack consecutive runs of ``catalog.samples`` (of ``groups[k]`` samples each) into the
     shards ``out(k)``, one after the other, through ONE worker pool (a pool per shard would
-    cost its start-up, ~0.1 s, for every shard). Each shard is as :func:`pack_slice` with
+    cost its start-up, ~0.1 s, for every shard), or with ``few`` on threads of this process
+    (:class:`~h5forge.pack.reuse.SampleSource`). Each shard is as :func:`pack_slice` with
     ``shard=True`` writes it: sealed, verified, byte-reproducible.
     """
     t0 = time.perf_counter()
     if sum(groups) != len(catalog.samples) or any(g < 1 for g in groups):
         raise ValueError(f"groups {list(groups)[:10]} must be >= 1 each and add up to the samples")
-    source = SampleSource(catalog, config, workers=workers, reuse=None)
+    source = SampleSource(catalog, config, workers=workers, reuse=None, few=few)
     results = iter(source)
     try:
         # The pool starts before the first shard's file exists: its workers live on while

@@ -299,6 +299,7 @@ def pack_sharded(
         ValueError: ``max_shard_size`` < 1 MiB or ``compact_below`` outside [0, 1].
         TooManyBadImagesError, EmptyDatasetError: as :func:`h5forge.pack.writer.pack`.
     """
+    from h5forge.pack.reuse import POOL_MIN
     from h5forge.pack.writer import pack_shards_stream
 
     plan = plan_sharded(
@@ -323,6 +324,8 @@ def pack_sharded(
         lambda k: folder / f"shard-{k:06d}.h5",
         config=config,
         workers=workers,
+        # A small change beside shards referenced: threads, not a pool of processes to start.
+        few=bool(plan.kept) and len(plan.fresh.samples) < POOL_MIN,
     )
     for k, result in enumerate(results):
         if on_shard is not None:
