@@ -9,8 +9,8 @@ from typing import Annotated
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from h5forge.options import parse_bytes
-from h5forge.publish.manifest import DEFAULT_MAX_SHARD_SIZE
 from h5forge.publish.history import DEFAULT_KEEP_VERSIONS, DEFAULT_MIN_AGE_S, check_retention
+from h5forge.publish.manifest import DEFAULT_MAX_SHARD_SIZE
 
 __all__ = [
     "DEFAULT_KEEP_VERSIONS",
