@@ -149,10 +149,11 @@ MaxShardSize = Annotated[
 Versioned = Annotated[
     bool,
     typer.Option(
-        help="publish a new immutable version BASE/v/<sha>/NAME.h5 of the asset DEST "
-        "names (BASE is DEST without .h5) and move BASE.latest.json to it; nothing when "
-        "source and settings are unchanged; incremental otherwise. Read it back as DEST "
-        "or BASE (verify, inspect, H5ImageDataset), with --version to pick one",
+        help="publish a new immutable version of the asset DEST names (BASE is DEST without "
+        ".h5): a manifest BASE/v/<sha>/NAME.version.json over shards in BASE/shards/ (see "
+        "--max-shard-size), and move BASE.latest.json to it; nothing when source and "
+        "settings are unchanged; only the shards of what changed otherwise. Read it back as "
+        "DEST or BASE (verify, inspect, H5ImageDataset), with --version to pick one",
     ),
 ]
 

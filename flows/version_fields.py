@@ -50,11 +50,12 @@ def _min_age(value: float) -> float:
 Versioned = Annotated[
     bool,
     Field(
-        description="Publish each build as a new immutable version, BASE/v/<sha>/NAME.h5 "
-        "(BASE: the destination without .h5), and move the pointer BASE.latest.json to it "
-        "last; readers pin a version. A run whose source and settings are those of the "
-        "latest version publishes nothing and ends as unchanged, before fetching. Off: "
-        "publish one object at the destination.",
+        description="Publish each build as a new immutable version (BASE: the destination "
+        "without .h5): a manifest BASE/v/<sha>/NAME.version.json over content-addressed "
+        "shards in BASE/shards/ (max_shard_size; empty: one file BASE/v/<sha>/NAME.h5), and "
+        "move the pointer BASE.latest.json to it last; readers pin a version. A run whose "
+        "source and settings are those of the latest version publishes nothing and ends as "
+        "unchanged, before fetching. Off: publish one object at the destination.",
     ),
 ]
 KeepVersions = Annotated[
