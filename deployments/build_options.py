@@ -142,7 +142,7 @@ MaxShardSize = Annotated[
         metavar="SIZE",
         help="with --versioned: publish each version as content-addressed shards of about "
         "SIZE shared by every version, and a manifest; a new version writes only the shards "
-        "of new and changed samples [default: 64MiB; off: each version is one file]",
+        "of new and changed samples (default: 64MiB; 'off': each version is one file)",
     ),
 ]
 
