@@ -92,11 +92,21 @@ def summarize_sharded(where: Location, sha256: str) -> dict[str, Any]:
 
     version = ShardedVersion(where, sha256, ReadOptions())
     m = version.manifest
-    counts: dict[str, dict[str, int]] = {}
-    for split in m.split_names:
-        part = version if split == "" else ShardedVersion(where, sha256, ReadOptions(split=split))
-        per: Any = np.bincount(part.labels(), minlength=len(m.classes)) if len(part) else []
-        counts[split] = {c: int(n) for c, n in zip(m.classes, per, strict=False) if n}
+    totals: dict[str, Any] = {split: np.zeros(len(m.classes), np.int64) for split in m.split_names}
+    for k in range(len(m.shards)):  # each shard opened and checked once
+        if not version.counts[k]:
+            continue
+        shard = version.shard(k)
+        idx = shard.state.index
+        labels = shard.lut[idx.labels[shard.rows]]
+        codes = idx.split_codes[shard.rows]
+        for code, split in enumerate(idx.split_names):
+            per = np.bincount(labels[codes == code], minlength=len(m.classes))
+            totals[split] = totals.get(split, 0) + per  # "": no split (not in the manifest)
+    counts = {
+        split: {c: int(n) for c, n in zip(m.classes, per.tolist(), strict=True) if n}
+        for split, per in totals.items()
+    }
     attrs: dict[str, Any] = {}
     shape: Any = "variable"
     if m.shards:

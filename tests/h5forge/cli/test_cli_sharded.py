@@ -109,3 +109,21 @@ def test_verify_a_damaged_shard_exits_1_naming_it(
         assert "1 of 3 shards failed" in run.stderr
     finally:
         moved.rename(shard)
+
+
+def test_inspect_counts_a_sharded_versions_live_samples(asset: tuple[Path, list[str]]) -> None:
+    base, (_, _, third) = asset
+    catalog = discover(base.parent.parent / "photos")
+    found = _json("inspect", str(base))
+    assert found["version"] == third
+    assert found["shards"] == 3
+    counted: dict[str, int] = {}
+    for per_class in found["counts"].values():
+        for name, n in per_class.items():
+            counted[name] = counted.get(name, 0) + n
+    want: dict[str, int] = {}
+    for i, s in enumerate(catalog.samples):
+        if i != 4 + 2:  # shard 1 (samples 4-7), row 2: deleted in the latest version
+            want[catalog.classes[s.label]] = want.get(catalog.classes[s.label], 0) + 1
+    assert counted == want
+    assert found["attributes"]["num_samples"] == 11
