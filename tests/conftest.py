@@ -2,6 +2,7 @@
 profiles: ``ci`` (the default: a fixed seed, no example database, the property tests' budget of
 about 3 minutes in all) and ``fuzz`` (``make fuzz``: fresh random examples, 50 times as many)."""
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 pytest_plugins = [
@@ -21,3 +22,12 @@ _COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("ci", derandomize=True, database=None, max_examples=1000, **_COMMON)
 settings.register_profile("fuzz", max_examples=50_000, **_COMMON)
 settings.load_profile("ci")
+
+
+@pytest.fixture(autouse=True)
+def _own_read_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Remote reads cache in ``$XDG_CACHE_HOME/h5forge`` by default: each test gets its own,
+    so no test reads another's (or the user's) cache. DataLoader workers inherit it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))

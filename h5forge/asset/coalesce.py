@@ -66,6 +66,10 @@ class ReadStats:
     stored_hits: int = 0
 
 
+# cat_ranges(starts, ends) -> one bytes object (or exception) per range.
+Fetch = Callable[[list[int], list[int]], list[Any]]
+
+
 class BlockSource(Protocol):
     """Blocks kept beyond this process (:class:`h5forge.read.block_cache.BlockStore`), of
     ``block_bytes`` each: the reader's block size when it has a store."""
@@ -75,6 +79,13 @@ class BlockSource(Protocol):
     def get(self, k: int, size: int) -> bytes | None: ...
 
     def put(self, k: int, blob: bytes) -> None: ...
+
+    def complete(self, fetch: Fetch) -> None:
+        """Called after a batch stored blocks: a store may finish itself (fetching what is
+        missing with ``fetch``)."""
+
+    def local_fd(self) -> int | None:
+        """A descriptor of the whole file, validated, once the store holds it (else None)."""
 
 
 def coalesce(
@@ -99,10 +110,6 @@ def check_size(name: str, value: int, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r} must be an integer >= {minimum} (bytes)")
     return value
-
-
-# cat_ranges(starts, ends) -> one bytes object (or exception) per range.
-Fetch = Callable[[list[int], list[int]], list[Any]]
 
 
 class RemoteRanges:
@@ -206,6 +213,8 @@ class RemoteRanges:
                 self.store.put(k, blob)
         for k, blob in local.items():
             self._keep(k, blob)
+        if self.store is not None and whole:
+            self.store.complete(self._fetch)
         return out
 
     def _from_store(self, runs: list[tuple[int, int]]) -> dict[int, bytes]:

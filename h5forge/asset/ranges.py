@@ -55,6 +55,7 @@ class RangeReader:
         self._fs, self._path = where.fs, where.path
         self._fd: int | None = None
         self.remote: RemoteRanges | None = None
+        self._stats = ReadStats()
         if where.is_local:
             require_calls("batched local reads", "preadv")
             self._fd = open_regular(self._path, "asset file")  # never waits on a FIFO
@@ -78,7 +79,7 @@ class RangeReader:
     @property
     def stats(self) -> ReadStats:
         """What the remote reads fetched (all zero for a local file)."""
-        return self.remote.stats if self.remote is not None else ReadStats()
+        return self.remote.stats if self.remote is not None else self._stats
 
     @property
     def fd(self) -> int | None:
@@ -116,11 +117,27 @@ class RangeReader:
                 self._preadv([buffers[i] for i in members], start, end - start)
             return
         assert self.remote is not None
+        if self._went_local():
+            for start, end, members in runs:
+                self._preadv([buffers[i] for i in members], start, end - start)
+            return
         views = self.remote.read([r[0] for r in runs], [r[1] for r in runs])
         for (start, _, members), view in zip(runs, views, strict=True):
             for i in members:
                 at = int(ranges[i][0]) - start
                 buffers[i][:] = view[at : at + int(ranges[i][1])]
+
+    def _went_local(self) -> bool:
+        """Whether the remote file's store now holds it whole, validated (a cache entry that
+        filled, :mod:`h5forge.read.fill`): then this reader reads that copy with ``preadv``
+        from here on, as a local file (its descriptor is this reader's own)."""
+        assert self.remote is not None
+        store = self.remote.store
+        fd = store.local_fd() if store is not None else None
+        if fd is None:
+            return False
+        self._fd, self._stats, self.remote = os.dup(fd), self.remote.stats, None
+        return True
 
     def _preadv(self, buffers: list[memoryview], offset: int, want: int) -> None:
         """``preadv`` until every buffer is full (Linux caps one call at ~2 GiB)."""

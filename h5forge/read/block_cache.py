@@ -137,6 +137,13 @@ class BlockStore:
             self._added = 0
             self.evict()
 
+    def complete(self, fetch: object) -> None:
+        """Blocks of a file larger than the cache stay blocks: nothing to finish."""
+
+    def local_fd(self) -> int | None:
+        """Never whole (see :meth:`complete`)."""
+        return None
+
     def _ensure(self) -> None:
         if self._ready:
             return

@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,23 +44,20 @@ from typing import Any
 
 from h5forge.asset.coalesce import DEFAULT_BLOCK_BYTES
 from h5forge.documents import DocumentError, parse_json
-from h5forge.errors import IntegrityError
+from h5forge.errors import IntegrityError, UnsafePathError
 from h5forge.files import (
     CLOEXEC,
     NOFOLLOW,
     NONBLOCK,
-    create_exclusive,
     is_ours,
-    make_marked_dir,
-    remove_tree,
     replace_file,
 )
 from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
-from h5forge.locks import lock_file
 from h5forge.publish.sidecar import load_sidecar
-from h5forge.read.block_cache import ENTRY_KIND, BlockStore, evict_cache
+from h5forge.read.block_cache import BLOCKS_KIND, ENTRY_KIND, BlockStore, entry_bytes
+from h5forge.read.fill import FillStore
 
-__all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned"]
+__all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned", "default_cache_dir", "default_limit"]
 
 log = logging.getLogger("h5forge.read.cache")
 
@@ -71,6 +67,30 @@ _ASSET, _RECORD = "asset.h5", "entry.json"
 _CHUNK = 8 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SIDECAR, _MANIFEST = "its sidecar", "its version's manifest"
+
+
+def default_cache_dir() -> str:
+    """Where the default cache lives: ``$XDG_CACHE_HOME/h5forge`` when that variable holds an
+    absolute path (the XDG rule), else ``~/.cache/h5forge``."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "h5forge")
+
+
+def default_limit(root: str) -> int:
+    """The default ``cache_limit`` of a cache at ``root``: what it holds now plus half the free
+    space of its disk, at most :data:`DEFAULT_CACHE_LIMIT` (50 GiB); at least 1 byte."""
+    try:
+        fs = os.statvfs(root)
+    except OSError:
+        return 1
+    held = 0
+    with os.scandir(root) as it:
+        for e in it:
+            if is_ours(e.path, _KIND) or is_ours(e.path, BLOCKS_KIND):
+                held += entry_bytes(e.path)
+    return max(1, min(DEFAULT_CACHE_LIMIT, held + fs.f_bavail * fs.f_frsize // 2))
 
 
 @dataclass(frozen=True)
@@ -117,28 +137,34 @@ class FileCache:
     """
 
     root: str
-    limit_bytes: int = DEFAULT_CACHE_LIMIT
+    limit_bytes: int | None = None
+    required: bool = True
     # Copies this object validated, by (canonical URL, sha256 asked for), a shard's by ("",
     # "sha256:size"); pickled with it, so DataLoader workers reuse the main process's check.
     pins: dict[tuple[str, str], Pinned | None] = field(
         default_factory=dict, compare=False, repr=False
     )
     # Assets larger than the limit, read remotely with their blocks kept (pickled as well).
-    stores: dict[tuple[str, str], BlockStore] = field(
+    stores: dict[tuple[str, str], BlockStore | FillStore] = field(
         default_factory=dict, compare=False, repr=False
     )
 
     def __post_init__(self) -> None:
         limit = self.limit_bytes
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"cache_limit={limit!r} must be an integer >= 1 (bytes)")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ValueError(
+                f"cache_limit={limit!r} must be an integer >= 1 (bytes), or None for the "
+                "default (half the free disk space, at most 50 GiB)"
+            )
         object.__setattr__(self, "root", os.path.abspath(os.fspath(self.root)))
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as e:
             raise ValueError(
                 f"cache_dir={self.root!r} cannot be created ({e.strerror}); pass a folder this "
-                "user can write, or leave cache_dir unset to read remotely"
+                "user can write, or cache_dir=False to read remotely"
             ) from e
         st = os.lstat(self.root)
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
@@ -149,8 +175,10 @@ class FileCache:
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise ValueError(
                 f"cache_dir={self.root!r} is not writable by this user; pass a folder this user "
-                "can write, or leave cache_dir unset to read remotely"
+                "can write, or cache_dir=False to read remotely"
             )
+        if limit is None:
+            object.__setattr__(self, "limit_bytes", default_limit(self.root))
 
     def local_copy(
         self, where: Location, sha256: str = "", size: int | None = None
@@ -181,8 +209,11 @@ class FileCache:
                 shard's ``sha256`` is not 64 lower-case hex digits or ``size`` < 1.
             UnsafePathError: the entry's name in ``cache_dir`` is taken by something not ours.
         """
-        if (where.key, sha256) in self.stores:
-            return None  # too large: its blocks are kept instead (block_store)
+        store = self.stores.get((where.key, sha256))
+        if store is not None:
+            if isinstance(store, FillStore) and store.local_fd() is not None:
+                return self._valid(store.entry, store.sha256, store.size)  # filled since
+            return None  # read remotely, its blocks kept (block_store)
         key = (where.key, sha256) if size is None else ("", f"{sha256}:{size}")
         known = self.pins.get(key)
         if known is not None:
@@ -202,7 +233,7 @@ class FileCache:
         self.pins[key] = found
         return found
 
-    def block_store(self, where: Location, sha256: str = "") -> BlockStore | None:
+    def block_store(self, where: Location, sha256: str = "") -> BlockStore | FillStore | None:
         """Where the blocks of ``where`` are kept when :meth:`local_copy` found it larger than
         the limit (:mod:`h5forge.read.block_cache`); None otherwise."""
         return self.stores.get((where.key, sha256))
@@ -214,18 +245,13 @@ class FileCache:
             raise ValueError(f"shard sha256 {sha256!r:.80} must be 64 lower-case hex digits")
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"shard size {size!r:.40} must be an integer >= 1 (bytes)")
-        if size > self.limit_bytes:
+        if size > self.limit:
             return self._check(where, sha256, size)
         entry = os.path.join(self.root, _content_key(sha256, size)[:32])
         found = self._valid(entry, sha256, size)
         if found is not None:
             return found  # asked nothing: the address is the manifest's, the copy was hashed
-        with lock_file(entry + ".lock", target=f"the cache entry of shard {sha256[:16]}"):
-            found = self._valid(entry, sha256, size, locked=True)
-            if found is not None:
-                return found  # another process or worker downloaded it meanwhile
-            evict_cache(self.root, self.limit_bytes, size, keep=entry)
-            return self._download(where, entry, sha256, size, _MANIFEST)
+        return self._fill(where, entry, sha256, size, sha256)
 
     def _check(self, where: Location, sha256: str, expected: int | None = None) -> Pinned | None:
         """:meth:`local_copy` asking the server: the object's identity, its sidecar (a shard's
@@ -246,10 +272,13 @@ class FileCache:
         size = int(info["size"])
         want = sha256 or (sidecar["sha256"] if sidecar else "")
         if not want:
+            if not self.required:  # the default cache: such an asset is read uncached
+                log.info("%s has no sidecar to check a copy against: it is not cached", shown)
+                return None
             raise ValueError(
                 f"cache_dir needs {shown}'s sidecar ({shown}.manifest.json, written by "
                 "publish) or a pinned version to validate a copy against; publish the asset "
-                "with h5forge, or leave cache_dir unset"
+                "with h5forge, or pass cache_dir=False"
             )
         if sidecar is not None and sidecar["bytes"] != size:
             raise IntegrityError(
@@ -257,24 +286,39 @@ class FileCache:
             )
         tag = str(info.get("ETag") or info.get("etag") or info.get("mtime") or "")
         key = hashlib.sha256(f"{where.key}\n{want}\n{size}\n{tag}".encode()).hexdigest()
-        if size > self.limit_bytes:
+        if size > self.limit:
             log.info(
                 "%s (%d bytes) is larger than the cache limit; its blocks are kept", shown, size
             )
             # A small cache keeps smaller blocks, so that a good number of them fit.
-            block = min(DEFAULT_BLOCK_BYTES, max(16 << 10, self.limit_bytes // 16))
-            self.stores[(where.key, sha256)] = BlockStore(self.root, key, self.limit_bytes, block)
+            block = min(DEFAULT_BLOCK_BYTES, max(16 << 10, self.limit // 16))
+            self.stores[(where.key, sha256)] = BlockStore(self.root, key, self.limit, block)
             return None
         entry = os.path.join(self.root, key[:32])
         found = self._valid(entry, want, size)
         if found is not None:
             return found
-        with lock_file(entry + ".lock", target=f"the cache entry of {shown}"):
-            found = self._valid(entry, want, size, locked=True)
-            if found is not None:
-                return found
-            evict_cache(self.root, self.limit_bytes, size, keep=entry)
-            return self._download(where, entry, want, size, f"{_SIDECAR} or version")
+        return self._fill(where, entry, want, size, sha256)
+
+    @property
+    def limit(self) -> int:
+        """``limit_bytes``, resolved when made (the default's value here)."""
+        assert self.limit_bytes is not None
+        return self.limit_bytes
+
+    def _fill(self, where: Location, entry: str, want: str, size: int, asked: str) -> Pinned | None:
+        """No valid copy yet: ``where`` is read from the server, and its entry fills from those
+        reads (:mod:`h5forge.read.fill`), complete and hashed against ``want`` once every block is
+        there. Kept under ``asked``, the sha256 the caller looks it up by ("" unpinned)."""
+        if os.path.lexists(entry) and not is_ours(entry, _KIND):
+            raise UnsafePathError(
+                f"{entry} is in cache_dir but was not made by h5forge's cache (a link, or "
+                "someone else's folder); remove it, or use another cache_dir"
+            )
+        self.stores[(where.key, asked)] = FillStore(
+            entry, _KIND, want, size, str(where), self.limit
+        )
+        return None
 
     # --- entries -------------------------------------------------------------------------------
     def _valid(self, entry: str, want: str, size: int, *, locked: bool = False) -> Pinned | None:
@@ -346,47 +390,3 @@ class FileCache:
         for name in (_ASSET, _RECORD):
             if os.path.lexists(os.path.join(entry, name)):
                 os.unlink(os.path.join(entry, name))
-
-    def _download(self, where: Location, entry: str, want: str, size: int, source: str) -> Pinned:
-        """Download ``where`` into ``entry`` (its lock held), hashed as it arrives; kept only if
-        it is ``size`` bytes hashing to ``want`` (what ``source`` records)."""
-        fs, path, shown = where.fs, where.path, str(where)
-        made = not os.path.lexists(entry)
-        if made:
-            make_marked_dir(entry, _KIND)
-        part = os.path.join(entry, f".{_ASSET}.part-{secrets.token_hex(6)}")
-        fd = create_exclusive(part, 0o644)
-        kept = False
-        try:
-            h, got = hashlib.sha256(), 0
-            with (
-                os.fdopen(fd, "wb") as out,
-                fs.open(path, "rb", block_size=_CHUNK, cache_type="none") as src,
-            ):
-                while got <= size:
-                    block = src.read(min(_CHUNK, size + 1 - got))
-                    if not block:
-                        break
-                    h.update(block)
-                    out.write(block)
-                    got += len(block)
-                out.flush()
-                os.fsync(out.fileno())
-            if got != size or h.hexdigest() != want:
-                raise IntegrityError(
-                    f"{shown}: downloaded {got} bytes with sha256 {h.hexdigest()}; expected "
-                    f"{size} bytes with sha256 {want} ({source}); {_why(source)}; nothing was "
-                    "kept"
-                )
-            os.replace(part, os.path.join(entry, _ASSET))
-            kept = True
-        finally:
-            if os.path.lexists(part):
-                os.unlink(part)
-            if made and not kept:
-                remove_tree(entry)  # the folder made for it: nothing of a refused download stays
-        st = os.lstat(os.path.join(entry, _ASSET))
-        record = {"format": _KIND, "url": shown, "sha256": want, "stat": _identity(st)}
-        replace_file(os.path.join(entry, _RECORD), json.dumps(record).encode())
-        self._touch(entry)
-        return Pinned(os.path.join(entry, _ASSET), want, tuple(_identity(st)))

@@ -23,9 +23,8 @@ from h5forge.asset.target_layout import file_schema
 from h5forge.location import Location
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.read import collate as _collate
-from h5forge.read.cache import DEFAULT_CACHE_LIMIT
 from h5forge.read.loader import BatchLoading
-from h5forge.read.options import ReadOptions, pick_options
+from h5forge.read.options import ReadOptions, pick_options, with_default_cache
 from h5forge.read.provenance import SampleSources
 from h5forge.read.samples import read_batch, read_images, read_with_targets
 from h5forge.read.sharded import ShardedVersion, is_manifest
@@ -70,8 +69,14 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         max_pixels: most pixels one sample may decode to where the file's size does not bound
             it (encoded images, compressed chunks); default Pillow's limit (89.5 M). The
             file's ``/shapes`` are checked against it at open and never raise it.
-        cache_dir: read a remote asset from a verified local copy kept in this folder, shared
-            by workers, epochs and jobs (:mod:`h5forge.read.cache`); ``cache_limit``: its bytes.
+        cache_dir: where a remote asset's verified local copy is kept, shared by workers,
+            epochs and jobs (:mod:`h5forge.read.cache`). Default (None): the user's cache
+            folder, ``$XDG_CACHE_HOME/h5forge`` or ``~/.cache/h5forge``; ``False``: no cache.
+            The copy fills from the reader's own range requests (nothing is downloaded before
+            the first batch) and, once whole, is hashed against the sidecar's or manifest's
+            sha256 and read like a local file (:mod:`h5forge.read.fill`).
+        cache_limit: bytes the cache may hold; default (None): half the free disk space,
+            at most 50 GiB, besides what it holds. Least recently used entries are evicted.
         options: all of the above but ``url``, ``version`` and ``storage_options`` as one
             :class:`~h5forge.read.options.ReadOptions`, instead of those keywords (giving both
             is refused).
@@ -123,8 +128,8 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         storage_options: dict[str, Any] | None = None,
         verify_reads: bool = False,
         max_pixels: int = DEFAULT_MAX_PIXELS,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int = DEFAULT_CACHE_LIMIT,
+        cache_dir: str | os.PathLike[str] | bool | None = None,
+        cache_limit: int | None = None,
         options: ReadOptions | None = None,
     ) -> None:
         given = ReadOptions(
@@ -140,8 +145,9 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             cache_dir=cache_dir,
             cache_limit=cache_limit,
         )
-        self.options = pick_options(options, given)
         where = Location.of(url, storage_options)
+        self._remote = not where.is_local
+        self.options = with_default_cache(pick_options(options, given), self._remote)
         self.storage_options = dict(where.options)
         self._state: ProcessState | None = None
         self._orphans: list[ProcessState] = []
@@ -157,7 +163,9 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
 
     @transform.setter
     def transform(self, fn: Callable[[Any], Any] | None) -> None:
-        self.options = dataclasses.replace(self.options, transform=fn)
+        self.options = with_default_cache(
+            dataclasses.replace(self.options, transform=fn), self._remote
+        )
 
     @property
     def target_transform(self) -> Callable[[Any], Any] | None:
@@ -165,7 +173,9 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
 
     @target_transform.setter
     def target_transform(self, fn: Callable[[Any], Any] | None) -> None:
-        self.options = dataclasses.replace(self.options, target_transform=fn)
+        self.options = with_default_cache(
+            dataclasses.replace(self.options, target_transform=fn), self._remote
+        )
 
     @property
     def transforms(self) -> Callable[[Any, Any], tuple[Any, Any]] | None:
@@ -173,7 +183,9 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
 
     @transforms.setter
     def transforms(self, fn: Callable[[Any, Any], tuple[Any, Any]] | None) -> None:
-        self.options = dataclasses.replace(self.options, transforms=fn)
+        self.options = with_default_cache(
+            dataclasses.replace(self.options, transforms=fn), self._remote
+        )
 
     def _open_file(self, url: str, version: str) -> None:
         self.url, self.version = url, version
@@ -193,6 +205,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             "version": self.version,
             "storage_options": self.storage_options,
             "options": self.options,
+            "_remote": self._remote,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:

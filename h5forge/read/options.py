@@ -9,16 +9,20 @@ the pinned version) travels beside it: that is the asset, not a way of reading i
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
-from h5forge.read.cache import DEFAULT_CACHE_LIMIT, FileCache
+from h5forge.read.cache import FileCache, default_cache_dir
 from h5forge.read.targets import CLASS
 
-__all__ = ["ReadOptions", "pick_options"]
+__all__ = ["ReadOptions", "pick_options", "with_default_cache"]
+
+log = logging.getLogger("h5forge.read.options")
 
 
 @dataclass(frozen=True)
@@ -26,8 +30,11 @@ class ReadOptions:
     """The reader's options; each field means what the keyword of the same name of
     :class:`~h5forge.read.dataset.H5ImageDataset` means (its docstring says how).
 
-    Checked when made: ``max_pixels`` is an int >= 1; with a ``cache_dir``, ``cache_limit`` is
-    one too and ``cache_dir`` a folder this user can write (created if missing). ``target``
+    Checked when made: ``max_pixels`` is an int >= 1; with a ``cache_dir`` folder,
+    ``cache_limit`` (when given) is one too and ``cache_dir`` a folder this user can write
+    (created if missing). ``cache_dir=None`` (the default) means the default cache for a remote
+    asset (:func:`with_default_cache`, applied by the dataset once it knows where the asset
+    is); ``False``, no cache. ``target``
     given as a list is kept as a tuple, so the value stays frozen; it still means "a dict per
     sample".
 
@@ -49,8 +56,8 @@ class ReadOptions:
     transforms: Callable[[Any, Any], tuple[Any, Any]] | None = None
     verify_reads: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS
-    cache_dir: str | os.PathLike[str] | None = None
-    cache_limit: int = DEFAULT_CACHE_LIMIT
+    cache_dir: str | os.PathLike[str] | bool | None = None
+    cache_limit: int | None = None
     cache: FileCache | None = field(init=False, default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -61,10 +68,15 @@ class ReadOptions:
             )
         if isinstance(self.target, list):
             object.__setattr__(self, "target", tuple(self.target))
-        if self.cache_dir is not None:
+        if isinstance(self.cache_dir, (str, os.PathLike)):
             root = os.fspath(self.cache_dir)
             object.__setattr__(self, "cache_dir", root)
             object.__setattr__(self, "cache", FileCache(root, self.cache_limit))
+        elif self.cache_dir is not None and self.cache_dir is not False:
+            raise ValueError(
+                f"cache_dir={self.cache_dir!r:.80} must be a folder, None (the default cache "
+                "for remote assets) or False (no cache)"
+            )
 
     @property
     def transformed(self) -> bool:
@@ -94,3 +106,22 @@ def pick_options(options: ReadOptions | None, keywords: ReadOptions) -> ReadOpti
             "(dataclasses.replace(options, ...)), or drop options="
         )
     return options
+
+
+def with_default_cache(options: ReadOptions, remote: bool) -> ReadOptions:
+    """``options`` with the default cache when they leave ``cache_dir`` unset (None) and the
+    asset is ``remote``: ``$XDG_CACHE_HOME/h5forge`` (else ``~/.cache/h5forge``), limited to
+    ``cache_limit`` or by default half the free disk space (at most 50 GiB), filled from the
+    reader's own fetches (:mod:`h5forge.read.fill`). An asset without a sidecar or pinned version
+    is then read uncached. A default folder that cannot be made or written is logged and the
+    asset read uncached: the default never stops a read."""
+    if not remote or options.cache_dir is not None or options.cache is not None:
+        return options
+    try:
+        cache = FileCache(default_cache_dir(), options.cache_limit, required=False)
+    except ValueError as e:
+        log.warning("the default read cache cannot be used (%s); reading uncached", e)
+        return options
+    out = dataclasses.replace(options)
+    object.__setattr__(out, "cache", cache)
+    return out

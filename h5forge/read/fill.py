@@ -1,0 +1,356 @@
+"""A cache entry filled from the reader's own range requests, then checked whole.
+
+The default cache of a remote asset (:mod:`h5forge.read.cache`) does not download the file before
+the first batch: the reader fetches what its batches need (aligned blocks, coalesced,
+:class:`h5forge.asset.coalesce.RemoteRanges`), and a :class:`FillStore` keeps every block it
+fetched in the asset's cache entry, so that the next batch, worker, epoch or job that needs the
+block reads it from local disk. Once every block is there, the file is hashed whole and becomes an
+ordinary whole-file entry, read with ``pread`` like a local file.
+
+In the entry folder (made and marked by the cache, one per asset identity or shard content
+address):
+
+- ``fill.h5``: a sparse file of the asset's size; block ``k`` is written at ``k * block_bytes``.
+- ``NNNNNNNNNN.have``: block ``k``'s sha256 (32 bytes), written (fresh exclusive temp name, then
+  renamed) after its bytes. A block is served from ``fill.h5`` only when its record exists and
+  the bytes hash to it; anything else is fetched again (a torn write, a crash, a flipped byte).
+- Complete: when at most ``max(8 MiB, 1/32)`` of the file is missing, the process that noticed
+  fetches the rest, hashes ``fill.h5`` whole under the entry's lock, and only if it matches the
+  sha256 the sidecar, pinned version or version manifest records renames it to ``asset.h5`` with
+  the entry's record (:mod:`h5forge.read.cache`'s layout): from then on every process reads it as
+  a validated local copy (:meth:`FillStore.local_fd`). A mismatch removes everything fetched and
+  raises :class:`~h5forge.errors.IntegrityError`: the server's bytes are not the asset's.
+
+Blocks are written by any worker of any job on the machine at once: distinct blocks land in
+distinct byte ranges of one file, and a block written twice holds the same bytes. A full disk,
+an entry evicted meanwhile, or a cache that cannot be written stops filling with a warning; the
+read goes on from the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from h5forge.errors import IntegrityError
+from h5forge.files import CLOEXEC, NOFOLLOW, NONBLOCK, create_exclusive, is_ours, make_marked_dir
+from h5forge.locks import lock_file
+from h5forge.read.block_cache import evict_cache
+
+__all__ = ["FILL_BLOCK_BYTES", "FillStore", "entry_record", "room_for"]
+
+log = logging.getLogger("h5forge.read.fill")
+
+#: Block size of a filling entry: small enough that a batch of a block-shuffled order fetches
+#: little beyond its samples, large enough that a 100 GB asset has ~50,000 records.
+FILL_BLOCK_BYTES = 2 << 20
+_FILL, _ASSET, _RECORD, _HAVE = "fill.h5", "asset.h5", "entry.json", ".have"
+_DIGEST = 32
+_CHUNK = 8 << 20
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def entry_record(entry: str, kind: str) -> dict[str, Any] | None:
+    """The record of a whole-file entry (``entry.json``), None when missing or not one."""
+    try:
+        fd = os.open(os.path.join(entry, _RECORD), os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = f.read(1 << 16)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and data.get("format") == kind else None
+
+
+def room_for(folder: str, nbytes: int) -> bool:
+    """Whether ``folder``'s file system has ``nbytes`` free beside a reserve of 5% of the disk
+    (at most 1 GiB), for other programs."""
+    try:
+        fs = os.statvfs(folder)
+    except OSError:
+        return False
+    free, total = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+    return free - nbytes >= min(1 << 30, total // 20)
+
+
+def _write_small(path: str, data: bytes) -> None:
+    """``data`` under ``path`` through a fresh exclusive temp name (no fsync: a record lost in a
+    crash only costs its block a fetch; a wrong one fails its hash)."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.tmp-{secrets.token_hex(6)}")
+    fd = create_exclusive(tmp, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass
+class FillStore:
+    """The blocks of one remote file kept in its cache entry (see the module docstring).
+
+    Args:
+        entry: the entry folder (``cache_dir/<key>``), made here under its lock when missing.
+        kind: the marker kind of a cache entry.
+        sha256, size: what the whole file must be (sidecar, pinned version or manifest entry).
+        url: the file's URL, for the entry's record and messages.
+        limit_bytes: what the whole cache (``entry``'s folder) may hold: before the first block
+            is written, the least recently used entries are evicted to make room for ``size``
+            bytes, and nothing is kept when the disk has less than that free (beside a reserve
+            of 5% of the disk, at most 1 GiB).
+    """
+
+    entry: str
+    kind: str
+    sha256: str
+    size: int
+    url: str
+    limit_bytes: int
+    block_bytes: int = FILL_BLOCK_BYTES
+    hits: int = 0
+    misses: int = 0
+    _fd: int | None = field(default=None, repr=False)
+    _local: int | None = field(default=None, repr=False)
+    _off: bool = field(default=False, repr=False)
+    _puts: int = field(default=0, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Descriptors stay in the process that opened them; a worker opens its own.
+        return {**self.__dict__, "_fd": None, "_local": None, "_pid": os.getpid()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.pop("_pid", None)
+        self.__dict__.update(state)
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.size // self.block_bytes)
+
+    def _have(self, k: int) -> str:
+        return os.path.join(self.entry, f"{k:010d}{_HAVE}")
+
+    # --- the validated whole file, once complete ----------------------------------------------
+    def local_fd(self) -> int | None:
+        """A descriptor of the completed, validated ``asset.h5`` (this process's own), or None
+        while the entry is still filling."""
+        if self._local is None:
+            self._local = self._adopt()
+        return self._local
+
+    def _adopt(self) -> int | None:
+        asset = os.path.join(self.entry, _ASSET)
+        try:
+            st = os.lstat(asset)
+        except OSError:
+            return None
+        record = entry_record(self.entry, self.kind)
+        if (
+            record is None
+            or record.get("sha256") != self.sha256
+            or record.get("stat") != _identity(st)
+            or st.st_size != self.size
+        ):
+            return None  # being written, changed since, or another's: the cache decides at open
+        try:
+            fd = os.open(asset, os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
+        except OSError:
+            return None
+        if _identity(os.fstat(fd)) != record["stat"]:
+            os.close(fd)
+            return None
+        return fd
+
+    # --- BlockSource ------------------------------------------------------------------------
+    def get(self, k: int, size: int) -> bytes | None:
+        """Block ``k``'s ``size`` bytes if kept and intact (else None: fetch it)."""
+        local = self.local_fd()
+        if local is not None:
+            data = os.pread(local, size, k * self.block_bytes)
+            if len(data) == size:
+                self.hits += 1
+                return data
+            return None
+        try:
+            fd = os.open(self._have(k), os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
+        except OSError:
+            self.misses += 1
+            return None
+        with os.fdopen(fd, "rb") as f:
+            digest = f.read(_DIGEST + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        data = b""
+        if len(digest) == _DIGEST and self._open_fill(create=False):
+            assert self._fd is not None
+            data = os.pread(self._fd, size, k * self.block_bytes)
+        if len(data) != size or hashlib.sha256(data).digest() != digest:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return data
+
+    def put(self, k: int, blob: bytes) -> None:
+        """Keep block ``k`` as fetched; never raises for the disk: filling just stops."""
+        if self._off or self.local_fd() is not None:
+            return
+        try:
+            if not self._open_fill(create=True):
+                return
+            assert self._fd is not None
+            view, at = memoryview(blob), k * self.block_bytes
+            while view:
+                n = os.pwrite(self._fd, view, at)
+                view, at = view[n:], at + n
+            _write_small(self._have(k), hashlib.sha256(blob).digest())
+            self._puts += 1
+        except OSError as e:
+            self._stop(f"cannot keep block {k}: {e}")
+
+    def complete(self, fetch: Callable[[list[int], list[int]], list[Any]]) -> None:
+        """Finish the entry when little is missing: fetch the rest with ``fetch`` (as the
+        reader's own requests), hash the whole file and make it a whole-file entry.
+
+        Raises:
+            IntegrityError: the bytes do not hash to the expected sha256 (all kept are removed).
+        """
+        if self._off or self._local is not None or self._fd is None or not self._puts:
+            return
+        if self.blocks > 2048 and self._puts % 32:
+            return  # a large file: count its records now and then, not after every batch
+        missing = self._missing()
+        last = self.size - (self.blocks - 1) * self.block_bytes
+        gap = len(missing) * self.block_bytes - (self.block_bytes - last if missing else 0)
+        if gap > max(8 << 20, self.size // 32):
+            return
+        try:
+            with lock_file(self.entry + ".lock", target=f"the cache entry of {self.url}"):
+                if self.local_fd() is not None:
+                    return  # another process finished it
+                missing = self._missing()
+                if missing:
+                    spans = [self._span(k) for k in missing]
+                    blobs = fetch([a for a, _ in spans], [b for _, b in spans])
+                    for k, (a, b), blob in zip(missing, spans, blobs, strict=True):
+                        if isinstance(blob, BaseException) or len(blob) != b - a:
+                            return  # the next batch tries again
+                        self.put(k, blob)
+                    if self._off:
+                        return
+                self._seal()
+        except OSError as e:
+            self._stop(f"cannot finish the entry: {e}")
+
+    # --- internals ----------------------------------------------------------------------------
+    def _span(self, k: int) -> tuple[int, int]:
+        return k * self.block_bytes, min((k + 1) * self.block_bytes, self.size)
+
+    def _missing(self) -> list[int]:
+        have: set[int] = set()
+        with os.scandir(self.entry) as it:
+            for e in it:
+                if e.name.endswith(_HAVE) and e.name[: -len(_HAVE)].isdigit():
+                    have.add(int(e.name[: -len(_HAVE)]))
+        return [k for k in range(self.blocks) if k not in have]
+
+    def _seal(self) -> None:
+        """Hash ``fill.h5``; rename it to ``asset.h5`` with its record if it is the file."""
+        assert self._fd is not None
+        h, at = hashlib.sha256(), 0
+        while at < self.size:
+            chunk = os.pread(self._fd, min(_CHUNK, self.size - at), at)
+            if not chunk:
+                break
+            h.update(chunk)
+            at += len(chunk)
+        if at != self.size or h.hexdigest() != self.sha256:
+            self._discard()
+            raise IntegrityError(
+                f"{self.url}: the {self.size} bytes fetched hash to sha256 {h.hexdigest()}, "
+                f"expected {self.sha256}; the object on the server is not the one its sidecar "
+                "or manifest names (being replaced, or damaged): nothing was kept — retry once "
+                "it is published again, or run `h5forge verify` on it"
+            )
+        os.fsync(self._fd)
+        os.replace(os.path.join(self.entry, _FILL), os.path.join(self.entry, _ASSET))
+        st = os.fstat(self._fd)
+        record: dict[str, Any] = {"format": self.kind, "url": self.url, "sha256": self.sha256}
+        record["stat"] = _identity(st)
+        _write_small(os.path.join(self.entry, _RECORD), json.dumps(record).encode())
+        for k in range(self.blocks):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._have(k))
+        log.info("%s is complete in the cache (%d bytes, sha256 checked)", self.url, self.size)
+        self._local = self._adopt()
+
+    def _discard(self) -> None:
+        self._off = True
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.entry, _FILL))
+        for k in range(self.blocks):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._have(k))
+
+    def _stop(self, why: str) -> None:
+        log.warning("%s: %s; reading it from the server from now on", self.url, why)
+        self._off = True
+
+    def _open_fill(self, *, create: bool) -> bool:
+        """``fill.h5`` open in this process (made, entry and room first, when ``create``)."""
+        if self._fd is not None:
+            return True
+        path = os.path.join(self.entry, _FILL)
+        flags = os.O_RDWR | NOFOLLOW | NONBLOCK | CLOEXEC
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            if not create:
+                return False
+            if not self._make(path):
+                return False
+            fd = os.open(path, flags)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != self.size:
+            os.close(fd)
+            self._stop(f"{path} is not the entry's fill file")
+            return False
+        self._fd = fd
+        return True
+
+    def _make(self, path: str) -> bool:
+        with lock_file(self.entry + ".lock", target=f"the cache entry of {self.url}"):
+            if not os.path.lexists(self.entry):
+                make_marked_dir(self.entry, self.kind)
+            if not is_ours(self.entry, self.kind):
+                self._stop(f"{self.entry} was not made by h5forge's cache")
+                return False
+            if os.path.lexists(path):
+                return True
+            root = os.path.dirname(self.entry)
+            evict_cache(root, self.limit_bytes, self.size, keep=self.entry)
+            if not room_for(root, self.size):
+                self._stop("the disk has no room for it")
+                return False
+            fd = create_exclusive(path, 0o600)
+            try:
+                os.ftruncate(fd, self.size)  # sparse: blocks take room as they are written
+            finally:
+                os.close(fd)
+        return True
