@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,13 +58,15 @@ DEFAULT_KEEP_BYTES = 64 << 20
 class ReadStats:
     """What one remote reader fetched: ``requests``, ``bytes`` (received), ``over_read`` (bytes
     fetched beyond the wanted ranges), ``kept_hits`` (runs served from kept blocks alone),
-    ``stored_hits`` (blocks read from the ``store`` instead of the server)."""
+    ``stored_hits`` (blocks read from the ``store`` instead of the server), ``stored_puts``
+    (prefetched blocks handed to the store)."""
 
     requests: int = 0
     bytes: int = 0
     over_read: int = 0
     kept_hits: int = 0
     stored_hits: int = 0
+    stored_puts: int = 0
 
 
 # cat_ranges(starts, ends) -> one bytes object (or exception) per range.
@@ -86,6 +89,9 @@ class BlockSource(Protocol):
 
     def local_fd(self) -> int | None:
         """A descriptor of the whole file, validated, once the store holds it (else None)."""
+
+    def has(self, k: int) -> bool:
+        """Whether block ``k`` is kept (cheap: no read; :meth:`get` still checks it)."""
 
 
 def coalesce(
@@ -145,11 +151,74 @@ class RemoteRanges:
         self._fetch, self._size, self._short = fetch, size, short
         self._kept: OrderedDict[int, bytes] = OrderedDict()  # block number -> its bytes
         self.store = store
+        # Blocks being fetched ahead (prefetch): block number -> (future of the fetch, index).
+        self._pending: dict[int, tuple[Future[list[Any]], int]] = {}
+        self._ahead: ThreadPoolExecutor | None = None
+
+    def prefetch(self, starts: list[int], ends: list[int]) -> None:
+        """Start fetching, in the background, the blocks a later :meth:`read` of these sorted
+        runs will need: the whole blocks it would fetch (with a store, every block the runs
+        touch; without, those the runs read at least half of), none already kept, held by the
+        store or on their way, at most ``keep_bytes / 2`` of them. :meth:`read` waits for those
+        it needs; a failed prefetch is only forgotten (the read fetches the block itself)."""
+        self._harvest(wait=())
+        B = self.block_bytes
+        if self.keep_bytes < B:
+            return
+        cover: dict[int, int] = {}
+        for a, b in zip(starts, ends, strict=True):
+            for k in range(a // B, (b - 1) // B + 1):
+                cover[k] = cover.get(k, 0) + min(b, (k + 1) * B) - max(a, k * B)
+        want = []
+        for k, n in sorted(cover.items()):
+            lo, hi = k * B, min((k + 1) * B, self._size)
+            if k in self._kept or k in self._pending:
+                continue
+            if self.store is None and 2 * n < hi - lo:
+                continue
+            if self.store is not None and self.store.has(k):
+                continue
+            want.append(k)
+        want = want[: max(1, self.keep_bytes // 2 // B)]
+        if not want:
+            return
+        if self._ahead is None:
+            self._ahead = ThreadPoolExecutor(1, thread_name_prefix="h5forge-prefetch")
+        spans = [(k * B, min((k + 1) * B, self._size)) for k in want]
+        future = self._ahead.submit(self._fetch, [a for a, _ in spans], [b for _, b in spans])
+        for i, k in enumerate(want):
+            self._pending[k] = (future, i)
+
+    def _harvest(self, wait: Sequence[int]) -> dict[int, bytes]:
+        """Prefetched blocks whose fetch is done (and those in ``wait``, waited for): kept and
+        stored; returns the ones of ``wait`` that arrived."""
+        got: dict[int, bytes] = {}
+        B = self.block_bytes
+        for k in [k for k, (f, _) in self._pending.items() if f.done() or k in wait]:
+            future, i = self._pending.pop(k)
+            try:
+                blob = future.result()[i]
+            except Exception:  # forgotten: read() fetches it (and raises what it must)
+                continue
+            if isinstance(blob, BaseException) or len(blob) != min((k + 1) * B, self._size) - k * B:
+                continue
+            self.stats.requests += 1
+            self.stats.bytes += len(blob)
+            self._keep(k, blob)
+            if self.store is not None:
+                self.store.put(k, blob)
+                self.stats.stored_puts += 1
+            if k in wait:
+                got[k] = blob
+        return got
 
     def read(self, starts: list[int], ends: list[int]) -> list[memoryview]:
         """The bytes of each sorted, non-overlapping run ``[starts[i], ends[i])``."""
         B = self.block_bytes
         runs = list(zip(starts, ends, strict=True))
+        stored = self.stats.stored_puts
+        if self._pending:  # blocks fetched ahead for this batch: waited for, then kept
+            self._harvest([k for a, b in runs for k in range(a // B, (b - 1) // B + 1)])
         local = self._from_store(runs)  # this batch's blocks read from the store
         held = [
             all(k in self._kept or k in local for k in range(a // B, (b - 1) // B + 1))
@@ -213,7 +282,7 @@ class RemoteRanges:
                 self.store.put(k, blob)
         for k, blob in local.items():
             self._keep(k, blob)
-        if self.store is not None and whole:
+        if self.store is not None and (whole or self.stats.stored_puts != stored):
             self.store.complete(self._fetch)
         return out
 

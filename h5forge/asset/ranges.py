@@ -127,6 +127,14 @@ class RangeReader:
                 at = int(ranges[i][0]) - start
                 buffers[i][:] = view[at : at + int(ranges[i][1])]
 
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Start fetching in the background what a later :meth:`read_into` of ``ranges``
+        (``(offset, nbytes)``) will need (:meth:`RemoteRanges.prefetch`); nothing locally."""
+        if self.remote is None or not len(ranges) or self._went_local():
+            return
+        spans = sorted((int(o), int(o) + int(n)) for o, n in ranges)
+        self.remote.prefetch([a for a, _ in spans], [b for _, b in spans])
+
     def _went_local(self) -> bool:
         """Whether the remote file's store now holds it whole, validated (a cache entry that
         filled, :mod:`h5forge.read.fill`): then this reader reads that copy with ``preadv``

@@ -144,6 +144,10 @@ class BlockStore:
         """Never whole (see :meth:`complete`)."""
         return None
 
+    def has(self, k: int) -> bool:
+        """Whether block ``k``'s file exists (:meth:`get` checks it)."""
+        return os.path.lexists(self._path(k))
+
     def _ensure(self) -> None:
         if self._ready:
             return

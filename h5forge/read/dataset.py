@@ -10,6 +10,7 @@ records: ``preadv`` locally, a few coalesced range requests remotely (``asset.co
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
@@ -35,6 +36,8 @@ from h5forge.read.version import check_version_file, open_named
 from h5forge.targets.schema import Column
 
 __all__ = ["H5ImageDataset"]
+
+log = logging.getLogger("h5forge.read.dataset")
 
 
 class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
@@ -229,6 +232,21 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         fork, so that they inherit the checks (:meth:`ShardedVersion.prepare`)."""
         if is_manifest(self.url):
             self._shards().prepare()
+
+    def _prefetch(self, indices: Sequence[int]) -> None:
+        """A remote asset's bytes of ``indices`` fetched in the background (the loader calls
+        this in each worker with the batch it reads next, before reading the current one). A
+        failure is only logged: the read itself fetches what it needs and raises what it must."""
+        try:
+            if is_manifest(self.url):
+                self._shards().prefetch(self._positions(indices))
+                return
+            st = self._open()
+            if st.reader is None or st.reader.remote is None or st.index.filtered:
+                return
+            st.reader.prefetch(st.index.byte_ranges[self._rows(indices)].tolist())
+        except Exception as e:
+            log.debug("prefetch of %d samples of %s failed: %s", len(indices), self.url, e)
 
     # --- per-process state -------------------------------------------------------------------
     def _open(self) -> ProcessState:

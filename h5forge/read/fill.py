@@ -207,6 +207,10 @@ class FillStore:
         self.hits += 1
         return data
 
+    def has(self, k: int) -> bool:
+        """Whether block ``k`` is kept (its record exists, or the file is whole)."""
+        return self._local is not None or os.path.lexists(self._have(k))
+
     def put(self, k: int, blob: bytes) -> None:
         """Keep block ``k`` as fetched; never raises for the disk: filling just stops."""
         if self._off or self.local_fd() is not None:

@@ -15,6 +15,7 @@ epoch (``DistributedSampler`` after ``set_epoch``, ``SequentialSampler``).
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, cast
 
@@ -28,30 +29,60 @@ from h5forge.read.sampler import Sampler
 __all__ = ["BatchLoading", "Loader", "batch_loader"]
 
 
-class _Batches(Dataset[tuple[Any, Any]]):
-    """Indexed by a list of indices (a ``BatchSampler``'s batch): one ``read`` each."""
+class _Ahead(list[int]):
+    """A batch's indices, and ``ahead``: the indices of the batch the same worker reads next
+    (None at the end of the epoch). Pickled to the worker with the batch."""
 
-    def __init__(self, dataset: Sized, read: Callable[[list[int]], Any]) -> None:
+    ahead: list[int] | None = None
+
+
+class _Batches(Dataset[tuple[Any, Any]]):
+    """Indexed by a list of indices (a ``BatchSampler``'s batch): one ``read`` each, after
+    ``prefetch`` of the batch the worker reads next (when the sampler says which)."""
+
+    def __init__(
+        self,
+        dataset: Sized,
+        read: Callable[[list[int]], Any],
+        prefetch: Callable[[list[int]], None] | None = None,
+    ) -> None:
         self.dataset = dataset
         self.read = read
+        self.prefetch = prefetch
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, indices: list[int]) -> Any:
+        ahead = getattr(indices, "ahead", None)
+        if ahead and self.prefetch is not None:
+            self.prefetch(ahead)  # fetched while this batch is read and handed over
         return self.read(indices)
 
 
 class _Skipping(BatchSampler):
-    """A BatchSampler whose next iteration skips ``skip`` batches (a resumed foreign sampler)."""
+    """A BatchSampler whose next iteration skips ``skip`` batches (a resumed foreign sampler),
+    and, with ``lookahead`` > 0, yields each batch as an :class:`_Ahead` naming the batch
+    ``lookahead`` places later: the next one of the same worker, as torch hands batches to
+    its workers in turn."""
 
     skip = 0
+    lookahead = 0
 
     def __iter__(self) -> Iterator[list[int]]:
         skip, self.skip = self.skip, 0
-        for k, batch in enumerate(super().__iter__()):
-            if k >= skip:
-                yield batch
+        batches = (b for k, b in enumerate(super().__iter__()) if k >= skip)
+        if not self.lookahead:
+            yield from batches
+            return
+        window: deque[list[int]] = deque()
+        for batch in batches:
+            window.append(batch)
+            if len(window) > self.lookahead:
+                first = _Ahead(window.popleft())
+                first.ahead = window[-1]
+                yield first
+        yield from window
 
 
 def _forks(loader: DataLoader[Any]) -> bool:
@@ -84,6 +115,8 @@ class Loader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._base, self._yielded = self.sampler.skip, 0
+        if isinstance(self.dataset, _Batches) and self.dataset.prefetch is not None:
+            self.sampler.lookahead = max(1, self.num_workers)  # each worker's own next batch
         if self._before_fork is not None and self.num_workers > 0 and _forks(self):
             self._before_fork()  # what forked workers inherit instead of redoing each epoch
         return self._count(super().__iter__())
@@ -133,6 +166,7 @@ def batch_loader(
     generator: torch.Generator | None,
     seed: int | None = None,
     before_fork: Callable[[], None] | None = None,
+    prefetch: Callable[[list[int]], None] | None = None,
     **dataloader_kwargs: Any,
 ) -> Loader:
     """A :class:`Loader` calling ``read(indices)`` once per batch of ``dataset`` (see
@@ -160,7 +194,7 @@ def batch_loader(
             seed = 0 if generator is None else int(torch.randint(2**62, (1,), generator=generator))
         order = Sampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
     return Loader(
-        _Batches(dataset, read),
+        _Batches(dataset, read, prefetch),
         batch_size=None,
         collate_fn=_collate.send_batch,
         sampler=_Skipping(order, batch_size, drop_last),
@@ -178,6 +212,10 @@ class BatchLoading:
 
     def _before_fork(self) -> None:
         """Work done once here so that forked workers inherit it (nothing by default)."""
+
+    def _prefetch(self, indices: Sequence[int]) -> None:
+        """Start fetching, in the background, what reading ``indices`` will need (a worker's
+        next batch, while it reads this one; nothing by default)."""
 
     def loader(
         self,
@@ -229,5 +267,6 @@ class BatchLoading:
             generator=generator,
             seed=seed,
             before_fork=self._before_fork,
+            prefetch=self._prefetch,
             **dataloader_kwargs,
         )

@@ -364,6 +364,17 @@ class ShardedVersion:
                 st.check(mine, rows.tolist())
         return self._flat[1][positions]
 
+    def prefetch(self, positions: np.ndarray) -> None:
+        """Start fetching, in the background, the bytes of ``positions`` in remote shards
+        (:meth:`h5forge.asset.ranges.RangeReader.prefetch`); a shard not yet open is opened."""
+        for s, at in self._parts(positions):
+            sh = self.shard(s)
+            reader = sh.state.reader
+            if reader is None or reader.remote is None or sh.state.index.filtered:
+                continue
+            rows = sh.rows[positions[at] - self.starts[s]]
+            reader.prefetch(sh.state.index.byte_ranges[rows].tolist())
+
     def _parts(self, positions: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """``(shard, batch positions)`` of each shard ``positions`` touch, in shard order: the
         grouping of :meth:`groups` without the file rows (one sort, not a pass per shard)."""

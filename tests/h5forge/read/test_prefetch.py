@@ -1,0 +1,134 @@
+"""Prefetch: each loader worker is told the batch it reads next and fetches its bytes in the
+background (h5forge.read.loader, RemoteRanges.prefetch), over moto's S3 on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import s3fs
+
+from h5forge.asset.ranges import RangeReader
+from h5forge.location import Location
+from h5forge.read.sampler import Sampler
+from tests.fixtures.lookahead import Recording
+from tests.fixtures.servers import S3RequestLog
+
+BLOCK = 64 << 10
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_each_worker_is_told_the_batch_it_reads_next(
+    tmp_path: Path, method: str, workers: int
+) -> None:
+    ds = Recording(50, "")
+    kw: dict[str, Any] = {"num_workers": workers}
+    if workers:
+        kw["multiprocessing_context"] = method
+    loader = ds.loader(4, sampler=Sampler(50, seed=3), **kw)
+    for e in range(2):  # two epochs: the look-ahead ends with each epoch
+        ds.folder = str(tmp_path / str(e))  # workers get it with the dataset, each epoch
+        os.mkdir(ds.folder)
+        got = [b.tolist() for b in loader]
+        assert sorted(i for b in got for i in b) == list(range(50))
+        logs = list((tmp_path / str(e)).iterdir())
+        assert len(logs) == max(1, workers)
+        for log in logs:
+            calls = [json.loads(line) for line in log.read_text().splitlines()]
+            reads = [c[1] for c in calls if c[0] == "read"]
+            # A worker is told, before each read, the next batch it reads in the epoch.
+            told = [
+                calls[i - 1][1] if i and calls[i - 1][0] == "ahead" else None
+                for i, c in enumerate(calls)
+                if c[0] == "read"
+            ]
+            assert told[:-1] == reads[1:], (log.name, e)
+            assert told[-1] is None  # nothing after its last batch of the epoch
+
+
+@pytest.fixture
+def blob_url(s3_bucket: str, s3_storage_options: dict[str, Any]) -> tuple[str, bytes]:
+    data = os.urandom(40 * BLOCK + 123)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3_storage_options)
+    fs.pipe(f"{s3_bucket}/blob.bin", data)
+    return f"s3://{s3_bucket}/blob.bin", data
+
+
+def _reader(url: str, options: dict[str, Any], keep: int = 16 * BLOCK) -> RangeReader:
+    # No gap merging: each request is then one block or one range, as the test names them.
+    return RangeReader(Location(url, options), block_bytes=BLOCK, keep_bytes=keep, max_gap=0)
+
+
+def _gets(log: S3RequestLog) -> list[Any]:
+    return [r for r in log() if r.method == "GET" and r.path.endswith("/blob.bin")]
+
+
+def test_a_prefetched_batch_is_read_without_a_request_of_its_own(
+    blob_url: tuple[str, bytes], s3_storage_options: dict[str, Any], s3_requests: S3RequestLog
+) -> None:
+    url, data = blob_url
+    rd = _reader(url, s3_storage_options)
+    ranges = [(3 * BLOCK + 10, BLOCK), (9 * BLOCK, 2 * BLOCK - 7), (20 * BLOCK + 5, 100)]
+    s3_requests.clear()
+    rd.prefetch(ranges)
+    bufs = [memoryview(bytearray(n)) for _, n in ranges]
+    rd.read_into(ranges, bufs)
+    for (o, n), b in zip(ranges, bufs, strict=True):
+        assert bytes(b) == data[o : o + n]
+    fetched = _gets(s3_requests)
+    # The blocks read at least half (3, 9, 10) came ahead, one request each; the 10 bytes of
+    # block 4 and the 100 of block 20 are too little to fetch them whole: the read asks for
+    # exactly those itself.
+    assert sorted(r.range for r in fetched) == sorted(
+        [f"bytes={k * BLOCK}-{(k + 1) * BLOCK - 1}" for k in (3, 9, 10)]
+        + [f"bytes={4 * BLOCK}-{4 * BLOCK + 9}", f"bytes={20 * BLOCK + 5}-{20 * BLOCK + 104}"]
+    )
+    s3_requests.clear()
+    rd.prefetch(ranges[1:2])  # blocks 9 and 10 are kept now: nothing to fetch
+    rd.read_into(ranges[1:2], bufs[1:2])
+    assert _gets(s3_requests) == []
+
+
+def test_prefetch_is_bounded_by_half_of_what_a_reader_keeps(
+    blob_url: tuple[str, bytes], s3_storage_options: dict[str, Any], s3_requests: S3RequestLog
+) -> None:
+    url, data = blob_url
+    rd = _reader(url, s3_storage_options, keep=8 * BLOCK)
+    ranges = [(k * BLOCK, BLOCK) for k in range(0, 30, 2)]  # 15 whole blocks
+    s3_requests.clear()
+    rd.prefetch(ranges)
+    bufs = [memoryview(bytearray(n)) for _, n in ranges]
+    rd.read_into(ranges, bufs)
+    assert all(bytes(b) == data[o : o + n] for (o, n), b in zip(ranges, bufs, strict=True))
+    ahead = _gets(s3_requests)[:4]
+    assert [r.range for r in ahead] == [
+        f"bytes={k * BLOCK}-{(k + 1) * BLOCK - 1}" for k in (0, 2, 4, 6)
+    ]
+
+
+def test_a_failed_prefetch_is_forgotten_and_the_read_fetches_itself(
+    blob_url: tuple[str, bytes], s3_storage_options: dict[str, Any]
+) -> None:
+    url, data = blob_url
+    rd = _reader(url, s3_storage_options)
+    assert rd.remote is not None
+    real = rd.remote._fetch
+    calls: list[int] = []
+
+    def first_fails(starts: list[int], ends: list[int]) -> list[Any]:
+        calls.append(len(starts))
+        if len(calls) == 1:
+            raise ConnectionResetError("the prefetch's connection was dropped")
+        return real(starts, ends)
+
+    rd.remote._fetch = first_fails
+    ranges = [(5 * BLOCK, 2 * BLOCK)]
+    rd.prefetch(ranges)
+    buf = memoryview(bytearray(2 * BLOCK))
+    rd.read_into(ranges, [buf])
+    assert bytes(buf) == data[5 * BLOCK : 7 * BLOCK]
+    assert len(calls) == 2  # the failed prefetch, then the read's own fetch
