@@ -28,7 +28,8 @@ process, or its forked workers' memory, with the S3 server or another reader. A 
 time includes opening the dataset and making the loader (the imports are done before). Every
 row is the median of ``--repeat`` interleaved rounds (the order of the readers rotated each
 round). Per job the server's request log gives the requests and bytes asked for, and the
-workers' peak RSS (``VmHWM``, read from /proc while the persistent workers live) the memory.
+workers' peak RSS (``VmHWM``, read from /proc while the persistent workers live) the memory,
+and the bytes left on disk in its ``XDG_CACHE_HOME`` (and a peer's own cache folder) the cache.
 
     python -m benchmarks.bench_remote --count 2000 --repeat 3
     # targets (issue 30): h5forge default / better peer >= 1.5x in epoch 1 and in epoch 2, for
@@ -201,7 +202,8 @@ def main() -> None:
     root, what = image_root(args)
     tmp = Path(tempfile.mkdtemp(prefix="h5forge-bench-remote-"))
     peers = [x for x in args.peers.split(",") if x]
-    # name -> per-round figures: img/s, requests, bytes; per-worker peaks; cache bytes after.
+    # name -> per-round figures: img/s, requests, bytes; the worker peak; the bytes in the job's
+    # XDG_CACHE_HOME and (a peer's) local cache folder after it.
     rates: dict[str, list[float]] = {}
     reqs: dict[str, list[float]] = {}
     asked: dict[str, list[float]] = {}
@@ -289,7 +291,9 @@ def main() -> None:
                         )
                     _, worker_peaks = child.run("benchmarks.bench_remote:job_worker_peaks")
                     peaks.setdefault(name, []).append(max(worker_peaks, default=0))
-                    cached.setdefault(name, []).append(_tree_bytes(xdg))
+                    cached.setdefault(name, []).append(
+                        _tree_bytes(xdg) + (_tree_bytes(cache) if cache else 0)
+                    )
                     child.run("benchmarks.bench_remote:job_close")
                 finally:
                     child.close()
@@ -374,7 +378,7 @@ def main() -> None:
                 "requests",
                 "MB requested",
                 "worker peak RSS, MB",
-                "XDG cache after, MB",
+                "local cache after, MB",
             ],
             rows,
         )
