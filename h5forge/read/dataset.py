@@ -149,8 +149,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             cache_limit=cache_limit,
         )
         where = Location.of(url, storage_options)
-        self._remote = not where.is_local
-        self.options = with_default_cache(pick_options(options, given), self._remote)
+        self.options = with_default_cache(pick_options(options, given), not where.is_local)
         self.storage_options = dict(where.options)
         self._state: ProcessState | None = None
         self._orphans: list[ProcessState] = []
@@ -167,7 +166,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
     @transform.setter
     def transform(self, fn: Callable[[Any], Any] | None) -> None:
         self.options = with_default_cache(
-            dataclasses.replace(self.options, transform=fn), self._remote
+            dataclasses.replace(self.options, transform=fn), self._remote()
         )
 
     @property
@@ -177,7 +176,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
     @target_transform.setter
     def target_transform(self, fn: Callable[[Any], Any] | None) -> None:
         self.options = with_default_cache(
-            dataclasses.replace(self.options, target_transform=fn), self._remote
+            dataclasses.replace(self.options, target_transform=fn), self._remote()
         )
 
     @property
@@ -187,7 +186,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
     @transforms.setter
     def transforms(self, fn: Callable[[Any, Any], tuple[Any, Any]] | None) -> None:
         self.options = with_default_cache(
-            dataclasses.replace(self.options, transforms=fn), self._remote
+            dataclasses.replace(self.options, transforms=fn), self._remote()
         )
 
     def _open_file(self, url: str, version: str) -> None:
@@ -208,7 +207,6 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             "version": self.version,
             "storage_options": self.storage_options,
             "options": self.options,
-            "_remote": self._remote,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -226,6 +224,10 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             self.classes = list(self._sharded.classes)
             self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         return self._sharded
+
+    def _remote(self) -> bool:
+        """Whether the asset is read from a remote URL (whatever a cache holds of it)."""
+        return not Location(self.url, self.storage_options).is_local
 
     def _before_fork(self) -> None:
         """A sharded version's local shards checked here once, before ``loader()``'s workers

@@ -66,7 +66,8 @@ class ProcessState:
     ``selection`` (what ``options.target`` resolved to, :func:`h5forge.read.targets.select`)
     and ``targets``, the columns it reads (None for ``"class"`` alone). Of ``options`` it uses
     what opening needs: ``verify_reads`` (digests loaded), ``max_pixels``, ``target``,
-    ``multilabel`` and ``iscrowd``.
+    ``multilabel`` and ``iscrowd``. ``size``: the remote object's size when known (a shard's,
+    from its version's manifest): opening then asks the server no ``info``.
 
     Raises:
         _Replaced: the file changed identity while it was opened (:func:`open_state` opens
@@ -79,10 +80,11 @@ class ProcessState:
         options: ReadOptions,
         store: BlockSource | None = None,
         check: Callable[[Any], None] | None = None,
+        size: int | None = None,
     ):
         self.pid = os.getpid()
         self.url = url = where.url
-        self.opened = open_h5(where)
+        self.opened = open_h5(where, size)
         self.targets: TargetReads | None = None
         want_digests = options.verify_reads
         try:
@@ -194,7 +196,7 @@ def open_state(
         try:
             if pinned is None:
                 store = cache.block_store(where, sha256) if cache is not None else None
-                return ProcessState(where, options, store, check)
+                return ProcessState(where, options, store, check, size)
             st = ProcessState(Location(pinned.path), options, check=check)
         except _Replaced:
             continue
