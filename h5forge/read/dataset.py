@@ -217,6 +217,10 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         if is_manifest(self.url):
             self._shards().prepare()
 
+    def _reads_remotely(self) -> bool:
+        """The URL is remote (``loader(shuffle=True)`` reads blocks), cached locally or not."""
+        return not Location(self.url, self.storage_options).is_local
+
     # --- per-process state -------------------------------------------------------------------
     def _open(self) -> ProcessState:
         st = self._state
