@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset
@@ -35,13 +35,16 @@ from h5forge.read import collate as _collate
 from h5forge.read.order import shown
 from h5forge.read.sampler import Sampler
 
-__all__ = ["SHUFFLES", "BatchLoading", "Loader", "batch_loader", "block_geometry"]
+__all__ = ["SHUFFLES", "BatchLoading", "Loader", "Shuffle", "batch_loader", "block_geometry"]
 
 _log = logging.getLogger(__name__)
 
+#: The orders ``shuffle=`` names (``True`` picks one of them by where the samples are).
+Shuffle = bool | Literal["uniform", "blocks"]
+
 #: What ``loader(shuffle=...)`` takes: ``True`` (the order that fits the store), ``False``
 #: (in order), ``"uniform"``, ``"blocks"``.
-SHUFFLES: tuple[bool | str, ...] = (True, False, "uniform", "blocks")
+SHUFFLES: tuple[Shuffle, ...] = (True, False, "uniform", "blocks")
 
 #: Most blocks a ``"blocks"`` batch draws from.
 _WINDOW = 4
@@ -192,7 +195,7 @@ def batch_loader(
     read: Callable[[list[int]], Any],
     batch_size: int,
     *,
-    shuffle: bool | str,
+    shuffle: Shuffle,
     sampler: Iterable[int] | None,
     drop_last: bool,
     generator: torch.Generator | None,
@@ -288,7 +291,7 @@ class BatchLoading:
         self,
         batch_size: int = 64,
         *,
-        shuffle: bool | str = False,
+        shuffle: Shuffle = False,
         sampler: Iterable[int] | None = None,
         drop_last: bool = False,
         generator: torch.Generator | None = None,
@@ -316,9 +319,10 @@ class BatchLoading:
         batch draws from 4 blocks, not ~64 places): ``loader.order_summary`` says so in
         numbers, and it is logged (INFO, ``h5forge.read.loader``) when chosen by default.
         ``shuffle="uniform"`` asks for a uniform shuffle anywhere (one request per sample from
-        a bucket). A state saved by a loader with one order is refused by a loader with
-        another: give the same ``shuffle=`` string to both to move a state between a local and a
-        remote read.
+        a bucket). An :class:`~h5forge.read.multi.H5MultiDataset` reads a uniform shuffle with
+        ``shuffle=True`` wherever its assets are (``shuffle="blocks"`` asks for blocks). A
+        state saved by a loader with one order is refused by a loader with another: give the
+        same ``shuffle=`` string to both to move a state between a local and a remote read.
 
         Memory: each worker keeps up to 6 batch-sized buffers (``memfd``, shared with this
         process; 9.6 MB each for 64 x 224 x 224 x 3) and reuses one once every tensor of the

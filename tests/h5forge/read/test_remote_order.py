@@ -13,6 +13,7 @@ from h5forge.pack.writer import PackResult
 from h5forge.publish.storage import publish
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.loader import block_geometry
+from h5forge.read.multi import H5MultiDataset
 from h5forge.read.order import epoch_order
 from h5forge.read.sampler import Sampler
 from tests.fixtures.sampling import batches_of, interleave, pixels_to_index
@@ -64,6 +65,10 @@ def test_a_remote_url_reads_blocks_by_default_and_says_so(
     assert all(len({i // 2 for i in b}) <= 4 for b in got)
     uniform = ds.loader(BATCH, shuffle="uniform", seed=SEED)
     assert uniform.order.block_size is None
+    # Several assets as one keep the uniform shuffle wherever they are (blocks when named).
+    multi = H5MultiDataset([url], storage_options=options)
+    assert multi.loader(BATCH, shuffle=True).order.block_size is None
+    assert multi.loader(BATCH, shuffle="blocks").order.block_size == 2
     assert sum(_indices(batches_of(uniform, table)), []) == epoch_order(len(ds), seed=SEED).tolist()
 
 
