@@ -161,6 +161,10 @@ class Sampler(torch.utils.data.Sampler[int]):
         batch of ``batch_size``, over the first :data:`LOCALITY_BATCHES` (256) batches of epoch 0.
         Compare it with :func:`~h5forge.read.order.uniform_locality` (about ``batch_size`` for a
         large dataset): lower means fewer range requests per batch and less random batches.
+        When ``block_size`` does not divide the length, the one short block shifts the windows
+        after it against the batches, which then straddle two windows (4.5 blocks per batch
+        of 64 over a whole epoch of 1,281,167 samples with 16 x 4, against 4.0 before it);
+        the first 256 batches show this only when the short block falls among them.
 
         Raises:
             ValueError: ``batch_size`` or ``block_size`` is not an integer in ``1..2**62``, or
