@@ -166,7 +166,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
     @transform.setter
     def transform(self, fn: Callable[[Any], Any] | None) -> None:
         self.options = with_default_cache(
-            dataclasses.replace(self.options, transform=fn), self._remote()
+            dataclasses.replace(self.options, transform=fn), self._reads_remotely()
         )
 
     @property
@@ -176,7 +176,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
     @target_transform.setter
     def target_transform(self, fn: Callable[[Any], Any] | None) -> None:
         self.options = with_default_cache(
-            dataclasses.replace(self.options, target_transform=fn), self._remote()
+            dataclasses.replace(self.options, target_transform=fn), self._reads_remotely()
         )
 
     @property
@@ -186,7 +186,7 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
     @transforms.setter
     def transforms(self, fn: Callable[[Any, Any], tuple[Any, Any]] | None) -> None:
         self.options = with_default_cache(
-            dataclasses.replace(self.options, transforms=fn), self._remote()
+            dataclasses.replace(self.options, transforms=fn), self._reads_remotely()
         )
 
     def _open_file(self, url: str, version: str) -> None:
@@ -225,10 +225,6 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         return self._sharded
 
-    def _remote(self) -> bool:
-        """Whether the asset is read from a remote URL (whatever a cache holds of it)."""
-        return not Location(self.url, self.storage_options).is_local
-
     def _before_fork(self) -> None:
         """A sharded version's local shards checked here once, before ``loader()``'s workers
         fork, so that they inherit the checks (:meth:`ShardedVersion.prepare`)."""
@@ -249,6 +245,10 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             st.reader.prefetch(st.index.byte_ranges[self._rows(indices)].tolist())
         except Exception as e:
             log.debug("prefetch of %d samples of %s failed: %s", len(indices), self.url, e)
+
+    def _reads_remotely(self) -> bool:
+        """The URL is remote (``loader(shuffle=True)`` reads blocks), cached locally or not."""
+        return not Location(self.url, self.storage_options).is_local
 
     # --- per-process state -------------------------------------------------------------------
     def _open(self) -> ProcessState:

@@ -19,7 +19,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MAX_COUNT", "block_locality", "check_int", "epoch_order", "shown"]
+__all__ = [
+    "MAX_COUNT",
+    "block_locality",
+    "check_int",
+    "epoch_order",
+    "shown",
+    "uniform_locality",
+]
 
 #: The most samples, blocks, ranks or draws an order counts (2**62): with it, every position
 #: computed from them (a sample's global position, padded by up to ``world_size`` more) stays
@@ -71,6 +78,7 @@ def epoch_order(
     shuffle: bool = True,
     block_size: int | None = None,
     window: int = 4,
+    count: int | None = None,
 ) -> np.ndarray:
     """The visiting order of ``range(n)`` for ``epoch``: an int64 array, a permutation.
 
@@ -83,6 +91,8 @@ def epoch_order(
             ``1..MAX_COUNT``.
         window: blocks merged and shuffled together, ``1..MAX_COUNT``; only with
             ``block_size``.
+        count: only the first ``count`` positions (``0..n``; ``None``: all ``n``): the same as
+            ``epoch_order(...)[:count]``; a block order then computes its first windows alone.
 
     Raises:
         ValueError: an argument is not an integer in its range.
@@ -93,20 +103,24 @@ def epoch_order(
     if block_size is not None:
         block_size = check_int("block_size", block_size, 1, MAX_COUNT)
     window = check_int("window", window, 1, MAX_COUNT)
+    count = n if count is None else check_int("count", count, 0, n)
     if not shuffle:
-        return np.arange(n, dtype=np.int64)
+        return np.arange(count, dtype=np.int64)
     rng = np.random.default_rng([seed, epoch])
     if block_size is None or block_size >= n:
-        return rng.permutation(n).astype(np.int64, copy=False)
+        return rng.permutation(n)[:count].astype(np.int64, copy=False)
     starts = np.arange(0, n, block_size, dtype=np.int64)
     starts = starts[rng.permutation(len(starts))]
-    parts = []
+    parts, done = [np.empty(0, dtype=np.int64)], 0
     for g in range(0, len(starts), window):
+        if done >= count:  # the windows after this draw from the same stream: stopping is exact
+            break
         group = np.concatenate(
             [np.arange(s, min(s + block_size, n)) for s in starts[g : g + window]]
         )
         parts.append(group[rng.permutation(len(group))])
-    return np.concatenate(parts).astype(np.int64, copy=False)
+        done += len(group)
+    return np.concatenate(parts)[:count].astype(np.int64, copy=False)
 
 
 def block_locality(order: np.ndarray, batch_size: int, block_size: int) -> float:
@@ -122,3 +136,25 @@ def block_locality(order: np.ndarray, batch_size: int, block_size: int) -> float
     blocks = np.asarray(order, dtype=np.int64) // block_size
     counts = [len(np.unique(blocks[i : i + batch_size])) for i in range(0, len(blocks), batch_size)]
     return float(np.mean(counts)) if counts else 0.0
+
+
+def uniform_locality(n: int, batch_size: int, block_size: int) -> float:
+    """Expected :func:`block_locality` of a uniform shuffle of ``n`` samples: the mean number
+    of distinct ``block_size`` blocks a batch of ``batch_size`` touches (``n // block_size``
+    whole blocks, each missed by a batch with probability ``C(n - B, b) / C(n, b)``; the short
+    last block is left out, so this is a close estimate, not an exact figure). The baseline a
+    block order's locality is compared with."""
+    n = check_int("n", n, 0, MAX_COUNT)
+    b = min(check_int("batch_size", batch_size, 1, MAX_COUNT), n)
+    size = check_int("block_size", block_size, 1, MAX_COUNT)
+    blocks = n // size
+    if blocks == 0 or b == 0:
+        return float(b > 0)
+    if n - size < b:  # every batch touches every block
+        return float(blocks)
+    # log of prod_{i < b} (n - size - i) / (n - i), in chunks (b may be large)
+    log_miss = 0.0
+    for lo in range(0, b, 1 << 16):
+        i = np.arange(lo, min(b, lo + (1 << 16)), dtype=np.float64)
+        log_miss += float(np.sum(np.log1p(-size / (n - i))))
+    return float(blocks * -np.expm1(log_miss))

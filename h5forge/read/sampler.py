@@ -27,11 +27,22 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from h5forge.read.order import MAX_COUNT, check_int, epoch_order, shown
+from h5forge.read.order import (
+    MAX_COUNT,
+    block_locality,
+    check_int,
+    epoch_order,
+    shown,
+    uniform_locality,
+)
 
 __all__ = ["Sampler"]
 
 _ORDER_KEYS = ("n", "seed", "shuffle", "block_size", "window")
+
+#: Batches of epoch 0 that :meth:`Sampler.locality` measures (enough for a steady mean, few
+#: enough that a huge dataset costs no more than its first windows).
+LOCALITY_BATCHES = 256
 
 
 def _distributed() -> tuple[int, int]:
@@ -144,6 +155,59 @@ class Sampler(torch.utils.data.Sampler[int]):
         positions = start + self.rank + self.world_size * np.arange(count, dtype=np.int64)
         return order[positions % self.n] if self.n else order
 
+    def locality(self, batch_size: int, block_size: int | None = None) -> float:
+        """The randomness of this rank's batches: :func:`~h5forge.read.order.block_locality`,
+        the mean number of distinct ``block_size`` blocks (default: this sampler's own) per
+        batch of ``batch_size``, over the first :data:`LOCALITY_BATCHES` (256) batches of epoch 0.
+        Compare it with :func:`~h5forge.read.order.uniform_locality` (about ``batch_size`` for a
+        large dataset): lower means fewer range requests per batch and less random batches.
+        When ``block_size`` does not divide the length, the one short block shifts the windows
+        after it against the batches, which then straddle two windows (4.5 blocks per batch
+        of 64 over a whole epoch of 1,281,167 samples with 16 x 4, against 4.0 before it);
+        the first 256 batches show this only when the short block falls among them.
+
+        Raises:
+            ValueError: ``batch_size`` or ``block_size`` is not an integer in ``1..2**62``, or
+                this sampler has no blocks and ``block_size`` is not given.
+        """
+        batch_size = check_int("batch_size", batch_size, 1, MAX_COUNT)
+        if block_size is None:
+            if self.block_size is None:
+                raise ValueError(
+                    "this Sampler has no blocks (block_size=None): give locality() the "
+                    "block_size to count"
+                )
+            block_size = self.block_size
+        block_size = check_int("block_size", block_size, 1, MAX_COUNT)
+        count = min(self._count(0), LOCALITY_BATCHES * batch_size)
+        if count == 0 or self.n == 0:
+            return 0.0
+        positions = self.rank + self.world_size * np.arange(count, dtype=np.int64)
+        head = epoch_order(
+            self.n,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            block_size=self.block_size,
+            window=self.window,
+            count=min(self.n, int(positions[-1]) + 1),
+        )
+        return block_locality(head[positions % self.n], batch_size, block_size)
+
+    def describe(self, batch_size: int) -> str:
+        """The order in a line: ``"blocks of 16 samples, 4 per window: 4.0 distinct blocks
+        per batch of 64 vs ~63.0 for a uniform shuffle"``, ``"a uniform shuffle"`` or ``"in
+        order (no shuffle)"``."""
+        if not self.shuffle:
+            return "in order (no shuffle)"
+        if self.block_size is None:
+            return "a uniform shuffle"
+        size = self.block_size
+        return (
+            f"blocks of {size} samples, {self.window} per window: "
+            f"{self.locality(batch_size):.1f} distinct blocks per batch of {batch_size} "
+            f"vs ~{uniform_locality(self.n, batch_size, size):.1f} for a uniform shuffle"
+        )
+
     def _count(self, start: int) -> int:
         return _count(
             self.n, start, self.rank, self.world_size, exact=self.exact, drop_last=self.drop_last
@@ -209,7 +273,8 @@ class Sampler(torch.utils.data.Sampler[int]):
                 raise ValueError(
                     f"the state was saved for {key}={shown(state[key])}, this sampler has "
                     f"{key}={getattr(self, key)!r}: it would continue another order; build the "
-                    "Sampler over the same dataset with the same seed and shuffle"
+                    "Sampler over the same dataset with the same seed, shuffle, block_size "
+                    "and window"
                 )
         epoch, position = state["epoch"], state["position"]
         epoch_order(0, epoch=epoch)  # checks it

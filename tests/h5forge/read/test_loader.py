@@ -232,3 +232,49 @@ def test_loader_orders_by_the_sampler_by_default(packed_decoded: PackResult) -> 
     assert a == b
     with pytest.raises(ValueError, match="seed= is the default Sampler's"):
         ds.loader(4, sampler=range(len(ds)), seed=1)
+
+
+@pytest.mark.parametrize(
+    ("batch", "geometry"), [(64, (16, 4)), (8, (2, 4)), (10, (3, 4)), (3, (1, 3)), (1, (1, 1))]
+)
+def test_a_batch_of_blocks_is_one_window(batch: int, geometry: tuple[int, int]) -> None:
+    from h5forge.read.loader import block_geometry
+
+    assert block_geometry(batch) == geometry
+    size, window = geometry
+    assert size * window >= batch > (size - 1) * window
+
+
+def test_shuffle_names_the_order_and_a_local_file_shuffles_uniformly(
+    packed_decoded: PackResult, caplog: pytest.LogCaptureFixture
+) -> None:
+    from h5forge.read.order import epoch_order
+
+    ds = H5ImageDataset(packed_decoded.path)
+    n = len(ds)
+    with caplog.at_level("INFO", logger="h5forge.read.loader"):
+        local = ds.loader(8, shuffle=True, seed=2)
+    assert not [r for r in caplog.records if r.name == "h5forge.read.loader"]  # remote only
+    assert (local.order.shuffle, local.order.block_size) == (True, None)
+    assert local.order_summary == "a uniform shuffle (shuffle=True on a local file)"
+    assert [len(y) for _, y in local] == [8, 8, 8, 8, n - 32]
+    blocks = ds.loader(8, shuffle="blocks", seed=2)
+    assert (blocks.order.block_size, blocks.order.window) == (2, 4)
+    got = [y for _, ys in blocks for y in ys.tolist()]
+    want = epoch_order(n, seed=2, epoch=0, block_size=2, window=4).tolist()
+    assert got == [ds[i][1] for i in want]
+    assert blocks.order_summary.startswith("blocks of 2 samples, 4 per window: ")
+    assert blocks.order_summary.endswith(
+        "(shuffle='blocks'); shuffle='uniform' for a uniform order"
+    )
+    uniform = ds.loader(8, shuffle="uniform", seed=2)
+    uniform.load_state_dict(local.state_dict())  # one order, two names: the state moves
+    got = [y for _, ys in uniform for y in ys.tolist()]
+    assert got == [ds[i][1] for i in epoch_order(n, seed=2, epoch=1).tolist()]
+    assert ds.loader(8).order_summary == "in order (no shuffle)"
+    assert ds.loader(8, sampler=range(n)).order_summary == "the given sampler (range)"
+    for bad in ("Blocks", 1, None):
+        with pytest.raises(ValueError, match=rf"shuffle={bad!r} is not an order: give True"):
+            ds.loader(8, shuffle=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="either shuffle='blocks' or a sampler"):
+        ds.loader(8, shuffle="blocks", sampler=range(n))

@@ -10,8 +10,8 @@ import pytest
 import h5forge
 from h5forge.pack.writer import PackResult
 from h5forge.read.dataset import H5ImageDataset
-from h5forge.read.order import epoch_order
-from h5forge.read.sampler import Sampler
+from h5forge.read.order import block_locality, epoch_order, uniform_locality
+from h5forge.read.sampler import LOCALITY_BATCHES, Sampler
 from tests.fixtures.sampling import interleave
 
 
@@ -82,6 +82,36 @@ def test_a_finished_epoch_saves_as_the_start_of_the_next() -> None:
     assert list(fresh) == list(s)  # both on epoch 1
 
 
+@pytest.mark.parametrize(("n", "world"), [(2000, 1), (2000, 3), (10**6, 2), (5, 1)])
+def test_locality_measures_this_ranks_first_batches(n: int, world: int) -> None:
+    kw = {"seed": 4, "block_size": 16, "window": 4}
+    last = Sampler(n, rank=world - 1, world_size=world, **kw)  # type: ignore[arg-type]
+    mine = last.indices(0)[: LOCALITY_BATCHES * 64]
+    assert last.locality(64) == block_locality(mine, 64, 16)
+    assert last.locality(64, block_size=8) == block_locality(mine, 64, 8)
+    if world == 1 and n >= 64:  # a batch is one window: 4 blocks (16 x 4 = 64)
+        assert last.locality(64) <= 4.0
+    uniform = Sampler(n, seed=4)
+    assert uniform.locality(64, block_size=16) == block_locality(uniform.indices(0)[:16384], 64, 16)
+    with pytest.raises(ValueError, match="no blocks"):
+        uniform.locality(64)
+    with pytest.raises(ValueError, match="batch_size=0"):
+        last.locality(0)
+
+
+def test_describe_says_the_order_and_its_randomness() -> None:
+    blocks = Sampler(2048, seed=1, block_size=16, window=4)
+    text = blocks.describe(64)
+    baseline = uniform_locality(2048, 64, 16)
+    assert text == (
+        "blocks of 16 samples, 4 per window: 4.0 distinct blocks per batch of 64 "
+        f"vs ~{baseline:.1f} for a uniform shuffle"
+    )
+    assert 45 < baseline < 64
+    assert Sampler(10).describe(4) == "a uniform shuffle"
+    assert Sampler(10, shuffle=False).describe(4) == "in order (no shuffle)"
+
+
 def test_bad_arguments_and_states_are_refused() -> None:
     with pytest.raises(ValueError, match="choose one"):
         Sampler(5, exact=True, drop_last=True)
@@ -99,6 +129,8 @@ def test_bad_arguments_and_states_are_refused() -> None:
         s.load_state_dict({**state, "seed": 3})
     with pytest.raises(ValueError, match="saved for n=11"):
         s.load_state_dict({**state, "n": 11})
+    with pytest.raises(ValueError, match="saved for block_size=16.*block_size and window"):
+        s.load_state_dict({**state, "block_size": 16})
     with pytest.raises(ValueError, match=r"position=11 must be an int in 0\.\.10"):
         s.load_state_dict({**state, "position": 11})
     with pytest.raises(ValueError, match="epoch=-1"):
