@@ -34,6 +34,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,18 +143,38 @@ class ShardedVersion:
         """The URL of shard ``k``, recomputed from its sha256 under the asset's base."""
         return self.manifest.shard_url(self.base, self.manifest.shards[k])
 
+    def open_many(self, ks: Sequence[int]) -> None:
+        """Open the remote shards of ``ks`` not yet open here side by side, on threads: each
+        open waits on the server (its head and tail, one latency) outside HDF5's lock, so a
+        batch touching several new shards waits about one latency, not one per shard. Local
+        shards, and a version read with ``target=``, open one by one on first use."""
+        self._own()
+        new = sorted({int(k) for k in ks} - self._open.keys())
+        if len(new) < 2 or self.where.is_local or self.options.target != CLASS:
+            return
+        with ThreadPoolExecutor(min(8, len(new)), thread_name_prefix="h5forge-shard") as pool:
+            opened = list(pool.map(lambda k: self._reopen(k) or self._open_shard(k), new))
+        for k, found in zip(new, opened, strict=True):
+            self._adopt(k, found)
+
     def shard(self, k: int) -> _Shard:
         """Shard ``k`` opened and checked in this process (on first use)."""
         self._own()
         found = self._open.get(k)
         if found is None:
-            found = self._open[k] = self._reopen(k) or self._open_shard(k)
+            found = self._adopt(k, self._reopen(k) or self._open_shard(k))
+        return found
+
+    def _adopt(self, k: int, found: _Shard) -> _Shard:
+        """``found``, shard ``k`` just opened, recorded as open here (its positions' ranges)."""
+        if k not in self._open:
+            self._open[k] = found
             if self._flat is None:
                 self._flat = (np.zeros((len(self), 2), np.int64), np.zeros(len(self), np.int64))
             at = slice(int(self.starts[k]), int(self.ends[k]))
             self._flat[0][at] = found.state.index.byte_ranges[found.rows]
             self._flat[1][at] = found.lut[found.state.index.labels[found.rows]]
-        return found
+        return self._open[k]
 
     def _own(self) -> None:
         if self._pid != os.getpid():  # inherited through fork: never use or close the parent's
@@ -311,6 +332,7 @@ class ShardedVersion:
         if self.options.transformed:
             return None
         parts = self._parts(positions)
+        self.open_many([s for s, _ in parts])
         if len(parts) == 1:  # one shard: the single-file path, target columns included
             s = parts[0][0]
             sh = self.shard(s)
@@ -367,7 +389,9 @@ class ShardedVersion:
     def prefetch(self, positions: np.ndarray) -> None:
         """Start fetching, in the background, the bytes of ``positions`` in remote shards
         (:meth:`h5forge.asset.ranges.RangeReader.prefetch`); a shard not yet open is opened."""
-        for s, at in self._parts(positions):
+        parts = self._parts(positions)
+        self.open_many([s for s, _ in parts])
+        for s, at in parts:
             sh = self.shard(s)
             reader = sh.state.reader
             if reader is None or reader.remote is None or sh.state.index.filtered:

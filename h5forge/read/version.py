@@ -188,10 +188,21 @@ def open_named(
 
     Costs nothing more than the open when ``where`` names a file: only when that open fails
     without ``version`` is the asset's latest version looked for (:func:`latest_instead`).
+    A remote name that does not end in ``.h5`` is read as a base first (its ``latest``
+    pointer: one request, where trying it as a file first costs three), and as a file when it
+    has no pointer.
 
     Raises:
         what :func:`pin_version`, :func:`latest_instead` and ``opener`` raise.
     """
+    if version is None and not where.is_local and not where.path.endswith(".h5"):
+        try:
+            found = pin_version(where, "latest")
+        except (FileNotFoundError, ValueError):
+            pass  # no pointer: a file by that name, or nothing (the open below says which)
+        else:
+            opener(*found)
+            return found
     found = pin_version(where, version)
     try:
         opener(*found)
