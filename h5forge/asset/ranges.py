@@ -16,6 +16,7 @@ from h5forge.asset.coalesce import (
     DEFAULT_KEEP_BYTES,
     DEFAULT_MAX_GAP,
     DEFAULT_MAX_REQUEST,
+    STORED_KEEP_BYTES,
     BlockSource,
     ReadStats,
     RemoteRanges,
@@ -37,7 +38,8 @@ class RangeReader:
     Create it in the process that reads (it holds a file descriptor or a filesystem client).
     ``size`` (the file's, when the caller knows it) saves a remote reader one request; the
     other keywords tune remote reads (:class:`h5forge.asset.coalesce.RemoteRanges`; ``store``:
-    its blocks kept on local disk).
+    its blocks kept on local disk; ``keep_bytes`` defaults to 64 MiB, 24 MiB with a store,
+    which serves the older blocks from disk).
     """
 
     def __init__(
@@ -47,7 +49,7 @@ class RangeReader:
         max_gap: int = DEFAULT_MAX_GAP,
         max_request: int = DEFAULT_MAX_REQUEST,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
-        keep_bytes: int = DEFAULT_KEEP_BYTES,
+        keep_bytes: int | None = None,
         size: int | None = None,
         store: BlockSource | None = None,
     ) -> None:
@@ -69,7 +71,9 @@ class RangeReader:
                 max_gap=max_gap,
                 max_request=max_request,
                 block_bytes=block_bytes,
-                keep_bytes=keep_bytes,
+                keep_bytes=keep_bytes
+                if keep_bytes is not None
+                else (DEFAULT_KEEP_BYTES if store is None else STORED_KEEP_BYTES),
                 store=store,
             )
 
