@@ -205,6 +205,8 @@ def main() -> None:
     # name -> per-round figures: img/s, requests, bytes; the worker peak; the bytes in the job's
     # XDG_CACHE_HOME and (a peer's) local cache folder after it.
     rates: dict[str, list[float]] = {}
+    alone: dict[str, list[float]] = {}  # epoch rates without the open
+    opens: dict[str, list[float]] = {}  # seconds the dataset and loader took to make
     reqs: dict[str, list[float]] = {}
     asked: dict[str, list[float]] = {}
     peaks: dict[str, list[float]] = {}
@@ -275,8 +277,10 @@ def main() -> None:
                         shape=shape,
                         cache=str(cache) if cache else None,
                     )
+                    opens.setdefault(name, []).append(opened)
                     for e in range(1, epochs + 1):
                         seconds, got = child.run("benchmarks.bench_remote:job_epoch")
+                        alone.setdefault(f"{name}, epoch {e}", []).append(got / seconds)
                         seconds += opened if e == 1 else 0.0
                         seen = s3.log.snapshot()
                         s3.log.clear()
@@ -400,6 +404,19 @@ def main() -> None:
                 f"- h5forge {asset} second job / local read, epoch 1 = **{second / loc:.2f}x**, "
                 f"{verdict(second / loc, 0.9)}"
             )
+            s2 = _med(alone.get(f"h5forge {asset}, second job, epoch 1", []))
+            l2 = _med(alone.get(f"local {asset}, epoch 1", []))
+            o2, lo = (
+                _med(opens.get(f"h5forge {asset}, second job", [])),
+                _med(opens.get(f"local {asset}", [])),
+            )
+            if s2 and l2:
+                lines.append(
+                    f"  - the same without the dataset's open (the loader's first epoch alone, "
+                    f"workers' start included): **{s2 / l2:.2f}x**, {verdict(s2 / l2, 0.9)}; "
+                    f"the open: {o2 * 1000:.0f} ms remote (the S3 client made, one check of the "
+                    f"server), {lo * 1000:.0f} ms local"
+                )
         mine, theirs = _med(peaks.get(ours, [])), _med(peaks.get(f"local {asset}", []))
         if mine and theirs:
             lines.append(
