@@ -4,7 +4,8 @@ A remote read pays a fixed cost per request (latency, the server's per-request w
 its bytes, so :class:`RemoteRanges` plans a batch's reads in three steps:
 
 1. **Kept blocks first.** Aligned blocks of ``block_bytes`` fetched earlier (up to
-   ``keep_bytes`` of them, least recently used dropped first) serve every range they hold.
+   ``keep_bytes`` of them, least recently used dropped first; all readers of a process
+   together at most :data:`PROCESS_KEEP_BYTES`) serve every range they hold.
 2. **Coalesce** the rest (:func:`coalesce`): two ranges closer than ``max_gap`` bytes share one
    request (the gap is read and counted as over-read), up to ``max_request`` bytes a request.
 3. **Read ahead**: an aligned block that a request would read at least half of anyway is
@@ -26,6 +27,8 @@ is at most ``max_gap`` per merged gap plus the rest of a block at least half rea
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,6 +40,7 @@ __all__ = [
     "DEFAULT_KEEP_BYTES",
     "DEFAULT_MAX_GAP",
     "DEFAULT_MAX_REQUEST",
+    "PROCESS_KEEP_BYTES",
     "STORED_KEEP_BYTES",
     "BlockSource",
     "ReadStats",
@@ -56,6 +60,8 @@ DEFAULT_KEEP_BYTES = 64 << 20
 # ... when a store (the cache) keeps every block on disk: a batch's blocks (a 64-sample batch
 # of 150 KB samples touches ~5-9 blocks of 2 MiB), the rest come back from the page cache.
 STORED_KEEP_BYTES = 24 << 20
+# All readers of one process together (the files and shards it has open).
+PROCESS_KEEP_BYTES = 96 << 20
 
 
 @dataclass
@@ -122,6 +128,47 @@ def check_size(name: str, value: int, minimum: int) -> int:
     return value
 
 
+class _ProcessBlocks:
+    """One budget for the blocks every :class:`RemoteRanges` of this process keeps: a reader
+    per open file or shard (a sharded version opens many) would otherwise keep its own
+    ``keep_bytes`` each. Least recently used first across readers; a reader's evicted block is
+    dropped from its ``_kept`` (readers are held weakly: a closed one's blocks just age out)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.held = 0
+        self.order: OrderedDict[tuple[int, int], int] = OrderedDict()  # (reader, block) -> size
+        self.readers: dict[int, weakref.ref[RemoteRanges]] = {}
+
+    def kept(self, reader: RemoteRanges, k: int, size: int) -> None:
+        key = (reader._token, k)
+        self.held += size - self.order.pop(key, 0)
+        self.order[key] = size
+        if reader._token not in self.readers:
+            token = reader._token
+            self.readers[token] = weakref.ref(reader, lambda _: self.readers.pop(token, None))
+        while self.held > self.budget and len(self.order) > 1:
+            (token, old), n = self.order.popitem(last=False)
+            self.held -= n
+            owner = self.readers.get(token)
+            found = owner() if owner is not None else None
+            if found is not None:
+                found._kept.pop(old, None)
+
+    def used(self, token: int, k: int) -> None:
+        if (token, k) in self.order:
+            self.order.move_to_end((token, k))
+
+    def forget(self, token: int, k: int) -> None:
+        self.held -= self.order.pop((token, k), 0)
+
+
+_TOKENS = itertools.count()
+#: Blocks kept in memory by all remote readers of this process (a forked worker gets a copy
+#: of its parent's, as it gets the readers).
+_PROCESS = _ProcessBlocks(PROCESS_KEEP_BYTES)
+
+
 class RemoteRanges:
     """The remote half of :class:`h5forge.asset.ranges.RangeReader` (see the module docstring).
 
@@ -154,6 +201,7 @@ class RemoteRanges:
         self.stats = ReadStats()
         self._fetch, self._size, self._short = fetch, size, short
         self._kept: OrderedDict[int, bytes] = OrderedDict()  # block number -> its bytes
+        self._token = next(_TOKENS)  # this reader's blocks in _PROCESS's order
         self.store = store
         # Blocks being fetched ahead (prefetch): block number -> (future of the fetch, index).
         self._pending: dict[int, tuple[Future[list[Any]], int]] = {}
@@ -314,6 +362,7 @@ class RemoteRanges:
             blob = self._kept.get(k)
             if blob is not None:
                 self._kept.move_to_end(k)
+                _PROCESS.used(self._token, k)
                 lo = k * self.block_bytes
                 end = min(b, lo + len(blob))
                 parts.append(memoryview(blob)[pos - lo : end - lo])
@@ -331,4 +380,6 @@ class RemoteRanges:
         self._kept[k] = blob
         self._kept.move_to_end(k)
         while len(self._kept) * self.block_bytes > self.keep_bytes:
-            self._kept.popitem(last=False)
+            old, _ = self._kept.popitem(last=False)
+            _PROCESS.forget(self._token, old)
+        _PROCESS.kept(self, k, len(blob))

@@ -133,3 +133,27 @@ def test_a_failed_prefetch_is_forgotten_and_the_read_fetches_itself(
     rd.read_into(ranges, [buf])
     assert bytes(buf) == data[5 * BLOCK : 7 * BLOCK]
     assert len(calls) == 2  # the failed prefetch, then the read's own fetch
+
+
+def test_readers_of_one_process_keep_blocks_within_one_budget(
+    blob_url: tuple[str, bytes],
+    s3_storage_options: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from h5forge.asset import coalesce
+
+    url, data = blob_url
+    budget = coalesce._ProcessBlocks(6 * BLOCK)  # this process's, without earlier tests' blocks
+    monkeypatch.setattr(coalesce, "_PROCESS", budget)
+    first, second = (_reader(url, s3_storage_options, keep=8 * BLOCK) for _ in range(2))
+    assert first.remote is not None
+    assert second.remote is not None
+    for rd, blocks in ((first, range(0, 4)), (second, range(10, 15))):
+        ranges = [(k * BLOCK, BLOCK) for k in blocks]
+        bufs = [memoryview(bytearray(BLOCK)) for _ in ranges]
+        rd.read_into(ranges, bufs)
+        assert [bytes(b) for b in bufs] == [data[o : o + n] for o, n in ranges]
+    # 9 blocks were kept, 6 fit: the 3 least recently used (the first reader's) were dropped.
+    assert sorted(first.remote._kept) == [3]
+    assert sorted(second.remote._kept) == list(range(10, 15))
+    assert budget.held == 6 * BLOCK
