@@ -146,6 +146,35 @@ def test_a_store_that_keeps_failing_raises_a_clear_error_in_bounded_time(
     assert options["config_kwargs"] == {"retries": FAST}  # the caller's own, unchanged
 
 
+@pytest.mark.parametrize("times", [1, "always"])
+def test_a_stalled_answer_times_out_and_is_tried_again(
+    times: int | str,
+    packed: PackResult,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_faults: S3Faults,
+) -> None:
+    # Headers and 100 bytes, then silence (until the test ends): the client's read timeout
+    # (1 s here, s3fs's default is 15 s) ends each try; never a hang.
+    options = _fast(s3_storage_options)
+    options["config_kwargs"]["read_timeout"] = 1
+    url = _published(packed, s3_bucket, options)
+    ds = H5ImageDataset(url, storage_options=options)
+    s3_faults.stall(url, 300, after=100, times=times, ranged=True)  # type: ignore[arg-type]
+    everything = list(range(packed.num_samples))
+    started = time.monotonic()
+    if times == 1:
+        _same_batch(ds.read_batch(everything), H5ImageDataset(packed.path).read_batch(everything))
+        assert s3_faults.pending == 0
+        return
+    with pytest.raises(StoreError, match="timed out") as caught:
+        ds.read_batch(everything)
+    took = time.monotonic() - started
+    assert took < S3FS_TRIES * 1 + _backoff_bound(FAST["max_attempts"]), took
+    assert f"after {S3FS_TRIES} attempts" in str(caught.value)
+    assert "read_timeout" in str(caught.value)
+
+
 @pytest.mark.parametrize("where", ["HEAD", "GET"])
 def test_an_open_that_keeps_failing_is_a_store_error_not_a_damaged_file(
     where: str,
