@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from h5forge.errors import StoreError
 from h5forge.location import Location
@@ -82,9 +83,15 @@ def _answer(exc: BaseException) -> tuple[int, str, int | None] | None:
     return None
 
 
-def _failure(exc: BaseException) -> tuple[str, str, int | None] | None:
-    """``(what failed, its kind, requests of the client's last try)`` or None: not a store
-    failure. Kinds: ``throttled``, ``error`` (a 5xx answer), ``dropped``, ``timeout``."""
+class _Failure(NamedTuple):
+    said: str  # what the store did ("answered 503 SlowDown")
+    kind: str  # throttled | error (a 5xx answer) | dropped | timeout
+    requests: int | None  # HTTP requests of the client's last try (botocore's count)
+    tried_again: bool  # whether s3fs tries it again itself (its _error_wrapper)
+
+
+def _failure(exc: BaseException) -> _Failure | None:
+    """What the store did, or None: ``exc`` is no store failure."""
     for e in _chain(exc):
         answer = _answer(e)
         if answer is not None:
@@ -92,17 +99,18 @@ def _failure(exc: BaseException) -> tuple[str, str, int | None] | None:
             if status not in _RETRYABLE_STATUS:
                 return None  # 403, 404 ...: the request, not the store
             said = f"{status} {code}".strip() if code and code != str(status) else str(status)
-            throttled = status in (429, 503) or any(p in str(e) for p in _S3FS_THROTTLED)
-            kind = "throttled" if throttled else "error"
-            return f"answered {said}", kind, requests
+            kind = "throttled" if status in (429, 503) else "error"
+            # s3fs matches the text of the answer: a HEAD's 503 has none, so is not tried again
+            again = any(p in str(e) for p in _S3FS_THROTTLED)
+            return _Failure(f"answered {said}", kind, requests, again)
     for e in _chain(exc):
-        names = _names(e)
+        names, said = _names(e), f"({type(e).__name__}: {e})"
         if names & _DROPPED:
-            return f"dropped the connection mid-answer ({type(e).__name__}: {e})", "dropped", 1
+            return _Failure(f"dropped the connection mid-answer {said}", "dropped", 1, True)
         if names & _TIMEOUTS:
-            return f"timed out ({type(e).__name__}: {e})", "timeout", 1
+            return _Failure(f"timed out {said}", "timeout", 1, True)
         if names & _UNREACHABLE:
-            return f"could not be reached ({type(e).__name__}: {e})", "timeout", 1
+            return _Failure(f"could not be reached {said}", "timeout", 1, True)
     return None
 
 
@@ -123,19 +131,19 @@ def explain(exc: BaseException, where: Location, *, what: str, seconds: float) -
     """The :class:`StoreError` that ``exc`` (raised reading ``what`` of ``where`` for
     ``seconds``) means, or None when ``exc`` is no store failure (raise it as it is).
 
-    Attempts are counted as the client makes them: s3fs tries a throttled, dropped or timed
-    out request ``S3FileSystem.retries`` times, each try botocore's attempts (the last try's
-    are in its answer); other errors get one try.
+    Attempts are counted as the client makes them: s3fs tries a dropped or timed out request,
+    or one answered ``SlowDown``, ``S3FileSystem.retries`` times, each try botocore's attempts
+    (the last try's are in its answer); other errors get one try of botocore's attempts.
     """
     if isinstance(exc, StoreError):
         return exc
     found = _failure(exc)
     if found is None:
         return None
-    said, kind, requests = found
+    said, kind, requests, again = found
     retries = _retries(where)
     s3 = where.protocol in ("s3", "s3a")
-    tries = int(getattr(where.fs, "retries", 1)) if s3 and kind != "error" else 1
+    tries = int(getattr(where.fs, "retries", 1)) if s3 and again else 1
     if requests is None or requests == 1:
         attempts = f"{tries} attempt{'s' if tries > 1 else ''}"
     elif tries == 1:
