@@ -235,6 +235,7 @@ def test_a_compressed_read_that_keeps_failing_is_a_store_error_not_a_corrupt_chu
     _same_batch(ds.read_batch([len(ds) - 1]), want)
 
 
+@pytest.mark.slow
 def test_loader_workers_raise_the_store_error_in_the_main_process(
     packed: PackResult,
     s3_bucket: str,
@@ -257,6 +258,7 @@ def test_loader_workers_raise_the_store_error_in_the_main_process(
     assert "max_attempts" in message
 
 
+@pytest.mark.slow
 def test_the_loader_completes_an_epoch_through_throttling_and_drops(
     packed: PackResult,
     s3_bucket: str,
