@@ -20,6 +20,7 @@ __all__ = [
     "MainReimportError",
     "MissingExtraError",
     "PreviewPublishError",
+    "StoreError",
     "TooManyBadImagesError",
     "UnsafeArchiveError",
     "UnsafePathError",
@@ -87,6 +88,14 @@ class DownloadRefusedError(H5ForgeError, OSError):
     :class:`UnsafeArchiveError` (nothing was extracted) and never retried (an
     :class:`H5ForgeError`).
     """
+
+
+class StoreError(H5ForgeError, OSError):
+    """A remote store kept failing a read after its client's retries: it throttled (503
+    SlowDown), answered a server error, dropped the connection mid-answer or timed out on every
+    attempt. The message names the URL, the bytes, what failed, the attempts and the storage
+    option that allows more (:mod:`h5forge.store_errors`). Nothing is wrong with the asset:
+    read again later."""
 
 
 class MissingExtraError(H5ForgeError, ImportError):

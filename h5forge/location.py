@@ -7,7 +7,8 @@ It is the one place that:
 
 - resolves a URL into its fsspec filesystem and path (:attr:`Location.fs`,
   :attr:`Location.path`: once, lazily, never pickled: a pickled ``Location`` is its URL and
-  options, and each process resolves its own filesystem);
+  options, and each process resolves its own filesystem), an S3 one with h5forge's retry
+  policy unless the options set their own (:data:`S3_RETRIES`);
 - tells local files from remote ones (:attr:`Location.is_local`);
 - prints itself: ``str()`` and ``repr()`` show the redacted URL, never the options, which may
   hold credentials; :attr:`Location.key` is the credential-free canonical URL (a cache key);
@@ -23,6 +24,7 @@ The bound of each kind of document h5forge reads is defined here, once (``MAX_*_
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import hashlib
 import io
@@ -56,6 +58,7 @@ __all__ = [
     "MAX_SIDECAR_BYTES",
     "MAX_POINTER_BYTES",
     "PreconditionError",
+    "S3_RETRIES",
     "SIDECAR_SUFFIX",
     "TEMP_MARK",
     "DocumentError",
@@ -88,6 +91,11 @@ MAX_MANIFEST_BYTES = 256 * 2**20
 
 #: The published sidecar of ``NAME.h5`` is ``NAME.h5`` + this suffix.
 SIDECAR_SUFFIX = ".manifest.json"
+
+#: botocore's retries for ``s3://`` unless ``config_kwargs`` names its own: backoff, 4 attempts,
+#: inside s3fs's 5 tries of a throttled or dropped request (docs/remote.md, "Throttling ...").
+S3_RETRIES: Mapping[str, Any] = MappingProxyType({"mode": "standard", "max_attempts": 3})
+_S3_PROTOCOLS = ("s3", "s3a")  # S3 and S3-compatible stores (that implement If-Match)
 
 
 class Location:
@@ -176,11 +184,29 @@ class Location:
     # --- resolution -----------------------------------------------------------------------
     @cached_property
     def _resolved(self) -> tuple[Any, str]:
-        return fsspec.core.url_to_fs(self.url, **self.options)
+        return fsspec.core.url_to_fs(self.url, **self.client_options)
+
+    @property
+    def client_options(self) -> dict[str, Any]:
+        """The options the filesystem is built with: :attr:`options`, and for ``s3://`` the
+        retry policy :data:`S3_RETRIES` unless ``config_kwargs`` names ``retries`` (a user's
+        own policy wins, whole; their other ``config_kwargs`` are kept)."""
+        options = dict(self.options)
+        config = options.get("config_kwargs")
+        if isinstance(config, Mapping):  # a copy: botocore rewrites its retries in place
+            options["config_kwargs"] = config = copy.deepcopy(dict(config))
+        if self.protocol in _S3_PROTOCOLS and "retries" not in (config or {}):
+            options["config_kwargs"] = {**(config or {}), "retries": dict(S3_RETRIES)}
+        return options
+
+    @property
+    def protocol(self) -> str:
+        """The URL's scheme, lower case (``"file"`` for a plain path)."""
+        return self.url.split("://", 1)[0].lower() if "://" in self.url else "file"
 
     @property
     def fs(self) -> Any:
-        """The fsspec filesystem (resolved on first use, once per process)."""
+        """The fsspec filesystem, built with :attr:`client_options` once per process."""
         return self._resolved[0]
 
     @property
@@ -332,7 +358,7 @@ class Location:
     def conditional(self) -> bool:
         """Whether writes here can be conditional on what is there (S3's ``If-Match`` /
         ``If-None-Match`` on a PUT): then :meth:`put_if` is a compare-and-swap across hosts."""
-        return self.url.split("://", 1)[0].lower() in _CONDITIONAL
+        return self.protocol in _S3_PROTOCOLS
 
     def etag(self) -> str | None:
         """The ETag of the object here (None: no object); for :meth:`put_if`."""
@@ -372,9 +398,6 @@ class Location:
 
 class PreconditionError(Exception):
     """A conditional write found the object changed since it was read (another writer)."""
-
-
-_CONDITIONAL = ("s3", "s3a")  # S3 (and S3-compatible stores that implement If-Match)
 
 
 #: In the name of a temp file: ``.NAME.tmp-TOKEN``.

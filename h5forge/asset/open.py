@@ -9,7 +9,10 @@ the file, where the writer puts the superblock, every object header, the root at
 the per-sample index (see docs/FORMAT.md, "Physical placement"). Reads HDF5 makes beyond what
 is cached cost one request each: small ones fetch a block around them, large ones exactly what
 is asked. Files laid out otherwise (older writers, ``h5repack``) open too, with a few more
-requests.
+requests. A store that keeps failing those requests (after its client's retries) raises a
+:class:`~h5forge.errors.StoreError` (:mod:`h5forge.store_errors`), never an
+:class:`~h5forge.errors.IntegrityError`: HDF5 sees a read error it cannot tell from a damaged
+file, so the file object keeps the store's error and the open raises it instead.
 
 A remote read waits on fsspec's IO thread while h5py holds its global lock (h5py calls the file
 object with it held), and freeing any h5py object takes that lock. Were the cyclic garbage
@@ -35,8 +38,9 @@ from typing import Any
 import h5py
 
 from h5forge.asset import structure
-from h5forge.errors import H5ForgeError, IntegrityError
+from h5forge.errors import H5ForgeError, IntegrityError, StoreError
 from h5forge.location import Location
+from h5forge.store_errors import store_failures
 
 __all__ = ["H5_DAMAGE", "Opened", "open_h5"]
 
@@ -99,10 +103,12 @@ class _RangeFile(io.RawIOBase):
     block, and large reads exactly.
     """
 
-    def __init__(self, fs: Any, path: str, size: int) -> None:
+    def __init__(self, where: Location, size: int) -> None:
         super().__init__()
-        self._fs, self._path, self._size = fs, path, size
+        self._where = where
+        self._fs, self._path, self._size = where.fs, where.path, size
         self._pos = 0
+        self.failure: StoreError | None = None  # the store's error HDF5 saw as a read error
         self._spans: OrderedDict[int, bytes] = OrderedDict()  # start -> bytes, oldest first
         self._held = 0
         self.requests = 0  # ranged reads issued (for tests and benchmarks)
@@ -147,8 +153,13 @@ class _RangeFile(io.RawIOBase):
         else:
             end = pos + _MISS_BLOCK
         end = min(max(end, pos + need), self._size)
-        with _collection_paused():
-            data = self._fs.cat_file(self._path, start=pos, end=end)
+        try:
+            with _collection_paused(), store_failures(self._where, f"bytes {pos}-{end - 1}"):
+                data = self._fs.cat_file(self._path, start=pos, end=end)
+        except StoreError as e:
+            self.failure = e  # HDF5 reports a failed read as its own error: keep the cause
+            raise
+        self.failure = None  # only the last read's failure is the cause of HDF5's error
         self.requests += 1
         if len(data) < min(need, end - pos):
             raise OSError(
@@ -167,13 +178,18 @@ class _RangeFile(io.RawIOBase):
         (HDF5 reads the end of the file next; one latency instead of two)."""
         tail = self._size - _MISS_BLOCK
         end = min(max(_HEAD_BYTES, need), self._size)
-        with _collection_paused():
-            head, last = self._fs.cat_ranges(
-                [self._path, self._path], [0, tail], [end, self._size], on_error="return"
-            )
-        for got in (head, last):
-            if isinstance(got, BaseException):
-                raise got
+        try:
+            with _collection_paused(), store_failures(self._where, f"bytes 0-{end - 1}"):
+                head, last = self._fs.cat_ranges(
+                    [self._path, self._path], [0, tail], [end, self._size], on_error="return"
+                )
+                for got in (head, last):
+                    if isinstance(got, BaseException):
+                        raise got
+        except StoreError as e:
+            self.failure = e  # as in _span
+            raise
+        self.failure = None
         self.requests += 2
         if len(head) < min(need, end) or len(last) != _MISS_BLOCK:
             raise OSError(
@@ -221,6 +237,12 @@ class Opened:
         self._fileobj = fileobj
 
     @property
+    def failure(self) -> StoreError | None:
+        """The store's error behind HDF5's failed read, when the last read of the file object
+        failed so (HDF5 raises its own ``OSError`` for it: raise this instead)."""
+        return getattr(self._fileobj, "failure", None)
+
+    @property
     def requests(self) -> int:
         """Ranged reads made so far through the file object (0 for local files)."""
         return int(getattr(self._fileobj, "requests", 0))
@@ -259,6 +281,8 @@ def open_h5(where: Location, size: int | None = None) -> Opened:
         structure.check_links(opened.h5, where=url)
     except BaseException as e:
         opened.close()
+        if opened.failure is not None:
+            raise opened.failure from e
         if isinstance(e, H5ForgeError) or not isinstance(e, H5_DAMAGE):
             raise
         raise IntegrityError(
@@ -278,7 +302,10 @@ def _open(where: Location, size: int | None = None) -> Opened:
                 raise IntegrityError(f"{url} is not a regular file; an asset is one .h5 file")
             return Opened(h5py.File(path, "r"), None)
         try:
-            info: dict[str, Any] = {"size": size} if size is not None else fs.info(path)
+            info: dict[str, Any] = {"size": size}
+            if size is None:
+                with store_failures(where, "the size"):
+                    info = fs.info(path)
         except FileNotFoundError:
             raise FileNotFoundError(f"no file at {url}") from None
         if info.get("type", "file") != "file":
@@ -289,7 +316,7 @@ def _open(where: Location, size: int | None = None) -> Opened:
                 fs.open(path, "rb", cache_type="blockcache", block_size=_HEAD_BYTES)
             )
         else:
-            fileobj = _RangeFile(fs, path, int(info["size"]))
+            fileobj = _RangeFile(where, int(info["size"]))
             try:  # the head (and tail) before HDF5 asks: a missing object is named as one
                 fileobj.read(1)
                 fileobj.seek(0)
@@ -297,11 +324,14 @@ def _open(where: Location, size: int | None = None) -> Opened:
                 raise FileNotFoundError(f"no file at {url}") from None
         try:
             return Opened(h5py.File(fileobj, "r"), fileobj)
-        except BaseException:
+        except BaseException as e:
             fileobj.close()
+            failure = getattr(fileobj, "failure", None)
+            if failure is not None:
+                raise failure from e
             raise
     except OSError as e:
-        if isinstance(e, FileNotFoundError):
+        if isinstance(e, FileNotFoundError | StoreError):
             raise
         raise IntegrityError(
             f"{url} cannot be opened as HDF5 ({e}); it is truncated, corrupt or not an HDF5 "

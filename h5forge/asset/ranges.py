@@ -2,12 +2,16 @@
 
 Local files are read with ``os.preadv`` straight into caller buffers. Remote files are read by
 :class:`h5forge.asset.coalesce.RemoteRanges`: a batch's ranges coalesced into few concurrent
-requests, with aligned read-ahead blocks kept for later batches (see that module).
+requests, with aligned read-ahead blocks kept for later batches (see that module). A remote
+range the store kept failing after its client's retries raises a
+:class:`~h5forge.errors.StoreError` naming the URL, the bytes and the attempts
+(:mod:`h5forge.store_errors`).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +29,7 @@ from h5forge.errors import IntegrityError
 from h5forge.files import open_regular
 from h5forge.location import Location
 from h5forge.platforms import require_calls
+from h5forge.store_errors import explain, store_failures
 
 __all__ = ["RangeReader"]
 
@@ -54,6 +59,7 @@ class RangeReader:
         store: BlockSource | None = None,
     ) -> None:
         self.url = where.url
+        self._where = where
         self._fs, self._path = where.fs, where.path
         self._fd: int | None = None
         self.remote: RemoteRanges | None = None
@@ -64,9 +70,12 @@ class RangeReader:
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
         else:
+            if size is None:
+                with store_failures(where, "the size"):
+                    size = int(self._fs.size(self._path))
             self.remote = RemoteRanges(
                 self._cat_ranges,
-                int(self._fs.size(self._path)) if size is None else size,
+                size,
                 self._short,
                 max_gap=max_gap,
                 max_request=max_request,
@@ -78,7 +87,19 @@ class RangeReader:
             )
 
     def _cat_ranges(self, starts: list[int], ends: list[int]) -> list[Any]:
-        return list(self._fs.cat_ranges([self._path] * len(starts), starts, ends))
+        """The bytes of each range, or the :class:`~h5forge.errors.StoreError` (or other
+        error) that its read ended with, in its place."""
+        started = time.monotonic()
+        with store_failures(self._where, f"{len(starts)} byte ranges"):
+            out = list(self._fs.cat_ranges([self._path] * len(starts), starts, ends))
+        for i, blob in enumerate(out):
+            if isinstance(blob, BaseException):
+                what = f"bytes {starts[i]}-{ends[i] - 1}"
+                err = explain(blob, self._where, what=what, seconds=time.monotonic() - started)
+                if err is not None and err is not blob:
+                    err.__cause__ = blob
+                    out[i] = err
+        return out
 
     @property
     def stats(self) -> ReadStats:

@@ -157,6 +157,8 @@ def _read_arrays(
             try:
                 arrays.append(np.ascontiguousarray(st.images[r]))
             except OSError as e:  # fletcher32 mismatch, or the codec rejects the chunk
+                if st.opened.failure is not None:  # no: the store failed the read
+                    raise st.opened.failure from e
                 raise IntegrityError(
                     f"{st.url}: sample {r} cannot be read ({e}): its chunk fails its "
                     "checksum (fletcher32) or does not decompress; the file is corrupt — "
