@@ -56,6 +56,7 @@ from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
 from h5forge.publish.sidecar import load_sidecar
 from h5forge.read.block_cache import BLOCKS_KIND, ENTRY_KIND, BlockStore, entry_bytes
 from h5forge.read.fill import FillStore
+from h5forge.store_errors import store_failures
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned", "default_cache_dir", "default_limit"]
 
@@ -70,12 +71,13 @@ _SIDECAR, _MANIFEST = "its sidecar", "its version's manifest"
 
 
 def default_cache_dir() -> str:
-    """Where the default cache lives: ``$XDG_CACHE_HOME/h5forge`` when that variable holds an
-    absolute path (the XDG rule), else ``~/.cache/h5forge``."""
+    """Where the default cache lives: ``$XDG_CACHE_HOME/h5forge/read`` when that variable holds
+    an absolute path (the XDG rule), else ``~/.cache/h5forge/read`` (beside the fetch cache,
+    which keeps ``h5forge`` itself)."""
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
         base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "h5forge")
+    return os.path.join(base, "h5forge", "read")
 
 
 def default_limit(root: str) -> int:
@@ -260,12 +262,16 @@ class FileCache:
         if expected is None:
             with ThreadPoolExecutor(1) as pool:  # the two requests overlap: one latency, not two
                 head = pool.submit(fs.info, path)
-                sidecar = load_sidecar(where.sidecar)
-                info = head.result()
+                with store_failures(where.sidecar, "its sidecar"):
+                    sidecar = load_sidecar(where.sidecar)
+                with store_failures(where, "the size"):
+                    info = head.result()
             source = _SIDECAR
             stale = "the asset is being republished or its sidecar is stale — retry once it is done"
         else:
-            info, sidecar, source = fs.info(path), {"sha256": sha256, "bytes": expected}, _MANIFEST
+            with store_failures(where, "the size"):
+                info = fs.info(path)
+            sidecar, source = {"sha256": sha256, "bytes": expected}, _MANIFEST
             stale = _why(source)
         if info.get("type") == "directory":  # a prefix, as a sharded asset's base is: no file
             raise FileNotFoundError(f"no file at {shown} (a folder or prefix)")

@@ -74,7 +74,8 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
             file's ``/shapes`` are checked against it at open and never raise it.
         cache_dir: where a remote asset's verified local copy is kept, shared by workers,
             epochs and jobs (:mod:`h5forge.read.cache`). Default (None): the user's cache
-            folder, ``$XDG_CACHE_HOME/h5forge`` or ``~/.cache/h5forge``; ``False``: no cache.
+            folder, ``$XDG_CACHE_HOME/h5forge/read`` or ``~/.cache/h5forge/read``; ``False``:
+            no cache.
             The copy fills from the reader's own range requests (nothing is downloaded before
             the first batch) and, once whole, is hashed against the sidecar's or manifest's
             sha256 and read like a local file (:mod:`h5forge.read.fill`).

@@ -110,7 +110,7 @@ def pick_options(options: ReadOptions | None, keywords: ReadOptions) -> ReadOpti
 
 def with_default_cache(options: ReadOptions, remote: bool) -> ReadOptions:
     """``options`` with the default cache when they leave ``cache_dir`` unset (None) and the
-    asset is ``remote``: ``$XDG_CACHE_HOME/h5forge`` (else ``~/.cache/h5forge``), limited to
+    asset is ``remote``: :func:`~h5forge.read.cache.default_cache_dir`, limited to
     ``cache_limit`` or by default half the free disk space (at most 50 GiB), filled from the
     reader's own fetches (:mod:`h5forge.read.fill`). An asset without a sidecar or pinned version
     is then read uncached. A default folder that cannot be made or written is logged and the
