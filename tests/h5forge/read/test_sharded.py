@@ -113,7 +113,7 @@ def test_a_sharded_version_reads_as_the_file_packed_from_the_same_catalog(
 def test_pickles_as_its_url_version_and_options(sharded: str) -> None:
     ds = H5ImageDataset(sharded, split="train")
     ds[0]
-    assert set(ds.__getstate__()) == {"url", "version", "storage_options", "options"}
+    assert set(ds.__getstate__()) == {"url", "version", "storage_options", "options", "_remote"}
     again = pickle.loads(pickle.dumps(ds))
     assert len(again) == len(ds)
     assert again.classes == ds.classes
