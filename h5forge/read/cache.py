@@ -44,7 +44,7 @@ from typing import Any
 
 from h5forge.asset.coalesce import DEFAULT_BLOCK_BYTES
 from h5forge.documents import DocumentError, parse_json
-from h5forge.errors import IntegrityError, UnsafePathError
+from h5forge.errors import IntegrityError
 from h5forge.files import (
     CLOEXEC,
     NOFOLLOW,
@@ -53,6 +53,7 @@ from h5forge.files import (
     replace_file,
 )
 from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
+from h5forge.locks import lock_file
 from h5forge.publish.sidecar import load_sidecar
 from h5forge.read.block_cache import BLOCKS_KIND, ENTRY_KIND, BlockStore, entry_bytes
 from h5forge.read.fill import FillStore
@@ -209,12 +210,14 @@ class FileCache:
                 manifest entry (the message says how); nothing is kept.
             ValueError: no sidecar and no ``sha256``: nothing to validate a copy against; a
                 shard's ``sha256`` is not 64 lower-case hex digits or ``size`` < 1.
-            UnsafePathError: the entry's name in ``cache_dir`` is taken by something not ours.
+            ValueError: the entry's name in ``cache_dir`` is taken by something not ours.
         """
         store = self.stores.get((where.key, sha256))
         if store is not None:
-            if isinstance(store, FillStore) and store.local_fd() is not None:
-                return self._valid(store.entry, store.sha256, store.size)  # filled since
+            if isinstance(store, FillStore):
+                # Filled since (by any process), or filled and changed since: hashed again here
+                # (a copy still right is served, a wrong one removed and filled again).
+                return self._valid(store.entry, store.sha256, store.size)
             return None  # read remotely, its blocks kept (block_store)
         key = (where.key, sha256) if size is None else ("", f"{sha256}:{size}")
         known = self.pins.get(key)
@@ -316,11 +319,13 @@ class FileCache:
         """No valid copy yet: ``where`` is read from the server, and its entry fills from those
         reads (:mod:`h5forge.read.fill`), complete and hashed against ``want`` once every block is
         there. Kept under ``asked``, the sha256 the caller looks it up by ("" unpinned)."""
-        if os.path.lexists(entry) and not is_ours(entry, _KIND):
-            raise UnsafePathError(
-                f"{entry} is in cache_dir but was not made by h5forge's cache (a link, or "
-                "someone else's folder); remove it, or use another cache_dir"
-            )
+        # Under the entry's lock: a folder found made but not marked may be another process's
+        # between its mkdir and its marker (refused only if it still is not ours then), and a
+        # copy being sealed is waited for and served.
+        with lock_file(entry + ".lock", target=f"the cache entry of {where}"):
+            found = self._valid(entry, want, size, locked=True)
+        if found is not None:
+            return found
         self.stores[(where.key, asked)] = FillStore(
             entry, _KIND, want, size, str(where), self.limit
         )

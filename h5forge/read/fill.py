@@ -18,8 +18,10 @@ address):
   fetches the rest, hashes ``fill.h5`` whole under the entry's lock, and only if it matches the
   sha256 the sidecar, pinned version or version manifest records renames it to ``asset.h5`` with
   the entry's record (:mod:`h5forge.read.cache`'s layout): from then on every process reads it as
-  a validated local copy (:meth:`FillStore.local_fd`). A mismatch removes everything fetched and
-  raises :class:`~h5forge.errors.IntegrityError`: the server's bytes are not the asset's.
+  a validated local copy (:meth:`FillStore.local_fd`). A mismatch fetches every block again,
+  once (a block damaged on disk after its record is no fault of the server); if the server's own
+  bytes do not hash right, everything fetched is removed and
+  :class:`~h5forge.errors.IntegrityError` raised: the server's bytes are not the asset's.
 
 Blocks are written by any worker of any job on the machine at once: distinct blocks land in
 distinct byte ranges of one file, and a block written twice holds the same bytes. A full disk,
@@ -41,7 +43,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from h5forge.errors import IntegrityError
-from h5forge.files import CLOEXEC, NOFOLLOW, NONBLOCK, create_exclusive, is_ours, make_marked_dir
+from h5forge.files import (
+    CLOEXEC,
+    NOFOLLOW,
+    NONBLOCK,
+    create_exclusive,
+    is_ours,
+    make_marked_dir,
+    remove_marked,
+)
 from h5forge.locks import lock_file
 from h5forge.read.block_cache import evict_cache
 
@@ -233,7 +243,8 @@ class FillStore:
         reader's own requests), hash the whole file and make it a whole-file entry.
 
         Raises:
-            IntegrityError: the bytes do not hash to the expected sha256 (all kept are removed).
+            IntegrityError: the server's bytes do not hash to the expected sha256 (all kept
+                are removed).
         """
         if self._off or self._local is not None or self._fd is None or not self._puts:
             return
@@ -258,6 +269,10 @@ class FillStore:
                         self.put(k, blob)
                     if self._off:
                         return
+                if self._hash() != self.sha256 and (
+                    not self._fetch_all(fetch) or self._hash() != self.sha256
+                ):
+                    return  # a fetch failed, or another process wrote meanwhile: try again
                 self._seal()
         except OSError as e:
             self._stop(f"cannot finish the entry: {e}")
@@ -274,24 +289,54 @@ class FillStore:
                     have.add(int(e.name[: -len(_HAVE)]))
         return [k for k in range(self.blocks) if k not in have]
 
-    def _seal(self) -> None:
-        """Hash ``fill.h5``; rename it to ``asset.h5`` with its record if it is the file."""
+    def _hash(self) -> str:
+        """The sha256 of ``fill.h5`` (of its first ``size`` bytes; "" if it is shorter)."""
         assert self._fd is not None
         h, at = hashlib.sha256(), 0
         while at < self.size:
             chunk = os.pread(self._fd, min(_CHUNK, self.size - at), at)
             if not chunk:
-                break
+                return ""
             h.update(chunk)
             at += len(chunk)
-        if at != self.size or h.hexdigest() != self.sha256:
+        return h.hexdigest()
+
+    def _fetch_all(self, fetch: Callable[[list[int], list[int]], list[Any]]) -> bool:
+        """``fill.h5`` did not hash right: a kept block may be damaged on disk (a byte flipped
+        after its record, a record planted), which is no fault of the server. Every block is
+        fetched again, once, hashed as it arrives and written; True when the server's bytes are
+        the file (then ``fill.h5`` holds them), False when a fetch failed (the next batch tries
+        again).
+
+        Raises:
+            IntegrityError: the server's own bytes do not hash to ``sha256`` (nothing is kept).
+        """
+        log.warning("%s: the blocks kept do not hash to its sha256; fetching them again", self.url)
+        h, step = hashlib.sha256(), max(1, _CHUNK // self.block_bytes)
+        for first in range(0, self.blocks, step):
+            ks = range(first, min(first + step, self.blocks))
+            spans = [self._span(k) for k in ks]
+            blobs = fetch([a for a, _ in spans], [b for _, b in spans])
+            for k, (a, b), blob in zip(ks, spans, blobs, strict=True):
+                if isinstance(blob, BaseException) or len(blob) != b - a:
+                    return False
+                h.update(blob)
+                self.put(k, blob)
+            if self._off:
+                return False
+        if h.hexdigest() != self.sha256:
             self._discard()
             raise IntegrityError(
-                f"{self.url}: the {self.size} bytes fetched hash to sha256 {h.hexdigest()}, "
-                f"expected {self.sha256}; the object on the server is not the one its sidecar "
-                "or manifest names (being replaced, or damaged): nothing was kept — retry once "
-                "it is published again, or run `h5forge verify` on it"
+                f"{self.url}: the {self.size} bytes the server sent hash to sha256 "
+                f"{h.hexdigest()}, expected {self.sha256}; the object on the server is not the "
+                "one its sidecar or manifest names (being replaced, or damaged): nothing was "
+                "kept — retry once it is published again, or run `h5forge verify` on it"
             )
+        return True
+
+    def _seal(self) -> None:
+        """Rename ``fill.h5`` (hashed right) to ``asset.h5`` with its record."""
+        assert self._fd is not None
         os.fsync(self._fd)
         os.replace(os.path.join(self.entry, _FILL), os.path.join(self.entry, _ASSET))
         st = os.fstat(self._fd)
@@ -305,12 +350,16 @@ class FillStore:
         self._local = self._adopt()
 
     def _discard(self) -> None:
+        """Nothing of the entry is kept: its fill file, records and folder go (under its lock,
+        held by :meth:`complete`; a folder not ours is left alone)."""
         self._off = True
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(self.entry, _FILL))
-        for k in range(self.blocks):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._have(k))
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            remove_marked(self.entry, self.kind)
+        except OSError as e:
+            log.warning("cannot remove the cache entry %s: %s", self.entry, e)
 
     def _stop(self, why: str) -> None:
         log.warning("%s: %s; reading it from the server from now on", self.url, why)
@@ -323,13 +372,15 @@ class FillStore:
         path = os.path.join(self.entry, _FILL)
         flags = os.O_RDWR | NOFOLLOW | NONBLOCK | CLOEXEC
         try:
-            fd = os.open(path, flags)
-        except FileNotFoundError:
-            if not create:
-                return False
-            if not self._make(path):
-                return False
-            fd = os.open(path, flags)
+            try:
+                fd = os.open(path, flags)
+            except FileNotFoundError:
+                if not create or not self._make(path):
+                    return False
+                fd = os.open(path, flags)
+        except OSError as e:  # a link planted at its name (ELOOP), a folder, no permission
+            self._stop(f"cannot open {path}: {e}")
+            return False
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != self.size:
             os.close(fd)

@@ -63,6 +63,11 @@ def _entries(cache: Path) -> list[Path]:
     return sorted(p for p in cache.iterdir() if p.is_dir())
 
 
+def _filled(ds: H5ImageDataset) -> Counter[tuple[str, int]]:
+    """Every sample read in this process: the entry fills from those reads and completes."""
+    return content(ds[i] for i in range(len(ds)))
+
+
 @pytest.fixture
 def published(
     two_assets: tuple[PackResult, PackResult], s3_bucket: str, s3_storage_options: dict[str, Any]
@@ -82,6 +87,10 @@ def test_second_epoch_reads_nothing_remote(
 ) -> None:
     truth = _truth(two_assets[0].path)
     ds = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
+    # Opening downloads nothing: only ranged reads of the file's metadata, no entry complete.
+    opened = _object_reads(s3_requests, "a.h5")
+    assert all(r.range for r in opened), opened
+    assert not list(tmp_path.glob("*/asset.h5"))
     assert epoch(ds, "spawn") == truth
     # The first epoch reads from the server (nothing is downloaded before it), and the entry
     # fills from those reads; the epoch read every sample, so it is whole and checked.
@@ -111,6 +120,7 @@ def test_a_copy_changed_after_the_check_is_checked_again(
     tmp_path: Path,
 ) -> None:
     ds = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
+    truth = _filled(ds)
     (entry,) = _entries(tmp_path)
     copy = entry / "asset.h5"
     good = copy.read_bytes()
@@ -122,8 +132,10 @@ def test_a_copy_changed_after_the_check_is_checked_again(
     copy.write_bytes(bytes(changed))
     s3_requests.clear()
     worker = pickle.loads(pickle.dumps(ds))
-    assert content(worker[i] for i in range(len(worker))) == _truth(two_assets[0].path)
-    assert len(_object_reads(s3_requests, "a.h5")) == (0 if still_right else 1)
+    assert _filled(worker) == truth
+    # Still right: hashed again and served. Flipped: removed, read from the server and filled
+    # again from those reads.
+    assert bool(_object_reads(s3_requests, "a.h5")) is not still_right
     assert copy.read_bytes() == good
     if still_right:
         assert s3_requests() == []  # the identity changed, the hash did not: nothing asked
@@ -141,12 +153,14 @@ def test_limit_evicts_the_least_recently_used(
         publish(r.path, f"s3://{s3_bucket}/{Path(r.path).name}", storage_options=s3_storage_options)
     limit = int(max(a.bytes, b.bytes) * 1.5)  # room for one asset, not two
     opts = {"storage_options": s3_storage_options, "cache_dir": tmp_path, "cache_limit": limit}
-    H5ImageDataset(f"s3://{s3_bucket}/a.h5", **opts)
+    assert _filled(H5ImageDataset(f"s3://{s3_bucket}/a.h5", **opts)) == _truth(a.path)
     (first,) = _entries(tmp_path)
+    assert (first / "asset.h5").is_file()
     ds_b = H5ImageDataset(f"s3://{s3_bucket}/b.h5", **opts)
-    (second,) = _entries(tmp_path)
+    assert _filled(ds_b) == _truth(b.path)
+    (second,) = _entries(tmp_path)  # a was evicted to make room for b's
     assert second != first
-    assert content(ds_b[i] for i in range(len(ds_b))) == _truth(b.path)
+    assert (second / "asset.h5").read_bytes() == Path(b.path).read_bytes()
     # An asset larger than the whole limit is read remotely, and nothing is cached (not even
     # a block: none fits in 1 KiB).
     s3_requests.clear()
@@ -157,7 +171,7 @@ def test_limit_evicts_the_least_recently_used(
 
 
 @pytest.mark.slow
-def test_two_processes_with_workers_download_once(
+def test_two_processes_with_workers_fill_one_entry(
     published: str,
     two_assets: tuple[PackResult, PackResult],
     s3_storage_options: dict[str, Any],
@@ -181,8 +195,17 @@ def test_two_processes_with_workers_download_once(
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-4000:]
         assert Counter({(s, lab): n for s, lab, n in json.loads(out)}) == truth
-    assert len(_object_reads(s3_requests, "a.h5")) == 1
-    assert len(_entries(tmp_path)) == 1
+    # Both filled one entry at once; it ended complete, its copy the published file.
+    (entry,) = _entries(tmp_path)
+    assert sorted(p.name for p in entry.iterdir() if not p.name.startswith(".h5forge")) == [
+        "asset.h5",
+        "entry.json",
+    ]
+    assert (entry / "asset.h5").read_bytes() == Path(two_assets[0].path).read_bytes()
+    s3_requests.clear()
+    again = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
+    assert _filled(again) == truth
+    assert _object_reads(s3_requests, "a.h5") == []
 
 
 @pytest.mark.parametrize("keep_mtime", [False, True])
@@ -194,7 +217,7 @@ def test_a_flipped_byte_is_fetched_again(
     s3_requests: S3RequestLog,
     tmp_path: Path,
 ) -> None:
-    H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
+    _filled(H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path))
     (entry,) = _entries(tmp_path)
     copy = entry / "asset.h5"
     before = copy.stat()
@@ -207,9 +230,10 @@ def test_a_flipped_byte_is_fetched_again(
         os.utime(copy, ns=(before.st_atime_ns, before.st_mtime_ns))
     s3_requests.clear()
     ds = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
-    assert len(_object_reads(s3_requests, "a.h5")) == 1  # fetched again
+    assert not copy.exists()  # hashed again at open, found wrong, removed: never served
+    assert _filled(ds) == _truth(two_assets[0].path)
+    assert _object_reads(s3_requests, "a.h5")  # read from the server, filled again
     assert copy.read_bytes() == Path(two_assets[0].path).read_bytes()
-    assert content(ds[i] for i in range(len(ds))) == _truth(two_assets[0].path)
 
 
 def test_a_replaced_asset_is_not_served_from_the_cache(
@@ -218,10 +242,11 @@ def test_a_replaced_asset_is_not_served_from_the_cache(
     s3_storage_options: dict[str, Any],
     tmp_path: Path,
 ) -> None:
-    H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
+    _filled(H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path))
     publish(two_assets[1].path, published, storage_options=s3_storage_options, overwrite=True)
     ds = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
-    assert content(ds[i] for i in range(len(ds))) == _truth(two_assets[1].path)
+    assert _filled(ds) == _truth(two_assets[1].path)
+    assert len(_entries(tmp_path)) == 2  # the new identity has its own entry
 
 
 def test_an_entry_another_process_is_still_making_is_waited_for(
@@ -234,7 +259,7 @@ def test_an_entry_another_process_is_still_making_is_waited_for(
     its marker, under the entry's lock) is looked at again under that lock, not refused as
     someone else's: the copy is then made in it and read."""
     cache = tmp_path / "cache"
-    H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=cache)
+    _filled(H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=cache))
     (entry,) = _entries(cache)
     remove_tree(entry)
     made, go = threading.Event(), threading.Event()
@@ -252,7 +277,7 @@ def test_an_entry_another_process_is_still_making_is_waited_for(
     threading.Timer(0.3, go.set).start()
     ds = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=cache)
     other.join(30)
-    assert content(ds[i] for i in range(len(ds))) == _truth(two_assets[0].path)
+    assert _filled(ds) == _truth(two_assets[0].path)
     assert (entry / "asset.h5").is_file()
 
 
@@ -263,7 +288,7 @@ def test_planted_links_are_refused(
     tmp_path: Path,
 ) -> None:
     cache = tmp_path / "cache"
-    H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=cache)
+    _filled(H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=cache))
     (entry,) = _entries(cache)
     # A link in place of the copy (to a look-alike file): not read through, fetched again.
     decoy = tmp_path / "decoy.h5"
@@ -271,8 +296,9 @@ def test_planted_links_are_refused(
     (entry / "asset.h5").unlink()
     (entry / "asset.h5").symlink_to(decoy)
     ds = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=cache)
-    assert content(ds[i] for i in range(len(ds))) == _truth(two_assets[0].path)
+    assert _filled(ds) == _truth(two_assets[0].path)
     assert not (entry / "asset.h5").is_symlink()
+    assert (entry / "asset.h5").read_bytes() == Path(two_assets[0].path).read_bytes()
     assert decoy.read_bytes() == Path(two_assets[1].path).read_bytes()  # left alone
     # A link in place of the entry folder: refused with a message naming it.
     moved = tmp_path / "moved"
@@ -296,12 +322,12 @@ def test_a_fifo_in_place_of_an_entry_record_is_not_waited_on(
 ) -> None:
     # Issue 28, class 3: a FIFO planted under the entry's record (a shared cache_dir) would
     # block the open forever; it is refused unopened, and the asset fetched again.
-    H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
+    _filled(H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path))
     (entry,) = _entries(tmp_path)
     (entry / "entry.json").unlink()
     os.mkfifo(entry / "entry.json")  # no writer ever comes
     ds = H5ImageDataset(published, storage_options=s3_storage_options, cache_dir=tmp_path)
-    assert content(ds[i] for i in range(len(ds))) == _truth(two_assets[0].path)
+    assert _filled(ds) == _truth(two_assets[0].path)
     assert (entry / "entry.json").is_file()  # a fresh record in its place
 
 

@@ -8,6 +8,7 @@ cache's entries; a server answering with other bytes than the manifest names is 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import threading
@@ -90,7 +91,7 @@ def _upload(base: Path, url: str, storage_options: dict[str, Any]) -> str:
     return url
 
 
-def test_versions_sharing_shards_download_each_once(
+def test_versions_sharing_shards_fill_each_once(
     tmp_path: Path, s3_bucket: str, s3_storage_options: dict[str, Any], s3_requests: S3RequestLog
 ) -> None:
     source = _source(tmp_path / "src")
@@ -114,16 +115,21 @@ def test_versions_sharing_shards_download_each_once(
     truth = {v: read(v, None) for v in (first.sha256, second.sha256)}  # read remotely
     s3_requests.clear()
     assert read(first.sha256, cache) == truth[first.sha256]
-    gets = _shard_gets(s3_requests)
-    assert len(gets) == first.shards
-    assert set(gets.values()) == {1}  # each shard once
+    # Read from the server (ranges, no whole-shard download before the first sample), and
+    # every shard's entry filled from those reads: complete, one per shard.
+    assert len(_shard_gets(s3_requests)) == first.shards
     assert len(_entries(cache)) == first.shards
+    assert not list(cache.glob("*/fill.h5"))
+    assert not list(cache.glob("*/*.have"))
+    held = set(_entries(cache))
 
     s3_requests.clear()
     assert read(second.sha256, cache) == truth[second.sha256]
-    # Only the shards the first version does not have are downloaded.
+    # Only the shards the first version does not have are read from the server; the shared
+    # ones are the same entries, complete already.
     assert len(_shard_gets(s3_requests)) == second.shards_new
     assert len(_entries(cache)) == first.shards + second.shards_new
+    assert held < set(_entries(cache))
 
     s3_requests.clear()
     assert read(first.sha256, cache) == truth[first.sha256]
@@ -151,10 +157,11 @@ def test_a_shard_under_two_bases_is_one_entry_and_workers_ask_nothing(
     first = H5ImageDataset(a, storage_options=s3_storage_options, cache_dir=cache)
     assert first.version == sha
     assert epoch(first, "spawn") == truth  # two DataLoader workers fill the cache
-    gets = _shard_gets(s3_requests)
-    assert len(gets) == shards
-    assert set(gets.values()) == {1}, [r for r in s3_requests() if "/shards/" in r.path]
+    assert len(_shard_gets(s3_requests)) == shards
+    # The epoch read every sample: each shard's entry is complete, its copy the shard.
     assert len(_entries(cache)) == shards
+    held = {hashlib.sha256((e / "asset.h5").read_bytes()).hexdigest() for e in _entries(cache)}
+    assert held == {s.sha256 for s in _manifest(base).shards}
 
     second = H5ImageDataset(b, storage_options=s3_storage_options, cache_dir=cache)
     assert second.version == sha
@@ -191,9 +198,14 @@ def test_a_server_serving_other_bytes_is_refused_and_nothing_kept(
     fs.pipe(target, bytes(bad))
     cache = tmp_path / "cache"
     ds = H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)
-    with pytest.raises(IntegrityError, match=entry.sha256) as refused:
-        ds[0]  # the first sample lives in shard 0
-    assert "version's manifest" in str(refused.value)
+    with pytest.raises(IntegrityError) as refused:
+        _samples(ds)  # the first samples live in shard 0
+    if damage == "flipped":  # same size: the hash of the whole shard, once filled, tells
+        bad_sha = hashlib.sha256(bad).hexdigest()
+        assert all(s in str(refused.value) for s in (entry.sha256, bad_sha, target)), refused
+        assert "manifest" in str(refused.value)
+    else:  # shorter than the HDF5 file it holds: refused when opened
+        assert "truncated" in str(refused.value)
     assert _kept(cache) == []  # no copy, no temp file, no empty entry folder left behind
     # The server serves the right bytes again: the same cache downloads and serves them.
     fs.pipe(target, good)
