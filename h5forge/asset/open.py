@@ -26,6 +26,7 @@ allocates next.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import io
 import os
@@ -159,6 +160,10 @@ class _RangeFile(io.RawIOBase):
         except StoreError as e:
             self.failure = e  # HDF5 reports a failed read as its own error: keep the cause
             raise
+        except OSError as e:
+            if e.errno == errno.EINVAL:  # 416: the object ends before the size it was given
+                raise self._shorter(e) from e
+            raise
         self.failure = None  # only the last read's failure is the cause of HDF5's error
         self.requests += 1
         if len(data) < min(need, end - pos):
@@ -173,6 +178,14 @@ class _RangeFile(io.RawIOBase):
             self._held -= len(old)
         return pos, data
 
+    def _shorter(self, e: OSError) -> OSError:
+        """A range past the object's end (416): it is shorter than the size this file was
+        opened with (a shard's, from its manifest)."""
+        return OSError(
+            f"the object is shorter than the {self._size} bytes expected ({e}); the file is "
+            "truncated"
+        )
+
     def _head_and_tail(self, need: int) -> tuple[int, bytes]:
         """The first read: the head and the last ``_MISS_BLOCK`` bytes in one concurrent call
         (HDF5 reads the end of the file next; one latency instead of two)."""
@@ -184,6 +197,10 @@ class _RangeFile(io.RawIOBase):
                     [self._path, self._path], [0, tail], [end, self._size], on_error="return"
                 )
                 for got in (head, last):
+                    if isinstance(got, FileNotFoundError | StoreError):
+                        raise got
+                    if isinstance(got, OSError) and got.errno == errno.EINVAL:  # 416
+                        raise self._shorter(got) from got
                     if isinstance(got, BaseException):
                         raise got
         except StoreError as e:
