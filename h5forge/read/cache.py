@@ -1,8 +1,10 @@
 """A verified local copy of a remote asset, kept in ``cache_dir`` for later epochs and jobs.
 
-``H5ImageDataset(url, cache_dir=...)`` reads a remote asset from a whole-file copy on local
-disk: the first process to need it downloads it, every later process (workers, epochs, other
-jobs on the machine) reads it with ``pread`` like a local file.
+``H5ImageDataset(url)`` reads a remote asset through this cache by default (its folder:
+:func:`default_cache_dir`; ``cache_dir=`` another, ``cache_dir=False`` none). Nothing is
+downloaded before the first batch: the entry fills from the reader's own range requests
+(:mod:`h5forge.read.fill`), and once whole and hashed it is a whole-file copy that every later
+process (workers, epochs, other jobs on the machine) reads with ``pread`` like a local file.
 
 - **Key**: the asset's identity, never its name alone: canonical URL, the sha256 of its
   sidecar (``NAME.h5.manifest.json``, written by publish) or of its pinned version, its size
@@ -10,24 +12,27 @@ jobs on the machine) reads it with ``pread`` like a local file.
 - **Shards are keyed by content address**: a shard of a sharded version
   (``BASE/shards/<sha256>.h5``) is keyed by the sha256 and size its version's manifest records,
   nothing else: versions that share a shard, and the same shard reached under another base (a
-  second bucket, a copied asset), share one entry, downloaded once. An entry found valid is
+  second bucket, a copied asset), share one entry, fetched once. An entry found valid is
   served without asking the server anything (not even its size). A shard larger than the limit
   keeps its blocks under its URL's key, as an asset does: a block cannot be checked against the
   whole file's sha256, so blocks from one place never serve another.
-- **Validated**: a download is hashed as it arrives and kept only when it matches the sidecar's
+- **Validated**: a filled copy is hashed whole and kept only when it matches the sidecar's
   (or pinned version's, or shard's manifest entry's) sha256 and size, else refused with an
-  :class:`~h5forge.errors.IntegrityError` and nothing kept; the entry records the copy's inode,
+  :class:`~h5forge.errors.IntegrityError` and nothing kept (each block on the way carries the
+  sha256 of the bytes the server sent); the entry records the copy's inode,
   size, mtime and ctime, and a later change (a flipped byte is a write: it moves mtime and
   ctime) makes the next open hash it again and, on a mismatch, fetch it again. The dataset's
   workers get the main process's check pickled and ask the server nothing
   (:meth:`FileCache.local_copy`). Per-sample checks: ``verify_reads``.
 - **Safe to share**: entries are folders carrying h5forge's marker (:mod:`h5forge.files`);
-  a download holds the entry's lock file (:func:`h5forge.locks.lock_file`), writes a fresh
-  exclusive temp name and renames it into place, so concurrent workers and jobs download once
-  and never see half a file. Nothing is followed through a link: a planted symlink is refused.
-- **Bounded**: ``limit_bytes`` for all entries, blocks included; the least recently used are
-  removed (under the folder's lock) before a download that would pass it. An asset larger
-  than the limit is read remotely, its blocks kept (:mod:`h5forge.read.block_cache`).
+  concurrent workers and jobs fill one entry (each block in its own byte range, its record
+  renamed into place after it), the copy is sealed under the entry's lock file
+  (:func:`h5forge.locks.lock_file`), and nobody sees half a file as a copy. Nothing is
+  followed through a link: a planted symlink is refused.
+- **Bounded**: ``limit_bytes`` for all entries, blocks included (default: what the cache holds
+  plus half the free disk, at most 50 GiB); the least recently used are removed (under the
+  folder's lock) before an entry starts filling. An asset larger than the limit is read
+  remotely, its blocks kept (:mod:`h5forge.read.block_cache`).
 """
 
 from __future__ import annotations
@@ -186,9 +191,9 @@ class FileCache:
     def local_copy(
         self, where: Location, sha256: str = "", size: int | None = None
     ) -> Pinned | None:
-        """The validated local copy of ``where``, downloaded on a miss; None when the asset is
-        local already or larger than the limit (then read it remotely, its blocks kept in
-        :meth:`block_store`).
+        """The validated local copy of ``where``; None when the asset is local already, not
+        whole in the cache yet (read it remotely: its entry fills from those reads, through
+        :meth:`block_store`) or larger than the limit (its blocks kept, :meth:`block_store`).
 
         Costs three requests on a hit (the object's size and ETag; its sidecar's HEAD and GET)
         the first time; later calls on this object or its pickled copies (DataLoader workers)
@@ -196,8 +201,8 @@ class FileCache:
         unchanged, hashed again if they changed (a mismatch or a missing copy asks the server).
 
         A shard (``size`` given) costs no request once its entry is valid, in any process: its
-        entry's name is computed from ``sha256`` and ``size``; a miss downloads it (the
-        object's HEAD and GET) under the entry's lock.
+        entry's name is computed from ``sha256`` and ``size``; a miss is read remotely and
+        fills its entry.
 
         Args:
             sha256: the asset's full sha256 when known (a pinned version); else the sidecar's.
@@ -206,8 +211,8 @@ class FileCache:
                 shared by every URL the same bytes are published under.
 
         Raises:
-            IntegrityError: the download does not match the sidecar, pinned version or shard's
-                manifest entry (the message says how); nothing is kept.
+            IntegrityError: a filled copy does not match the sidecar, pinned version or shard's
+                manifest entry (raised by the read that completes it; nothing is kept).
             ValueError: no sidecar and no ``sha256``: nothing to validate a copy against; a
                 shard's ``sha256`` is not 64 lower-case hex digits or ``size`` < 1.
             ValueError: the entry's name in ``cache_dir`` is taken by something not ours.
@@ -245,7 +250,8 @@ class FileCache:
 
     def _check_shard(self, where: Location, sha256: str, size: int) -> Pinned | None:
         """:meth:`local_copy` of a shard: its entry named by its content address, found valid
-        without a request, else downloaded (a shard over the limit: :meth:`_check`, blocks)."""
+        without a request, else read remotely, filling it (a shard over the limit:
+        :meth:`_check`, blocks)."""
         if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
             raise ValueError(f"shard sha256 {sha256!r:.80} must be 64 lower-case hex digits")
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -335,7 +341,7 @@ class FileCache:
     def _valid(self, entry: str, want: str, size: int, *, locked: bool = False) -> Pinned | None:
         """The entry's copy if it is ours and unchanged since it was validated (or, if changed,
         hashes to ``want`` again); a changed, mismatching entry is removed. One without its
-        record is removed only ``locked`` (a download renames its copy, then writes the record,
+        record is removed only ``locked`` (a seal renames its copy, then writes the record,
         under the lock). One not ours: refused ``locked`` (under its lock, where folder and
         marker are made), else None (half made?)."""
         if not os.path.lexists(entry):
@@ -351,7 +357,7 @@ class FileCache:
         if (st := _lstat(asset)) is None:
             return None
         if record is None or record.get("sha256") != want or not stat.S_ISREG(st.st_mode):
-            if not locked:  # a download between renaming its copy and writing its record (a
+            if not locked:  # a seal between renaming its copy and writing its record (a
                 return None  # worker fetching the same shard): only its lock may decide
             log.warning("cache entry %s is incomplete or not ours; fetching it again", entry)
             self._drop(entry)
