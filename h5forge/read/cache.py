@@ -48,20 +48,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from h5forge.asset.coalesce import DEFAULT_BLOCK_BYTES
-from h5forge.documents import DocumentError, parse_json
 from h5forge.errors import IntegrityError
 from h5forge.files import (
-    CLOEXEC,
-    NOFOLLOW,
-    NONBLOCK,
     is_ours,
     replace_file,
 )
-from h5forge.location import MAX_CACHE_RECORD_BYTES, Location
+from h5forge.location import Location
 from h5forge.locks import lock_file
 from h5forge.publish.sidecar import load_sidecar
 from h5forge.read.block_cache import BLOCKS_KIND, ENTRY_KIND, BlockStore, entry_bytes
-from h5forge.read.fill import FillStore
+from h5forge.read.fill import FillStore, entry_record, identity
 from h5forge.store_errors import store_failures
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned", "default_cache_dir", "default_limit"]
@@ -108,10 +104,6 @@ class Pinned:
     path: str
     sha256: str
     stat: tuple[int, ...]  # (dev, inode, size, mtime_ns, ctime_ns)
-
-
-def _identity(st: os.stat_result) -> list[int]:
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _content_key(sha256: str, size: int) -> str:
@@ -228,7 +220,7 @@ class FileCache:
         known = self.pins.get(key)
         if known is not None:
             st = _lstat(known.path)
-            if st is not None and list(known.stat) == _identity(st):
+            if st is not None and list(known.stat) == identity(st):
                 return known  # no request: this object (or the one pickled here) checked it
             known = self._valid(os.path.dirname(known.path), known.sha256, known.stat[2])
             if known is not None:  # changed, yet it hashes to what was validated
@@ -362,39 +354,21 @@ class FileCache:
             log.warning("cache entry %s is incomplete or not ours; fetching it again", entry)
             self._drop(entry)
             return None
-        if record.get("stat") == _identity(st) and st.st_size == size:
+        if record.get("stat") == identity(st) and st.st_size == size:
             self._touch(entry)
-            return Pinned(asset, want, tuple(_identity(st)))
+            return Pinned(asset, want, tuple(identity(st)))
         if st.st_size == size and Location.of(asset).sha256() == want:  # touched, yet still right
             st = os.lstat(asset)
             replace_file(
-                os.path.join(entry, _RECORD), json.dumps({**record, "stat": _identity(st)}).encode()
+                os.path.join(entry, _RECORD), json.dumps({**record, "stat": identity(st)}).encode()
             )
-            return Pinned(asset, want, tuple(_identity(st)))
+            return Pinned(asset, want, tuple(identity(st)))
         log.warning("cache entry %s changed since it was validated; fetching it again", entry)
         self._drop(entry)
         return None
 
     def _record(self, entry: str) -> dict[str, Any] | None:
-        try:
-            # Non-blocking: a FIFO planted under the record's name (a shared cache_dir) would
-            # block the open forever; it is refused below, unread, as a link is by NOFOLLOW.
-            fd = os.open(os.path.join(entry, _RECORD), os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
-        except OSError:
-            return None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            raw = f.read(MAX_CACHE_RECORD_BYTES + 1)
-        try:
-            data = (
-                parse_json(raw, what="cache record", name=entry)
-                if len(raw) <= MAX_CACHE_RECORD_BYTES
-                else None
-            )
-        except DocumentError:
-            return None
-        return data if isinstance(data, dict) and data.get("format") == _KIND else None
+        return entry_record(entry, _KIND)
 
     def _touch(self, entry: str) -> None:
         # The entry folder's mtime is its last use (LRU order); the copy's own times stay.

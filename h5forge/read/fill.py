@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from h5forge.documents import DocumentError, parse_json
 from h5forge.errors import IntegrityError
 from h5forge.files import (
     CLOEXEC,
@@ -52,10 +53,11 @@ from h5forge.files import (
     make_marked_dir,
     remove_marked,
 )
+from h5forge.location import MAX_CACHE_RECORD_BYTES
 from h5forge.locks import lock_file
 from h5forge.read.block_cache import evict_cache
 
-__all__ = ["FILL_BLOCK_BYTES", "FillStore", "entry_record", "room_for"]
+__all__ = ["FILL_BLOCK_BYTES", "FillStore", "entry_record", "identity", "room_for"]
 
 log = logging.getLogger("h5forge.read.fill")
 
@@ -67,23 +69,29 @@ _DIGEST = 32
 _CHUNK = 8 << 20
 
 
-def _identity(st: os.stat_result) -> list[int]:
+def identity(st: os.stat_result) -> list[int]:
+    """What a validated copy's record keeps of its ``stat``: a write moves mtime and ctime."""
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def entry_record(entry: str, kind: str) -> dict[str, Any] | None:
-    """The record of a whole-file entry (``entry.json``), None when missing or not one."""
+    """The record of a whole-file entry (``entry.json``), None when missing, not a regular
+    file, too large, not JSON or not of ``kind``."""
     try:
+        # Non-blocking: a FIFO planted under the record's name (a shared cache_dir) would
+        # block the open forever; it is refused below, unread, as a link is by NOFOLLOW.
         fd = os.open(os.path.join(entry, _RECORD), os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        raw = f.read(1 << 16)
+        raw = f.read(MAX_CACHE_RECORD_BYTES + 1)
+    if len(raw) > MAX_CACHE_RECORD_BYTES:
+        return None
     try:
-        data = json.loads(raw)
-    except ValueError:
+        data = parse_json(raw, what="cache record", name=entry)
+    except DocumentError:
         return None
     return data if isinstance(data, dict) and data.get("format") == kind else None
 
@@ -177,7 +185,7 @@ class FillStore:
         if (
             record is None
             or record.get("sha256") != self.sha256
-            or record.get("stat") != _identity(st)
+            or record.get("stat") != identity(st)
             or st.st_size != self.size
         ):
             return None  # being written, changed since, or another's: the cache decides at open
@@ -185,7 +193,7 @@ class FillStore:
             fd = os.open(asset, os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
         except OSError:
             return None
-        if _identity(os.fstat(fd)) != record["stat"]:
+        if identity(os.fstat(fd)) != record["stat"]:
             os.close(fd)
             return None
         return fd
@@ -341,7 +349,7 @@ class FillStore:
         os.replace(os.path.join(self.entry, _FILL), os.path.join(self.entry, _ASSET))
         st = os.fstat(self._fd)
         record: dict[str, Any] = {"format": self.kind, "url": self.url, "sha256": self.sha256}
-        record["stat"] = _identity(st)
+        record["stat"] = identity(st)
         _write_small(os.path.join(self.entry, _RECORD), json.dumps(record).encode())
         for k in range(self.blocks):
             with contextlib.suppress(FileNotFoundError):
