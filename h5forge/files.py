@@ -168,8 +168,11 @@ def create_exclusive(
         ) from None
 
 
-def replace_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` through a fresh exclusive temp name, fsync, rename over it.
+def replace_file(
+    path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *, fsync: bool = True
+) -> None:
+    """Write ``data`` to ``path`` through a fresh exclusive temp name, fsync, rename over it
+    (``fsync=False``: no fsync, for a record whose loss in a crash costs only a refetch).
 
     Whatever had the name (a file, a planted symlink) is replaced, never written through.
     """
@@ -181,7 +184,8 @@ def replace_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -36,7 +36,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from h5forge.files import (
     is_ours,
     make_marked_dir,
     remove_marked,
+    replace_file,
 )
 from h5forge.location import MAX_CACHE_RECORD_BYTES
 from h5forge.locks import lock_file
@@ -108,19 +108,9 @@ def room_for(folder: str, nbytes: int) -> bool:
 
 
 def _write_small(path: str, data: bytes) -> None:
-    """``data`` under ``path`` through a fresh exclusive temp name (no fsync: a record lost in a
-    crash only costs its block a fetch; a wrong one fails its hash)."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.tmp-{secrets.token_hex(6)}")
-    fd = create_exclusive(tmp, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    """``data`` under ``path`` through a fresh exclusive temp name, no fsync: a record lost in a
+    crash only costs its block a fetch; a wrong one fails its hash."""
+    replace_file(path, data, 0o600, fsync=False)
 
 
 @dataclass

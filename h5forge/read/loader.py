@@ -390,7 +390,7 @@ class BatchLoading:
             generator=generator,
             seed=seed,
             before_fork=self._before_fork,
-            prefetch=self._prefetch,
+            prefetch=self._prefetch if self._reads_remotely() else None,
             remote=shuffle is True and sampler is None and self._reads_remotely(),
             **dataloader_kwargs,
         )
