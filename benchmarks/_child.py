@@ -47,12 +47,28 @@ for line in sys.stdin:
 
 class Child:
     """``python -c _PROGRAM`` with ``path`` first on its ``sys.path``, run from ``path``;
-    ``env`` is added to this process's environment (after ``PYTHONPATH``: it may set that too)."""
+    ``env`` is added to this process's environment (after ``PYTHONPATH``: it may set that too).
 
-    def __init__(self, path: Path, env: Mapping[str, str] | None = None) -> None:
+    With ``script`` (a file path), the program runs as that script instead, ``prelude`` first:
+    a main script with imports of its own, as a user's is (spawn and forkserver workers run
+    the main script again; ``python -c`` has none to run).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        script: Path | None = None,
+        prelude: str = "",
+    ) -> None:
         env = {**os.environ, "PYTHONPATH": str(path), **(env or {})}
+        argv = ["-c", _PROGRAM]
+        if script is not None:
+            script.write_text(f"{prelude}\nif __name__ == '__main__':\n" + _indented(_PROGRAM))
+            argv = [str(script)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _PROGRAM],
+            [sys.executable, *argv],
             cwd=path,
             env=env,
             stdin=subprocess.PIPE,
@@ -89,3 +105,7 @@ class Child:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+def _indented(program: str) -> str:
+    return "".join(f"    {line}\n" if line.strip() else "\n" for line in program.splitlines())

@@ -11,6 +11,9 @@
   discovery, decoding, writing, full verification, sealing and fsync.
 * **today's pack** (``--baseline DIR``, a checkout of the code before the change): the same
   pack by that code, in a child process started and warmed up once. Target: >= 1.5x.
+  **From a script**: both trees' packs again, each in a child whose main is a script file
+  that imports the packer, as a user's is (``python -c`` children have no main script for
+  forkserver workers to run again; a script's workers run it, and its imports, per pack).
 * **peers** (``--peers``, the ``bench`` extra): LitData ``optimize`` (``workers`` processes),
   Mosaic ``MDSWriter`` and WebDataset ``ShardWriter`` (one writer fed by ``workers`` decoding
   processes), every image through the pack's own kernel, in a child process (LitData changes
@@ -56,6 +59,9 @@ from benchmarks._common import (
 from benchmarks.photoset import image_files
 
 SIDE = 224
+
+# The first line of a user's pack script (benchmarks._child runs the rest under a main guard).
+_SCRIPT = "from h5forge.pack.writer import pack"
 
 
 def decode_resize(path: str | Path) -> bytes:
@@ -163,6 +169,7 @@ def main() -> None:
         "one-core chosen kernel": one_core(lambda f: decoded_sample(str(f)), "kernel"),
     }
     children: list[Child] = []
+    here = Path(__file__).resolve().parent.parent
     shares = [[str(f) for f in files[i :: args.workers * 8]] for i in range(args.workers * 8)]
     ctx = multiprocessing.get_context("forkserver")
     with ctx.Pool(args.workers, initializer=one_thread) as decoders:
@@ -180,8 +187,18 @@ def main() -> None:
             variants["today's pack (baseline)"] = lambda: base.call(
                 "h5forge.pack.writer:pack", **kw
             )
+            # As a user's script runs them: a main file that imports the packer (its workers
+            # run it again), each tree in its own process.
+            for name, tree in (("h5forge", here), ("today's", args.baseline.resolve())):
+                child = Child(tree, script=tmp / f"{name[:5]}_script.py", prelude=_SCRIPT)
+                children.append(child)
+                script_kw = {**kw, "out": str(tmp / f"{name[:5]}_script.h5")}
+                child.call("h5forge.pack.writer:pack", **script_kw)  # warm
+                variants[f"{name} pack, from a script"] = lambda child=child, script_kw=script_kw: (
+                    child.call("h5forge.pack.writer:pack", **script_kw)
+                )
         if args.peers:
-            peers = Child(Path(__file__).resolve().parent.parent)
+            peers = Child(here)
             children.append(peers)
             names = [str(f) for f in files]
             labels = _labels(files, root)
@@ -242,9 +259,9 @@ def main() -> None:
     ]
     peer_rates: dict[str, float] = {}
     for name in seconds:
-        if name.startswith(("today", "LitData", "Mosaic", "WebDataset")):
+        if name.startswith(("today", "h5forge pack, from", "LitData", "Mosaic", "WebDataset")):
             r = len(files) / median(seconds[name])
-            if not name.startswith("today"):
+            if not name.startswith(("today", "h5forge")):
                 peer_rates[name] = r
             rows.append([name, f"{r:,.0f}", f"{r / rate:.2f}", ""])
     cpu_ms = {
@@ -290,6 +307,18 @@ def main() -> None:
             f"pack / today's pack = **{rate / base_rate:.2f}x** (median of the rounds' own "
             f"ratios {per_round:.2f}x; by CPU per image "
             f"{cpu_ms[base] / cpu_ms['h5forge pack']:.2f}x), {verdict(rate / base_rate, 1.5)}",
+        )
+        head_s, base_s = (
+            seconds["h5forge pack, from a script"],
+            seconds["today's pack, from a script"],
+        )
+        script_ratio = median(base_s) / median(head_s)
+        script_cpu = cpu_ms["today's pack, from a script"] / cpu_ms["h5forge pack, from a script"]
+        verdicts.insert(
+            1,
+            f"from a script: pack / today's pack = **{script_ratio:.2f}x** (rounds' own "
+            f"{median([b / a for a, b in zip(head_s, base_s, strict=True)]):.2f}x; by CPU "
+            f"{script_cpu:.2f}x), {verdict(script_ratio, 1.5)}",
         )
     if peer_rates:
         best_name = max(peer_rates, key=lambda k: peer_rates[k])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import types
 from collections import deque
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -369,15 +370,52 @@ _PRELOAD = "h5forge.preprocess.pool"
 
 
 def _preload(ctx: BaseContext) -> None:
-    """Have the fork server import the decoders once, so each pool's workers start in ms.
+    """Have the fork server import the decoders and what the main script imports, once, so
+    each pool's workers start in ms.
 
     A worker forked from a bare fork server imports numpy, Pillow and h5forge itself (0.3 s of
-    CPU each, per pack). The list is added to, never replaced; it takes effect when the fork
-    server starts (the first forkserver process of this interpreter), later calls change nothing.
+    CPU each, per pack). Each worker also runs the main script again (as ``__mp_main__``), and
+    CPython before 3.14 never has the fork server import it first (the ``__main__`` preload
+    looks for a ``main_path`` the preparation data does not hold): a script that imports the
+    packer, the CLI or Prefect paid those imports in every worker of every pack (0.1-0.15 s of
+    CPU each for the packer, 0.9-1.2 s for Prefect and the build flow). The fork server imports the
+    modules the main script's globals come from (:func:`_main_imports`), so the re-run finds
+    them imported. The fork server imports from its own path (before 3.14 it never takes the
+    caller's ``sys.path``): installed packages and ``PYTHONPATH``, not a module beside the
+    script, which each worker still imports itself. The list is added to, never replaced; it
+    takes effect when the fork server starts (the first forkserver process of this
+    interpreter), later calls change nothing.
     """
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
     current = list(getattr(server, "_preload_modules", None) or ["__main__"])
-    if _PRELOAD not in current:
-        ctx.set_forkserver_preload([*current, _PRELOAD])
+    wanted = [m for m in (_PRELOAD, *_main_imports()) if m not in current]
+    if wanted:
+        ctx.set_forkserver_preload([*current, *wanted])
+
+
+def _main_imports() -> list[str]:
+    """The modules that the main script's globals come from: the modules it holds and those
+    that define its functions and classes (what its re-run in a worker imports). The main
+    module itself is never among them (its code runs in each worker as ``__mp_main__``, under
+    the name that keeps its main guard off)."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__file__", None) is None:  # the REPL, python -c
+        return []
+    names: set[str] = set()
+    for value in list(vars(main).values()):
+        name: object
+        if isinstance(value, types.ModuleType):
+            name = value.__name__
+        elif isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+            name = getattr(value, "__module__", None)
+        else:
+            continue
+        module = sys.modules.get(name) if isinstance(name, str) else None
+        spec = getattr(module, "__spec__", None)
+        # Only what an import by that name gives back (not a module made at run time).
+        if module is not main and spec is not None and spec.name == name:
+            names.add(name)
+    names -= {"__main__", "__mp_main__"}
+    return sorted(names)

@@ -347,3 +347,47 @@ def test_the_second_pack_of_a_process_starts_its_workers_as_the_first_did(tmp_pa
     pinned, first, second = done.stdout.split()
     assert pinned == "None"  # the pool undid the side effect
     assert first == second == "forkserver"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork is the platform default on Linux")
+def test_the_fork_server_imports_what_the_main_script_imports_once(tmp_path: Path) -> None:
+    """Each forkserver worker runs the main script again; what the script imports is imported
+    once, in the fork server, not again in every worker of every pack (a script importing the
+    packer paid 0.15 s of CPU per worker and pack for it, Prefect over 1 s)."""
+    src = tmp_path / "src"
+    write_image_folder(src, classes=("a", "b"), per_class=12, seed=5, size=(40, 50))
+    lib = tmp_path / "lib"  # an installed package's place: on the path of every process
+    lib.mkdir()
+    (lib / "heavy_dep.py").write_text(
+        "import os, pathlib\n"
+        "with open(pathlib.Path(__file__).with_name('imports.txt'), 'a') as f:\n"
+        "    f.write(f'{os.getpid()}\\n')\n"
+        "def helper():\n"
+        "    return 1\n"
+    )
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys\n"
+        "import heavy_dep\n"
+        "from h5forge.pack.writer import pack\n"
+        "if __name__ == '__main__':\n"
+        "    for k in range(2):\n"
+        "        r = pack(sys.argv[1], f'{sys.argv[2]}/{k}.h5', workers=2)\n"
+        "        print(r.num_samples)\n"
+        "    print(os.getpid())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(src), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": f"{Path(__file__).resolve().parents[3]}{os.pathsep}{lib}"},
+    )
+    assert done.returncode == 0, done.stderr
+    *counts, main_pid = done.stdout.split()
+    assert counts == ["24", "24"]
+    pids = (lib / "imports.txt").read_text().split()
+    # The main process and the fork server; no worker imported it again (4 workers ran).
+    assert len(pids) == 2, pids
+    assert pids[0] == main_pid
