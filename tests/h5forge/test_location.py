@@ -188,3 +188,51 @@ def test_put_and_sha256_on_loopback_s3(
         where.sidecar.read_json(limit=100, what="test document")
     back = pickle.loads(pickle.dumps(where))
     assert back.sha256() == where.sha256()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_worker_builds_its_s3_client_from_the_models_its_parent_loaded(
+    s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    """botocore's models (~0.15 s of CPU to load) are loaded once per process tree: a forked
+    worker's new filesystem gets a session of its own that reads them from the inherited data
+    loader. Never the parent's session or client, and never in the pickled options."""
+    where = Location.of(f"s3://{s3_bucket}/a.bin", s3_storage_options)
+    where.fs.pipe(where.path, b"abc")
+    parent_session = where.fs.session
+    loader = parent_session.get_component("data_loader")
+    assert loader._cache  # the parent's client loaded the models into it
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, never raise past os._exit
+        ok = b"0"
+        try:
+            child = Location.of(f"s3://{s3_bucket}/a.bin", s3_storage_options)
+            fs = child.fs
+            ok = b"".join(
+                [
+                    b"1" if fs.session is not parent_session else b"0",
+                    b"1" if fs.session.get_component("data_loader") is loader else b"0",
+                    b"1" if fs.cat(child.path) == b"abc" else b"0",
+                ]
+            )
+        finally:
+            os.write(write, ok)
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 16)
+    os.waitpid(pid, 0)
+    assert answer == b"111"  # its own session, the inherited models, a working client
+    # Pickled, the filesystem and the location carry the options only: no session.
+    clone = pickle.loads(pickle.dumps(where.fs))
+    assert clone.cat(where.path) == b"abc"
+    assert "session" not in pickle.loads(pickle.dumps(where)).options
+
+
+def test_s3_options_that_make_a_session_keep_their_own(
+    s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    own = Location.of(f"s3://{s3_bucket}/a.bin", {**s3_storage_options, "profile": "other"})
+    assert own.fs.session is None  # s3fs makes it, with the profile, at the first request
+    shared = Location.of(f"s3://{s3_bucket}/b.bin", s3_storage_options)
+    assert shared.fs.session is not None
