@@ -161,16 +161,23 @@ def job_close() -> None:
 
 
 def _bytes(log: list[tuple[str, str, str | None]], sizes: dict[str, int]) -> int:
+    """Bytes the GETs asked for that the objects hold: a range past an object's end counts to
+    its end (a bounded read of a small document asks for up to its bound, 256 MiB for a
+    version's manifest, and gets the document)."""
     total = 0
     for method, path, rng in log:
         if method != "GET":
             continue
+        size = sizes.get(path, 0)
         if rng and rng.startswith("bytes="):
             first, _, last = rng[6:].partition("-")
-            end = int(last) + 1 if last else sizes.get(path, 0)
+            if not first:  # a suffix range: the last N bytes
+                total += min(int(last), size)
+                continue
+            end = min(int(last) + 1, size) if last else size
             total += max(0, end - int(first))
         else:
-            total += sizes.get(path, 0)
+            total += size
     return total
 
 
