@@ -336,14 +336,7 @@ def test_the_second_pack_of_a_process_starts_its_workers_as_the_first_did(tmp_pa
     )
     script = tmp_path / "twice.py"
     script.write_text(code)
-    done = subprocess.run(
-        [sys.executable, str(script), str(src), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _run_script(script, src, tmp_path)
     pinned, first, second = done.stdout.split()
     assert pinned == "None"  # the pool undid the side effect
     assert first == second == "forkserver"
@@ -376,18 +369,31 @@ def test_the_fork_server_imports_what_the_main_script_imports_once(tmp_path: Pat
         "        print(r.num_samples)\n"
         "    print(os.getpid())\n"
     )
-    done = subprocess.run(
-        [sys.executable, str(script), str(src), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    done = _run_script(
+        script,
+        src,
+        tmp_path,
         env={**os.environ, "PYTHONPATH": f"{Path(__file__).resolve().parents[3]}{os.pathsep}{lib}"},
     )
-    assert done.returncode == 0, done.stderr
     *counts, main_pid = done.stdout.split()
     assert counts == ["24", "24"]
     pids = (lib / "imports.txt").read_text().split()
     # The main process and the fork server; no worker imported it again (4 workers ran).
     assert len(pids) == 2, pids
     assert pids[0] == main_pid
+
+
+def _run_script(
+    script: Path, *args: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python script args...`` as a user runs a script; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, str(script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
