@@ -48,6 +48,7 @@ __all__ = [
     "create_exclusive",
     "describe",
     "file_kind",
+    "fsync_dir",
     "is_ours",
     "make_marked_dir",
     "mark",
@@ -350,3 +351,12 @@ def remove_marked(folder: str | os.PathLike[str], kind: str | None = None) -> bo
         return False
     remove_tree(folder)
     return True
+
+
+def fsync_dir(folder: str) -> None:
+    """Persist the names in ``folder`` (a rename into it)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

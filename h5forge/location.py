@@ -42,9 +42,10 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from h5forge.documents import MAX_JSON_DEPTH, DocumentError, parse_json
-from h5forge.files import NONBLOCK, create_exclusive
+from h5forge.files import NONBLOCK, create_exclusive, fsync_dir
 from h5forge.locks import flock
 from h5forge.redact import canonical_url, redact_url
+from h5forge.s3_session import share_models
 
 __all__ = [
     "CHUNK",
@@ -64,7 +65,6 @@ __all__ = [
     "DocumentError",
     "Location",
     "TempFile",
-    "fsync_dir",
     "temp_copy",
 ]
 
@@ -96,38 +96,6 @@ SIDECAR_SUFFIX = ".manifest.json"
 #: inside s3fs's 5 tries of a throttled or dropped request (docs/remote.md, "Throttling ...").
 S3_RETRIES: Mapping[str, Any] = MappingProxyType({"mode": "standard", "max_attempts": 3})
 _S3_PROTOCOLS = ("s3", "s3a")  # S3 and S3-compatible stores (that implement If-Match)
-
-
-# botocore's service models (the JSON every new S3 client is built from: ~0.15 s of CPU) are
-# loaded once per process tree. A forked reader worker's filesystem is a new one (fsspec
-# forgets its instances in a child), and its session used to load them all again, 0.2 s of
-# CPU per worker at the start of a first epoch; it now gets a session of its own that reads
-# them from the data loader it inherited (0.06 s).
-_MODELS: Any = None  # botocore's data loader of the first session made in this process tree
-_SESSION: tuple[int, Any] | None = None  # (pid, the session of this process's filesystems)
-
-
-def _share_models(fs: Any) -> None:
-    """Give a new s3fs filesystem this process's session, whose data loader (the loaded
-    models) the whole process tree shares. Not where the storage options make a session of
-    their own (``session``, ``profile`` and other session options: s3fs's ``kwargs``), nor
-    once a client exists. The session is never part of the filesystem's storage options:
-    pickled (to a spawned worker, a Dask task), the filesystem makes its own again."""
-    global _MODELS, _SESSION
-    if getattr(fs, "session", "?") is not None or getattr(fs, "kwargs", None):
-        return
-    if getattr(fs, "_s3", None) is not None:
-        return
-    if _SESSION is None or _SESSION[0] != os.getpid():
-        from aiobotocore.session import AioSession
-
-        session = AioSession()  # what s3fs makes when its options name no session option
-        if _MODELS is None:
-            _MODELS = session.get_component("data_loader")
-        else:
-            session.register_component("data_loader", _MODELS)
-        _SESSION = (os.getpid(), session)
-    fs.session = _SESSION[1]
 
 
 class Location:
@@ -217,9 +185,7 @@ class Location:
     @cached_property
     def _resolved(self) -> tuple[Any, str]:
         fs, path = fsspec.core.url_to_fs(self.url, **self.client_options)
-        if self.protocol in _S3_PROTOCOLS:
-            _share_models(fs)
-        return fs, path
+        return (share_models(fs) if self.protocol in _S3_PROTOCOLS else fs), path
 
     @property
     def client_options(self) -> dict[str, Any]:
@@ -523,12 +489,3 @@ def _anonymous_file(parent: str) -> int | None:
             return None  # this filesystem (or kernel) has no O_TMPFILE
         raise
     return fd  # its mode is 0o644 less the umask, as for any new file
-
-
-def fsync_dir(folder: str) -> None:
-    """Persist the names in ``folder`` (a rename into it)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

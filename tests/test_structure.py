@@ -382,7 +382,7 @@ ALONE: dict[str, str] = {
         "decode + resize for one image, apart from quarantine and targets"
     ),
     "h5forge.preprocess.jpeg": ("one decoder backend (libjpeg-turbo, DCT scaling)"),
-    "h5forge.preprocess.pool": ("the decode pool: processes, ordering, the ring, start methods"),
+    "h5forge.preprocess.pool": ("the decode pool: processes, ordering, the ring"),
     "h5forge.preprocess.resample": (
         "one resize kernel (torch antialiased), checked against Pillow"
     ),
@@ -408,6 +408,9 @@ ALONE: dict[str, str] = {
     "h5forge.read.shard_check": (
         "what proves a local shard is the file its manifest names, and when a check made "
         "once (before the workers fork) still holds: a trust boundary with its own tests"
+    ),
+    "h5forge.s3_session": (
+        "s3fs and botocore internals in one place: the session a process tree shares"
     ),
     "h5forge.scale.assemble": ("writing the merged file, apart from the merge's checks and plan"),
     "h5forge.scale.download": ("a checked local copy of a remote part"),

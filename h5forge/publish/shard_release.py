@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from h5forge.errors import BusyError, ChecksumError, IntegrityError
-from h5forge.files import same_file
-from h5forge.location import Location, fsync_dir
+from h5forge.files import fsync_dir, same_file
+from h5forge.location import Location
 from h5forge.pack.config import PackConfig
 from h5forge.publish.manifest import (
     manifest_bytes,

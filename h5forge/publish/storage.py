@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from h5forge.errors import ChecksumError
-from h5forge.files import NOFOLLOW, NONBLOCK
-from h5forge.location import SIDECAR_SUFFIX, TEMP_MARK, Location, fsync_dir, temp_copy
+from h5forge.files import NOFOLLOW, NONBLOCK, fsync_dir
+from h5forge.location import SIDECAR_SUFFIX, TEMP_MARK, Location, temp_copy
 from h5forge.locks import flock, folder_lock
 from h5forge.publish.sidecar import (
     COMPUTED_FIELDS,
