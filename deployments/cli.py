@@ -29,7 +29,7 @@ import typer
 from h5forge.cli.app import app as library_app
 from h5forge.cli.app import program_version
 from h5forge.cli.exits import EXIT_FAILURE, EXIT_USAGE, fail, usage_error
-from h5forge.cli.inputs import check_options, check_paths
+from h5forge.cli.inputs import check_options, check_paths, start_workers_early
 from h5forge.cli.options import with_pack_options
 from h5forge.deployments.build_options import (
     CacheDir,
@@ -204,6 +204,8 @@ def build(
         config.check_cache(str(cache_dir or cache_dir_from_env(os.environ) or DEFAULT_CACHE_DIR))
     except ValueError as e:
         raise usage_error(e) from e
+    if config.executor == "local":  # the flow's pack runs here: its pool's fork server loads
+        start_workers_early(config.source, config.workers)  # beside Prefect and its server
     _print_summary(run_build(config, cache_dir, debug))
 
 

@@ -84,12 +84,13 @@ def pack(
     pack_options: dict[str, Any],
 ) -> None:
     """Pack an image folder into a sealed HDF5 file (no Prefect)."""
-    from h5forge.cli.inputs import check_options, check_paths
+    from h5forge.cli.inputs import check_options, check_paths, start_workers_early
     from h5forge.preflight import local_path
 
     # The checks `build` makes too, in the same order, with the same messages.
     checked = check_options(pack_options)
     check_paths(src, out, replace=checked.values["overwrite"], local_only=True)
+    start_workers_early(src, checked.values.get("workers"))  # beside the packer's imports
     from h5forge.pack.writer import pack as do_pack  # h5py, Pillow: after the checks
 
     result = run_guarded(

@@ -7,12 +7,17 @@ then checks its own options (``BuildConfig``); last the source and the destinati
 that is not there, a URL of a protocol fsspec does not know or of a host that does not exist,
 a destination that exists) gets the same ``error:`` line and exit 2 from both commands, in well
 under a second: nothing slow (Prefect, a server, the source's bytes) is started first.
+
+Once they pass, :func:`start_workers_early` starts the decode pool's fork server, so that its
+imports overlap the command's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from h5forge.cli.exits import run_guarded, usage_error
@@ -22,7 +27,7 @@ from h5forge.text import printable
 if TYPE_CHECKING:
     from h5forge.pack.config import PackConfig
 
-__all__ = ["CheckedOptions", "check_options", "check_paths"]
+__all__ = ["CheckedOptions", "check_options", "check_paths", "start_workers_early"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,3 +103,43 @@ def check_paths(source: str, dest: str, *, replace: bool, local_only: bool = Fal
             check_destination(Location(dest), source=source, overwrite=replace)
     except (OSError, ValueError) as e:
         raise usage_error(e) from e
+
+
+# The decode pool starts worker processes from this many inputs (h5forge.preprocess.pool).
+_POOL_FROM = 8
+
+
+def start_workers_early(source: str, workers: int | None) -> None:
+    """Once the checks passed: start the decode pool's fork server now, when ``source`` is a
+    local folder that holds enough files for a pool, so that its imports (the decoders, torch:
+    ~1 s of CPU) run beside this process's own (the packer, or Prefect and its server)."""
+    from h5forge.preflight import local_path
+
+    folder = local_path(source)
+    if workers == 1 or folder is None or not _holds_files(folder, _POOL_FROM):
+        return
+    from h5forge.preprocess.workers import start_early
+
+    start_early(workers)
+
+
+def _holds_files(folder: Path, n: int, *, look: int = 512) -> bool:
+    """Whether ``folder``'s tree holds at least ``n`` files, looking at no more than ``look``
+    entries (a hint for starting the workers early, never a check)."""
+    found, seen, stack = 0, 0, [folder]
+    while stack and seen < look:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    seen += 1
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(Path(e.path))
+                    elif e.is_file(follow_symlinks=False):
+                        found += 1
+                        if found >= n:
+                            return True
+                    if seen >= look:
+                        break
+        except OSError:
+            continue
+    return False

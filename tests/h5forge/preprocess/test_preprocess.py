@@ -238,7 +238,8 @@ def test_a_script_read_from_stdin_gets_the_fix_not_dead_workers(image_folder: Pa
 _POOLS_TWICE = """
 import multiprocessing, sys
 from h5forge.preprocess.config import ImageConfig
-from h5forge.preprocess.pool import iter_processed, worker_context
+from h5forge.preprocess.pool import iter_processed
+from h5forge.preprocess.workers import worker_context
 if sys.argv[2] != "none":
     multiprocessing.set_start_method(sys.argv[2])
 paths = sys.argv[3:]
@@ -326,7 +327,7 @@ def test_the_second_pack_of_a_process_starts_its_workers_as_the_first_did(tmp_pa
     code = (
         "import multiprocessing, sys\n"
         "from h5forge.pack.writer import pack\n"
-        "from h5forge.preprocess.pool import worker_context\n"
+        "from h5forge.preprocess.workers import worker_context\n"
         "if __name__ == '__main__':\n"
         "    seen = []\n"
         "    for k in range(2):\n"
@@ -397,3 +398,35 @@ def _run_script(
     )
     assert done.returncode == 0, done.stderr
     return done
+
+
+_EARLY = """
+import multiprocessing, sys
+from multiprocessing import forkserver
+from h5forge.preprocess.workers import start_early
+start_early(int(sys.argv[1]) or None)
+server = forkserver._forkserver._forkserver_pid
+print(server is not None, multiprocessing.get_start_method(allow_none=True), "torch" in sys.modules)
+"""
+
+
+@pytest.mark.skipif(
+    multiprocessing.get_all_start_methods()[0] != "fork"
+    or "forkserver" not in multiprocessing.get_all_start_methods(),
+    reason="the platform's default start method is not fork",
+)
+@pytest.mark.parametrize(("workers", "started"), [(2, "True"), (None, "True"), (1, "False")])
+def test_the_fork_server_starts_early_without_the_decoders_here(
+    workers: int | None, started: str
+) -> None:
+    """The command line starts the fork server before it imports the packer: nothing heavy is
+    imported in the caller for it, no start method is left chosen, and one worker starts none."""
+    run = subprocess.run(
+        [sys.executable, "-c", _EARLY, str(0 if workers is None else workers)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [started, "None", "False"]
