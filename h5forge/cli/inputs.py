@@ -105,21 +105,16 @@ def check_paths(source: str, dest: str, *, replace: bool, local_only: bool = Fal
         raise usage_error(e) from e
 
 
-# The decode pool starts worker processes from this many inputs (h5forge.preprocess.pool).
-_POOL_FROM = 8
-
-
 def start_workers_early(source: str, workers: int | None) -> None:
     """Once the checks passed: start the decode pool's fork server now, when ``source`` is a
     local folder that holds enough files for a pool, so that its imports (the decoders, torch:
     ~1 s of CPU) run beside this process's own (the packer, or Prefect and its server)."""
     from h5forge.preflight import local_path
+    from h5forge.preprocess.workers import POOL_FROM, start_early
 
     folder = local_path(source)
-    if workers == 1 or folder is None or not _holds_files(folder, _POOL_FROM):
+    if workers == 1 or folder is None or not _holds_files(folder, POOL_FROM):
         return
-    from h5forge.preprocess.workers import start_early
-
     start_early(workers)
 
 

@@ -31,7 +31,12 @@ from h5forge.main_guard import check_entry_point, reimport_hint
 from h5forge.preprocess.config import ImageConfig
 from h5forge.preprocess.images import Processed, Quarantined, process_file
 from h5forge.preprocess.ring import InRing, Ring
-from h5forge.preprocess.workers import check_main_importable, unchoose, worker_context
+from h5forge.preprocess.workers import (
+    POOL_FROM,
+    check_main_importable,
+    unchoose,
+    worker_context,
+)
 from h5forge.targets.schema import Column
 
 __all__ = ["iter_processed"]
@@ -42,7 +47,6 @@ Result = Processed | Quarantined
 # fixed-size samples go through the ring, so a message stays small either way.
 _MAX_CHUNK = 16
 _RING_BYTES = 256 << 20  # the default window holds at most about this much in the ring
-_POOL_FROM = 8  # below this many inputs, starting processes costs more than it saves
 
 
 def iter_processed(
@@ -108,7 +112,7 @@ def iter_processed(
         raise ValueError(f"targets must give one row per path ({len(items)}) with a schema")
     jobs = _Jobs(cfg, schema, rows)
     n_workers = workers or usable_cpus()
-    if n_workers == 1 or len(items) < _POOL_FROM:
+    if n_workers == 1 or len(items) < POOL_FROM:
         return (jobs.run(i, p) for i, p in enumerate(items))
     if threads:
         return _threaded(items, jobs, n_workers, window or 4 * n_workers)

@@ -19,7 +19,11 @@ import sys
 import types
 from multiprocessing.context import BaseContext
 
-__all__ = ["check_main_importable", "start_early", "unchoose", "worker_context"]
+__all__ = ["POOL_FROM", "check_main_importable", "start_early", "unchoose", "worker_context"]
+
+#: The pool starts worker processes from this many inputs: below, starting them costs more
+#: than it saves (threads decode).
+POOL_FROM = 8
 
 
 def unchoose(chosen: str | None) -> None:
