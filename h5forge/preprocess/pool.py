@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.context import BaseContext
 
 from h5forge.cpus import usable_cpus
 from h5forge.lifetime import end_with_owner
@@ -263,7 +264,13 @@ def _pooled_with(
             while next_start < n and in_flight + min(chunk, n - next_start) + hold <= window:
                 stop = min(n, next_start + chunk)
                 part = jobs.part(next_start, stop)
-                task = pool.submit(_process_chunk, next_start, paths[next_start:stop], part, spec)
+                try:
+                    task = pool.submit(
+                        _process_chunk, next_start, paths[next_start:stop], part, spec
+                    )
+                except BrokenProcessPool as e:  # a worker died before this submit
+                    first = pending[0][:2] if pending else (next_start, stop)
+                    raise _died(e, paths, *first, ctx) from e
                 pending.append((next_start, stop, task))
                 in_flight += stop - next_start
                 next_start = stop
@@ -271,11 +278,7 @@ def _pooled_with(
             try:
                 results = task.result()
             except BrokenProcessPool as e:
-                raise BrokenProcessPool(
-                    f"a worker process died while processing inputs {start}..{stop - 1} (first: "
-                    f"{paths[start]!r}): a crashing decoder or the out-of-memory killer; rerun "
-                    "with workers=1 to see which file" + reimport_hint(ctx.get_start_method())
-                ) from e
+                raise _died(e, paths, start, stop, ctx) from e
             for r in results:
                 in_flight -= 1
                 if isinstance(r, InRing):
@@ -290,6 +293,8 @@ def _pooled_with(
     finally:
         for _, _, task in pending:
             task.cancel()
+        if not done:
+            _stop_workers(pool)
         try:
             pool.shutdown(wait=True, cancel_futures=True)
         except RuntimeError:
@@ -300,3 +305,28 @@ def _pooled_with(
                 raise
         finally:
             unchoose(chosen)
+
+
+def _died(
+    e: BrokenProcessPool, paths: list[str], start: int, stop: int, ctx: BaseContext
+) -> BrokenProcessPool:
+    return BrokenProcessPool(
+        f"a worker process died while processing inputs {start}..{stop - 1} (first: "
+        f"{paths[start]!r}): a crashing decoder or the out-of-memory killer; rerun "
+        "with workers=1 to see which file" + reimport_hint(ctx.get_start_method())
+    )
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Kill the pool's workers when the pack stops early (an error, Ctrl-C, a dead worker):
+    their results are not wanted, and ``shutdown(wait=True)`` joins them.
+
+    A dead worker alone is not enough: CPython (seen in 3.11) marks the pool broken and kills the
+    workers it knows of without the lock ``submit`` holds while it starts a worker on demand,
+    so a worker started by a submit racing with that is never stopped, and the shutdown
+    waits for it forever (a worker killed while the pool was starting hung the build). Only
+    this thread submits, so once it is here no worker can be added behind this loop.
+    """
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.kill()

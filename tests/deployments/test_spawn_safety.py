@@ -136,9 +136,9 @@ def test_an_interrupted_build_leaves_no_process_behind(
             os.kill(workers[0], signal.SIGKILL)
         _, err = build.communicate(timeout=120)
     finally:
-        if build.poll() is None:
+        if build.poll() is None:  # hung: end it, and read (and close) its pipes
             os.killpg(build.pid, signal.SIGKILL)
-            build.wait()
+            build.communicate()
     last = err.strip().splitlines()[-1]
     if how == "ctrl-c":
         assert build.returncode == 130, err
