@@ -270,7 +270,7 @@ def _pooled_with(
                     )
                 except BrokenProcessPool as e:  # a worker died before this submit
                     first = pending[0][:2] if pending else (next_start, stop)
-                    raise _died(e, paths, *first, ctx) from e
+                    raise _died(paths, *first, ctx) from e
                 pending.append((next_start, stop, task))
                 in_flight += stop - next_start
                 next_start = stop
@@ -278,7 +278,7 @@ def _pooled_with(
             try:
                 results = task.result()
             except BrokenProcessPool as e:
-                raise _died(e, paths, start, stop, ctx) from e
+                raise _died(paths, start, stop, ctx) from e
             for r in results:
                 in_flight -= 1
                 if isinstance(r, InRing):
@@ -307,9 +307,7 @@ def _pooled_with(
             unchoose(chosen)
 
 
-def _died(
-    e: BrokenProcessPool, paths: list[str], start: int, stop: int, ctx: BaseContext
-) -> BrokenProcessPool:
+def _died(paths: list[str], start: int, stop: int, ctx: BaseContext) -> BrokenProcessPool:
     return BrokenProcessPool(
         f"a worker process died while processing inputs {start}..{stop - 1} (first: "
         f"{paths[start]!r}): a crashing decoder or the out-of-memory killer; rerun "
