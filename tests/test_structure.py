@@ -388,6 +388,9 @@ ALONE: dict[str, str] = {
     ),
     "h5forge.preprocess.ring": ("the shared-memory ring results come back in"),
     "h5forge.publish.diff": ("comparing two versions' indexes: its own command and tests"),
+    "h5forge.publish.release": (
+        "publishing one file as a version: the public call the publish task and scripts make"
+    ),
     "h5forge.publish.rewrite": (
         "rewriting published shards (compact, purge): a takedown is read on its own"
     ),

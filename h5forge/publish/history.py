@@ -20,6 +20,7 @@ import contextlib
 import datetime as dt
 import logging
 import math
+import os
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from h5forge.publish.sidecar import SIDECAR_SUFFIX, load_sidecar
 from h5forge.publish.versions import (
     KEY_HEX,
     asset_base,
+    asset_lock,
     check_tree,
     check_version_tree,
     read_pointer,
@@ -389,9 +391,12 @@ def collect_shards(
     commit overlapped (the pointer is the same before and after it, else it is scanned
     again): a version committed later references either shards its parent, the latest,
     references, which the scan kept, or shards its publish wrote, which are younger than
-    ``min_age_s`` (docs/versions.md, "Shards and garbage collection"). Nothing is deleted while
-    ``BASE/v/`` holds a damaged manifest (its version could need its shards); only files
-    named ``<sha256>.h5`` are ever deleted.
+    ``min_age_s`` (docs/versions.md, "Shards and garbage collection"). A shard's age is read
+    from the listing and again just before it is deleted (a publish may have uploaded it again
+    in between). On a local store all of it runs under the asset's lock, which a publish holds
+    from its uploads to its pointer. Nothing is deleted while ``BASE/v/`` holds a damaged
+    manifest (its version could need its shards); only files named ``<sha256>.h5`` are ever
+    deleted.
 
     Returns:
         The deleted shards' URLs (redacted).
@@ -406,9 +411,19 @@ def collect_shards(
     base = asset_base(asset.url)
     root = asset.with_url(base)
     check_tree(root, SHARDS_DIR)
-    referenced = _referenced(root)  # first: what is kept (see above)
-    if referenced is None:
-        return []
+    if root.is_local and not os.path.isdir(root.path):
+        return []  # no asset here: nothing to collect (and no folder made for the lock)
+    with asset_lock(root):  # a local publish uploads and commits under it: never in between
+        referenced = _referenced(root)  # first: what is kept (see above)
+        if referenced is None:
+            return []
+        return _sweep(root, referenced, min_age_s, now)
+
+
+def _sweep(root: Location, referenced: set[str], min_age_s: float, now: dt.datetime) -> list[str]:
+    """Delete the files ``<sha256>.h5`` under ``root/shards/`` that are not ``referenced`` and
+    at least ``min_age_s`` old at ``now``, by the listing's time and again by a fresh look just
+    before each delete (a publish may have uploaded it again since the listing)."""
     shards = root.join(SHARDS_DIR)
     fs = shards.fs
     fs.invalidate_cache(shards.path)
@@ -418,24 +433,34 @@ def collect_shards(
         return []
     if len(entries) > MAX_SHARD_FILES:
         raise ValueError(
-            f"{redact_url(base)}/{SHARDS_DIR} holds {len(entries)} entries, over "
+            f"{redact_url(root.url)}/{SHARDS_DIR} holds {len(entries)} entries, over "
             f"{MAX_SHARD_FILES}: not an h5forge asset's shards; clean it by hand"
         )
+
+    def old(entry: dict[str, Any]) -> bool:  # undated, or young: a publish may reference it
+        when = _modified(entry)
+        return when is not None and (now - when).total_seconds() >= min_age_s
+
     removed = []
     for entry in entries:
         fname = posixpath.basename(str(entry.get("name", "")).rstrip("/"))
         named = _SHARD_FILE.fullmatch(fname)
         if named is None or entry.get("type") != "file" or named.group(1) in referenced:
             continue
-        when = _modified(entry)
-        if when is None or (now - when).total_seconds() < min_age_s:
-            continue  # undated, or young: a publish in flight may be about to reference it
+        if not old(entry):
+            continue
         check_tree(root, SHARDS_DIR, fname)  # a link is refused, never followed
-        url = f"{base}/{shard_key(named.group(1))}"
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(f"{shards.path}/{fname}")
-        log.info("garbage collection removed %s", redact_url(url))
-        removed.append(redact_url(url))
+        path = f"{shards.path}/{fname}"
+        fs.invalidate_cache(path)
+        try:
+            if not old(fs.info(path)):
+                continue  # uploaded again since the listing
+            fs.rm_file(path)
+        except FileNotFoundError:
+            continue
+        url = redact_url(f"{root.url}/{shard_key(named.group(1))}")
+        log.info("garbage collection removed %s", url)
+        removed.append(url)
     fs.invalidate_cache(shards.path)
     return removed
 

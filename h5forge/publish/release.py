@@ -15,8 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,14 +24,12 @@ from h5forge.asset.metadata import metadata_sha256
 from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.errors import BusyError, IntegrityError
 from h5forge.location import Location
-from h5forge.locks import folder_lock
 from h5forge.publish.history import apply_retention, check_retention
 from h5forge.publish.sidecar import sidecar_url
 from h5forge.publish.storage import publish
 from h5forge.publish.versions import (
     KEY_HEX,
-    asset_base,
-    check_tree,
+    asset_lock,
     check_version_tree,
     guard_pointer,
     pointer_url,
@@ -42,7 +39,7 @@ from h5forge.publish.versions import (
 )
 from h5forge.redact import redact_url
 
-__all__ = ["VersionResult", "asset_lock", "publish_version"]
+__all__ = ["VersionResult", "publish_version"]
 
 log = logging.getLogger(__name__)
 
@@ -180,20 +177,6 @@ def publish_version(
         unchanged=published.unchanged,
         removed=tuple(removed),
     )
-
-
-@contextmanager
-def asset_lock(asset: Location) -> Iterator[None]:
-    """On a local store, publishers of one asset take turns (a lock on its folder ``BASE``);
-    object stores have no lock: there the deployment's concurrency limit serialises builds."""
-    base = asset.with_url(asset_base(asset.url))
-    if not base.is_local:
-        yield
-        return
-    check_tree(base)  # BASE itself: makedirs and the lock would follow a link
-    base.fs.makedirs(base.path, exist_ok=True)
-    with folder_lock(base.path):
-        yield
 
 
 def _unpublished(version: Location) -> bool:

@@ -259,7 +259,7 @@ def purge(asset: Location, paths: Collection[str]) -> RewriteResult:
         FileNotFoundError: the asset has no sharded version.
         IntegrityError: a shard does not hash to its address, or a rewrite lost a row.
     """
-    from h5forge.publish.release import asset_lock
+    from h5forge.publish.versions import asset_lock
 
     wanted = frozenset(paths)
     if not wanted or not all(isinstance(p, str) and p for p in wanted):
@@ -302,7 +302,7 @@ def compact(asset: Location, below: float = COMPACT_BELOW) -> RewriteResult:
         ValueError: ``below`` is outside [0, 1], or the latest version is not sharded.
         FileNotFoundError: the asset has no version.
     """
-    from h5forge.publish.release import asset_lock
+    from h5forge.publish.versions import asset_lock
 
     if not 0.0 <= below <= 1.0:
         raise ValueError(f"below={below!r} must be in [0, 1]")

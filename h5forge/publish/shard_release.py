@@ -122,7 +122,7 @@ def publish_sharded(
     from h5forge import __version__
     from h5forge.publish.history import apply_retention, check_retention
     from h5forge.publish.lineage import SOURCES_SUFFIX, write_sources
-    from h5forge.publish.release import asset_lock
+    from h5forge.publish.versions import asset_lock
 
     check_retention(keep_versions, min_age_s)
     given = dict(fields or {})

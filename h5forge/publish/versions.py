@@ -29,10 +29,14 @@ import os
 import posixpath
 import re
 import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from h5forge.errors import BusyError, UnsafePathError
 from h5forge.location import MAX_POINTER_BYTES, Location, PreconditionError
+from h5forge.locks import folder_lock
 from h5forge.redact import redact_url
 
 __all__ = [
@@ -43,6 +47,7 @@ __all__ = [
     "Pointer",
     "VERSION_FORM",
     "asset_base",
+    "asset_lock",
     "check_tree",
     "check_version_tree",
     "guard_pointer",
@@ -371,3 +376,35 @@ def check_tree(base: Location, *names: str) -> None:
             "link in an asset's own folders (it could read, overwrite or delete another "
             "asset's data); remove it, or publish the asset under a new name"
         )
+
+
+_HELD = threading.local()  # the (device, inode) of each asset folder this thread has locked
+
+
+@contextmanager
+def asset_lock(asset: Location) -> Iterator[None]:
+    """On a local store, publishers of one asset, and its garbage collection, take turns (a
+    lock on its folder ``BASE``); object stores have no lock: there the deployment's concurrency
+    limit serialises builds.
+
+    Re-entrant within a thread (a publish runs retention under the lock it holds); another
+    thread or process waits.
+    """
+    base = asset.with_url(asset_base(asset.url))
+    if not base.is_local:
+        yield
+        return
+    check_tree(base)  # BASE itself: makedirs and the lock would follow a link
+    base.fs.makedirs(base.path, exist_ok=True)
+    folder = os.stat(base.path)
+    key = (folder.st_dev, folder.st_ino)
+    held: set[tuple[int, int]] = _HELD.__dict__.setdefault("keys", set())
+    if key in held:
+        yield
+        return
+    with folder_lock(base.path):
+        held.add(key)
+        try:
+            yield
+        finally:
+            held.discard(key)

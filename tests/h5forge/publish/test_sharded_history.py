@@ -11,6 +11,7 @@ import datetime as dt
 import hashlib
 import multiprocessing
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from h5forge.publish.manifest import (
 )
 from h5forge.publish.named import resolve_named
 from h5forge.publish.release import publish_version
-from h5forge.publish.versions import version_url
+from h5forge.publish.versions import asset_lock, version_url
 from h5forge.verify.sharded import verify_version, verify_versions
 from tests.fixtures.damage import flip_sample_byte
 from tests.fixtures.sharded import (
@@ -310,6 +311,34 @@ def test_retention_removes_old_sharded_versions_and_gc_their_unreferenced_shards
     left = {p.name for p in (base / "shards").iterdir()}
     assert left == {f"{shards[SLICES[0]]}.h5", f"{shards[SLICES[3]]}.h5", "notes.txt"}
     assert verify_version(asset, v3).num_samples == 12
+
+
+def test_gc_waits_for_a_publish_that_uploads_an_old_unreferenced_shard_again(
+    catalog: Catalog, work: Path, tmp_path: Path
+) -> None:
+    # A shard no version names, old: garbage, until a publish uploads it again and names it.
+    base = tmp_path / "photos"
+    asset = Location(str(base))
+    v1 = make_sharded_version(base, catalog, SLICES[:1], work=work)
+    garbage = upload_shard(asset, pack_shard(catalog, SLICES[1], work))
+    _age(_shard_file(base, garbage), 3600)
+    removed: list[list[str]] = []
+    with asset_lock(asset):  # the publish has begun
+        gc = threading.Thread(target=lambda: removed.append(collect_shards(asset, min_age_s=60)))
+        gc.start()
+        gc.join(0.5)
+        assert gc.is_alive()  # waiting for the publish: it has not listed the shard as garbage
+        v2 = make_sharded_version(base, catalog, SLICES[:2], parent=v1, work=work)
+    gc.join(60)
+    assert removed == [[]]  # the listing came after the commit: the shard is v2's now
+    assert _shard_file(base, garbage).is_file()
+    assert verify_version(asset, v2).num_samples == 12
+    # Once no version names it and it is old again, it goes (under the lock it takes itself).
+    v3 = make_sharded_version(base, catalog, SLICES[:1], parent=v2, work=work)
+    apply_retention(asset, keep_versions=1, shard_min_age_s=1e9)
+    _age(_shard_file(base, garbage), 3600)
+    assert collect_shards(asset, min_age_s=60) == [str(_shard_file(base, garbage))]
+    assert verify_version(asset, v3).num_samples == 6
 
 
 def test_gc_deletes_nothing_while_a_version_cannot_be_read(
