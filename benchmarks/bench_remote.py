@@ -7,15 +7,19 @@ gets the same pixels (the images packed decoded at 224; the peers' own formats w
 own writers from that file) and reads them with ``--workers`` workers (2), batch
 ``--batch-size`` (64), shuffled, persistent workers, two epochs of the same loader:
 
-* **h5forge file / sharded, default**: two assets on the same server, the packed file with its
-  sidecar (``s3://bench/decoded.h5``) and a sharded version published there by
+* **h5forge file / sharded, default**: two assets on the same server, the packed file published
+  as a version (:func:`h5forge.publish.release.publish_version`: ``s3://bench/file``, its
+  pointer, its ``v/<key>/file.h5`` and sidecar) and a sharded version published there by
   :func:`h5forge.publish.shard_release.build_sharded_version` (``h5forge build --versioned``'s
-  path; default 64 MiB shards; ``s3://bench/photos``), each read with the README's option-free
-  call and nothing else: ``ds = H5ImageDataset(url, storage_options=opts)``,
+  path; default 64 MiB shards; ``s3://bench/photos``), each read by its base (its latest
+  version) with the README's option-free call and nothing else:
+  ``ds = H5ImageDataset(url, storage_options=opts)``,
   ``loader = ds.loader(64, shuffle=True, num_workers=2, persistent_workers=True)``, in a new
   process whose ``XDG_CACHE_HOME`` is an empty folder (a new machine's user cache);
 * **second job**: then a new process with the same ``XDG_CACHE_HOME`` (a second training job on
-  the same machine) opens the same asset the same way; its first epoch;
+  the same machine) opens the same asset the same way; its first epoch; **second job, version
+  pinned**: the same, with ``version=`` the full sha256 the first job read (``ds.version``), as
+  a job that pins what it trains on;
 * **local file / sharded**: the same call on the local copy of each asset (a new process; the
   page cache warm), the second job's target;
 * **Mosaic / LitData**: their ``StreamingDataset`` with its defaults over their shards (64 MiB)
@@ -83,15 +87,17 @@ def job_open(
     workers: int,
     shape: list[int] | None = None,
     cache: str | None = None,
+    version: str | None = None,
 ) -> None:
     """The reader's dataset and loader, as its documentation shows them, kept for the epochs."""
     if kind == "h5forge":
         from h5forge import H5ImageDataset
 
+        pinned = {} if version is None else {"version": version}
         if storage_options is None:
-            ds = H5ImageDataset(url)
+            ds = H5ImageDataset(url, **pinned)
         else:
-            ds = H5ImageDataset(url, storage_options=storage_options)
+            ds = H5ImageDataset(url, storage_options=storage_options, **pinned)
         loader = ds.loader(batch_size, shuffle=True, num_workers=workers, persistent_workers=True)
     elif kind == "mosaic":
         from torch.utils.data import DataLoader
@@ -202,8 +208,8 @@ def main() -> None:
     from h5forge import H5ImageDataset
     from h5forge.location import Location
     from h5forge.pack.writer import pack
+    from h5forge.publish.release import publish_version
     from h5forge.publish.shard_release import build_sharded_version
-    from h5forge.publish.sidecar import sidecar_bytes, sidecar_url
 
     report = start_report("remote: S3 on loopback, h5forge's defaults vs Mosaic, LitData")
     root, what = image_root(args)
@@ -241,9 +247,7 @@ def main() -> None:
             os.environ["AWS_ALLOW_HTTP"] = "true"
             fs = s3fs.S3FileSystem(skip_instance_cache=True, **opts)
             fs.mkdir("bench")
-            fs.put_file(local.path, "bench/decoded.h5")
-            sha = Location.of(local.path).sha256()
-            fs.pipe(sidecar_url("bench/decoded.h5"), sidecar_bytes(sha, local.bytes, {}))
+            published = publish_version(local.path, Location("s3://bench/file", opts))
             print("publishing the sharded version to S3 ...", flush=True)
             remote = build_sharded_version(root, Location("s3://bench/photos", opts))
             if remote is None or remote.num_samples != n:
@@ -267,6 +271,7 @@ def main() -> None:
                 *,
                 storage: dict[str, Any] | None = None,
                 cache: Path | None = None,
+                version: str | None = None,
             ) -> None:
                 """One job in a new process: open, ``epochs`` epochs, workers' peaks."""
                 xdg.mkdir(parents=True, exist_ok=True)
@@ -283,6 +288,7 @@ def main() -> None:
                         workers=args.workers,
                         shape=shape,
                         cache=str(cache) if cache else None,
+                        version=version,
                     )
                     opens.setdefault(name, []).append(opened)
                     for e in range(1, epochs + 1):
@@ -310,18 +316,27 @@ def main() -> None:
                     child.close()
 
             assets = {
-                "file": ("s3://bench/decoded.h5", local.path),
-                "sharded": ("s3://bench/photos", str(local_base)),
+                "file": ("s3://bench/file", local.path, published.sha256),
+                "sharded": ("s3://bench/photos", str(local_base), remote.sha256),
             }
 
             def h5forge_jobs(asset: str, r: int) -> None:
-                url, _ = assets[asset]
+                url, _, sha = assets[asset]
                 xdg = tmp / f"xdg-{asset}-{r}"
                 job(f"h5forge {asset}, default", "h5forge", url, xdg, 2, storage=opts)
                 job(f"h5forge {asset}, second job", "h5forge", url, xdg, 1, storage=opts)
+                job(
+                    f"h5forge {asset}, second job, version pinned",
+                    "h5forge",
+                    url,
+                    xdg,
+                    1,
+                    storage=opts,
+                    version=sha,
+                )
 
             def local_job(asset: str, r: int) -> None:
-                _, path = assets[asset]
+                _, path, _ = assets[asset]
                 job(f"local {asset}", "h5forge", path, tmp / f"xdg-local-{asset}-{r}", 2)
 
             def peer_job(peer: str, r: int) -> None:
@@ -405,24 +420,25 @@ def main() -> None:
                     f"- h5forge {asset} default / better peer, epoch {e} = **{x:.2f}x**, "
                     f"{verdict(x, 1.5)}"
                 )
-        second, loc = rate(f"h5forge {asset}, second job, epoch 1"), rate(f"local {asset}, epoch 1")
-        if second and loc:
+        for job_name, how in (
+            (f"h5forge {asset}, second job", "the S3 client made, the pointer read"),
+            (f"h5forge {asset}, second job, version pinned", "no request"),
+        ):
+            second, loc = rate(f"{job_name}, epoch 1"), rate(f"local {asset}, epoch 1")
+            if not (second and loc):
+                continue
             lines.append(
-                f"- h5forge {asset} second job / local read, epoch 1 = **{second / loc:.2f}x**, "
+                f"- {job_name} / local read, epoch 1 = **{second / loc:.2f}x**, "
                 f"{verdict(second / loc, 0.9)}"
             )
-            s2 = _med(alone.get(f"h5forge {asset}, second job, epoch 1", []))
+            s2 = _med(alone.get(f"{job_name}, epoch 1", []))
             l2 = _med(alone.get(f"local {asset}, epoch 1", []))
-            o2, lo = (
-                _med(opens.get(f"h5forge {asset}, second job", [])),
-                _med(opens.get(f"local {asset}", [])),
-            )
+            o2, lo = _med(opens.get(job_name, [])), _med(opens.get(f"local {asset}", []))
             if s2 and l2:
                 lines.append(
                     f"  - the same without the dataset's open (the loader's first epoch alone, "
                     f"workers' start included): **{s2 / l2:.2f}x**, {verdict(s2 / l2, 0.9)}; "
-                    f"the open: {o2 * 1000:.0f} ms remote (the S3 client made, one check of the "
-                    f"server), {lo * 1000:.0f} ms local"
+                    f"the open: {o2 * 1000:.0f} ms remote ({how}), {lo * 1000:.0f} ms local"
                 )
         mine, theirs = _med(peaks.get(ours, [])), _med(peaks.get(f"local {asset}", []))
         if mine and theirs:

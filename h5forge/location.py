@@ -96,6 +96,8 @@ SIDECAR_SUFFIX = ".manifest.json"
 #: inside s3fs's 5 tries of a throttled or dropped request (docs/remote.md, "Throttling ...").
 S3_RETRIES: Mapping[str, Any] = MappingProxyType({"mode": "standard", "max_attempts": 3})
 _S3_PROTOCOLS = ("s3", "s3a")  # S3 and S3-compatible stores (that implement If-Match)
+# Protocols whose filesystem is never the local disk (``is_local`` needs no filesystem built).
+_REMOTE_PROTOCOLS = frozenset({*_S3_PROTOCOLS, "gs", "gcs", "http", "https", "az", "abfs", "abfss"})
 
 
 class Location:
@@ -217,7 +219,11 @@ class Location:
 
     @property
     def is_local(self) -> bool:
-        """True for the local disk: HDF5 opens it itself and the reader can ``pread``."""
+        """True for the local disk: HDF5 opens it itself and the reader can ``pread``. A URL of
+        a known remote protocol answers without building its filesystem (an S3 one makes a
+        botocore session: ~12 ms, which an open served by the cache never needs)."""
+        if "_resolved" not in self.__dict__ and self.protocol in _REMOTE_PROTOCOLS:
+            return False
         return isinstance(self.fs, LocalFileSystem)
 
     # --- derived locations ----------------------------------------------------------------

@@ -44,6 +44,7 @@ __all__ = [
     "SHARDS_DIR",
     "ShardEntry",
     "VersionManifest",
+    "check_manifest",
     "load_manifest",
     "manifest_bytes",
     "manifest_key",
@@ -239,16 +240,27 @@ def read_manifest(where: Location, sha256: str = "") -> VersionManifest:
 
 def load_manifest(where: Location, sha256: str = "") -> tuple[VersionManifest, str]:
     """:func:`read_manifest`, and the full sha256 of the manifest's bytes (the version's)."""
+    data = where.read_bytes(limit=MAX_MANIFEST_BYTES, what="version manifest")
+    return check_manifest(data, sha256, shown=str(where)), hashlib.sha256(data).hexdigest()
+
+
+def check_manifest(data: bytes, sha256: str, *, shown: str) -> VersionManifest:
+    """A manifest's bytes (read from ``shown``), checked: they hash to ``sha256`` (or a prefix
+    of it; "" for any), and parse (:func:`parse_manifest`).
+
+    Raises:
+        IntegrityError: the bytes do not hash to ``sha256``.
+        ValueError: as :func:`parse_manifest`.
+    """
     from h5forge.errors import IntegrityError
 
-    data = where.read_bytes(limit=MAX_MANIFEST_BYTES, what="version manifest")
     found = hashlib.sha256(data).hexdigest()
     if sha256 and not found.startswith(sha256):
         raise IntegrityError(
-            f"{where}: the version manifest hashes to {found}, not to the version "
+            f"{shown}: the version manifest hashes to {found}, not to the version "
             f"{sha256}: it was replaced or damaged; publish the version again"
         )
-    return parse_manifest(data, shown=str(where)), found
+    return parse_manifest(data, shown=shown)
 
 
 def parse_manifest(data: bytes, *, shown: str) -> VersionManifest:

@@ -9,6 +9,11 @@ process (workers, epochs, other jobs on the machine) reads with ``pread`` like a
 - **Key**: the asset's identity, never its name alone: canonical URL, the sha256 of its
   sidecar (``NAME.h5.manifest.json``, written by publish) or of its pinned version, its size
   and ETag. A replaced asset has a new key, so a stale copy is never served.
+- **A pinned version is keyed by its content**: a version's file or, sharded, its manifest
+  (``version=`` the full sha256, or ``latest`` resolved to it) is kept under its sha256 alone,
+  so a later open that pins the version (``H5ImageDataset(url, version=ds.version)``) finds it
+  without asking the server anything, not even the pointer (:meth:`FileCache.cached_version`);
+  every byte served was hashed to that sha256 when it was kept.
 - **Shards are keyed by content address**: a shard of a sharded version
   (``BASE/shards/<sha256>.h5``) is keyed by the sha256 and size its version's manifest records,
   nothing else: versions that share a shard, and the same shard reached under another base (a
@@ -50,14 +55,24 @@ from typing import Any
 from h5forge.asset.coalesce import DEFAULT_BLOCK_BYTES
 from h5forge.errors import IntegrityError
 from h5forge.files import (
+    CLOEXEC,
+    NOFOLLOW,
+    NONBLOCK,
     is_ours,
+    make_marked_dir,
     replace_file,
 )
-from h5forge.location import Location
+from h5forge.location import MAX_MANIFEST_BYTES, Location
 from h5forge.locks import lock_file
 from h5forge.publish.sidecar import load_sidecar
-from h5forge.read.block_cache import BLOCKS_KIND, ENTRY_KIND, BlockStore, entry_bytes
-from h5forge.read.fill import FillStore, entry_record, identity
+from h5forge.read.block_cache import (
+    BLOCKS_KIND,
+    ENTRY_KIND,
+    BlockStore,
+    entry_bytes,
+    evict_cache,
+)
+from h5forge.read.fill import FillStore, entry_record, identity, room_for
 from h5forge.store_errors import store_failures
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned", "default_cache_dir", "default_limit"]
@@ -66,7 +81,7 @@ log = logging.getLogger("h5forge.read.cache")
 
 DEFAULT_CACHE_LIMIT = 50 << 30
 _KIND = ENTRY_KIND
-_ASSET, _RECORD = "asset.h5", "entry.json"
+_ASSET, _RECORD, _MANIFEST_FILE = "asset.h5", "entry.json", "version.json"
 _CHUNK = 8 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SIDECAR, _MANIFEST = "its sidecar", "its version's manifest"
@@ -109,6 +124,11 @@ class Pinned:
 def _content_key(sha256: str, size: int) -> str:
     """The entry key of a shard: its content address alone (no URL, base or version)."""
     return hashlib.sha256(f"h5forge shard\n{sha256}\n{size}".encode()).hexdigest()
+
+
+def _version_key(sha256: str) -> str:
+    """The entry key of a version's own bytes (its file, or its manifest): its sha256 alone."""
+    return hashlib.sha256(f"h5forge version\n{sha256}".encode()).hexdigest()
 
 
 def _why(source: str) -> str:
@@ -228,6 +248,11 @@ class FileCache:
                 return known
         if where.is_local:
             return None
+        if size is None and _SHA256.fullmatch(sha256):  # a pinned version: keyed by content
+            found = self._version_file(sha256)
+            if found is not None:
+                self.pins[key] = found
+                return found  # asked nothing: the copy was hashed to the version's sha256
         if size is None:
             found = self._check(where, sha256)
         else:
@@ -301,11 +326,77 @@ class FileCache:
             block = min(DEFAULT_BLOCK_BYTES, max(16 << 10, self.limit // 16))
             self.stores[(where.key, sha256)] = BlockStore(self.root, key, self.limit, block)
             return None
-        entry = os.path.join(self.root, key[:32])
+        pinned = expected is None and _SHA256.fullmatch(sha256)
+        entry = self._version_entry(sha256) if pinned else os.path.join(self.root, key[:32])
         found = self._valid(entry, want, size)
         if found is not None:
             return found
         return self._fill(where, entry, want, size, sha256)
+
+    # --- versions kept by content (their sha256) -----------------------------------------------
+    def cached_version(self, sha256: str) -> str | None:
+        """``"sharded"`` or ``"file"`` when this cache holds the version with this full sha256
+        (its manifest, or its whole file) and those bytes hash to it; else None. Asks no server:
+        a pinned version is opened from here without its pointer, manifest or size."""
+        if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+            return None
+        if self.version_manifest(sha256) is not None:
+            return "sharded"
+        return "file" if self._version_file(sha256) is not None else None
+
+    def version_manifest(self, sha256: str) -> bytes | None:
+        """The kept manifest of the sharded version with this full sha256, hashed to it here
+        (each open: a manifest is small); None when not kept, or when what is kept is not it."""
+        entry = self._version_entry(sha256)
+        if not is_ours(entry, _KIND):
+            return None
+        try:
+            fd = os.open(
+                os.path.join(entry, _MANIFEST_FILE), os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC
+            )
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+        if hashlib.sha256(data).hexdigest() != sha256:
+            log.warning("cache entry %s does not hash to its version; reading it again", entry)
+            return None
+        self._touch(entry)
+        return data
+
+    def keep_manifest(self, sha256: str, data: bytes) -> None:
+        """Keep a version manifest read from the server under its sha256 (checked here). Best
+        effort: a full disk, a name taken by something not ours, or an error only logs (the
+        next open reads it from the server again)."""
+        if not _SHA256.fullmatch(sha256) or hashlib.sha256(data).hexdigest() != sha256:
+            raise ValueError(f"a manifest kept in the cache must hash to {sha256!r:.80}")
+        if len(data) > self.limit:
+            return
+        entry = self._version_entry(sha256)
+        try:
+            with lock_file(entry + ".lock", target=f"the cache entry of version {sha256[:16]}"):
+                if not os.path.lexists(entry):
+                    evict_cache(self.root, self.limit, len(data), keep=entry)
+                    if not room_for(self.root, len(data)):
+                        return
+                    make_marked_dir(entry, _KIND)
+                if not is_ours(entry, _KIND):
+                    log.warning("%s is in cache_dir but is not h5forge's; not kept", entry)
+                    return
+                replace_file(os.path.join(entry, _MANIFEST_FILE), data, 0o600, fsync=False)
+        except OSError as e:
+            log.warning("cannot keep version %s's manifest in the cache: %s", sha256[:16], e)
+
+    def _version_entry(self, sha256: str) -> str:
+        return os.path.join(self.root, _version_key(sha256)[:32])
+
+    def _version_file(self, sha256: str) -> Pinned | None:
+        """The kept whole file of the version with this sha256, valid (see :meth:`_valid`)."""
+        entry = self._version_entry(sha256)
+        st = _lstat(os.path.join(entry, _ASSET))
+        return None if st is None else self._valid(entry, sha256, st.st_size)
 
     @property
     def limit(self) -> int:

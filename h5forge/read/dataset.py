@@ -32,7 +32,7 @@ from h5forge.read.sharded import ShardedVersion, is_manifest
 from h5forge.read.stacked import plain
 from h5forge.read.state import ProcessState, open_state
 from h5forge.read.targets import CLASS
-from h5forge.read.version import check_version_file, open_named
+from h5forge.read.version import cached_version, check_version_file, open_named
 from h5forge.targets.schema import Column
 
 __all__ = ["H5ImageDataset"]
@@ -156,7 +156,11 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         self._orphans: list[ProcessState] = []
         self._indices: np.ndarray | None = None
         self._sharded: ShardedVersion | None = None
-        open_named(where, version, self._open_file)
+        found = cached_version(where, version, self.options.cache)
+        if found is not None:
+            self._open_file(*found)  # a pinned version held by the cache: no request at all
+        else:
+            open_named(where, version, self._open_file)
 
     # torchvision's convention: a dataset's transforms may be set after it is made (a split's
     # own augmentation, say). Each is a view of ``options``; setting one makes a new value.

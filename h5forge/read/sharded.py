@@ -45,12 +45,13 @@ from h5forge.asset.open import open_h5
 from h5forge.asset.target_layout import file_schema
 from h5forge.documents import DocumentError, parse_json
 from h5forge.errors import IntegrityError
-from h5forge.location import Location
+from h5forge.location import MAX_MANIFEST_BYTES, Location
 from h5forge.publish.manifest import (
     MANIFEST_SUFFIX,
     ShardEntry,
     VersionManifest,
     check_labels,
+    check_manifest,
     read_manifest,
 )
 from h5forge.publish.versions import version_url
@@ -71,6 +72,22 @@ __all__ = ["ShardedVersion", "is_manifest"]
 def is_manifest(url: str) -> bool:
     """Whether ``url`` names a version manifest (what a sharded version resolves to)."""
     return url.endswith(MANIFEST_SUFFIX)
+
+
+def _manifest(where: Location, sha256: str, options: ReadOptions) -> VersionManifest:
+    """The version's manifest, checked against ``sha256``: a remote one read from the cache
+    when it holds it (no request: kept by its sha256, hashed again here), else from the
+    server and then kept there for the next open."""
+    cache = options.cache
+    if cache is None or len(sha256) != 64 or where.is_local:
+        return read_manifest(where, sha256)
+    data = cache.version_manifest(sha256)
+    if data is not None:
+        return check_manifest(data, sha256, shown=str(where))
+    data = where.read_bytes(limit=MAX_MANIFEST_BYTES, what="version manifest")
+    manifest = check_manifest(data, sha256, shown=str(where))
+    cache.keep_manifest(sha256, data)
+    return manifest
 
 
 @dataclass
@@ -101,7 +118,7 @@ class ShardedVersion:
 
     def __init__(self, where: Location, sha256: str, options: ReadOptions) -> None:
         self.where, self.options = where, options
-        self.manifest: VersionManifest = read_manifest(where, sha256)
+        self.manifest: VersionManifest = _manifest(where, sha256, options)
         self.base = where.url.rsplit("/", 3)[0]
         if version_url(self.base, sha256, "sharded") != where.url:
             raise ValueError(

@@ -32,10 +32,13 @@ from h5forge.publish.versions import (
     parse_version,
     pointer_url,
     resolve_version,
+    version_url,
 )
+from h5forge.read.cache import FileCache
 from h5forge.redact import redact_url
 
 __all__ = [
+    "cached_version",
     "check_version_file",
     "latest_instead",
     "open_named",
@@ -161,6 +164,22 @@ def latest_instead(where: Location, error: Exception) -> tuple[str, str]:
         ) from error
     except ValueError:  # names no asset (a bare bucket): the open's own error says more
         raise error from None
+
+
+def cached_version(
+    where: Location, version: str | None, cache: FileCache | None
+) -> tuple[str, str] | None:
+    """``(file URL, sha256)`` of ``version`` when it is a full sha256 and the verified ``cache``
+    holds that version of a remote asset (its file or its manifest, hashed to it): it is opened
+    from there asking the server nothing, not even whether the version is still published (a
+    version's bytes never change; its sha256 is what was asked for). None otherwise: resolve it
+    with :func:`open_named`."""
+    if cache is None or not isinstance(version, str) or len(version) != 64 or where.is_local:
+        return None
+    kind = cache.cached_version(parse_version(version))
+    if kind is None:
+        return None
+    return version_url(where.url, version, kind), version
 
 
 def resolve_asset(where: Location, version: str | None) -> tuple[str, str]:

@@ -57,8 +57,14 @@ def _entries(cache: Path) -> list[Path]:
 
 
 def _kept(cache: Path) -> list[Path]:
-    """Every file in the cache but lock files: what a refused download must not leave."""
-    return sorted(p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".lock"))
+    """Every file in the cache but lock files and the version's manifest (kept by its sha256,
+    which it hashes to, whatever a shard holds): what a refused download must not leave."""
+    manifests = {p.parent for p in cache.glob("*/version.json")}
+    return sorted(
+        p
+        for p in cache.rglob("*")
+        if p.is_file() and not p.name.endswith(".lock") and p.parent not in manifests
+    )
 
 
 def _manifest(base: Path) -> VersionManifest:
