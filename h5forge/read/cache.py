@@ -55,9 +55,6 @@ from typing import Any
 from h5forge.asset.coalesce import DEFAULT_BLOCK_BYTES
 from h5forge.errors import IntegrityError
 from h5forge.files import (
-    CLOEXEC,
-    NOFOLLOW,
-    NONBLOCK,
     is_ours,
     make_marked_dir,
     replace_file,
@@ -72,7 +69,7 @@ from h5forge.read.block_cache import (
     entry_bytes,
     evict_cache,
 )
-from h5forge.read.fill import FillStore, entry_record, identity, room_for
+from h5forge.read.fill import FillStore, entry_record, identity, read_entry_file, room_for
 from h5forge.store_errors import store_failures
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "FileCache", "Pinned", "default_cache_dir", "default_limit"]
@@ -350,16 +347,9 @@ class FileCache:
         entry = self._version_entry(sha256)
         if not is_ours(entry, _KIND):
             return None
-        try:
-            fd = os.open(
-                os.path.join(entry, _MANIFEST_FILE), os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC
-            )
-        except OSError:
+        data = read_entry_file(os.path.join(entry, _MANIFEST_FILE), MAX_MANIFEST_BYTES)
+        if data is None:
             return None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            data = f.read(MAX_MANIFEST_BYTES + 1)
         if hashlib.sha256(data).hexdigest() != sha256:
             log.warning("cache entry %s does not hash to its version; reading it again", entry)
             return None

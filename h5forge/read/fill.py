@@ -57,7 +57,14 @@ from h5forge.location import MAX_CACHE_RECORD_BYTES
 from h5forge.locks import lock_file
 from h5forge.read.block_cache import evict_cache
 
-__all__ = ["FILL_BLOCK_BYTES", "FillStore", "entry_record", "identity", "room_for"]
+__all__ = [
+    "FILL_BLOCK_BYTES",
+    "FillStore",
+    "entry_record",
+    "identity",
+    "read_entry_file",
+    "room_for",
+]
 
 log = logging.getLogger("h5forge.read.fill")
 
@@ -77,23 +84,29 @@ def identity(st: os.stat_result) -> list[int]:
 def entry_record(entry: str, kind: str) -> dict[str, Any] | None:
     """The record of a whole-file entry (``entry.json``), None when missing, not a regular
     file, too large, not JSON or not of ``kind``."""
-    try:
-        # Non-blocking: a FIFO planted under the record's name (a shared cache_dir) would
-        # block the open forever; it is refused below, unread, as a link is by NOFOLLOW.
-        fd = os.open(os.path.join(entry, _RECORD), os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = f.read(MAX_CACHE_RECORD_BYTES + 1)
-    if len(raw) > MAX_CACHE_RECORD_BYTES:
+    raw = read_entry_file(os.path.join(entry, _RECORD), MAX_CACHE_RECORD_BYTES)
+    if raw is None:
         return None
     try:
         data = parse_json(raw, what="cache record", name=entry)
     except DocumentError:
         return None
     return data if isinstance(data, dict) and data.get("format") == kind else None
+
+
+def read_entry_file(path: str, limit: int) -> bytes | None:
+    """The bytes of a file in a cache entry; None when it is missing, a link, not a regular
+    file or over ``limit`` bytes. Non-blocking: a FIFO planted under its name (a shared
+    cache_dir) would block the open forever; it is refused unread, as a link is by NOFOLLOW."""
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = f.read(limit + 1)
+    return None if len(raw) > limit else raw
 
 
 def room_for(folder: str, nbytes: int) -> bool:
