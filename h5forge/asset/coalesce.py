@@ -207,6 +207,11 @@ class RemoteRanges:
         self._pending: dict[int, tuple[Future[list[Any]], int]] = {}
         self._ahead: ThreadPoolExecutor | None = None
 
+    @property
+    def size(self) -> int:
+        """The file's size."""
+        return self._size
+
     def prefetch(self, starts: list[int], ends: list[int]) -> None:
         """Start fetching, in the background, the blocks a later :meth:`read` of these sorted
         runs will need: the whole blocks it would fetch (with a store, every block the runs

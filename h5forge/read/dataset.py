@@ -261,8 +261,13 @@ class H5ImageDataset(BatchLoading, SampleSources, Dataset[tuple[Any, Any]]):
         if st is not None and st.pid == os.getpid():
             return st
         if st is not None:
-            # Inherited through fork: never use or close the parent's handles here.
+            # Inherited through fork: never use or close the parent's handles here; a remote
+            # one's index and checks are reused, with a byte reader of this process's own.
             self._orphans.append(st)
+            forked = st.forked(Location(self.url, self.storage_options))
+            if forked is not None:
+                self._state = forked
+                return forked
         st = self._state = open_state(
             Location(self.url, self.storage_options), self.options, self.version
         )

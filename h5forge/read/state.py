@@ -141,6 +141,20 @@ class ProcessState:
         st.pid, st.reader = os.getpid(), reader
         return st
 
+    def forked(self, where: Location) -> ProcessState | None:
+        """This state of a remote file, opened and checked in the process that forked this one,
+        reading through a byte reader of this process's own (the parent's client and threads
+        are not this process's): its index, selection and digests are kept, so a DataLoader
+        worker reads its first batch without opening the file again (~4 round trips and the
+        structure checks, ~160 ms on a 20 ms link). Its blocks are kept in the same store
+        (cache entry) as the parent's. One dataset object so reads one version of the object
+        in every worker. None when the file is local (its descriptor is opened again here) or
+        its images are filtered (read through an HDF5 handle)."""
+        remote = self.reader.remote if self.reader is not None else None
+        if remote is None or self.index.filtered:
+            return None
+        return self.reattached(RangeReader(where, size=remote.size, store=remote.store))
+
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
