@@ -400,9 +400,6 @@ ALONE: dict[str, str] = {
     "h5forge.read.asset_list": (
         "the asset list: an untrusted document with its own bounds and tests"
     ),
-    "h5forge.read.cache": (
-        "the verified local copy of a remote asset: a trust boundary on a shared folder"
-    ),
     "h5forge.read.fill": (
         "a cache entry filled from the reader's own fetches, hashed whole once complete: a "
         "trust boundary with its own tests"
