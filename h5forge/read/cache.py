@@ -332,12 +332,14 @@ class FileCache:
 
     # --- versions kept by content (their sha256) -----------------------------------------------
     def cached_version(self, sha256: str) -> str | None:
-        """``"sharded"`` or ``"file"`` when this cache holds the version with this full sha256
-        (its manifest, or its whole file) and those bytes hash to it; else None. Asks no server:
-        a pinned version is opened from here without its pointer, manifest or size."""
-        if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        """``"sharded"`` when this cache keeps the manifest of the version with this full
+        sha256 (hashed when it is read, :meth:`version_manifest`: a damaged one is read from
+        the server), ``"file"`` when it holds the version's whole file, valid; else None. Asks
+        no server: a pinned version is opened from here without its pointer, manifest or size."""
+        if not _SHA256.fullmatch(sha256):
             return None
-        if self.version_manifest(sha256) is not None:
+        entry = self._version_entry(sha256)
+        if is_ours(entry, _KIND) and os.path.lexists(os.path.join(entry, _MANIFEST_FILE)):
             return "sharded"
         return "file" if self._version_file(sha256) is not None else None
 

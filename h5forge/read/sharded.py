@@ -52,6 +52,7 @@ from h5forge.publish.manifest import (
     VersionManifest,
     check_labels,
     check_manifest,
+    parse_manifest,
     read_manifest,
 )
 from h5forge.publish.versions import version_url
@@ -82,8 +83,8 @@ def _manifest(where: Location, sha256: str, options: ReadOptions) -> VersionMani
     if cache is None or len(sha256) != 64 or where.is_local:
         return read_manifest(where, sha256)
     data = cache.version_manifest(sha256)
-    if data is not None:
-        return check_manifest(data, sha256, shown=str(where))
+    if data is not None:  # hashed to sha256 as it was read
+        return parse_manifest(data, shown=str(where))
     data = where.read_bytes(limit=MAX_MANIFEST_BYTES, what="version manifest")
     manifest = check_manifest(data, sha256, shown=str(where))
     cache.keep_manifest(sha256, data)

@@ -176,7 +176,7 @@ def cached_version(
     with :func:`open_named`."""
     if cache is None or not isinstance(version, str) or len(version) != 64 or where.is_local:
         return None
-    kind = cache.cached_version(parse_version(version))
+    kind = cache.cached_version(version)
     if kind is None:
         return None
     return version_url(where.url, version, kind), version
