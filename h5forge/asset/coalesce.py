@@ -269,8 +269,10 @@ class RemoteRanges:
                 got[k] = blob
         return got
 
-    def read(self, starts: list[int], ends: list[int]) -> list[memoryview]:
-        """The bytes of each sorted, non-overlapping run ``[starts[i], ends[i])``."""
+    def read(self, starts: list[int], ends: list[int]) -> list[list[memoryview]]:
+        """The bytes of each sorted, non-overlapping run ``[starts[i], ends[i])``, as the views
+        of the blocks and fetched spans that hold them, in order: a run over several blocks is
+        not joined into a copy of its own (the caller copies each part once, to its place)."""
         B = self.block_bytes
         runs = list(zip(starts, ends, strict=True))
         stored = self.stats.stored_puts
@@ -358,8 +360,8 @@ class RemoteRanges:
                     self.stats.stored_hits += 1
         return out
 
-    def _assemble(self, a: int, b: int, fetched: list[tuple[int, int, bytes]]) -> memoryview:
-        """The bytes ``[a, b)`` from kept blocks and this batch's fetched spans."""
+    def _assemble(self, a: int, b: int, fetched: list[tuple[int, int, bytes]]) -> list[memoryview]:
+        """The bytes ``[a, b)`` from kept blocks and this batch's fetched spans, as views."""
         parts: list[memoryview] = []
         pos = a
         while pos < b:
@@ -379,7 +381,7 @@ class RemoteRanges:
                 end = min(b, hi)
                 parts.append(memoryview(blob)[pos - lo : end - lo])
             pos = end
-        return parts[0] if len(parts) == 1 else memoryview(b"".join(parts))
+        return parts
 
     def _keep(self, k: int, blob: bytes) -> None:
         self._kept[k] = blob

@@ -146,11 +146,9 @@ class RangeReader:
             for start, end, members in runs:
                 self._preadv([buffers[i] for i in members], start, end - start)
             return
-        views = self.remote.read([r[0] for r in runs], [r[1] for r in runs])
-        for (start, _, members), view in zip(runs, views, strict=True):
-            for i in members:
-                at = int(ranges[i][0]) - start
-                buffers[i][:] = view[at : at + int(ranges[i][1])]
+        parts = self.remote.read([r[0] for r in runs], [r[1] for r in runs])
+        for (start, _, members), views in zip(runs, parts, strict=True):
+            _scatter(views, [(int(ranges[i][0]) - start, buffers[i]) for i in members])
 
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
         """Start fetching in the background what a later :meth:`read_into` of ``ranges``
@@ -198,3 +196,25 @@ class RangeReader:
             f"{self.url}: read of {want} bytes at offset {offset} returned {got}; the file is "
             "truncated — re-fetch or re-pack it"
         )
+
+
+def _scatter(views: list[memoryview], pieces: list[tuple[int, memoryview]]) -> None:
+    """Copy a run held as consecutive ``views`` into ``pieces``: each ``(at, buffer)`` takes the
+    run's bytes from offset ``at``, ``len(buffer)`` of them (``at`` ascending)."""
+    if len(views) == 1:
+        view = views[0]
+        for at, buf in pieces:
+            buf[:] = view[at : at + len(buf)]
+        return
+    k, lo = 0, 0  # the view holding offset ``lo`` of the run, and where it starts
+    for at, buf in pieces:
+        n, done = len(buf), 0
+        while done < n:
+            while at + done >= lo + len(views[k]):
+                lo += len(views[k])
+                k += 1
+            view = views[k]
+            a = at + done - lo
+            take = min(n - done, len(view) - a)
+            buf[done : done + take] = view[a : a + take]
+            done += take
