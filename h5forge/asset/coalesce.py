@@ -20,9 +20,11 @@ is fetched whole and stored, while a batch's blocks fit ``keep_bytes`` (a unifor
 over a large asset touches a block per sample: those batches read exactly what they need and
 store only the blocks they read half of).
 
-All requests of a batch go out at once (fsspec ``cat_ranges``: concurrent, over the process's
-kept-alive connection pool). :class:`ReadStats` counts requests, bytes and over-read; over-read
-is at most ``max_gap`` per merged gap plus the rest of a block at least half read.
+Adjacent whole blocks are fetched in one request of up to :data:`BLOCK_RUN_BYTES` and split
+into blocks as they arrive. All requests of a batch go out at once (fsspec ``cat_ranges``:
+concurrent, over the process's kept-alive connection pool). :class:`ReadStats` counts
+requests, bytes and over-read; over-read is at most ``max_gap`` per merged gap plus the rest of
+a block at least half read.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 __all__ = [
+    "BLOCK_RUN_BYTES",
     "DEFAULT_BLOCK_BYTES",
     "DEFAULT_KEEP_BYTES",
     "DEFAULT_MAX_GAP",
@@ -62,6 +65,10 @@ DEFAULT_KEEP_BYTES = 64 << 20
 STORED_KEEP_BYTES = 24 << 20
 # All readers of one process together (the files and shards it has open).
 PROCESS_KEEP_BYTES = 96 << 20
+# Adjacent whole blocks are fetched in one request up to this size (then split into blocks):
+# a request costs the client and the server CPU and the store a GET, and S3 serves ranges of
+# 8-16 MB at full speed; larger ones would leave the batch's other connections idle.
+BLOCK_RUN_BYTES = 8 << 20
 
 
 @dataclass
@@ -203,8 +210,9 @@ class RemoteRanges:
         self._kept: OrderedDict[int, bytes] = OrderedDict()  # block number -> its bytes
         self._token = next(_TOKENS)  # this reader's blocks in _PROCESS's order
         self.store = store
-        # Blocks being fetched ahead (prefetch): block number -> (future of the fetch, index).
-        self._pending: dict[int, tuple[Future[list[Any]], int]] = {}
+        # Blocks being fetched ahead: block number -> (future of the fetch, index of its run's
+        # span, the run's first block).
+        self._pending: dict[int, tuple[Future[list[Any]], int, int]] = {}
         self._ahead: ThreadPoolExecutor | None = None
 
     @property
@@ -241,25 +249,27 @@ class RemoteRanges:
             return
         if self._ahead is None:
             self._ahead = ThreadPoolExecutor(1, thread_name_prefix="h5forge-prefetch")
-        spans = [(k * B, min((k + 1) * B, self._size)) for k in want]
+        runs = self._block_runs(want)
+        spans = [self._run_span(run) for run in runs]
         future = self._ahead.submit(self._fetch, [a for a, _ in spans], [b for _, b in spans])
-        for i, k in enumerate(want):
-            self._pending[k] = (future, i)
+        for i, run in enumerate(runs):
+            for k in run:
+                self._pending[k] = (future, i, run[0])
 
     def _harvest(self, wait: Sequence[int]) -> dict[int, bytes]:
         """Prefetched blocks whose fetch is done (and those in ``wait``, waited for): kept and
         stored; returns the ones of ``wait`` that arrived."""
         got: dict[int, bytes] = {}
-        B = self.block_bytes
-        for k in [k for k, (f, _) in self._pending.items() if f.done() or k in wait]:
-            future, i = self._pending.pop(k)
+        for k in [k for k, (f, _, _) in self._pending.items() if f.done() or k in wait]:
+            future, i, first = self._pending.pop(k)
             try:
-                blob = future.result()[i]
+                run = future.result()[i]
             except Exception:  # forgotten: read() fetches it (and raises what it must)
                 continue
-            if isinstance(blob, BaseException) or len(blob) != min((k + 1) * B, self._size) - k * B:
+            blob = self._block_of(run, first, k)
+            if blob is None:
                 continue
-            self.stats.requests += 1
+            self.stats.requests += k == first  # one request for the run's blocks
             self.stats.bytes += len(blob)
             self._keep(k, blob)
             if self.store is not None:
@@ -315,7 +325,8 @@ class RemoteRanges:
                     seg = hi
             if seg < e:
                 segments.append((seg, e))
-        spans = [(k * B, min((k + 1) * B, self._size)) for k in sorted(whole)] + segments
+        block_runs = self._block_runs(sorted(whole))
+        spans = [self._run_span(run) for run in block_runs] + segments
         fetched: list[tuple[int, int, bytes]] = [
             (k * B, k * B + len(blob), blob) for k, blob in local.items()
         ]
@@ -333,17 +344,46 @@ class RemoteRanges:
             self.stats.over_read += sum(b - a for a, b in spans) - wanted
         out = [self._assemble(a, b, fetched) for a, b in runs]
         # Kept after assembling, so an eviction cannot drop a block this batch needs; the
-        # whole blocks are the first ``len(whole)`` spans, in block order.
+        # runs of whole blocks are the first ``len(block_runs)`` spans, in block order.
         got = fetched[len(local) :]
-        for k, (_, _, blob) in zip(sorted(whole), got, strict=False):
-            self._keep(k, blob)
-            if self.store is not None:
-                self.store.put(k, blob)
+        for run, (_, _, blob) in zip(block_runs, got, strict=False):
+            for k in run:
+                piece = self._block_of(blob, run[0], k)
+                assert piece is not None  # its length was checked above
+                self._keep(k, piece)
+                if self.store is not None:
+                    self.store.put(k, piece)
         for k, blob in local.items():
             self._keep(k, blob)
         if self.store is not None and (whole or self.stats.stored_puts != stored):
             self.store.complete(self._fetch)
         return out
+
+    def _block_runs(self, ks: list[int]) -> list[list[int]]:
+        """Sorted block numbers grouped into runs of adjacent blocks, each at most
+        :data:`BLOCK_RUN_BYTES` (and ``max_request``): one request each."""
+        most = max(1, min(BLOCK_RUN_BYTES, self.max_request) // self.block_bytes)
+        runs: list[list[int]] = []
+        for k in ks:
+            if runs and runs[-1][-1] == k - 1 and len(runs[-1]) < most:
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+        return runs
+
+    def _run_span(self, run: list[int]) -> tuple[int, int]:
+        return run[0] * self.block_bytes, min((run[-1] + 1) * self.block_bytes, self._size)
+
+    def _block_of(self, blob: Any, first: int, k: int) -> bytes | None:
+        """Block ``k``'s bytes out of the fetched run that starts at block ``first`` (the run's
+        own object when it is that one block); None when the run failed or came back short."""
+        B = self.block_bytes
+        lo, hi = (k - first) * B, min((k + 1) * B, self._size) - first * B
+        if isinstance(blob, BaseException) or len(blob) < hi:
+            return None
+        if lo == 0 and len(blob) == hi:
+            return bytes(blob)
+        return bytes(memoryview(blob)[lo:hi])
 
     def _from_store(self, runs: list[tuple[int, int]]) -> dict[int, bytes]:
         """The blocks of ``runs`` that are not kept in memory but in the store."""

@@ -11,9 +11,15 @@ In the entry folder (made and marked by the cache, one per asset identity or sha
 address):
 
 - ``fill.h5``: a sparse file of the asset's size; block ``k`` is written at ``k * block_bytes``.
-- ``NNNNNNNNNN.have``: block ``k``'s sha256 (32 bytes), written (fresh exclusive temp name, then
-  renamed) after its bytes. A block is served from ``fill.h5`` only when its record exists and
-  the bytes hash to it; anything else is fetched again (a torn write, a crash, a flipped byte).
+- ``NNNNNNNNNN.have``: block ``k``'s CRC-32 (4 bytes, big-endian), written (fresh exclusive temp
+  name, then renamed) after its bytes. A block is served from ``fill.h5`` only when its record
+  exists and the bytes match it; anything else is fetched again (a torn write, a crash, a
+  flipped byte). A checksum, not a digest, is enough here and costs a third of one (4.6 vs
+  1.6 GB/s on the benchmark machine, ~0.2 s of CPU in a 301 MB file's first epoch): whoever can
+  write the entry can write a matching sha256 as easily, so the record guards against accidents
+  only; what guards the content is the whole file's sha256, checked before the entry is sealed
+  and served as a local copy. (A record of another length, an earlier h5forge's sha256, is a
+  missing one: its block is fetched again.)
 - Complete: when at most ``max(8 MiB, 1/32)`` of the file is missing, the process that noticed
   (and found the entry's lock free: another process, finishing it, is not waited for) fetches
   the rest, hashes ``fill.h5`` whole under the entry's lock while a helper thread writes its
@@ -40,6 +46,7 @@ import logging
 import os
 import stat
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +82,7 @@ log = logging.getLogger("h5forge.read.fill")
 #: little beyond its samples, large enough that a 100 GB asset has ~50,000 records.
 FILL_BLOCK_BYTES = 2 << 20
 _FILL, _ASSET, _RECORD, _HAVE = "fill.h5", "asset.h5", "entry.json", ".have"
-_DIGEST = 32
+_DIGEST = 4  # a block record: its CRC-32, big-endian
 _CHUNK = 8 << 20
 
 
@@ -121,6 +128,11 @@ def room_for(folder: str, nbytes: int) -> bool:
         return False
     free, total = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
     return free - nbytes >= min(1 << 30, total // 20)
+
+
+def _checksum(data: bytes) -> bytes:
+    """A block record's content: ``data``'s CRC-32, 4 bytes big-endian."""
+    return zlib.crc32(data).to_bytes(_DIGEST, "big")
 
 
 def _write_small(path: str, data: bytes) -> None:
@@ -244,7 +256,7 @@ class FillStore:
         if len(digest) == _DIGEST and self._open_fill(create=False):
             assert self._fd is not None
             data = os.pread(self._fd, size, k * self.block_bytes)
-        if len(data) != size or hashlib.sha256(data).digest() != digest:
+        if len(data) != size or _checksum(data) != digest:
             self.misses += 1
             return None
         self.hits += 1
@@ -266,7 +278,7 @@ class FillStore:
             while view:
                 n = os.pwrite(self._fd, view, at)
                 view, at = view[n:], at + n
-            _write_small(self._have(k), hashlib.sha256(blob).digest())
+            _write_small(self._have(k), _checksum(blob))
             self._puts += 1
         except OSError as e:
             self._stop(f"cannot keep block {k}: {e}")

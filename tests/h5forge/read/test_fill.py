@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,8 @@ def test_a_damaged_block_is_fetched_again_never_served(
     fill, have = entry / "fill.h5", entry / f"{k:010d}.have"
     assert fill.read_bytes()[k * B : (k + 1) * B] == good
     decoy = tmp_path / "decoy"
-    decoy.write_bytes(hashlib.sha256(good).digest())  # the right record, outside the entry
+    record = zlib.crc32(good).to_bytes(4, "big")  # a block's record: its CRC-32 (fill.py)
+    decoy.write_bytes(record)  # the right record, outside the entry
     if damage == "flipped":  # the record says what the block was: the bytes no longer hash to it
         with open(fill, "r+b") as f:
             f.seek(k * B + len(good) // 2)
@@ -125,7 +127,7 @@ def test_a_damaged_block_is_fetched_again_never_served(
             f.seek(k * B + len(good) // 2)
             f.write(bytes([byte[0] ^ 0xFF]))
     elif damage == "record":
-        have.write_bytes(bytes(32))
+        have.write_bytes(bytes(a ^ 0xFF for a in record))
     elif damage == "record-link":  # a link is never read through, nor written through
         have.unlink()
         have.symlink_to(decoy)
@@ -140,8 +142,8 @@ def test_a_damaged_block_is_fetched_again_never_served(
     assert fill.read_bytes()[k * B : (k + 1) * B] == good
     assert have.is_file()
     assert not have.is_symlink()
-    assert have.read_bytes() == hashlib.sha256(good).digest()
-    assert decoy.read_bytes() == hashlib.sha256(good).digest()
+    assert have.read_bytes() == record
+    assert decoy.read_bytes() == record
 
 
 @pytest.mark.parametrize("planted", ["link", "fifo"])

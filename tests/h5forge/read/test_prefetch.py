@@ -80,11 +80,11 @@ def test_a_prefetched_batch_is_read_without_a_request_of_its_own(
     for (o, n), b in zip(ranges, bufs, strict=True):
         assert bytes(b) == data[o : o + n]
     fetched = _gets(s3_requests)
-    # The blocks read at least half (3, 9, 10) came ahead, one request each; the 10 bytes of
-    # block 4 and the 100 of block 20 are too little to fetch them whole: the read asks for
-    # exactly those itself.
+    # The blocks read at least half (3, 9, 10) came ahead, adjacent ones in one request (9
+    # and 10); the 10 bytes of block 4 and the 100 of block 20 are too little to fetch them
+    # whole: the read asks for exactly those itself.
     assert sorted(r.range for r in fetched) == sorted(
-        [f"bytes={k * BLOCK}-{(k + 1) * BLOCK - 1}" for k in (3, 9, 10)]
+        [f"bytes={3 * BLOCK}-{4 * BLOCK - 1}", f"bytes={9 * BLOCK}-{11 * BLOCK - 1}"]
         + [f"bytes={4 * BLOCK}-{4 * BLOCK + 9}", f"bytes={20 * BLOCK + 5}-{20 * BLOCK + 104}"]
     )
     s3_requests.clear()
@@ -102,7 +102,7 @@ def test_prefetch_is_bounded_by_what_a_reader_keeps(
     ranges = [(k * BLOCK, BLOCK) for k in range(0, 30, 2)]  # 15 whole blocks
     s3_requests.clear()
     rd.prefetch(ranges)
-    for future, _ in list(rd.remote._pending.values()):
+    for future, *_ in list(rd.remote._pending.values()):
         future.result()
     ahead = sorted(r.range for r in _gets(s3_requests))  # the first 6 blocks, no more
     assert ahead == sorted(f"bytes={k * BLOCK}-{(k + 1) * BLOCK - 1}" for k in range(0, 12, 2))
