@@ -65,6 +65,9 @@ DEFAULT_KEEP_BYTES = 64 << 20
 STORED_KEEP_BYTES = 24 << 20
 # All readers of one process together (the files and shards it has open).
 PROCESS_KEEP_BYTES = 96 << 20
+# ... of those with a store: what they drop, the store gives back from the page cache (a
+# sharded version's worker reads several shards at once: each would keep its own 24 MiB).
+PROCESS_STORED_KEEP_BYTES = 32 << 20
 # Adjacent whole blocks are fetched in one request up to this size (then split into blocks):
 # a request costs the client and the server CPU and the store a GET, and S3 serves ranges of
 # 8-16 MB at full speed; larger ones would leave the batch's other connections idle.
@@ -174,6 +177,7 @@ _TOKENS = itertools.count()
 #: Blocks kept in memory by all remote readers of this process (a forked worker gets a copy
 #: of its parent's, as it gets the readers).
 _PROCESS = _ProcessBlocks(PROCESS_KEEP_BYTES)
+_PROCESS_STORED = _ProcessBlocks(PROCESS_STORED_KEEP_BYTES)
 
 
 class RemoteRanges:
@@ -208,8 +212,9 @@ class RemoteRanges:
         self.stats = ReadStats()
         self._fetch, self._size, self._short = fetch, size, short
         self._kept: OrderedDict[int, bytes] = OrderedDict()  # block number -> its bytes
-        self._token = next(_TOKENS)  # this reader's blocks in _PROCESS's order
+        self._token = next(_TOKENS)  # this reader's blocks in its budget's order
         self.store = store
+        self._budget = _PROCESS if store is None else _PROCESS_STORED
         # Blocks being fetched ahead: block number -> (future of the fetch, index of its run's
         # span, the run's first block).
         self._pending: dict[int, tuple[Future[list[Any]], int, int]] = {}
@@ -409,7 +414,7 @@ class RemoteRanges:
             blob = self._kept.get(k)
             if blob is not None:
                 self._kept.move_to_end(k)
-                _PROCESS.used(self._token, k)
+                self._budget.used(self._token, k)
                 lo = k * self.block_bytes
                 end = min(b, lo + len(blob))
                 parts.append(memoryview(blob)[pos - lo : end - lo])
@@ -428,5 +433,5 @@ class RemoteRanges:
         self._kept.move_to_end(k)
         while len(self._kept) * self.block_bytes > self.keep_bytes:
             old, _ = self._kept.popitem(last=False)
-            _PROCESS.forget(self._token, old)
-        _PROCESS.kept(self, k, len(blob))
+            self._budget.forget(self._token, old)
+        self._budget.kept(self, k, len(blob))

@@ -157,3 +157,47 @@ def test_readers_of_one_process_keep_blocks_within_one_budget(
     assert sorted(first.remote._kept) == [3]
     assert sorted(second.remote._kept) == list(range(10, 15))
     assert budget.held == 6 * BLOCK
+
+
+def test_readers_with_a_store_keep_blocks_within_their_own_smaller_budget(
+    blob_url: tuple[str, bytes],
+    s3_storage_options: dict[str, Any],
+    s3_requests: S3RequestLog,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A sharded version's worker reads several shards, each with its cache store: what the
+    budget drops from memory, the store gives back without a request."""
+    from h5forge.asset import coalesce
+    from h5forge.read.block_cache import BlockStore
+
+    url, data = blob_url
+    plain = coalesce._ProcessBlocks(16 * BLOCK)
+    stored = coalesce._ProcessBlocks(4 * BLOCK)
+    monkeypatch.setattr(coalesce, "_PROCESS", plain)
+    monkeypatch.setattr(coalesce, "_PROCESS_STORED", stored)
+    readers = [
+        RangeReader(
+            Location(url, s3_storage_options),
+            block_bytes=BLOCK,
+            keep_bytes=8 * BLOCK,
+            max_gap=0,
+            store=BlockStore(str(tmp_path), f"k{i}", 1 << 30, BLOCK),
+        )
+        for i in range(2)
+    ]
+    spans = (range(0, 3), range(10, 13))
+    for rd, blocks in zip(readers, spans, strict=True):
+        ranges = [(k * BLOCK, BLOCK) for k in blocks]
+        bufs = [memoryview(bytearray(BLOCK)) for _ in ranges]
+        rd.read_into(ranges, bufs)
+        assert [bytes(b) for b in bufs] == [data[o : o + n] for o, n in ranges]
+    kept = [sorted(rd.remote._kept) for rd in readers if rd.remote is not None]
+    assert kept == [[2], [10, 11, 12]]  # 6 blocks read, 4 fit: the oldest 2 dropped
+    assert stored.held == 4 * BLOCK
+    assert plain.held == 0
+    s3_requests.clear()
+    buf = memoryview(bytearray(BLOCK))
+    readers[0].read_into([(0, BLOCK)], [buf])  # dropped from memory, kept in the store
+    assert bytes(buf) == data[:BLOCK]
+    assert _gets(s3_requests) == []
