@@ -104,8 +104,8 @@ class BlockSource(Protocol):
     def put(self, k: int, blob: bytes) -> None: ...
 
     def complete(self, fetch: Fetch) -> None:
-        """Called after a batch stored blocks: a store may finish itself (fetching what is
-        missing with ``fetch``)."""
+        """Called after a batch stored or read blocks of the store: a store may finish itself
+        (fetching what is missing with ``fetch``)."""
 
     def local_fd(self) -> int | None:
         """A descriptor of the whole file, validated, once the store holds it (else None)."""
@@ -360,7 +360,7 @@ class RemoteRanges:
                     self.store.put(k, piece)
         for k, blob in local.items():
             self._keep(k, blob)
-        if self.store is not None and (whole or self.stats.stored_puts != stored):
+        if self.store is not None and (whole or local or self.stats.stored_puts != stored):
             self.store.complete(self._fetch)
         return out
 

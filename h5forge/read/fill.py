@@ -21,7 +21,9 @@ address):
   and served as a local copy. (A record of another length, an earlier h5forge's sha256, is a
   missing one: its block is fetched again.)
 - Complete: when at most ``max(8 MiB, 1/32)`` of the file is missing, the process that noticed
-  (and found the entry's lock free: another process, finishing it, is not waited for) fetches
+  (one that fetched blocks, or one that only read them from the entry, as after a job killed
+  before the check: every block kept, none sealed), if it found the entry's lock free (another
+  process, finishing it, is not waited for), fetches
   the rest, hashes ``fill.h5`` whole under the entry's lock while a helper thread writes its
   pages to disk (the seal's ``fsync`` then waits for little), and only if it matches the
   sha256 the sidecar, pinned version or version manifest records renames it to ``asset.h5`` with
@@ -187,7 +189,7 @@ class FillStore:
     _fd: int | None = field(default=None, repr=False)
     _local: int | None = field(default=None, repr=False)
     _off: bool = field(default=False, repr=False)
-    _puts: int = field(default=0, repr=False)
+    _calls: int = field(default=0, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
         # Descriptors stay in the process that opened them; a worker opens its own.
@@ -279,7 +281,6 @@ class FillStore:
                 n = os.pwrite(self._fd, view, at)
                 view, at = view[n:], at + n
             _write_small(self._have(k), _checksum(blob))
-            self._puts += 1
         except OSError as e:
             self._stop(f"cannot keep block {k}: {e}")
 
@@ -291,9 +292,10 @@ class FillStore:
             IntegrityError: the server's bytes do not hash to the expected sha256 (all kept
                 are removed).
         """
-        if self._off or self._local is not None or self._fd is None or not self._puts:
+        if self._off or self._local is not None or self._fd is None:
             return
-        if self.blocks > 2048 and self._puts % 32:
+        self._calls += 1
+        if self.blocks > 2048 and self._calls % 32:
             return  # a large file: count its records now and then, not after every batch
         missing = self._missing()
         last = self.size - (self.blocks - 1) * self.block_bytes

@@ -362,3 +362,33 @@ def test_a_block_damaged_on_disk_fails_no_completion_it_is_fetched_again(
     # sample 0's block is read again.
     assert content(again[i] for i in reversed(range(len(again)))) == _truth(big.path)
     assert (entry / "asset.h5").read_bytes() == Path(big.path).read_bytes()
+
+
+def test_an_entry_left_whole_but_unsealed_is_sealed_by_a_job_that_only_reads_it(
+    assets: dict[str, PackResult],
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_requests: S3RequestLog,
+    tmp_path: Path,
+) -> None:
+    """A job killed after its entry held every block, before the whole-file check: the next
+    job reads every block from the entry (never from the server) and seals it on the way."""
+    big = assets["big"]
+    url, name = _publish(big, s3_bucket, s3_storage_options), Path(big.path).name
+    cache, truth = tmp_path / "cache", _truth(big.path)
+    assert _all(H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)) == truth
+    entry = _entry(cache)
+    # What such a job leaves: the fill file and every block's record, no seal.
+    data = (entry / "asset.h5").read_bytes()
+    (entry / "asset.h5").rename(entry / "fill.h5")
+    (entry / "entry.json").unlink()
+    blocks = -(-len(data) // B)
+    for k in range(blocks):
+        record = zlib.crc32(data[k * B : (k + 1) * B]).to_bytes(4, "big")
+        (entry / f"{k:010d}.have").write_bytes(record)
+    s3_requests.clear()
+    assert _all(H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)) == truth
+    assert not any(_fetched(s3_requests, name, k) for k in range(blocks)), _gets(s3_requests, name)
+    assert (entry / "asset.h5").read_bytes() == data
+    assert not (entry / "fill.h5").exists()
+    assert not list(entry.glob("*.have"))
