@@ -400,10 +400,6 @@ ALONE: dict[str, str] = {
     "h5forge.read.asset_list": (
         "the asset list: an untrusted document with its own bounds and tests"
     ),
-    "h5forge.read.fill": (
-        "a cache entry filled from the reader's own fetches, hashed whole once complete: a "
-        "trust boundary with its own tests"
-    ),
     "h5forge.read.sampler": ("public: the resumable, distributed Sampler"),
     "h5forge.read.shard_check": (
         "what proves a local shard is the file its manifest names, and when a check made "

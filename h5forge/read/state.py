@@ -24,6 +24,7 @@ from h5forge.asset.ranges import RangeReader
 from h5forge.asset.target_layout import file_schema, image_sizes
 from h5forge.errors import IntegrityError
 from h5forge.location import Location
+from h5forge.read.fill import FillStore
 from h5forge.read.options import ReadOptions
 from h5forge.read.targets import TargetReads, select
 
@@ -210,6 +211,8 @@ def open_state(
         try:
             if pinned is None:
                 store = cache.block_store(where, sha256) if cache is not None else None
+                if size is None and isinstance(store, FillStore):
+                    size = store.size  # the server's, as the cache's check just asked it
                 return ProcessState(where, options, store, check, size)
             st = ProcessState(Location(pinned.path), options, check=check)
         except _Replaced:

@@ -392,3 +392,21 @@ def test_an_entry_left_whole_but_unsealed_is_sealed_by_a_job_that_only_reads_it(
     assert (entry / "asset.h5").read_bytes() == data
     assert not (entry / "fill.h5").exists()
     assert not list(entry.glob("*.have"))
+
+
+def test_a_cold_cached_open_asks_the_object_s_size_once(
+    assets: dict[str, PackResult],
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_requests: S3RequestLog,
+    tmp_path: Path,
+) -> None:
+    """The cache's check asks the object's HEAD (beside its sidecar); the open that fills the
+    entry reads the file with that size instead of asking again."""
+    big = assets["big"]
+    url, name = _publish(big, s3_bucket, s3_storage_options), Path(big.path).name
+    s3_requests.clear()
+    ds = H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=tmp_path / "cache")
+    heads = [r for r in s3_requests() if r.method == "HEAD" and r.path.endswith(f"/{name}")]
+    assert len(heads) == 1, s3_requests()
+    assert content([ds[len(ds) - 1]]) == content([H5ImageDataset(big.path)[len(ds) - 1]])
