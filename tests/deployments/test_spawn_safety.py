@@ -116,7 +116,10 @@ def test_an_interrupted_build_leaves_no_process_behind(
     tmp_path: Path, h5forge_server: LocalServer, how: str
 ) -> None:
     src = tmp_path / "src"
-    write_image_folder(src, classes=("a", "b"), per_class=150, seed=2, size=(256, 256))
+    # 1,000 images: a pack of ~2 s on 2 busy cores, so the interrupt below lands inside it even
+    # when this process is slow to see the pool start (300 packed in 0.5 s; CI once saw the
+    # build finish first, exit 0).
+    write_image_folder(src, classes=("a", "b"), per_class=500, seed=2, size=(256, 256))
     build = subprocess.Popen(
         [sys.executable, "-m", "h5forge.deployments.cli", "build", str(src),
          str(tmp_path / "out" / "x.h5"), "--workers", "2"],
