@@ -67,7 +67,9 @@ STORED_KEEP_BYTES = 24 << 20
 PROCESS_KEEP_BYTES = 96 << 20
 # ... of those with a store: what they drop, the store gives back from the page cache (a
 # sharded version's worker reads several shards at once: each would keep its own 24 MiB).
-PROCESS_STORED_KEEP_BYTES = 32 << 20
+# 8 MiB, not 32: a 5-shard version's worker peaked 306-318 MB, not 331-344 (a local read's
+# 232 MB), with the same epoch times (paired runs, benchmarks/RESULTS.md).
+PROCESS_STORED_KEEP_BYTES = 8 << 20
 # Adjacent whole blocks are fetched in one request up to this size (then split into blocks):
 # a request costs the client and the server CPU and the store a GET, and S3 serves ranges of
 # 8-16 MB at full speed; larger ones would leave the batch's other connections idle.
