@@ -16,7 +16,12 @@ import pytest
 from PIL import Image, ImageOps
 
 from h5forge.demo import write_image_folder
-from h5forge.errors import EmptyDatasetError, MissingExtraError, TooManyBadImagesError
+from h5forge.errors import (
+    EmptyDatasetError,
+    IntegrityError,
+    MissingExtraError,
+    TooManyBadImagesError,
+)
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
@@ -182,6 +187,42 @@ def test_too_many_bad_images_fails_and_leaves_nothing(tmp_path: Path) -> None:
     with h5py.File(out) as h5:
         assert sorted(h5["quarantine/paths"].asstr()[()]) == ["a/broken.jpg", "b/junk.png"]
         assert all(h5["quarantine/reasons"].asstr()[()])
+
+
+@pytest.mark.parametrize("workers", [1, 2])  # in this process; the pool's ring
+def test_a_write_the_disk_gets_wrong_fails_the_pack_before_its_seal(
+    split_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """A filesystem that keeps other bytes than the pack wrote (one byte of one sample's chunk
+    flipped on its way down) fails the pack at the seal's check of every sample's sha256,
+    read back from the file: nothing is left at the output's name."""
+    chunk = 32 * 48 * 3
+    flipped: list[int] = []
+    real_pwrite, real_pwritev = os.pwrite, os.pwritev
+
+    def flip(bufs: list[bytearray]) -> list[bytearray]:
+        if not flipped and sum(len(b) for b in bufs) >= chunk:
+            bufs[-1][len(bufs[-1]) // 2] ^= 0xFF
+            flipped.append(1)
+        return bufs
+
+    monkeypatch.setattr(
+        os, "pwrite", lambda fd, b, at: real_pwrite(fd, flip([bytearray(b)])[0], at)
+    )
+    monkeypatch.setattr(
+        os, "pwritev", lambda fd, bs, at: real_pwritev(fd, flip([bytearray(b) for b in bs]), at)
+    )
+    out = tmp_path / "x.h5"
+    cfg = PackConfig(ImageConfig(resize="resize", size=(32, 48)))
+    with pytest.raises(IntegrityError, match="failed verification") as info:
+        pack(split_tree, out, config=cfg, workers=workers)
+    assert flipped
+    assert len(info.value.failures) == 1
+    assert "sha256 of stored bytes" in info.value.failures[0]
+    assert not out.exists()
+    assert not list(tmp_path.glob("*.partial*"))
+    monkeypatch.undo()
+    assert pack(split_tree, out, config=cfg, workers=workers).num_samples == 36
 
 
 def test_class_losing_every_image_is_an_error(tmp_path: Path) -> None:
