@@ -26,6 +26,7 @@ symlink; only the names h5forge invents inside it are protected.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -59,6 +60,7 @@ __all__ = [
     "remove_tree",
     "replace_file",
     "same_file",
+    "sha256_fd",
     "unmark",
 ]
 
@@ -234,6 +236,32 @@ def make_marked_dir(path: str | os.PathLike[str], kind: str, mode: int = 0o777) 
         os.rmdir(path)
         raise
     return Path(path)
+
+
+def sha256_fd(fd: int, size: int | None = None, chunk: int = 8 << 20) -> tuple[str, int]:
+    """The hex sha256 of the first ``size`` bytes of the file open as ``fd`` (all of it when
+    None), and how many bytes were hashed (fewer than ``size`` when it is shorter).
+
+    Read from offset 0 (never moving ``fd``'s position) into one reused buffer: a new
+    ``bytes`` per read cost a 301 MB file 0.33-0.42 s of CPU against 0.25 s here (sha256
+    itself ~0.18 s).
+    """
+    digest, at = hashlib.sha256(), 0
+    want = os.fstat(fd).st_size + 1 if size is None else size  # +1: the read that finds the end
+    with memoryview(bytearray(max(1, min(chunk, want)))) as buf:
+        while size is None or at < size:
+            view = buf if size is None else buf[: min(len(buf), size - at)]
+            if hasattr(os, "preadv"):
+                n = os.preadv(fd, [view], at)
+            else:  # Windows
+                data = os.pread(fd, len(view), at)
+                n = len(data)
+                view[:n] = data
+            if not n:
+                break
+            digest.update(view[:n])
+            at += n
+    return digest.hexdigest(), at
 
 
 def read_small(fd: int) -> bytes | None:

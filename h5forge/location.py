@@ -42,7 +42,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from h5forge.documents import MAX_JSON_DEPTH, DocumentError, parse_json
-from h5forge.files import NONBLOCK, create_exclusive, fsync_dir
+from h5forge.files import NONBLOCK, create_exclusive, fsync_dir, sha256_fd
 from h5forge.locks import flock
 from h5forge.redact import canonical_url, redact_url
 from h5forge.s3_session import share_models
@@ -315,18 +315,18 @@ class Location:
         """
         if chunk < 1:
             raise ValueError(f"chunk={chunk} must be >= 1 byte")
-        digest = hashlib.sha256()
         if self.is_local:
             fd = os.open(self.path, os.O_RDONLY | NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-            with os.fdopen(fd, "rb") as f:
+            try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise ValueError(
                         f"{str(self)!r} is not a regular file (a FIFO, device or folder): "
                         "there is nothing to hash; give the path of a file"
                     )
-                while block := f.read(chunk):
-                    digest.update(block)
-            return digest.hexdigest()
+                return sha256_fd(fd, chunk=chunk)[0]
+            finally:
+                os.close(fd)
+        digest = hashlib.sha256()
         with self.fs.open(self.path, "rb", block_size=chunk) as f:
             while block := f.read(chunk):
                 digest.update(block)

@@ -64,6 +64,7 @@ from h5forge.files import (
     make_marked_dir,
     remove_marked,
     replace_file,
+    sha256_fd,
 )
 from h5forge.location import MAX_CACHE_RECORD_BYTES
 from h5forge.locks import lock_file
@@ -346,14 +347,8 @@ class FillStore:
     def _hash(self) -> str:
         """The sha256 of ``fill.h5`` (of its first ``size`` bytes; "" if it is shorter)."""
         assert self._fd is not None
-        h, at = hashlib.sha256(), 0
-        while at < self.size:
-            chunk = os.pread(self._fd, min(_CHUNK, self.size - at), at)
-            if not chunk:
-                return ""
-            h.update(chunk)
-            at += len(chunk)
-        return h.hexdigest()
+        digest, n = sha256_fd(self._fd, self.size, _CHUNK)
+        return digest if n == self.size else ""
 
     def _fetch_all(self, fetch: Callable[[list[int], list[int]], list[Any]]) -> bool:
         """``fill.h5`` did not hash right: a kept block may be damaged on disk (a byte flipped

@@ -7,6 +7,7 @@ afterwards; concurrent runs are real processes; a dead run is one killed with SI
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -18,6 +19,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from h5forge import files
 from h5forge.demo import write_image_folder
@@ -434,5 +437,28 @@ def test_open_regular_never_waits_on_a_fifo_and_refuses_what_is_not_a_file(
     fd = files.open_regular(tmp_path / "file", "part")
     try:
         assert os.read(fd, 10) == b"bytes"
+    finally:
+        os.close(fd)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.binary(max_size=3000),
+    chunk=st.integers(1, 1100),
+    size=st.one_of(st.none(), st.integers(0, 3500)),
+)
+def test_sha256_fd_hashes_the_first_size_bytes_in_any_chunking(
+    tmp_path_factory: pytest.TempPathFactory, data: bytes, chunk: int, size: int | None
+) -> None:
+    """One reused buffer, any chunk: the same digest as hashing the bytes at once, the count
+    of bytes hashed (short when the file is), and the descriptor's position left alone."""
+    path = tmp_path_factory.mktemp("sha") / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.lseek(fd, 3, os.SEEK_SET)
+        want = data if size is None else data[:size]
+        assert files.sha256_fd(fd, size, chunk) == (hashlib.sha256(want).hexdigest(), len(want))
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 3
     finally:
         os.close(fd)
