@@ -24,7 +24,8 @@ address):
   (one that fetched blocks, or one that only read them from the entry, as after a job killed
   before the check: every block kept, none sealed), if it found the entry's lock free (another
   process, finishing it, is not waited for), fetches
-  the rest, hashes ``fill.h5`` whole under the entry's lock while a helper thread writes its
+  the rest on a helper thread while it hashes the kept blocks before the first missing one,
+  hashes the rest of ``fill.h5`` under the entry's lock while a helper thread writes its
   pages to disk (the seal's ``fsync`` then waits for little), and only if it matches the
   sha256 the sidecar, pinned version or version manifest records renames it to ``asset.h5`` with
   the entry's record (:mod:`h5forge.read.cache`'s layout): from then on every process reads it as
@@ -50,6 +51,7 @@ import stat
 import threading
 import zlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +62,7 @@ from h5forge.files import (
     NOFOLLOW,
     NONBLOCK,
     create_exclusive,
+    hash_fd,
     is_ours,
     make_marked_dir,
     remove_marked,
@@ -304,35 +307,49 @@ class FillStore:
         if gap > max(8 << 20, self.size // 32):
             return
         try:
-            with (
-                lock_file(
-                    self.entry + ".lock", wait=False, target=f"the cache entry of {self.url}"
-                ),
-                _flushing(self._fd),
+            with lock_file(
+                self.entry + ".lock", wait=False, target=f"the cache entry of {self.url}"
             ):
                 if self.local_fd() is not None:
                     return  # another process finished it
                 missing = self._missing()
-                if missing:
-                    spans = [self._span(k) for k in missing]
-                    blobs = fetch([a for a, _ in spans], [b for _, b in spans])
-                    for k, (a, b), blob in zip(missing, spans, blobs, strict=True):
-                        if isinstance(blob, BaseException) or len(blob) != b - a:
-                            return  # the next batch tries again
-                        self.put(k, blob)
-                    if self._off:
-                        return
-                if self._hash() != self.sha256 and (
-                    not self._fetch_all(fetch) or self._hash() != self.sha256
-                ):
-                    return  # a fetch failed, or another process wrote meanwhile: try again
-                self._seal()
+                digest, first = hashlib.sha256(), self._span(missing[0])[0] if missing else 0
+                # The kept blocks before the first missing one are hashed while the missing
+                # ones are fetched and kept on a helper thread (the stall that ends a first
+                # epoch); the rest once they are in.
+                with ThreadPoolExecutor(1, thread_name_prefix="h5forge-cache-fill") as pool:
+                    filling = pool.submit(self._fill, fetch, missing) if missing else None
+                    hashed = hash_fd(self._fd, digest, 0, first if missing else self.size)
+                    if filling is not None and not filling.result():
+                        return  # a fetch failed, or filling stopped: the next batch tries again
+                # The disk takes the file while the rest is hashed (not while the missing
+                # blocks are written: their writes waited behind it), so the seal's fsync
+                # finds little left.
+                with _flushing(self._fd):
+                    if missing and hashed == first:
+                        hashed += hash_fd(self._fd, digest, first, self.size)
+                    if (hashed != self.size or digest.hexdigest() != self.sha256) and (
+                        not self._fetch_all(fetch) or self._hash() != self.sha256
+                    ):
+                        return  # a fetch failed, or another process wrote meanwhile: again
+                    self._seal()
         except BusyError:
             return  # another process is finishing it (or making it): its batches go on here
         except OSError as e:
             self._stop(f"cannot finish the entry: {e}")
 
     # --- internals ----------------------------------------------------------------------------
+    def _fill(self, fetch: Callable[[list[int], list[int]], list[Any]], missing: list[int]) -> bool:
+        """Fetch blocks ``missing`` with ``fetch`` and keep them; False when a fetch failed or
+        filling stopped."""
+        spans = [self._span(k) for k in missing]
+        blobs = fetch([a for a, _ in spans], [b for _, b in spans])
+        for k, (a, b), blob in zip(missing, spans, blobs, strict=True):
+            if isinstance(blob, BaseException) or len(blob) != b - a:
+                return False
+            self.put(k, blob)
+        return not self._off
+
     def _span(self, k: int) -> tuple[int, int]:
         return k * self.block_bytes, min((k + 1) * self.block_bytes, self.size)
 

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import h5py
 import pytest
 from torch.utils.data import DataLoader
 
@@ -392,6 +393,58 @@ def test_an_entry_left_whole_but_unsealed_is_sealed_by_a_job_that_only_reads_it(
     assert (entry / "asset.h5").read_bytes() == data
     assert not (entry / "fill.h5").exists()
     assert not list(entry.glob("*.have"))
+
+
+@pytest.mark.parametrize("gone", [(0, 3), (2, -1), (-1,)])  # -1: the last, short block
+def test_an_entry_missing_a_few_blocks_fetches_them_once_while_it_hashes_and_seals(
+    assets: dict[str, PackResult],
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_requests: S3RequestLog,
+    tmp_path: Path,
+    gone: tuple[int, ...],
+) -> None:
+    """The completion fetches the few blocks no batch kept on a helper thread while it hashes
+    the kept ones before the first of them (none when block 0 is missing): each is asked for
+    once, no kept block is, and the sealed copy is the file's bytes."""
+    big = assets["big"]
+    url, name = _publish(big, s3_bucket, s3_storage_options), Path(big.path).name
+    cache, truth = tmp_path / "cache", _truth(big.path)
+    assert _all(H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)) == truth
+    entry = _entry(cache)
+    data = (entry / "asset.h5").read_bytes()
+    blocks = -(-len(data) // B)
+    missing = sorted(k % blocks for k in gone)
+    # An entry of every block but ``missing``: holes (zeros) where they go, no record of them.
+    (entry / "asset.h5").unlink()
+    (entry / "entry.json").unlink()
+    with open(entry / "fill.h5", "wb") as f:
+        f.truncate(len(data))
+        for k in range(blocks):
+            if k not in missing:
+                f.seek(k * B)
+                f.write(data[k * B : (k + 1) * B])
+                record = zlib.crc32(data[k * B : (k + 1) * B]).to_bytes(4, "big")
+                (entry / f"{k:010d}.have").write_bytes(record)
+    s3_requests.clear()
+    kept = next(k for k in range(blocks) if k not in missing)
+    with h5py.File(big.path) as h5:
+        ranges = h5["byte_ranges"][()]
+    # One sample inside a kept block: its read finds little missing and completes the entry.
+    first = next(i for i, (a, n) in enumerate(ranges) if a // B == (a + n - 1) // B == kept)
+    ds = H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)
+    ds[first]
+    assert (entry / "asset.h5").read_bytes() == data
+    assert not (entry / "fill.h5").exists()
+    spans = {k: (k * B, min((k + 1) * B, len(data))) for k in range(blocks)}
+    gets = _gets(s3_requests, name)  # the open's reads of HDF5 metadata besides
+    assert sorted(k for k, span in spans.items() for g in gets if g == span) == missing, gets
+    assert not [
+        g
+        for g in gets
+        if any(g[0] <= spans[k][0] < spans[k][1] <= g[1] for k in spans if k not in missing)
+    ]
+    assert _all(ds) == truth
 
 
 def test_a_cold_cached_open_asks_the_object_s_size_once(
