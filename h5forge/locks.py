@@ -55,6 +55,9 @@ __all__ = [
 
 LOCK_SUFFIX = ".lock"
 LOCK_FORMAT = "h5forge-lock/1"
+# Opens of a lock file found removed by its releasing holder before one is kept (each such
+# removal means another run took and released the lock meanwhile).
+_REOPENS = 1000
 
 
 def flock(fd: int, *, wait: bool = True) -> bool:
@@ -184,27 +187,37 @@ def _lock_record(fd: int, lock: str) -> dict[str, Any] | None:
 
 
 def _open_lock(lock: str) -> int:
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | NOFOLLOW | NONBLOCK | CLOEXEC, 0o644)
-    except OSError:
-        if os.path.islink(lock) or os.path.isdir(lock):
+    for _ in range(_REOPENS):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | NOFOLLOW | NONBLOCK | CLOEXEC, 0o644)
+        except OSError:
+            if os.path.islink(lock) or os.path.isdir(lock):
+                raise UnsafePathError(
+                    f"lock file {lock} is {describe(lock)}; h5forge never follows a link or uses "
+                    "a name it did not make: remove it and run again"
+                ) from None
+            raise
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 0:
+            # Its holder released it (removing it) between our open and this check: open the
+            # name again, as lock_file does when it finds the file gone after its flock.
+            os.close(fd)
+            continue
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_nlink != 1
+            or (hasattr(os, "getuid") and st.st_uid != os.getuid())
+        ):
+            os.close(fd)
             raise UnsafePathError(
-                f"lock file {lock} is {describe(lock)}; h5forge never follows a link or uses a "
-                "name it did not make: remove it and run again"
-            ) from None
-        raise
-    st = os.fstat(fd)
-    if (
-        not stat.S_ISREG(st.st_mode)
-        or st.st_nlink != 1
-        or (hasattr(os, "getuid") and st.st_uid != os.getuid())
-    ):
-        os.close(fd)
-        raise UnsafePathError(
-            f"lock file {lock} is {describe(lock)}, not a lock file h5forge made (a regular "
-            "file of yours with one link); remove it and run again"
-        )
-    return fd
+                f"lock file {lock} is {describe(lock)}, not a lock file h5forge made (a regular "
+                "file of yours with one link); remove it and run again"
+            )
+        return fd
+    raise BusyError(
+        f"lock file {lock} was removed {_REOPENS} times as it was opened: other runs take and "
+        "release it without pause; run again"
+    )
 
 
 def _busy(out: str, lock: str, fd: int) -> BusyError:

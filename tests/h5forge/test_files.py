@@ -27,7 +27,7 @@ from h5forge.demo import write_image_folder
 from h5forge.errors import BusyError, UnsafePathError
 from h5forge.fetch.staging import commit, exclusive, new_staging
 from h5forge.location import Location
-from h5forge.locks import folder_lock
+from h5forge.locks import folder_lock, lock_file
 from h5forge.output_lock import output_lock
 from h5forge.pack.config import PackConfig
 from h5forge.pack.writer import PackResult, pack
@@ -462,3 +462,31 @@ def test_sha256_fd_hashes_the_first_size_bytes_in_any_chunking(
         assert os.lseek(fd, 0, os.SEEK_CUR) == 3
     finally:
         os.close(fd)
+
+
+def test_a_lock_released_while_another_run_opens_it_is_taken_not_refused(
+    tmp_path: Path,
+) -> None:
+    """A holder removes its lock file on release; a run that opened the file just before (a
+    name with no link left) opens the name again, as when it finds the file gone after its
+    ``flock``, instead of refusing it as a file h5forge did not make. Two threads take and
+    release one lock in turns, as two workers completing one cache entry do."""
+    import threading
+
+    lock, rounds, errors = str(tmp_path / "entry.lock"), 400, []
+
+    def run() -> None:
+        try:
+            for _ in range(rounds):
+                with lock_file(lock, target="the entry"):
+                    pass
+        except Exception as e:  # reported below, with the thread's name
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert not os.path.exists(lock)
