@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, Literal, cast
@@ -90,14 +91,23 @@ class _Batches(Dataset[tuple[Any, Any]]):
         self.dataset = dataset
         self.read = read
         self.prefetch = prefetch
+        self._reading = 0  # the process that read a batch (a worker's first: see below)
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, indices: list[int]) -> Any:
         ahead = getattr(indices, "ahead", None)
-        if ahead and self.prefetch is not None:
-            self.prefetch(ahead)  # fetched while this batch is read and handed over
+        if not ahead or self.prefetch is None:
+            return self.read(indices)
+        if self._reading != os.getpid():
+            # A worker's first batch has nothing fetched ahead: its own requests go first,
+            # not beside the next batch's (a first batch from a bucket came ~120 ms sooner).
+            self._reading = os.getpid()
+            out = self.read(indices)
+            self.prefetch(ahead)
+            return out
+        self.prefetch(ahead)  # fetched while this batch is read and handed over
         return self.read(indices)
 
 
