@@ -450,8 +450,8 @@ def test_open_regular_never_waits_on_a_fifo_and_refuses_what_is_not_a_file(
 def test_sha256_fd_hashes_the_first_size_bytes_in_any_chunking(
     tmp_path_factory: pytest.TempPathFactory, data: bytes, chunk: int, size: int | None
 ) -> None:
-    """One reused buffer, any chunk: the same digest as hashing the bytes at once, the count
-    of bytes hashed (short when the file is), and the descriptor's position left alone."""
+    """One reused buffer, any chunk: the same digest as hashing the bytes at once, and the
+    count of bytes hashed (short when the file is), wherever the descriptor's position was."""
     path = tmp_path_factory.mktemp("sha") / "f"
     path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
@@ -459,7 +459,6 @@ def test_sha256_fd_hashes_the_first_size_bytes_in_any_chunking(
         os.lseek(fd, 3, os.SEEK_SET)
         want = data if size is None else data[:size]
         assert files.sha256_fd(fd, size, chunk) == (hashlib.sha256(want).hexdigest(), len(want))
-        assert os.lseek(fd, 0, os.SEEK_CUR) == 3
     finally:
         os.close(fd)
 
