@@ -23,16 +23,16 @@ address):
 - Complete: when at most ``max(8 MiB, 1/32)`` of the file is missing, the process that noticed
   (one that fetched blocks, or one that only read them from the entry, as after a job killed
   before the check: every block kept, none sealed), if it found the entry's lock free (another
-  process, finishing it, is not waited for), fetches
-  the rest on a helper thread while it hashes the kept blocks before the first missing one,
-  hashes the rest of ``fill.h5`` under the entry's lock while a helper thread writes its
-  pages to disk (the seal's ``fsync`` then waits for little), and only if it matches the
-  sha256 the sidecar, pinned version or version manifest records renames it to ``asset.h5`` with
-  the entry's record (:mod:`h5forge.read.cache`'s layout): from then on every process reads it as
-  a validated local copy (:meth:`FillStore.local_fd`). A mismatch fetches every block again,
-  once (a block damaged on disk after its record is no fault of the server); if the server's own
-  bytes do not hash right, everything fetched is removed and
-  :class:`~h5forge.errors.IntegrityError` raised: the server's bytes are not the asset's.
+  process, finishing it, is not waited for), fetches the rest on a helper thread while it
+  hashes the kept blocks before the first missing one, then hashes the rest of ``fill.h5``
+  under the entry's lock while a helper thread writes its pages to disk (the seal's ``fsync``
+  then waits for little), and only if it matches the sha256 the sidecar, pinned version or
+  version manifest records renames it to ``asset.h5`` with the entry's record
+  (:mod:`h5forge.read.cache`'s layout): from then on every process reads it as a validated
+  local copy (:meth:`FillStore.local_fd`). A mismatch fetches every block again, once (a block
+  damaged on disk after its record is no fault of the server); if the server's own bytes do not
+  hash right, everything fetched is removed and :class:`~h5forge.errors.IntegrityError` raised:
+  the server's bytes are not the asset's.
 
 Blocks are written by any worker of any job on the machine at once: distinct blocks land in
 distinct byte ranges of one file, and a block written twice holds the same bytes. A full disk,
@@ -50,7 +50,7 @@ import os
 import stat
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -313,20 +313,21 @@ class FillStore:
                 if self.local_fd() is not None:
                     return  # another process finished it
                 missing = self._missing()
-                digest, first = hashlib.sha256(), self._span(missing[0])[0] if missing else 0
+                digest = hashlib.sha256()
+                first = self._span(missing[0])[0] if missing else self.size
                 # The kept blocks before the first missing one are hashed while the missing
                 # ones are fetched and kept on a helper thread (the stall that ends a first
                 # epoch); the rest once they are in.
                 with ThreadPoolExecutor(1, thread_name_prefix="h5forge-cache-fill") as pool:
                     filling = pool.submit(self._fill, fetch, missing) if missing else None
-                    hashed = hash_fd(self._fd, digest, 0, first if missing else self.size)
+                    hashed = hash_fd(self._fd, digest, 0, first)
                     if filling is not None and not filling.result():
                         return  # a fetch failed, or filling stopped: the next batch tries again
                 # The disk takes the file while the rest is hashed (not while the missing
                 # blocks are written: their writes waited behind it), so the seal's fsync
                 # finds little left.
                 with _flushing(self._fd):
-                    if missing and hashed == first:
+                    if hashed == first:
                         hashed += hash_fd(self._fd, digest, first, self.size)
                     if (hashed != self.size or digest.hexdigest() != self.sha256) and (
                         not self._fetch_all(fetch) or self._hash() != self.sha256
@@ -339,14 +340,21 @@ class FillStore:
             self._stop(f"cannot finish the entry: {e}")
 
     # --- internals ----------------------------------------------------------------------------
-    def _fill(self, fetch: Callable[[list[int], list[int]], list[Any]], missing: list[int]) -> bool:
-        """Fetch blocks ``missing`` with ``fetch`` and keep them; False when a fetch failed or
-        filling stopped."""
-        spans = [self._span(k) for k in missing]
+    def _fill(
+        self,
+        fetch: Callable[[list[int], list[int]], list[Any]],
+        ks: Sequence[int],
+        digest: Any = None,
+    ) -> bool:
+        """Fetch blocks ``ks`` with ``fetch`` and keep them (fed to ``digest`` too, in order,
+        when given); False when a fetch failed or filling stopped."""
+        spans = [self._span(k) for k in ks]
         blobs = fetch([a for a, _ in spans], [b for _, b in spans])
-        for k, (a, b), blob in zip(missing, spans, blobs, strict=True):
+        for k, (a, b), blob in zip(ks, spans, blobs, strict=True):
             if isinstance(blob, BaseException) or len(blob) != b - a:
                 return False
+            if digest is not None:
+                digest.update(blob)
             self.put(k, blob)
         return not self._off
 
@@ -380,15 +388,7 @@ class FillStore:
         log.warning("%s: the blocks kept do not hash to its sha256; fetching them again", self.url)
         h, step = hashlib.sha256(), max(1, _CHUNK // self.block_bytes)
         for first in range(0, self.blocks, step):
-            ks = range(first, min(first + step, self.blocks))
-            spans = [self._span(k) for k in ks]
-            blobs = fetch([a for a, _ in spans], [b for _, b in spans])
-            for k, (a, b), blob in zip(ks, spans, blobs, strict=True):
-                if isinstance(blob, BaseException) or len(blob) != b - a:
-                    return False
-                h.update(blob)
-                self.put(k, blob)
-            if self._off:
+            if not self._fill(fetch, range(first, min(first + step, self.blocks)), h):
                 return False
         if h.hexdigest() != self.sha256:
             self._discard()
