@@ -30,6 +30,8 @@ a block at least half read.
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -144,35 +146,60 @@ class _ProcessBlocks:
     """One budget for the blocks every :class:`RemoteRanges` of this process keeps: a reader
     per open file or shard (a sharded version opens many) would otherwise keep its own
     ``keep_bytes`` each. Least recently used first across readers; a reader's evicted block is
-    dropped from its ``_kept`` (readers are held weakly: a closed one's blocks just age out)."""
+    dropped from its ``_kept`` (readers are held weakly: a closed one's blocks just age out).
+
+    Readers of different files may read at once, on threads (a batch across the shards of a
+    sharded version): :attr:`lock` orders every change to the budget and to readers' kept
+    blocks."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.held = 0
         self.order: OrderedDict[tuple[int, int], int] = OrderedDict()  # (reader, block) -> size
         self.readers: dict[int, weakref.ref[RemoteRanges]] = {}
+        self._lock, self._pid = threading.RLock(), os.getpid()
 
-    def kept(self, reader: RemoteRanges, k: int, size: int) -> None:
-        key = (reader._token, k)
-        self.held += size - self.order.pop(key, 0)
-        self.order[key] = size
-        if reader._token not in self.readers:
-            token = reader._token
-            self.readers[token] = weakref.ref(reader, lambda _: self.readers.pop(token, None))
-        while self.held > self.budget and len(self.order) > 1:
-            (token, old), n = self.order.popitem(last=False)
-            self.held -= n
-            owner = self.readers.get(token)
-            found = owner() if owner is not None else None
-            if found is not None:
-                found._kept.pop(old, None)
+    @property
+    def lock(self) -> threading.RLock:
+        """This process's lock: a forked child makes its own (a thread of the parent may have
+        held the one it inherited at the fork)."""
+        if self._pid != os.getpid():
+            self._lock, self._pid = threading.RLock(), os.getpid()
+        return self._lock
 
-    def used(self, token: int, k: int) -> None:
-        if (token, k) in self.order:
-            self.order.move_to_end((token, k))
+    def kept(self, reader: RemoteRanges, k: int, blob: bytes) -> None:
+        """``reader`` keeps ``blob`` as block ``k``: the least recently used blocks of this
+        process's readers go while they hold more than the budget."""
+        with self.lock:
+            reader._kept[k] = blob
+            reader._kept.move_to_end(k)
+            while len(reader._kept) * reader.block_bytes > reader.keep_bytes:
+                old, _ = reader._kept.popitem(last=False)
+                self.held -= self.order.pop((reader._token, old), 0)
+            key = (reader._token, k)
+            self.held += len(blob) - self.order.pop(key, 0)
+            self.order[key] = len(blob)
+            if reader._token not in self.readers:
+                token = reader._token
+                self.readers[token] = weakref.ref(reader, lambda _: self.readers.pop(token, None))
+            while self.held > self.budget and len(self.order) > 1:
+                (token, old), n = self.order.popitem(last=False)
+                self.held -= n
+                owner = self.readers.get(token)
+                found = owner() if owner is not None else None
+                if found is not None:
+                    found._kept.pop(old, None)
 
-    def forget(self, token: int, k: int) -> None:
-        self.held -= self.order.pop((token, k), 0)
+    def taken(self, reader: RemoteRanges, ks: set[int]) -> dict[int, bytes]:
+        """The blocks of ``ks`` that ``reader`` keeps, as they are now (another reader may drop
+        them once the lock is released), marked as just used."""
+        with self.lock:
+            out = {k: reader._kept[k] for k in sorted(ks) if k in reader._kept}
+            for k in out:
+                reader._kept.move_to_end(k)
+                if (reader._token, k) in self.order:
+                    self.order.move_to_end((reader._token, k))
+            return out
 
 
 _TOKENS = itertools.count()
@@ -293,12 +320,13 @@ class RemoteRanges:
         B = self.block_bytes
         runs = list(zip(starts, ends, strict=True))
         stored = self.stats.stored_puts
+        needed = {k for a, b in runs for k in range(a // B, (b - 1) // B + 1)}
         if self._pending:  # blocks fetched ahead for this batch: waited for, then kept
-            self._harvest([k for a, b in runs for k in range(a // B, (b - 1) // B + 1)])
-        local = self._from_store(runs)  # this batch's blocks read from the store
+            self._harvest(sorted(needed))
+        kept = self._budget.taken(self, needed)  # as of now: other readers may drop them
+        local = self._from_store(runs, kept)  # this batch's blocks read from the store
         held = [
-            all(k in self._kept or k in local for k in range(a // B, (b - 1) // B + 1))
-            for a, b in runs
+            all(k in kept or k in local for k in range(a // B, (b - 1) // B + 1)) for a, b in runs
         ]
         self.stats.kept_hits += sum(held)
         miss = [i for i, h in enumerate(held) if not h]
@@ -309,7 +337,7 @@ class RemoteRanges:
             max_request=self.max_request,
         )
         touched = {k for s, e in plan for k in range(s // B, (e - 1) // B + 1)}
-        touched -= self._kept.keys() | local.keys()
+        touched -= kept.keys() | local.keys()
         # With a store, whole blocks while the batch's fit what a reader keeps.
         every = self.store is not None and len(touched) * B <= self.keep_bytes
         whole: set[int] = set()
@@ -326,7 +354,7 @@ class RemoteRanges:
             seg = s
             for k in range(s // B, (e - 1) // B + 1):
                 lo, hi = max(s, k * B), min(e, (k + 1) * B)
-                if k in whole or k in self._kept or k in local:
+                if k in whole or k in kept or k in local:
                     if seg < lo:
                         segments.append((seg, lo))
                     seg = hi
@@ -349,7 +377,7 @@ class RemoteRanges:
                 fetched.append((a, b, blob))
             wanted = sum(ends[i] - starts[i] for i in miss)
             self.stats.over_read += sum(b - a for a, b in spans) - wanted
-        out = [self._assemble(a, b, fetched) for a, b in runs]
+        out = [self._assemble(a, b, fetched, kept) for a, b in runs]
         # Kept after assembling, so an eviction cannot drop a block this batch needs; the
         # runs of whole blocks are the first ``len(block_runs)`` spans, in block order.
         got = fetched[len(local) :]
@@ -392,14 +420,14 @@ class RemoteRanges:
             return bytes(blob)
         return bytes(memoryview(blob)[lo:hi])
 
-    def _from_store(self, runs: list[tuple[int, int]]) -> dict[int, bytes]:
-        """The blocks of ``runs`` that are not kept in memory but in the store."""
+    def _from_store(self, runs: list[tuple[int, int]], kept: dict[int, bytes]) -> dict[int, bytes]:
+        """The blocks of ``runs`` that are not ``kept`` in memory but in the store."""
         if self.store is None:
             return {}
         B, out = self.block_bytes, {}
         for a, b in runs:
             for k in range(a // B, (b - 1) // B + 1):
-                if k in self._kept or k in out:
+                if k in kept or k in out:
                     continue
                 blob = self.store.get(k, min((k + 1) * B, self._size) - k * B)
                 if blob is not None:
@@ -407,16 +435,16 @@ class RemoteRanges:
                     self.stats.stored_hits += 1
         return out
 
-    def _assemble(self, a: int, b: int, fetched: list[tuple[int, int, bytes]]) -> list[memoryview]:
-        """The bytes ``[a, b)`` from kept blocks and this batch's fetched spans, as views."""
+    def _assemble(
+        self, a: int, b: int, fetched: list[tuple[int, int, bytes]], kept: dict[int, bytes]
+    ) -> list[memoryview]:
+        """The bytes ``[a, b)`` from ``kept`` blocks and this batch's fetched spans, as views."""
         parts: list[memoryview] = []
         pos = a
         while pos < b:
             k = pos // self.block_bytes
-            blob = self._kept.get(k)
+            blob = kept.get(k)
             if blob is not None:
-                self._kept.move_to_end(k)
-                self._budget.used(self._token, k)
                 lo = k * self.block_bytes
                 end = min(b, lo + len(blob))
                 parts.append(memoryview(blob)[pos - lo : end - lo])
@@ -431,9 +459,4 @@ class RemoteRanges:
         return parts
 
     def _keep(self, k: int, blob: bytes) -> None:
-        self._kept[k] = blob
-        self._kept.move_to_end(k)
-        while len(self._kept) * self.block_bytes > self.keep_bytes:
-            old, _ = self._kept.popitem(last=False)
-            self._budget.forget(self._token, old)
-        self._budget.kept(self, k, len(blob))
+        self._budget.kept(self, k, blob)
