@@ -108,8 +108,8 @@ class BlockSource(Protocol):
     def put(self, k: int, blob: bytes) -> None: ...
 
     def complete(self, fetch: Fetch) -> None:
-        """Called after a batch stored or read blocks of the store: a store may finish itself
-        (fetching what is missing with ``fetch``)."""
+        """Called after each read of a batch: a store may finish itself (fetching what is
+        missing with ``fetch``), and raise what finishing itself met."""
 
     def local_fd(self) -> int | None:
         """A descriptor of the whole file, validated, once the store holds it (else None)."""
@@ -319,7 +319,6 @@ class RemoteRanges:
         not joined into a copy of its own (the caller copies each part once, to its place)."""
         B = self.block_bytes
         runs = list(zip(starts, ends, strict=True))
-        stored = self.stats.stored_puts
         needed = {k for a, b in runs for k in range(a // B, (b - 1) // B + 1)}
         if self._pending:  # blocks fetched ahead for this batch: waited for, then kept
             self._harvest(sorted(needed))
@@ -390,7 +389,7 @@ class RemoteRanges:
                     self.store.put(k, piece)
         for k, blob in local.items():
             self._keep(k, blob)
-        if self.store is not None and (whole or local or self.stats.stored_puts != stored):
+        if self.store is not None:
             self.store.complete(self._fetch)
         return out
 

@@ -32,7 +32,8 @@ address):
   local copy (:meth:`FillStore.local_fd`). A mismatch fetches every block again, once (a block
   damaged on disk after its record is no fault of the server); if the server's own bytes do not
   hash right, everything fetched is removed and :class:`~h5forge.errors.IntegrityError` raised:
-  the server's bytes are not the asset's.
+  the server's bytes are not the asset's. In a DataLoader worker all of this runs on a thread
+  of its own, beside the worker's next batches (:meth:`FillStore.complete`).
 
 Blocks are written by any worker of any job on the machine at once: distinct blocks land in
 distinct byte ranges of one file, and a block written twice holds the same bytes. A full disk,
@@ -48,6 +49,7 @@ import json
 import logging
 import os
 import stat
+import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -141,6 +143,17 @@ def _checksum(data: bytes) -> bytes:
     return zlib.crc32(data).to_bytes(_DIGEST, "big")
 
 
+#: Orders the adoption of a sealed copy by a reader and by its finishing thread (one
+#: descriptor each store, none leaked).
+_ADOPTING = threading.Lock()
+
+
+def _in_worker() -> bool:
+    """Whether this process is a DataLoader worker (torch says so once it is imported)."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
+
+
 def _write_small(path: str, data: bytes) -> None:
     """``data`` under ``path`` through a fresh exclusive temp name, no fsync: a record lost in a
     crash only costs its block a fetch; a wrong one fails its hash."""
@@ -194,10 +207,15 @@ class FillStore:
     _local: int | None = field(default=None, repr=False)
     _off: bool = field(default=False, repr=False)
     _calls: int = field(default=0, repr=False)
+    _seen: int = field(default=0, repr=False)  # blocks kept or read from the entry here
+    _counted: int = field(default=-1, repr=False)  # ... when the missing ones were last counted
+    _finishing: threading.Thread | None = field(default=None, repr=False)
+    _failure: BaseException | None = field(default=None, repr=False)  # the finishing's
 
     def __getstate__(self) -> dict[str, Any]:
-        # Descriptors stay in the process that opened them; a worker opens its own.
-        return {**self.__dict__, "_fd": None, "_local": None, "_pid": os.getpid()}
+        # Descriptors and threads stay in the process that made them; a worker has its own.
+        state = {**self.__dict__, "_fd": None, "_local": None, "_pid": os.getpid()}
+        return {**state, "_finishing": None, "_failure": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state.pop("_pid", None)
@@ -215,7 +233,12 @@ class FillStore:
         """A descriptor of the completed, validated ``asset.h5`` (this process's own), or None
         while the entry is still filling."""
         if self._local is None:
-            self._local = self._adopt()
+            fd = self._adopt()
+            with _ADOPTING:  # the finishing thread adopts the copy it sealed as well
+                if self._local is None:
+                    self._local, fd = fd, None
+            if fd is not None:
+                os.close(fd)
         return self._local
 
     def _adopt(self) -> int | None:
@@ -249,6 +272,7 @@ class FillStore:
             data = os.pread(local, size, k * self.block_bytes)
             if len(data) == size:
                 self.hits += 1
+                self._seen += 1
                 return data
             return None
         try:
@@ -266,6 +290,7 @@ class FillStore:
             self.misses += 1
             return None
         self.hits += 1
+        self._seen += 1
         return data
 
     def has(self, k: int) -> bool:
@@ -285,19 +310,41 @@ class FillStore:
                 n = os.pwrite(self._fd, view, at)
                 view, at = view[n:], at + n
             _write_small(self._have(k), _checksum(blob))
+            self._seen += 1
         except OSError as e:
             self._stop(f"cannot keep block {k}: {e}")
 
     def complete(self, fetch: Callable[[list[int], list[int]], list[Any]]) -> None:
-        """Finish the entry when little is missing: fetch the rest with ``fetch`` (as the
-        reader's own requests), hash the whole file and make it a whole-file entry.
+        """Called after each remote read of a batch: finish the entry when little is missing
+        (fetch the rest with ``fetch``, as the reader's own requests, hash the whole file and
+        make it a whole-file entry). Counts the missing blocks only when a block was kept or
+        read from the entry here since it last did.
+
+        In a DataLoader worker the finishing runs on a thread of its own, so that the batch
+        that noticed is handed out at once (it held back the end of a first epoch by the
+        whole file's hash, ~0.25 s for 300 MB here); the worker's reads go on from the server
+        and the entry meanwhile. A worker never forks, and exits only once the thread is done
+        (a child's threads are joined before it exits). What the thread raised is raised by
+        the next call, after the next batch's read (an IntegrityError is also logged at once:
+        an epoch's last batch may have been read).
 
         Raises:
             IntegrityError: the server's bytes do not hash to the expected sha256 (all kept
                 are removed).
         """
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            if self._fd is not None and self._off:
+                os.close(self._fd)  # the entry is gone: closed here, never under a read
+                self._fd = None
+            raise failure
         if self._off or self._local is not None or self._fd is None:
             return
+        if self._finishing is not None and self._finishing.is_alive():
+            return
+        if self._seen == self._counted:
+            return  # nothing kept or read from the entry here since the last count
+        self._counted = self._seen
         self._calls += 1
         if self.blocks > 2048 and self._calls % 32:
             return  # a large file: count its records now and then, not after every batch
@@ -306,6 +353,26 @@ class FillStore:
         gap = len(missing) * self.block_bytes - (self.block_bytes - last if missing else 0)
         if gap > max(8 << 20, self.size // 32):
             return
+        if not _in_worker():
+            self._finish(fetch, beside=False)
+            return
+        self._finishing = threading.Thread(
+            target=self._finish_beside, args=(fetch,), name="h5forge-cache-finish"
+        )
+        self._finishing.start()
+
+    def _finish_beside(self, fetch: Callable[[list[int], list[int]], list[Any]]) -> None:
+        try:
+            self._finish(fetch, beside=True)
+        except BaseException as e:  # raised by the reader's next complete()
+            if isinstance(e, IntegrityError):
+                log.error("%s", e)
+            self._failure = e
+
+    def _finish(self, fetch: Callable[[list[int], list[int]], list[Any]], *, beside: bool) -> None:
+        """:meth:`complete`'s work under the entry's lock (``beside``: on its own thread, while
+        the reader goes on)."""
+        assert self._fd is not None
         try:
             with lock_file(
                 self.entry + ".lock", wait=False, target=f"the cache entry of {self.url}"
@@ -316,8 +383,7 @@ class FillStore:
                 digest = hashlib.sha256()
                 first = self._span(missing[0])[0] if missing else self.size
                 # The kept blocks before the first missing one are hashed while the missing
-                # ones are fetched and kept on a helper thread (the stall that ends a first
-                # epoch); the rest once they are in.
+                # ones are fetched and kept on a helper thread; the rest once they are in.
                 with ThreadPoolExecutor(1, thread_name_prefix="h5forge-cache-fill") as pool:
                     filling = pool.submit(self._fill, fetch, missing) if missing else None
                     hashed = hash_fd(self._fd, digest, 0, first)
@@ -330,7 +396,7 @@ class FillStore:
                     if hashed == first:
                         hashed += hash_fd(self._fd, digest, first, self.size)
                     if (hashed != self.size or digest.hexdigest() != self.sha256) and (
-                        not self._fetch_all(fetch) or self._hash() != self.sha256
+                        not self._fetch_all(fetch, close=not beside) or self._hash() != self.sha256
                     ):
                         return  # a fetch failed, or another process wrote meanwhile: again
                     self._seal()
@@ -375,7 +441,9 @@ class FillStore:
         digest, n = sha256_fd(self._fd, self.size, _CHUNK)
         return digest if n == self.size else ""
 
-    def _fetch_all(self, fetch: Callable[[list[int], list[int]], list[Any]]) -> bool:
+    def _fetch_all(
+        self, fetch: Callable[[list[int], list[int]], list[Any]], *, close: bool = True
+    ) -> bool:
         """``fill.h5`` did not hash right: a kept block may be damaged on disk (a byte flipped
         after its record, a record planted), which is no fault of the server. Every block is
         fetched again, once, hashed as it arrives and written; True when the server's bytes are
@@ -391,7 +459,7 @@ class FillStore:
             if not self._fill(fetch, range(first, min(first + step, self.blocks)), h):
                 return False
         if h.hexdigest() != self.sha256:
-            self._discard()
+            self._discard(close=close)
             raise IntegrityError(
                 f"{self.url}: the {self.size} bytes the server sent hash to sha256 "
                 f"{h.hexdigest()}, expected {self.sha256}; the object on the server is not the "
@@ -413,13 +481,15 @@ class FillStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._have(k))
         log.info("%s is complete in the cache (%d bytes, sha256 checked)", self.url, self.size)
-        self._local = self._adopt()
+        self.local_fd()
 
-    def _discard(self) -> None:
+    def _discard(self, *, close: bool = True) -> None:
         """Nothing of the entry is kept: its fill file, records and folder go (under its lock,
-        held by :meth:`complete`; a folder not ours is left alone)."""
+        held by :meth:`complete`; a folder not ours is left alone). ``close``: the fill file's
+        descriptor too (not on a finishing thread: the reader may be using it; its next
+        :meth:`complete` closes it)."""
         self._off = True
-        if self._fd is not None:
+        if close and self._fd is not None:
             os.close(self._fd)
             self._fd = None
         try:

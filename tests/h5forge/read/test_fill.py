@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from h5forge.read.dataset import H5ImageDataset
 from h5forge.read.fill import FILL_BLOCK_BYTES
 from tests.fixtures.loaders import as_list
 from tests.fixtures.remote_epoch import BATCH_TIMEOUT_S, WORKERS, content
+from tests.fixtures.s3_faults import S3Faults
 from tests.fixtures.servers import S3RequestLog
 
 B = FILL_BLOCK_BYTES
@@ -230,6 +233,8 @@ def test_persistent_workers_read_the_completed_copy_in_their_second_epoch(
     assert spans
     assert all(b - a < big.bytes for a, b in spans), spans  # no whole-file download
     entry = _entry(Path(os.environ["XDG_CACHE_HOME"]) / "h5forge" / "read")
+    # Sealed by the worker that noticed, on a thread of its own, beside its later batches.
+    assert _within(60, lambda: not (entry / "fill.h5").exists())
     assert (entry / "asset.h5").read_bytes() == Path(big.path).read_bytes()
     s3_requests.clear()
     assert content(s for batch in loader for s in batch) == truth
@@ -395,6 +400,43 @@ def test_an_entry_left_whole_but_unsealed_is_sealed_by_a_job_that_only_reads_it(
     assert not list(entry.glob("*.have"))
 
 
+def _all_but(
+    r: PackResult, url: str, so: dict[str, Any], cache: Path, gone: tuple[int, ...]
+) -> tuple[Path, bytes, list[int], int]:
+    """An entry of every block of ``r`` (at ``url``) but those of ``gone`` (-1: the last):
+    holes (zeros) where they go, no record of them. Returns the entry, the file's bytes, the
+    missing blocks and a sample inside a kept block (its read finds little missing and
+    completes the entry)."""
+    assert _all(H5ImageDataset(url, storage_options=so, cache_dir=cache)) == _truth(r.path)
+    entry = _entry(cache)
+    data = (entry / "asset.h5").read_bytes()
+    blocks = -(-len(data) // B)
+    missing = sorted(k % blocks for k in gone)
+    (entry / "asset.h5").unlink()
+    (entry / "entry.json").unlink()
+    with open(entry / "fill.h5", "wb") as f:
+        f.truncate(len(data))
+        for k in range(blocks):
+            if k not in missing:
+                f.seek(k * B)
+                f.write(data[k * B : (k + 1) * B])
+                record = zlib.crc32(data[k * B : (k + 1) * B]).to_bytes(4, "big")
+                (entry / f"{k:010d}.have").write_bytes(record)
+    kept = next(k for k in range(blocks) if k not in missing)
+    with h5py.File(r.path) as h5:
+        ranges = h5["byte_ranges"][()]
+    first = next(i for i, (a, n) in enumerate(ranges) if a // B == (a + n - 1) // B == kept)
+    return entry, data, missing, first
+
+
+def _within(seconds: float, done: Callable[[], bool]) -> bool:
+    """Whether ``done()`` holds, now or within ``seconds`` (a worker's finishing thread)."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return done()
+
+
 @pytest.mark.parametrize("gone", [(0, 3), (2, -1), (-1,)])  # -1: the last, short block
 def test_an_entry_missing_a_few_blocks_fetches_them_once_while_it_hashes_and_seals(
     assets: dict[str, PackResult],
@@ -410,28 +452,9 @@ def test_an_entry_missing_a_few_blocks_fetches_them_once_while_it_hashes_and_sea
     big = assets["big"]
     url, name = _publish(big, s3_bucket, s3_storage_options), Path(big.path).name
     cache, truth = tmp_path / "cache", _truth(big.path)
-    assert _all(H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)) == truth
-    entry = _entry(cache)
-    data = (entry / "asset.h5").read_bytes()
+    entry, data, missing, first = _all_but(big, url, s3_storage_options, cache, gone)
     blocks = -(-len(data) // B)
-    missing = sorted(k % blocks for k in gone)
-    # An entry of every block but ``missing``: holes (zeros) where they go, no record of them.
-    (entry / "asset.h5").unlink()
-    (entry / "entry.json").unlink()
-    with open(entry / "fill.h5", "wb") as f:
-        f.truncate(len(data))
-        for k in range(blocks):
-            if k not in missing:
-                f.seek(k * B)
-                f.write(data[k * B : (k + 1) * B])
-                record = zlib.crc32(data[k * B : (k + 1) * B]).to_bytes(4, "big")
-                (entry / f"{k:010d}.have").write_bytes(record)
     s3_requests.clear()
-    kept = next(k for k in range(blocks) if k not in missing)
-    with h5py.File(big.path) as h5:
-        ranges = h5["byte_ranges"][()]
-    # One sample inside a kept block: its read finds little missing and completes the entry.
-    first = next(i for i, (a, n) in enumerate(ranges) if a // B == (a + n - 1) // B == kept)
     ds = H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)
     ds[first]
     assert (entry / "asset.h5").read_bytes() == data
@@ -463,3 +486,77 @@ def test_a_cold_cached_open_asks_the_object_s_size_once(
     heads = [r for r in s3_requests() if r.method == "HEAD" and r.path.endswith(f"/{name}")]
     assert len(heads) == 1, s3_requests()
     assert content([ds[len(ds) - 1]]) == content([H5ImageDataset(big.path)[len(ds) - 1]])
+
+
+def test_a_worker_hands_out_the_batch_that_completes_the_entry_before_its_seal(
+    assets: dict[str, PackResult],
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_faults: S3Faults,
+    tmp_path: Path,
+) -> None:
+    """In a DataLoader worker the entry is finished on a thread of its own: the batch that
+    found little missing is handed out while the missing block's answer stalls at the server
+    (a worker that finished first would outwait the loader's timeout), and the worker's exit
+    waits for the seal."""
+    big = assets["big"]
+    url = _publish(big, s3_bucket, s3_storage_options)
+    cache = tmp_path / "cache"
+    entry, data, _, first = _all_but(big, url, s3_storage_options, cache, (-1,))
+    ds = H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)
+    assert (entry / "fill.h5").exists()  # opened here: the worker reads no metadata
+    s3_faults.stall(url, 600, ranged=True)  # the missing block's answer, until cleared
+    loader = DataLoader(
+        ds,
+        batch_size=1,
+        sampler=[first],
+        collate_fn=as_list,
+        num_workers=1,
+        multiprocessing_context="fork",
+        timeout=BATCH_TIMEOUT_S / 4,
+    )
+    batches = iter(loader)
+    assert content(next(batches)) == content([H5ImageDataset(big.path)[first]])
+    assert _within(60, lambda: bool(s3_faults.injected)), "the finishing asks for the block"
+    assert (entry / "fill.h5").exists()  # not sealed: its last block has not come
+    s3_faults.clear()  # the stalled answer ends, cut short: fetched again, then sealed
+    assert list(batches) == []  # the worker exits, after its finishing thread
+    assert (entry / "asset.h5").read_bytes() == data
+    assert not (entry / "fill.h5").exists()
+
+
+@pytest.mark.slow
+def test_a_worker_whose_finishing_finds_other_bytes_raises_at_its_next_batch(
+    assets: dict[str, PackResult],
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """The server's bytes do not hash to the sidecar's sha256: a worker's finishing thread
+    removes the entry, and the next batch the worker reads raises the IntegrityError (the
+    batch that noticed was handed out before the hash)."""
+    small = assets["small"]
+    url = _publish(small, s3_bucket, s3_storage_options)
+    good = Path(small.path).read_bytes()
+    bad = bytearray(good)
+    bad[-100] ^= 0xFF  # same size: sample pixels
+    Location(url, s3_storage_options).fs.pipe(url.removeprefix("s3://"), bytes(bad))
+    cache = tmp_path / "cache"
+    ds = H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)
+    loader = DataLoader(
+        ds,
+        batch_size=1,
+        collate_fn=as_list,
+        num_workers=1,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        timeout=BATCH_TIMEOUT_S,
+    )
+    batches = iter(loader)
+    next(batches)  # its read kept the file's one block: the entry is finished beside
+    # Removed, with everything it held (lock files aside).
+    assert _within(60, lambda: not [p for p in cache.rglob("*") if p.suffix != ".lock"])
+    with pytest.raises(IntegrityError) as refused:  # by the first batch the worker reads next
+        for _ in batches:  # (those it read ahead come first)
+            pass
+    assert hashlib.sha256(bytes(bad)).hexdigest() in str(refused.value)
