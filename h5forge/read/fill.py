@@ -53,7 +53,7 @@ import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +148,18 @@ def _checksum(data: bytes) -> bytes:
 _ADOPTING = threading.Lock()
 
 
+_FINISHER: tuple[int, ThreadPoolExecutor] | None = None  # (pid, its finishing thread)
+
+
+def _finisher() -> ThreadPoolExecutor:
+    """This process's one thread finishing cache entries (a forked child makes its own)."""
+    global _FINISHER
+    if _FINISHER is None or _FINISHER[0] != os.getpid():
+        pool = ThreadPoolExecutor(1, thread_name_prefix="h5forge-cache-finish")
+        _FINISHER = (os.getpid(), pool)
+    return _FINISHER[1]
+
+
 def _in_worker() -> bool:
     """Whether this process is a DataLoader worker (torch says so once it is imported)."""
     data = sys.modules.get("torch.utils.data")
@@ -209,7 +221,7 @@ class FillStore:
     _calls: int = field(default=0, repr=False)
     _seen: int = field(default=0, repr=False)  # blocks kept or read from the entry here
     _counted: int = field(default=-1, repr=False)  # ... when the missing ones were last counted
-    _finishing: threading.Thread | None = field(default=None, repr=False)
+    _finishing: Future[None] | None = field(default=None, repr=False)
     _failure: BaseException | None = field(default=None, repr=False)  # the finishing's
 
     def __getstate__(self) -> dict[str, Any]:
@@ -320,13 +332,14 @@ class FillStore:
         make it a whole-file entry). Counts the missing blocks only when a block was kept or
         read from the entry here since it last did.
 
-        In a DataLoader worker the finishing runs on a thread of its own, so that the batch
-        that noticed is handed out at once (it held back the end of a first epoch by the
+        In a DataLoader worker the finishing runs on the process's finishing thread (one
+        entry at a time: each holds a hash buffer and the blocks it fetches), so that the
+        batch that noticed is handed out at once (it held back the end of a first epoch by the
         whole file's hash, ~0.25 s for 300 MB here); the worker's reads go on from the server
         and the entry meanwhile. A worker never forks, and exits only once the thread is done
-        (a child's threads are joined before it exits). What the thread raised is raised by
-        the next call, after the next batch's read (an IntegrityError is also logged at once:
-        an epoch's last batch may have been read).
+        (a child's threads, and their queued work, are finished before it exits). What the
+        thread raised is raised by the next call, after the next batch's read (an
+        IntegrityError is also logged at once: an epoch's last batch may have been read).
 
         Raises:
             IntegrityError: the server's bytes do not hash to the expected sha256 (all kept
@@ -340,7 +353,7 @@ class FillStore:
             raise failure
         if self._off or self._local is not None or self._fd is None:
             return
-        if self._finishing is not None and self._finishing.is_alive():
+        if self._finishing is not None and not self._finishing.done():
             return
         if self._seen == self._counted:
             return  # nothing kept or read from the entry here since the last count
@@ -356,10 +369,7 @@ class FillStore:
         if not _in_worker():
             self._finish(fetch, beside=False)
             return
-        self._finishing = threading.Thread(
-            target=self._finish_beside, args=(fetch,), name="h5forge-cache-finish"
-        )
-        self._finishing.start()
+        self._finishing = _finisher().submit(self._finish_beside, fetch)
 
     def _finish_beside(self, fetch: Callable[[list[int], list[int]], list[Any]]) -> None:
         try:

@@ -388,15 +388,22 @@ class ShardedVersion:
         parts: list[tuple[int, np.ndarray]] | None = None,
     ) -> np.ndarray:
         """Read the fixed-size samples of ``positions`` into ``bufs`` (one each), each shard's
-        share with one ``read_into`` (remote shards' side by side, on threads: a batch across
-        three shards waits about one latency, not three); return their labels in the version's
-        numbering. ``parts``: the shards ``positions`` touch, when the caller has them."""
+        share with one ``read_into`` (a remote shard's blocks asked for before the first share
+        is read: a batch across three shards waits about one latency, not three); return their
+        labels in the version's numbering. ``parts``: the shards ``positions`` touch, when the
+        caller has them."""
         parts = self._parts(positions) if parts is None else parts
         states = [self.shard(s).state for s, _ in parts]  # opened: their rows are in _flat
         assert self._flat is not None
         ranges = self._flat[0][positions].tolist()
 
-        def share(s: int, at: np.ndarray, st: ProcessState) -> None:
+        if len(parts) > 1 and not self.where.is_local:
+            # Each remote shard's blocks are asked for at once (its reader's fetch ahead),
+            # before the first share is read: one latency for the batch, not one per shard.
+            for (_, at), st in zip(parts, states, strict=True):
+                if st.reader is not None and not st.index.filtered:
+                    st.reader.prefetch([ranges[p] for p in at.tolist()])
+        for (s, at), st in zip(parts, states, strict=True):
             assert st.reader is not None
             batch_at = at.tolist()
             mine = [bufs[p] for p in batch_at]
@@ -404,17 +411,6 @@ class ShardedVersion:
             if st.digests is not None:
                 rows = self._open[s].rows[positions[at] - self.starts[s]]
                 st.check(mine, rows.tolist())
-
-        if len(parts) < 2 or self.where.is_local:
-            for (s, at), st in zip(parts, states, strict=True):
-                share(s, at, st)
-        else:  # each remote shard's requests wait on the server beside the others'
-            with ThreadPoolExecutor(min(8, len(parts)), thread_name_prefix="h5forge-shard") as pool:
-                done = [
-                    pool.submit(share, s, at, st) for (s, at), st in zip(parts, states, strict=True)
-                ]
-                for future in done:
-                    future.result()
         return self._flat[1][positions]
 
     def prefetch(self, positions: np.ndarray) -> None:

@@ -210,3 +210,51 @@ def test_readers_with_a_store_keep_blocks_within_their_own_smaller_budget(
     readers[0].read_into([(0, BLOCK)], [buf])  # dropped from memory, kept in the store
     assert bytes(buf) == data[:BLOCK]
     assert _gets(s3_requests) == []
+
+
+def test_readers_reading_at_once_on_threads_within_one_budget_read_right(
+    blob_url: tuple[str, bytes],
+    s3_storage_options: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch across shards reads each shard's share on a thread (sharded.fill): readers of
+    one process keep blocks within one budget while each drops the others' blocks. Each read
+    here takes a block its reader kept (in memory at the read's start) and a new one (a fetch,
+    during which another reader's new block may push the kept one out of the budget): every
+    read returns the file's bytes."""
+    import sys
+    import threading
+
+    from h5forge.asset import coalesce
+
+    url, data = blob_url
+    budget = coalesce._ProcessBlocks(3 * BLOCK)  # fewer than the readers keep between them
+    monkeypatch.setattr(coalesce, "_PROCESS", budget)
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads switch often: the readers' steps interleave
+    try:
+        readers = [_reader(url, s3_storage_options, keep=4 * BLOCK) for _ in range(4)]
+        wrong: list[str] = []
+
+        def read(i: int, rd: RangeReader) -> None:
+            try:
+                for r in range(12):
+                    old, new = (i * 10 + r) % 40, (i * 10 + r + 1) % 40
+                    ranges = [(old * BLOCK + 100, BLOCK // 2), (new * BLOCK + 200, BLOCK // 2)]
+                    bufs = [memoryview(bytearray(n)) for _, n in ranges]
+                    rd.read_into(sorted(ranges), bufs)
+                    for (o, n), b in zip(sorted(ranges), bufs, strict=True):
+                        if bytes(b) != data[o : o + n]:
+                            wrong.append(f"reader {i}, bytes {o}-{o + n}")
+            except Exception as e:  # the race this guards against raised RuntimeError
+                wrong.append(f"reader {i}: {e!r}")
+
+        threads = [threading.Thread(target=read, args=(i, rd)) for i, rd in enumerate(readers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(before)
+    assert wrong == []
+    assert budget.held <= 3 * BLOCK
