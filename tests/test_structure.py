@@ -39,6 +39,9 @@ BUILDS_ON: dict[str, tuple[str, ...]] = {"h5forge.scale": ("h5forge.pack",)}
 MAX_LINES = 500
 #: Modules longer than ``MAX_LINES``, each with why it is still one idea.
 LONG_MODULES: dict[str, str] = {
+    "h5forge.read.fill": "one cache entry while the reader's fetches fill it: its block "
+    "records, what is served from it, and its completion (fetch, hash, seal; beside a worker's "
+    "batches) or discard, all one state on one folder under one lock",
     "h5forge.read.targets": "the reader's view of target columns, read as one: what target= "
     "selects, how one process reads those columns and checks their values, how they collate",
     "h5forge.options": "every pack option defined once: what an option is and how a value is "

@@ -76,6 +76,7 @@ from h5forge.locks import lock_file
 from h5forge.read.block_cache import evict_cache
 
 __all__ = [
+    "BESIDE_BYTES",
     "FILL_BLOCK_BYTES",
     "FillStore",
     "entry_record",
@@ -148,6 +149,11 @@ def _checksum(data: bytes) -> bytes:
 _ADOPTING = threading.Lock()
 
 
+#: Files up to this size are finished beside the worker's batches. A larger one's hash could
+#: outlast the 5 s torch gives a worker to exit at the end of an epoch without persistent
+#: workers (then it is killed, and the entry would never be sealed): it is finished in the
+#: batch that noticed, as in the main process (its stall is then a small part of its epoch).
+BESIDE_BYTES = 1 << 30
 _FINISHER: tuple[int, ThreadPoolExecutor] | None = None  # (pid, its finishing thread)
 
 
@@ -332,14 +338,15 @@ class FillStore:
         make it a whole-file entry). Counts the missing blocks only when a block was kept or
         read from the entry here since it last did.
 
-        In a DataLoader worker the finishing runs on the process's finishing thread (one
-        entry at a time: each holds a hash buffer and the blocks it fetches), so that the
-        batch that noticed is handed out at once (it held back the end of a first epoch by the
-        whole file's hash, ~0.25 s for 300 MB here); the worker's reads go on from the server
-        and the entry meanwhile. A worker never forks, and exits only once the thread is done
-        (a child's threads, and their queued work, are finished before it exits). What the
-        thread raised is raised by the next call, after the next batch's read (an
-        IntegrityError is also logged at once: an epoch's last batch may have been read).
+        In a DataLoader worker, for a file of at most :data:`BESIDE_BYTES`, the finishing runs
+        on the process's finishing thread (one entry at a time: each holds a hash buffer and
+        the blocks it fetches), so that the batch that noticed is handed out at once (it held
+        back the end of a first epoch by the whole file's hash, ~0.25 s for 300 MB here); the
+        worker's reads go on from the server and the entry meanwhile. A worker never forks,
+        and exits only once the thread is done (a child's threads, and their queued work, are
+        finished before it exits). What the thread raised is raised by the next call, after
+        the next batch's read (an IntegrityError is also logged at once: an epoch's last batch
+        may have been read).
 
         Raises:
             IntegrityError: the server's bytes do not hash to the expected sha256 (all kept
@@ -366,7 +373,7 @@ class FillStore:
         gap = len(missing) * self.block_bytes - (self.block_bytes - last if missing else 0)
         if gap > max(8 << 20, self.size // 32):
             return
-        if not _in_worker():
+        if self.size > BESIDE_BYTES or not _in_worker():
             self._finish(fetch, beside=False)
             return
         self._finishing = _finisher().submit(self._finish_beside, fetch)

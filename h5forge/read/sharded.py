@@ -388,18 +388,14 @@ class ShardedVersion:
         parts: list[tuple[int, np.ndarray]] | None = None,
     ) -> np.ndarray:
         """Read the fixed-size samples of ``positions`` into ``bufs`` (one each), each shard's
-        share with one ``read_into`` (a remote shard's blocks asked for before the first share
-        is read: a batch across three shards waits about one latency, not three); return their
-        labels in the version's numbering. ``parts``: the shards ``positions`` touch, when the
-        caller has them."""
+        share with one ``read_into`` (remote shards' blocks asked for before the first share
+        is read: one latency for a batch across three shards, not three); return their labels
+        in the version's numbering. ``parts``: the shards ``positions`` touch, if known."""
         parts = self._parts(positions) if parts is None else parts
         states = [self.shard(s).state for s, _ in parts]  # opened: their rows are in _flat
         assert self._flat is not None
         ranges = self._flat[0][positions].tolist()
-
-        if len(parts) > 1 and not self.where.is_local:
-            # Each remote shard's blocks are asked for at once (its reader's fetch ahead),
-            # before the first share is read: one latency for the batch, not one per shard.
+        if len(parts) > 1 and not self.where.is_local:  # each reader's fetch ahead, at once
             for (_, at), st in zip(parts, states, strict=True):
                 if st.reader is not None and not st.index.filtered:
                     st.reader.prefetch([ranges[p] for p in at.tolist()])

@@ -560,3 +560,34 @@ def test_a_worker_whose_finishing_finds_other_bytes_raises_at_its_next_batch(
         for _ in batches:  # (those it read ahead come first)
             pass
     assert hashlib.sha256(bytes(bad)).hexdigest() in str(refused.value)
+
+
+def test_a_worker_finishes_a_file_larger_than_the_bound_in_the_batch_that_noticed(
+    assets: dict[str, PackResult],
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A file larger than ``BESIDE_BYTES`` (its hash could outlast the time torch gives a
+    worker to exit) is finished before the batch that noticed is handed out."""
+    from h5forge.read import fill
+
+    big = assets["big"]
+    url = _publish(big, s3_bucket, s3_storage_options)
+    cache = tmp_path / "cache"
+    entry, data, _, first = _all_but(big, url, s3_storage_options, cache, (-1,))
+    monkeypatch.setattr(fill, "BESIDE_BYTES", len(data) - 1)  # the forked worker's too
+    ds = H5ImageDataset(url, storage_options=s3_storage_options, cache_dir=cache)
+    loader = DataLoader(
+        ds,
+        batch_size=1,
+        sampler=[first],
+        collate_fn=as_list,
+        num_workers=1,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        timeout=BATCH_TIMEOUT_S,
+    )
+    assert content(next(iter(loader))) == content([H5ImageDataset(big.path)[first]])
+    assert (entry / "asset.h5").read_bytes() == data  # sealed before the batch came
