@@ -148,9 +148,10 @@ class _ProcessBlocks:
     ``keep_bytes`` each. Least recently used first across readers; a reader's evicted block is
     dropped from its ``_kept`` (readers are held weakly: a closed one's blocks just age out).
 
-    Readers of different files may read at once, on threads (a batch across the shards of a
-    sharded version): :attr:`lock` orders every change to the budget and to readers' kept
-    blocks."""
+    Readers of one process may read at once, on threads of the program's own: :attr:`lock`
+    orders every change to the budget and to readers' kept blocks, and a read assembles from
+    the blocks it took at its start. (A batch across the shards of a sharded version reads its
+    shares one after another, their fetches ahead sent at once.)"""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
