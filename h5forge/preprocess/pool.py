@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import threading
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from multiprocessing.context import BaseContext
+from types import FrameType
 
 from h5forge.cpus import usable_cpus
 from h5forge.lifetime import end_with_owner
@@ -265,9 +269,10 @@ def _pooled_with(
                 stop = min(n, next_start + chunk)
                 part = jobs.part(next_start, stop)
                 try:
-                    task = pool.submit(
-                        _process_chunk, next_start, paths[next_start:stop], part, spec
-                    )
+                    with _interrupt_after():  # a submit may start a worker
+                        task = pool.submit(
+                            _process_chunk, next_start, paths[next_start:stop], part, spec
+                        )
                 except BrokenProcessPool as e:  # a worker died before this submit
                     first = pending[0][:2] if pending else (next_start, stop)
                     raise _died(paths, *first, ctx) from e
@@ -305,6 +310,30 @@ def _pooled_with(
                 raise
         finally:
             unchoose(chosen)
+
+
+@contextmanager
+def _interrupt_after() -> Iterator[None]:
+    """Hold a Ctrl-C that comes while the block runs until it has run, then raise it.
+
+    A submit starts a worker on demand. A forkserver worker is asked for over a socket, and
+    a KeyboardInterrupt between connecting and sending the request's file descriptors makes
+    the fork server die with a traceback (EOFError, CPython 3.11) on the terminal of a build
+    that was only interrupted. Only the main thread's handler raises it, so elsewhere (and
+    where SIGINT is ignored or not Python's) the block runs as it is.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    held: list[tuple[int, FrameType | None]] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            previous(*held[0])
 
 
 def _died(paths: list[str], start: int, stop: int, ctx: BaseContext) -> BrokenProcessPool:

@@ -430,3 +430,56 @@ def test_the_fork_server_starts_early_without_the_decoders_here(
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == [started, "None", "False"]
+
+
+_CTRL_C_AT_FORK_REQUEST = """
+import signal, sys
+from multiprocessing import reduction
+from h5forge.preprocess.config import ImageConfig
+from h5forge.preprocess.pool import iter_processed
+
+send = reduction.sendfds
+
+
+def late(sock, fds):
+    reduction.sendfds = send
+    signal.raise_signal(signal.SIGINT)  # Ctrl-C once connected to the fork server, before asking
+    return send(sock, fds)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's foreground job
+    paths, cfg = sys.argv[1:], ImageConfig(size=(16, 16))
+    print(len(list(iter_processed(paths, cfg, workers=2))))  # the fork server is up and serving
+    reduction.sendfds = late
+    try:
+        list(iter_processed(paths, cfg, workers=2))
+    except KeyboardInterrupt:
+        print("interrupted")
+    # The server takes requests in turn: it has read the interrupted one once this is served.
+    print(len(list(iter_processed(paths, cfg, workers=2))))
+"""
+
+
+@pytest.mark.skipif(
+    "forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server here"
+)
+def test_ctrl_c_while_a_worker_is_asked_for_ends_the_run_without_a_traceback(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    """A KeyboardInterrupt between connecting to the fork server and sending it the request
+    made the server die with a traceback (EOFError) on the terminal of an interrupted build
+    (seen in CI); the interrupt now waits until the worker was asked for."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(_CTRL_C_AT_FORK_REQUEST)
+    paths = sorted(str(p) for p in image_folder.rglob("*.*"))
+    run = subprocess.run(
+        [sys.executable, str(script), *paths],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(len(paths)), "interrupted", str(len(paths))]
+    assert "Traceback" not in run.stderr, run.stderr
