@@ -58,6 +58,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_SIDECAR_BYTES",
     "MAX_POINTER_BYTES",
+    "MIN_READ_RATE",
     "PreconditionError",
     "S3_RETRIES",
     "SIDECAR_SUFFIX",
@@ -96,6 +97,14 @@ SIDECAR_SUFFIX = ".manifest.json"
 #: inside s3fs's 5 tries of a throttled or dropped request (docs/remote.md, "Throttling ...").
 S3_RETRIES: Mapping[str, Any] = MappingProxyType({"mode": "standard", "max_attempts": 3})
 _S3_PROTOCOLS = ("s3", "s3a")  # S3 and S3-compatible stores (that implement If-Match)
+
+#: The slowest a remote store may send what h5forge asked for, in bytes per second of one call,
+#: beyond the time its client's own attempts may take (:meth:`Location.read_timeout`): an answer
+#: trickled a byte at a time within each read timeout is cut off, never waited on for good.
+MIN_READ_RATE = 128 << 10
+#: The longest one call of an asyncio filesystem other than S3 may take before its bytes are
+#: counted (aiohttp's own total bound for one request, which ``http(s)://`` reads use).
+_OTHER_CLIENT_SECONDS = 300.0
 # Protocols whose filesystem is never the local disk (``is_local`` needs no filesystem built).
 _REMOTE_PROTOCOLS = frozenset({*_S3_PROTOCOLS, "gs", "gcs", "http", "https", "az", "abfs", "abfss"})
 
@@ -202,6 +211,32 @@ class Location:
             options["config_kwargs"] = {**(config or {}), "retries": dict(S3_RETRIES)}
         return options
 
+    def read_timeout(self, nbytes: int) -> dict[str, float]:
+        """The keyword that bounds one call of :attr:`fs` reading ``nbytes`` here, in seconds
+        (fsspec's ``timeout`` of its asyncio filesystems; raises ``FSTimeoutError``): every
+        attempt the client may make (for ``s3://``: s3fs's tries of botocore's attempts, each
+        its connect and read timeouts, and the waits between them) plus ``nbytes`` at
+        :data:`MIN_READ_RATE`. ``{}`` where the filesystem is not asyncio-based (a local
+        path, ``memory://``): its calls are not bounded here."""
+        fs = self.fs
+        if self.is_local or not getattr(fs, "async_impl", False):
+            return {}
+        client = _OTHER_CLIENT_SECONDS
+        if self.protocol in _S3_PROTOCOLS:
+            config = self.client_options.get("config_kwargs") or {}
+            timeouts = float(config.get("connect_timeout", getattr(fs, "connect_timeout", 60)))
+            timeouts += float(config.get("read_timeout", getattr(fs, "read_timeout", 60)))
+            retries = config.get("retries") or {}
+            if isinstance(retries.get("total_max_attempts"), int):
+                attempts = retries["total_max_attempts"]
+            else:  # botocore's own default: 4 retries
+                attempts = int(retries.get("max_attempts", 4)) + 1
+            tries = int(getattr(fs, "retries", 5))  # s3fs's, each botocore's attempts
+            waits = sum(min(2.0**i, 20.0) for i in range(attempts - 1))
+            client = tries * (attempts * timeouts + waits)
+            client += sum(min(0.1 * 1.7**i, 15.0) for i in range(tries))
+        return {"timeout": client + nbytes / MIN_READ_RATE}
+
     @property
     def protocol(self) -> str:
         """The URL's scheme, lower case (``"file"`` for a plain path)."""
@@ -286,8 +321,8 @@ class Location:
         if not self.is_local:
             fs, path = self.fs, self.path
             fs.invalidate_cache(path)  # documents change (a pointer moves): never a stale listing
-            raw = fs.cat_file(path, start=0, end=limit + 1)
-            return raw, (fs.size(path) if len(raw) > limit else len(raw))
+            raw = fs.cat_file(path, start=0, end=limit + 1, **self.read_timeout(limit + 1))
+            return raw, (fs.size(path, **self.read_timeout(0)) if len(raw) > limit else len(raw))
         fd = os.open(self.path, os.O_RDONLY | NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         try:
             st = os.fstat(fd)

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from h5forge.errors import StoreError
-from h5forge.location import Location
+from h5forge.location import MIN_READ_RATE, Location
 
 __all__ = ["explain", "store_failures"]
 
@@ -41,7 +41,6 @@ _DROPPED = frozenset(
 _TIMEOUTS = frozenset(
     {
         "TimeoutError",
-        "FSTimeoutError",
         "ReadTimeoutError",  # botocore
         "ConnectTimeoutError",
         "ServerTimeoutError",  # aiohttp
@@ -85,7 +84,7 @@ def _answer(exc: BaseException) -> tuple[int, str, int | None] | None:
 
 class _Failure(NamedTuple):
     said: str  # what the store did ("answered 503 SlowDown")
-    kind: str  # throttled | error (a 5xx answer) | dropped | timeout
+    kind: str  # throttled | error (a 5xx answer) | dropped | timeout | slow
     requests: int | None  # HTTP requests of the client's last try (botocore's count)
     tried_again: bool  # whether s3fs tries it again itself (its _error_wrapper)
 
@@ -105,6 +104,8 @@ def _failure(exc: BaseException) -> _Failure | None:
             return _Failure(f"answered {said}", kind, requests, again)
     for e in _chain(exc):
         names, said = _names(e), f"({type(e).__name__}: {e})"
+        if "FSTimeoutError" in names:  # h5forge's bound on the whole call (read_timeout)
+            return _Failure("sent its answer too slowly", "slow", None, False)
         if names & _DROPPED:
             return _Failure(f"dropped the connection mid-answer {said}", "dropped", 1, True)
         if names & _TIMEOUTS:
@@ -144,7 +145,9 @@ def explain(exc: BaseException, where: Location, *, what: str, seconds: float) -
     retries = _retries(where)
     s3 = where.protocol in ("s3", "s3a")
     tries = int(getattr(where.fs, "retries", 1)) if s3 and again else 1
-    if requests is None or requests == 1:
+    if kind == "slow":
+        attempts = "every attempt its client may make"
+    elif requests is None or requests == 1:
         attempts = f"{tries} attempt{'s' if tries > 1 else ''}"
     elif tries == 1:
         attempts = f"{requests} attempts"
@@ -162,11 +165,17 @@ def explain(exc: BaseException, where: Location, *, what: str, seconds: float) -
             "check the network path to the store; a slow store may need a longer "
             "storage_options={'config_kwargs': {'read_timeout': SECONDS}}"
         )
+        if kind == "slow":
+            fix += (
+                ", which lengthens that bound too (the client's attempts, each its timeouts, "
+                f"and the bytes at {MIN_READ_RATE >> 10} KiB/s)"
+            )
     reason = {
         "throttled": "the store is throttling requests",
         "error": "the store is failing",
         "dropped": "the network or the store cut the answer short",
         "timeout": "the store did not answer in time",
+        "slow": "the read took longer than the most h5forge waits for it",
     }[kind]
     return StoreError(
         f"{where}: reading {what} failed after {attempts} over {seconds:.1f} s: the store "

@@ -156,7 +156,8 @@ class _RangeFile(io.RawIOBase):
         end = min(max(end, pos + need), self._size)
         try:
             with _collection_paused(), store_failures(self._where, f"bytes {pos}-{end - 1}"):
-                data = self._fs.cat_file(self._path, start=pos, end=end)
+                limit = self._where.read_timeout(end - pos)
+                data = self._fs.cat_file(self._path, start=pos, end=end, **limit)
         except StoreError as e:
             self.failure = e  # HDF5 reports a failed read as its own error: keep the cause
             raise
@@ -194,7 +195,11 @@ class _RangeFile(io.RawIOBase):
         try:
             with _collection_paused(), store_failures(self._where, f"bytes 0-{end - 1}"):
                 head, last = self._fs.cat_ranges(
-                    [self._path, self._path], [0, tail], [end, self._size], on_error="return"
+                    [self._path, self._path],
+                    [0, tail],
+                    [end, self._size],
+                    on_error="return",
+                    **self._where.read_timeout(end + self._size - tail),
                 )
                 for got in (head, last):
                     if isinstance(got, FileNotFoundError | StoreError):
@@ -322,7 +327,7 @@ def _open(where: Location, size: int | None = None) -> Opened:
             info: dict[str, Any] = {"size": size}
             if size is None:
                 with store_failures(where, "the size"):
-                    info = fs.info(path)
+                    info = fs.info(path, **where.read_timeout(0))
         except FileNotFoundError:
             raise FileNotFoundError(f"no file at {url}") from None
         if info.get("type", "file") != "file":

@@ -72,7 +72,7 @@ class RangeReader:
         else:
             if size is None:
                 with store_failures(where, "the size"):
-                    size = int(self._fs.size(self._path))
+                    size = int(self._fs.size(self._path, **where.read_timeout(0)))
             self.remote = RemoteRanges(
                 self._cat_ranges,
                 size,
@@ -91,7 +91,8 @@ class RangeReader:
         error) that its read ended with, in its place."""
         started = time.monotonic()
         with store_failures(self._where, f"{len(starts)} byte ranges"):
-            out = list(self._fs.cat_ranges([self._path] * len(starts), starts, ends))
+            limit = self._where.read_timeout(sum(ends) - sum(starts))
+            out = list(self._fs.cat_ranges([self._path] * len(starts), starts, ends, **limit))
         for i, blob in enumerate(out):
             if isinstance(blob, BaseException):
                 what = f"bytes {starts[i]}-{ends[i] - 1}"

@@ -284,7 +284,7 @@ class FileCache:
         fs, path, shown = where.fs, where.path, str(where)
         if expected is None:
             with ThreadPoolExecutor(1) as pool:  # the two requests overlap: one latency, not two
-                head = pool.submit(fs.info, path)
+                head = pool.submit(fs.info, path, **where.read_timeout(0))
                 with store_failures(where.sidecar, "its sidecar"):
                     sidecar = load_sidecar(where.sidecar)
                 with store_failures(where, "the size"):
@@ -293,7 +293,7 @@ class FileCache:
             stale = "the asset is being republished or its sidecar is stale — retry once it is done"
         else:
             with store_failures(where, "the size"):
-                info = fs.info(path)
+                info = fs.info(path, **where.read_timeout(0))
             sidecar, source = {"sha256": sha256, "bytes": expected}, _MANIFEST
             stale = _why(source)
         if info.get("type") == "directory":  # a prefix, as a sharded asset's base is: no file

@@ -175,6 +175,33 @@ def test_a_stalled_answer_times_out_and_is_tried_again(
     assert "read_timeout" in str(caught.value)
 
 
+def test_an_answer_trickled_a_byte_at_a_time_is_a_store_error_within_its_bound(
+    packed: PackResult,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_faults: S3Faults,
+) -> None:
+    # Every byte comes well within the client's read timeout (1 s here), so no read of the
+    # client ever times out: only h5forge's bound on the whole call ends the read, after every
+    # attempt the client may make (Location.read_timeout), never a hang.
+    options = _fast(s3_storage_options)
+    options["config_kwargs"].update(read_timeout=1, connect_timeout=1)
+    url = _published(packed, s3_bucket, options)
+    ds = H5ImageDataset(url, storage_options=options)
+    s3_faults.trickle(url, 0.2, times="always", ranged=True)
+    bound = Location.of(url, options).read_timeout(Path(packed.path).stat().st_size)["timeout"]
+    started = time.monotonic()
+    with pytest.raises(StoreError) as caught:
+        ds.read_batch(list(range(packed.num_samples)))
+    took = time.monotonic() - started
+    assert took < bound + 10, (took, bound)
+    assert {kind for *_, kind in s3_faults.injected} == {"trickle"}
+    message = str(caught.value)
+    assert message.startswith(f"s3://{s3_bucket}/tiny.h5: reading "), message
+    assert "the store sent its answer too slowly" in message, message
+    assert "read_timeout" in message, message
+
+
 @pytest.mark.parametrize("where", ["HEAD", "GET"])
 def test_an_open_that_keeps_failing_is_a_store_error_not_a_damaged_file(
     where: str,
