@@ -218,24 +218,31 @@ class Location:
         its connect and read timeouts, and the waits between them) plus ``nbytes`` at
         :data:`MIN_READ_RATE`. ``{}`` where the filesystem is not asyncio-based (a local
         path, ``memory://``): its calls are not bounded here."""
+        client = self._client_seconds
+        return {} if client is None else {"timeout": client + nbytes / MIN_READ_RATE}
+
+    @cached_property
+    def _client_seconds(self) -> float | None:
+        """The most time the client's own attempts at one request may take (see
+        :meth:`read_timeout`), or None where calls are not bounded here."""
         fs = self.fs
         if self.is_local or not getattr(fs, "async_impl", False):
-            return {}
-        client = _OTHER_CLIENT_SECONDS
-        if self.protocol in _S3_PROTOCOLS:
-            config = self.client_options.get("config_kwargs") or {}
-            timeouts = float(config.get("connect_timeout", getattr(fs, "connect_timeout", 60)))
-            timeouts += float(config.get("read_timeout", getattr(fs, "read_timeout", 60)))
-            retries = config.get("retries") or {}
-            if isinstance(retries.get("total_max_attempts"), int):
-                attempts = retries["total_max_attempts"]
-            else:  # botocore's own default: 4 retries
-                attempts = int(retries.get("max_attempts", 4)) + 1
-            tries = int(getattr(fs, "retries", 5))  # s3fs's, each botocore's attempts
-            waits = sum(min(2.0**i, 20.0) for i in range(attempts - 1))
-            client = tries * (attempts * timeouts + waits)
-            client += sum(min(0.1 * 1.7**i, 15.0) for i in range(tries))
-        return {"timeout": client + nbytes / MIN_READ_RATE}
+            return None
+        if self.protocol not in _S3_PROTOCOLS:
+            return _OTHER_CLIENT_SECONDS
+        config = self.client_options.get("config_kwargs") or {}
+        timeouts = float(config.get("connect_timeout", getattr(fs, "connect_timeout", 60)))
+        timeouts += float(config.get("read_timeout", getattr(fs, "read_timeout", 60)))
+        retries = config.get("retries") or {}
+        if isinstance(retries.get("total_max_attempts"), int):
+            attempts = retries["total_max_attempts"]
+        else:  # botocore's own default: 4 retries
+            attempts = int(retries.get("max_attempts", 4)) + 1
+        tries = int(getattr(fs, "retries", 5))  # s3fs's, each botocore's attempts
+        waits = sum(min(2.0**i, 20.0) for i in range(attempts - 1))
+        return tries * (attempts * timeouts + waits) + sum(
+            min(0.1 * 1.7**i, 15.0) for i in range(tries)
+        )
 
     @property
     def protocol(self) -> str:
