@@ -1,16 +1,22 @@
 """Copying from an fsspec object store: one object to a local file, or a whole prefix.
 
-One object is streamed in large sequential reads, hashed as it arrives and capped at
-``max_bytes`` whatever its listed size says. A prefix is planned first (every key checked as a
-relative path, the caps applied), then copied into a staging folder with bounded concurrency
-and renamed into place under the destination's lock (:func:`h5forge.fetch.staging.exclusive`).
+An object is copied as the store lists it: its listed size (capped by ``max_bytes``) in
+``CHUNK``-byte ranged reads, each checked for its length and bounded in time as a whole
+(:meth:`h5forge.location.Location.read_timeout`: an answer trickled a byte at a time ends in
+a :class:`~h5forge.errors.StoreError`), hashed as it arrives, into a file created exclusively.
+A store can list one size and serve more: no byte past the listed size is ever asked for. A
+prefix is planned first (every key checked as a relative path, the caps applied), then copied
+into a staging folder with bounded concurrency and renamed into place under the destination's
+lock (:func:`h5forge.fetch.staging.exclusive`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -20,9 +26,11 @@ from h5forge.fetch.body import over_max_bytes
 from h5forge.fetch.cache import create_part
 from h5forge.fetch.dest import check_dest, write_marker
 from h5forge.fetch.staging import commit, discard, exclusive, new_staging
-from h5forge.location import CHUNK
+from h5forge.files import create_exclusive
+from h5forge.location import CHUNK, Location
 from h5forge.paths import split_member_name
 from h5forge.progress import progress_bar
+from h5forge.store_errors import store_failures
 
 __all__ = ["copy_prefix", "stream_object"]
 
@@ -30,35 +38,63 @@ log = logging.getLogger("h5forge.fetch.sources")
 
 
 def stream_object(
-    fs: Any, path: str, part: Path, shown: str, progress: bool, max_bytes: int
+    where: Location, part: Path, shown: str, progress: bool, max_bytes: int
 ) -> tuple[str, int]:
-    """Copy one remote object to the new file ``part`` in large sequential reads, hashing.
+    """Copy the object at ``where`` to the new file ``part``: ``(sha256, bytes)``.
 
-    At most ``max_bytes`` are read whatever the listed size says (a store can list one size
-    and serve another); ``part`` is created exclusively, never through a link.
+    Its listed size is read, at most ``max_bytes``; ``part`` is created exclusively, never
+    through a link.
     """
-    listed = fs.size(path)
-    if listed is not None and listed > max_bytes:
+    listed = where.fs.size(where.path, **where.read_timeout(0))
+    if listed is None:
+        raise OSError(f"{shown} lists no size; h5forge copies an object by its listed size")
+    if listed > max_bytes:
         raise over_max_bytes(shown, f"is {listed} bytes", max_bytes)
-    digest, size = hashlib.sha256(), 0
-    with (
-        progress_bar(progress, f"download {shown.rsplit('/', 1)[-1]}", listed) as bar,
-        fs.open(path, "rb", block_size=CHUNK) as src,
-        os.fdopen(create_part(part), "wb") as out,
-    ):
-        while block := src.read(min(CHUNK, max_bytes + 1 - size)):
-            if size + len(block) > max_bytes:
-                raise over_max_bytes(shown, f"sent more than {max_bytes} bytes", max_bytes)
+    name = shown.rsplit("/", 1)[-1]
+    with progress_bar(progress, f"download {name}", listed) as bar:
+        digest = _copy_object(where, where.path, int(listed), create_part(part), bar.advance)
+    return digest, int(listed)
+
+
+def _copy_object(
+    where: Location, path: str, size: int, fd: int, advance: Callable[[int], object]
+) -> str:
+    """Write the ``size`` listed bytes of object ``path`` (of ``where``'s filesystem) to ``fd``
+    (closed here) in ranged reads of ``CHUNK`` bytes, each bounded in time; its sha256. The
+    last read asks for one byte more, so an object larger than listed is refused (its extra
+    bytes are never read), as is one smaller."""
+    fs, digest, start = where.fs, hashlib.sha256(), 0
+    with os.fdopen(fd, "wb") as out:
+        for end in [*range(CHUNK, size, CHUNK), size + 1]:
+            want = min(end, size) - start
+            try:
+                with store_failures(where, f"bytes {start}-{end - 1} of {path}"):
+                    limit = where.read_timeout(end - start)
+                    block = fs.cat_file(path, start=start, end=end, **limit)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                if start < size:  # 416: nothing at ``start``, right for an empty object alone
+                    raise _not_as_listed(where, path, size, "fewer") from e
+                block = b""
+            if len(block) != want:
+                raise _not_as_listed(where, path, size, "more" if len(block) > want else "fewer")
             out.write(block)
             digest.update(block)
-            size += len(block)
-            bar.advance(len(block))
-    return digest.hexdigest(), size
+            advance(len(block))
+            start = end
+    return digest.hexdigest()
+
+
+def _not_as_listed(where: Location, path: str, size: int, how: str) -> UnsafeArchiveError:
+    return UnsafeArchiveError(
+        f"{where}: the store has {how} bytes in {path} than the {size} it lists: the object "
+        "changed during the copy, or the store answers wrong; nothing was kept — fetch again"
+    )
 
 
 def copy_prefix(
-    fs: Any,
-    path: str,
+    where: Location,
     target: Path,
     shown: str,
     max_members: int,
@@ -66,14 +102,14 @@ def copy_prefix(
     workers: int,
     progress: bool,
 ) -> None:
-    base = path.rstrip("/")
-    found = fs.find(base, detail=True)
+    base = where.path.rstrip("/")
+    found = where.fs.find(base, detail=True)
     with exclusive(target):  # writers of ``target`` take turns; leftovers of dead ones go
         check_dest(target)
         staging = new_staging(target)
         try:
             jobs, total = _plan_copy(base, found, staging, shown, max_members, max_bytes)
-            _copy_all(fs, jobs, found, workers, progress_bar(progress, f"copy {shown}", total))
+            _copy_all(where, jobs, found, workers, progress_bar(progress, f"copy {shown}", total))
             write_marker(staging, shown, "")
             commit(staging, target, replace=True)
         except BaseException:
@@ -106,11 +142,21 @@ def _plan_copy(
 
 
 def _copy_all(
-    fs: Any, jobs: list[tuple[str, Path]], found: dict[str, Any], workers: int, bar_cm: Any
+    where: Location,
+    jobs: list[tuple[str, Path]],
+    found: dict[str, Any],
+    workers: int,
+    bar_cm: Any,
 ) -> None:
-    """Copy ``jobs`` with at most ``workers`` in flight; the first failure cancels the rest."""
+    """Copy ``jobs`` (each its listed size) with at most ``workers`` in flight; the first
+    failure cancels the rest."""
+
+    def copy(key: str, local: Path) -> None:
+        size = int(found[key].get("size") or 0)
+        _copy_object(where, key, size, create_exclusive(local, 0o666), lambda n: None)
+
     with bar_cm as bar, ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(fs.get_file, key, str(local)): key for key, local in jobs}
+        futures = {pool.submit(copy, key, local): key for key, local in jobs}
         try:
             for done in as_completed(futures):
                 done.result()

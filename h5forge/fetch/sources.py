@@ -162,7 +162,7 @@ def fetch(
             return FetchResult(
                 root=os.path.abspath(path), source_url=shown, sha256="", cached=False
             )
-        copy_prefix(fs, path, target, shown, max_members, max_bytes, workers, progress)
+        copy_prefix(where, target, shown, max_members, max_bytes, workers, progress)
         return FetchResult(root=single_root(target), source_url=shown, sha256="", cached=False)
     if not fs.isfile(path):
         raise FileNotFoundError(f"nothing at {shown!r}: no such folder, prefix or archive")
@@ -175,7 +175,7 @@ def fetch(
         url,
         expected,
         shown,
-        lambda part: stream_object(fs, path, part, shown, progress, max_bytes),
+        lambda part: stream_object(where, part, shown, progress, max_bytes),
     )
     return _unpack(blob, target, shown, digest, hit, caps)
 

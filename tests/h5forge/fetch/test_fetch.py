@@ -14,12 +14,13 @@ from typing import Any
 import fsspec
 import pytest
 
-from h5forge.errors import ChecksumError, DownloadRefusedError, UnsafeArchiveError
+from h5forge.errors import ChecksumError, DownloadRefusedError, StoreError, UnsafeArchiveError
 from h5forge.fetch.dest import MARKER
 from h5forge.fetch.sources import FetchResult, fetch
-from h5forge.location import Location
+from h5forge.location import CHUNK, Location
 from h5forge.tasks.common import is_transient
 from tests.fixtures.archives import GOOD_FILES, tar_bytes
+from tests.fixtures.s3_faults import S3Faults
 from tests.fixtures.servers import LoopbackHTTP, S3RequestLog
 
 FAST = {"backoff": 0.01, "timeout": 5.0}
@@ -321,6 +322,59 @@ def test_s3_archive_streamed_then_cached(
     assert object_gets
     after = [r for r in s3_requests() if r.method == "GET" and r.path.endswith("d.tar.gz")]
     assert after == object_gets  # the cache hit read nothing from the bucket
+
+
+def test_s3_prefix_with_an_empty_object_and_a_large_one_copied_whole(
+    s3_bucket: str, s3_storage_options: dict[str, Any], tmp_path: Path
+):
+    # An object is copied by its listed size in ranged reads: an empty one is one read
+    # answered 416, a large one several reads (8 MiB each) and a last one a byte past its end.
+    big = os.urandom(CHUNK + 1234)
+    files = {**GOOD_FILES, "data/cat/empty.jpg": b"", "data/dog/big.png": big}
+    fs, _ = fsspec.core.url_to_fs(f"s3://{s3_bucket}", **s3_storage_options)
+    _put_tree(fs, f"{s3_bucket}/sets/v2", files)
+
+    fetch(f"s3://{s3_bucket}/sets/v2/", tmp_path / "d", storage_options=s3_storage_options)
+
+    for name, data in files.items():
+        assert (tmp_path / "d" / name).read_bytes() == data
+
+
+@pytest.mark.parametrize("what", ["archive", "prefix"])
+def test_an_s3_answer_trickled_a_byte_at_a_time_ends_in_a_store_error_nothing_kept(
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_faults: S3Faults,
+    tmp_path: Path,
+    archive: bytes,
+    what: str,
+):
+    # Each byte comes within the client's read timeout (1 s), so only the bound on the whole
+    # read ends it (every attempt of the client plus the bytes at MIN_READ_RATE): never a hang.
+    options = {
+        **s3_storage_options,
+        "config_kwargs": {
+            "read_timeout": 1,
+            "connect_timeout": 1,
+            "retries": {"mode": "standard", "max_attempts": 0},
+        },
+    }
+    fs, _ = fsspec.core.url_to_fs(f"s3://{s3_bucket}", **s3_storage_options)
+    if what == "archive":
+        url = slow = f"s3://{s3_bucket}/archives/d.tar.gz"
+        fs.pipe_file(url, archive)
+    else:
+        _put_tree(fs, f"{s3_bucket}/sets/v1", GOOD_FILES)
+        url, slow = f"s3://{s3_bucket}/sets/v1/", f"s3://{s3_bucket}/sets/v1/data/cat/b.jpg"
+    s3_faults.trickle(slow, 0.2, times="always", method="GET")
+    bound = Location.of(slow, options).read_timeout(len(archive))["timeout"]
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="the store sent its answer too slowly"):
+        fetch(url, tmp_path / "dest", storage_options=options, cache_dir=tmp_path / "cache")
+    assert time.monotonic() - started < bound + 10
+    assert {kind for *_, kind in s3_faults.injected} == {"trickle"}
+    assert not (tmp_path / "dest").exists()
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
 
 
 def test_memory_prefix_and_archive(tmp_path: Path, archive: bytes):
