@@ -369,10 +369,25 @@ class Location:
             finally:
                 os.close(fd)
         digest = hashlib.sha256()
-        with self.fs.open(self.path, "rb", block_size=chunk) as f:
-            while block := f.read(chunk):
-                digest.update(block)
+        size = int(self.fs.size(self.path, **self.read_timeout(0)))
+        for start in range(0, size, chunk):
+            digest.update(self.read_range(start, min(size, start + chunk)))
         return digest.hexdigest()
+
+    def read_range(self, start: int, end: int, *, path: str | None = None) -> bytes:
+        """Bytes ``start`` to ``end - 1`` of the remote file here (or of ``path`` on the same
+        filesystem: a prefix's object), fewer at its end, in one request bounded in time as a
+        whole (:meth:`read_timeout`: an answer trickled a byte at a time is cut off).
+
+        Raises:
+            StoreError: the store kept failing, or answered too slowly.
+        """
+        from h5forge.store_errors import store_failures  # it explains failures by Location
+
+        of = "" if path is None else f" of {path}"
+        with store_failures(self, f"bytes {start}-{end - 1}{of}"):
+            limit = self.read_timeout(end - start)
+            return bytes(self.fs.cat_file(path or self.path, start=start, end=end, **limit))
 
     # --- writing --------------------------------------------------------------------------
     def put(

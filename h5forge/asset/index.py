@@ -16,7 +16,7 @@ import numpy as np
 from h5forge.asset import declared
 from h5forge.asset import format as fmt
 from h5forge.asset.open import H5_DAMAGE
-from h5forge.errors import IntegrityError
+from h5forge.errors import IntegrityError, StoreError
 
 __all__ = ["AssetIndex", "check_index", "check_labels", "load_index", "repeated_paths"]
 
@@ -62,7 +62,7 @@ def load_index(h5: h5py.File, *, where: str, require_sealed: bool = True) -> Ass
     """
     try:
         return _load_index(h5, where=where, require_sealed=require_sealed)
-    except (IntegrityError, FileNotFoundError):
+    except (IntegrityError, FileNotFoundError, StoreError):  # a failed store is no damage
         raise
     except H5_DAMAGE as e:
         raise IntegrityError(

@@ -30,7 +30,6 @@ from h5forge.files import create_exclusive
 from h5forge.location import CHUNK, Location
 from h5forge.paths import split_member_name
 from h5forge.progress import progress_bar
-from h5forge.store_errors import store_failures
 
 __all__ = ["copy_prefix", "stream_object"]
 
@@ -63,14 +62,12 @@ def _copy_object(
     (closed here) in ranged reads of ``CHUNK`` bytes, each bounded in time; its sha256. The
     last read asks for one byte more, so an object larger than listed is refused (its extra
     bytes are never read), as is one smaller."""
-    fs, digest, start = where.fs, hashlib.sha256(), 0
+    digest, start = hashlib.sha256(), 0
     with os.fdopen(fd, "wb") as out:
         for end in [*range(CHUNK, size, CHUNK), size + 1]:
             want = min(end, size) - start
             try:
-                with store_failures(where, f"bytes {start}-{end - 1} of {path}"):
-                    limit = where.read_timeout(end - start)
-                    block = fs.cat_file(path, start=start, end=end, **limit)
+                block = where.read_range(start, end, path=path)
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise

@@ -21,7 +21,7 @@ from h5forge.asset import format as fmt
 from h5forge.asset.index import load_index, repeated_paths
 from h5forge.asset.metadata import metadata_sha256
 from h5forge.asset.open import H5_DAMAGE, open_h5
-from h5forge.errors import IntegrityError
+from h5forge.errors import IntegrityError, StoreError
 from h5forge.location import Location
 from h5forge.publish.manifest import SHARDS_DIR, ShardEntry, load_manifest
 from h5forge.publish.named import is_manifest, resolve_named
@@ -118,6 +118,8 @@ def _shard_index(root: Location, entry: ShardEntry) -> tuple[np.ndarray, np.ndar
             f"{redact_url(where.url)}: shard {entry.sha256[:KEY_HEX]} of the version is missing; "
             "`h5forge verify` the version, and publish it again"
         ) from None
+    except StoreError:  # a failed store is no damage
+        raise
     except H5_DAMAGE as e:
         raise IntegrityError(f"{where}: the shard's index cannot be read ({e})") from e
     if digest != entry.metadata_sha256 or n != entry.samples:

@@ -43,7 +43,7 @@ from h5forge.asset import format as fmt
 from h5forge.asset.metadata import metadata_sha256
 from h5forge.asset.open import H5_DAMAGE, open_h5
 from h5forge.discover.catalog import Catalog, Sample
-from h5forge.errors import IntegrityError
+from h5forge.errors import IntegrityError, StoreError
 from h5forge.location import Location
 from h5forge.pack.checks import check_bad_fraction, check_every_class
 from h5forge.pack.config import PackConfig
@@ -145,6 +145,8 @@ def _shard_index(
     with open_h5(asset.with_url(url)) as h5:
         try:
             size, found = h5.id.get_filesize(), metadata_sha256(h5)
+        except StoreError:  # a failed store is no damage
+            raise
         except H5_DAMAGE as e:
             raise IntegrityError(f"shard {url}: {type(e).__name__}: {e}") from None
         if (size, found) != (entry.bytes, entry.metadata_sha256):

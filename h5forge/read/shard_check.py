@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from h5forge.asset.metadata import metadata_sha256
 from h5forge.asset.open import H5_DAMAGE
 from h5forge.asset.ranges import RangeReader
-from h5forge.errors import IntegrityError
+from h5forge.errors import IntegrityError, StoreError
 from h5forge.location import Location
 from h5forge.publish.manifest import ShardEntry
 from h5forge.read.state import ProcessState
@@ -99,6 +99,8 @@ class LocalCheck:
             )
         try:
             found = metadata_sha256(h5)
+        except StoreError:  # a failed store is no damage
+            raise
         except H5_DAMAGE as e:
             raise IntegrityError(f"{replaced} ({type(e).__name__}: {e})") from None
         if found != entry.metadata_sha256:

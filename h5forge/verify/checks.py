@@ -24,7 +24,7 @@ import numpy as np
 from h5forge.asset import format as fmt
 from h5forge.asset.index import check_index, load_index
 from h5forge.asset.open import H5_DAMAGE, open_h5
-from h5forge.errors import IntegrityError
+from h5forge.errors import IntegrityError, StoreError
 from h5forge.location import Location
 from h5forge.preprocess.config import DEFAULT_MAX_PIXELS
 from h5forge.verify.digests import check_samples
@@ -146,10 +146,11 @@ def _verify(
 
 
 def _damage_is_integrity(url: str, run: Callable[[], VerifyReport]) -> VerifyReport:
-    """Run a verification; an error from reading a damaged file becomes an IntegrityError."""
+    """Run a verification; an error from reading a damaged file becomes an IntegrityError (a
+    store that failed the reads is no damage: its StoreError passes as it is)."""
     try:
         return run()
-    except (IntegrityError, FileNotFoundError):
+    except (IntegrityError, FileNotFoundError, StoreError):
         raise
     except H5_DAMAGE as e:  # FileNotFoundError is re-raised above, as is
         if isinstance(e, ValueError) and "sample_fraction" in str(e):

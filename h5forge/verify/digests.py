@@ -121,14 +121,19 @@ def _stream(
     want_data: bool,
 ) -> str:
     """One sequential pass: returns the file sha256; ``on_sample(i, sha256, bytes)`` per range."""
-    fs, path = where.fs, where.path
     file_hash = hashlib.sha256()
     hasher = _Hasher(sorted(ranges, key=lambda r: r[1]), want_data, on_sample)
-    with (
-        os.fdopen(open_regular(path, "file"), "rb", buffering=0)  # never waits on a FIFO
-        if where.is_local
-        else fs.open(path, "rb", block_size=_BLOCK, cache_type="none")
-    ) as f:
+    if not where.is_local:  # ranged reads, each bounded in time (a trickle is cut off)
+        size = int(where.fs.size(where.path, **where.read_timeout(0)))
+
+        def remote(view: memoryview, pos: int) -> int:
+            data = where.read_range(pos, min(size, pos + len(view))) if pos < size else b""
+            view[: len(data)] = data
+            return len(data)
+
+        _scan(remote, 0, None, hasher, on_bytes, file_hash)
+        return file_hash.hexdigest()
+    with os.fdopen(open_regular(where.path, "file"), "rb", buffering=0) as f:  # never a FIFO
         _scan(lambda view, _: int(f.readinto(view)), 0, None, hasher, on_bytes, file_hash)
     return file_hash.hexdigest()
 

@@ -21,6 +21,7 @@ from h5forge.pack.writer import PackResult, pack
 from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
 from h5forge.read.dataset import H5ImageDataset
+from h5forge.verify.checks import verify
 from tests.fixtures.s3_faults import S3Faults
 
 # botocore waits at most 2**i s (standard mode) before its retry i, s3fs 0.1 * 1.7**i s
@@ -200,6 +201,36 @@ def test_an_answer_trickled_a_byte_at_a_time_is_a_store_error_within_its_bound(
     assert message.startswith(f"s3://{s3_bucket}/tiny.h5: reading "), message
     assert "the store sent its answer too slowly" in message, message
     assert "read_timeout" in message, message
+
+
+@pytest.mark.parametrize("how", ["sha256", "verify"])
+def test_a_whole_file_read_from_a_trickling_store_is_a_store_error_within_its_bound(
+    how: str,
+    packed: PackResult,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_faults: S3Faults,
+) -> None:
+    # The publish's read-back hash and verify read the whole file in ranged reads, each
+    # bounded as the reader's are (they streamed it through fs.open, with no bound at all).
+    options = {
+        **s3_storage_options,
+        "config_kwargs": {
+            "read_timeout": 1,
+            "connect_timeout": 1,
+            "retries": {"mode": "standard", "max_attempts": 0},
+        },
+    }
+    url = _published(packed, s3_bucket, options)
+    where = Location.of(url, options)
+    s3_faults.trickle(url, 0.2, times="always", ranged=True)
+    bound = where.read_timeout(Path(packed.path).stat().st_size)["timeout"]
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="the store sent its answer too slowly") as caught:
+        where.sha256() if how == "sha256" else verify(where)
+    assert not isinstance(caught.value, IntegrityError)  # the store, not the asset
+    assert time.monotonic() - started < 2 * bound + 10  # verify's open, then its stream
+    assert {kind for *_, kind in s3_faults.injected} == {"trickle"}
 
 
 @pytest.mark.parametrize("where", ["HEAD", "GET"])
