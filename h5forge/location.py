@@ -32,7 +32,7 @@ import os
 import posixpath
 import secrets
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cached_property
 from types import MappingProxyType
@@ -42,6 +42,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from h5forge.documents import MAX_JSON_DEPTH, DocumentError, parse_json
+from h5forge.errors import IntegrityError
 from h5forge.files import NONBLOCK, create_exclusive, fsync_dir, sha256_fd
 from h5forge.locks import flock
 from h5forge.redact import canonical_url, redact_url
@@ -372,6 +373,51 @@ class Location:
         size = int(self.fs.size(self.path, **self.read_timeout(0)))
         for start in range(0, size, chunk):
             digest.update(self.read_range(start, min(size, start + chunk)))
+        return digest.hexdigest()
+
+    def download(
+        self,
+        fd: int,
+        *,
+        path: str | None = None,
+        size: int | None = None,
+        advance: Callable[[int], object] | None = None,
+    ) -> str:
+        """Write the remote file here (or ``path`` on the same filesystem) to ``fd``, a new
+        file's descriptor (closed here), and return its sha256: ``size`` bytes (default: the
+        size the store lists) in ``CHUNK``-byte ranged reads (:meth:`read_range`, each bounded
+        in time), the last asking for one byte more, so that a file of another size is refused
+        without reading its extra bytes. ``advance(n)`` is called with each read's bytes.
+
+        Raises:
+            IntegrityError: the store has more or fewer bytes than ``size``.
+            StoreError: the store kept failing, or answered too slowly.
+        """
+        name = path or self.path
+        if size is None:
+            size = int(self.fs.size(name, **self.read_timeout(0)))
+        digest, start = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as out:
+            for end in [*range(CHUNK, size, CHUNK), size + 1]:
+                want = min(end, size) - start
+                try:
+                    block = self.read_range(start, end, path=path)
+                except OSError as e:
+                    if e.errno != errno.EINVAL or start < size:  # 416 but where bytes are due
+                        raise
+                    block = b""  # nothing at ``start``: an empty file's one read
+                if len(block) != want:
+                    how = "more" if len(block) > want else "fewer"
+                    raise IntegrityError(
+                        f"{self}: the store has {how} bytes in {name} than the {size} it "
+                        "lists (or its manifest records): it changed during the copy, or the "
+                        "store answers wrong; nothing was kept — copy it again"
+                    )
+                out.write(block)
+                digest.update(block)
+                if advance is not None:
+                    advance(len(block))
+                start = end
         return digest.hexdigest()
 
     def read_range(self, start: int, end: int, *, path: str | None = None) -> bytes:

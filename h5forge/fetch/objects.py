@@ -12,22 +12,19 @@ lock (:func:`h5forge.fetch.staging.exclusive`).
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from h5forge.errors import UnsafeArchiveError
+from h5forge.errors import IntegrityError, UnsafeArchiveError
 from h5forge.fetch.body import over_max_bytes
 from h5forge.fetch.cache import create_part
 from h5forge.fetch.dest import check_dest, write_marker
 from h5forge.fetch.staging import commit, discard, exclusive, new_staging
 from h5forge.files import create_exclusive
-from h5forge.location import CHUNK, Location
+from h5forge.location import Location
 from h5forge.paths import split_member_name
 from h5forge.progress import progress_bar
 
@@ -58,36 +55,12 @@ def stream_object(
 def _copy_object(
     where: Location, path: str, size: int, fd: int, advance: Callable[[int], object]
 ) -> str:
-    """Write the ``size`` listed bytes of object ``path`` (of ``where``'s filesystem) to ``fd``
-    (closed here) in ranged reads of ``CHUNK`` bytes, each bounded in time; its sha256. The
-    last read asks for one byte more, so an object larger than listed is refused (its extra
-    bytes are never read), as is one smaller."""
-    digest, start = hashlib.sha256(), 0
-    with os.fdopen(fd, "wb") as out:
-        for end in [*range(CHUNK, size, CHUNK), size + 1]:
-            want = min(end, size) - start
-            try:
-                block = where.read_range(start, end, path=path)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                if start < size:  # 416: nothing at ``start``, right for an empty object alone
-                    raise _not_as_listed(where, path, size, "fewer") from e
-                block = b""
-            if len(block) != want:
-                raise _not_as_listed(where, path, size, "more" if len(block) > want else "fewer")
-            out.write(block)
-            digest.update(block)
-            advance(len(block))
-            start = end
-    return digest.hexdigest()
-
-
-def _not_as_listed(where: Location, path: str, size: int, how: str) -> UnsafeArchiveError:
-    return UnsafeArchiveError(
-        f"{where}: the store has {how} bytes in {path} than the {size} it lists: the object "
-        "changed during the copy, or the store answers wrong; nothing was kept — fetch again"
-    )
+    """:meth:`~h5forge.location.Location.download` of object ``path``: its sha256; a store
+    with more or fewer bytes than it lists is refused as unsafe."""
+    try:
+        return where.download(fd, path=path, size=size, advance=advance)
+    except IntegrityError as e:
+        raise UnsafeArchiveError(str(e)) from e
 
 
 def copy_prefix(

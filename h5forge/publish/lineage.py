@@ -14,14 +14,17 @@ is size-bounded and type-checked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from h5forge.asset import format as fmt
 from h5forge.fetch.fingerprint import SourceFingerprint, source_fingerprint
+from h5forge.files import create_exclusive
 from h5forge.location import MAX_LINEAGE_BYTES, Location
 from h5forge.pack.reuse import Reuse, unchanged_paths
 from h5forge.publish.sidecar import load_sidecar
@@ -233,7 +236,12 @@ def reuse_previous(basis: Basis, into: str, *, asset: Location) -> Reuse | None:
         local = latest.path
     else:
         local = f"{into.rstrip('/')}/previous.h5"
-        latest.fs.get_file(latest.path, local)
+        try:  # ranged reads bounded in time, the listed size exactly
+            latest.download(create_exclusive(local))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(local)
+            raise
     # Its bytes are taken as they are: they must be the version the pointer names, not another
     # valid asset put under its name (pack checks the file's structure, not which file it is).
     found = Location(local).sha256()

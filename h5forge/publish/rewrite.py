@@ -35,6 +35,7 @@ from h5forge.asset.open import open_h5
 from h5forge.asset.target_layout import file_schema
 from h5forge.discover.catalog import Catalog, Sample
 from h5forge.errors import IntegrityError
+from h5forge.files import create_exclusive
 from h5forge.location import MAX_MANIFEST_BYTES, Location
 from h5forge.pack.config import PackConfig
 from h5forge.pack.reuse import Reuse
@@ -129,8 +130,8 @@ class _Shards:
         check_tree(self.asset.with_url(base), *shard_key(entry.sha256).split("/"))
         shard = self.asset.with_url(f"{base}/{shard_key(entry.sha256)}")
         local = shard.path if shard.is_local else os.path.join(self.tmp, f"{entry.sha256}.h5")
-        if not shard.is_local:
-            shard.fs.get_file(shard.path, local)
+        if not shard.is_local:  # bounded in time; exactly the bytes its entry records
+            shard.download(create_exclusive(local), size=entry.bytes)
         if Location(local).sha256() != entry.sha256:
             raise IntegrityError(
                 f"shard {entry.sha256[:KEY_HEX]} of {redact_url(base)} does not hash to its "

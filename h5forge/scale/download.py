@@ -18,14 +18,12 @@ def local_copy(where: Location, tmp_dir: str | os.PathLike[str] | None) -> Itera
 
     The download is a temporary file in ``tmp_dir``; nothing is created for a local part.
     """
-    fs, path = where.fs, where.path
     if where.is_local:
-        yield path
+        yield where.path
         return
     fd, local = tempfile.mkstemp(prefix="h5forge-merge-", suffix=".h5", dir=tmp_dir)
-    os.close(fd)
     try:
-        fs.get_file(path, local)
+        where.download(fd)  # ranged reads bounded in time; the listed size exactly
         yield local
     finally:
         os.unlink(local)
