@@ -20,7 +20,7 @@ from h5forge.fetch.sources import FetchResult, fetch
 from h5forge.location import CHUNK, Location
 from h5forge.tasks.common import is_transient
 from tests.fixtures.archives import GOOD_FILES, tar_bytes
-from tests.fixtures.s3_faults import S3Faults
+from tests.fixtures.s3_faults import S3Faults, impatient
 from tests.fixtures.servers import LoopbackHTTP, S3RequestLog
 
 FAST = {"backoff": 0.01, "timeout": 5.0}
@@ -351,14 +351,7 @@ def test_an_s3_answer_trickled_a_byte_at_a_time_ends_in_a_store_error_nothing_ke
 ):
     # Each byte comes within the client's read timeout (1 s), so only the bound on the whole
     # read ends it (every attempt of the client plus the bytes at MIN_READ_RATE): never a hang.
-    options = {
-        **s3_storage_options,
-        "config_kwargs": {
-            "read_timeout": 1,
-            "connect_timeout": 1,
-            "retries": {"mode": "standard", "max_attempts": 0},
-        },
-    }
+    options = impatient(s3_storage_options)
     fs, _ = fsspec.core.url_to_fs(f"s3://{s3_bucket}", **s3_storage_options)
     if what == "archive":
         url = slow = f"s3://{s3_bucket}/archives/d.tar.gz"

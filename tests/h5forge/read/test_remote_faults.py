@@ -22,7 +22,7 @@ from h5forge.preprocess.config import ImageConfig
 from h5forge.publish.storage import publish
 from h5forge.read.dataset import H5ImageDataset
 from h5forge.verify.checks import verify
-from tests.fixtures.s3_faults import S3Faults
+from tests.fixtures.s3_faults import S3Faults, impatient
 
 # botocore waits at most 2**i s (standard mode) before its retry i, s3fs 0.1 * 1.7**i s
 # before its try i + 1 (5 tries): the longest a read can back off before it gives up, with
@@ -185,8 +185,7 @@ def test_an_answer_trickled_a_byte_at_a_time_is_a_store_error_within_its_bound(
     # Every byte comes well within the client's read timeout (1 s here), so no read of the
     # client ever times out: only h5forge's bound on the whole call ends the read, after every
     # attempt the client may make (Location.read_timeout), never a hang.
-    options = _fast(s3_storage_options)
-    options["config_kwargs"].update(read_timeout=1, connect_timeout=1)
+    options = impatient(s3_storage_options)
     url = _published(packed, s3_bucket, options)
     ds = H5ImageDataset(url, storage_options=options)
     s3_faults.trickle(url, 0.2, times="always", ranged=True)
@@ -213,14 +212,7 @@ def test_a_whole_file_read_from_a_trickling_store_is_a_store_error_within_its_bo
 ) -> None:
     # The publish's read-back hash and verify read the whole file in ranged reads, each
     # bounded as the reader's are (they streamed it through fs.open, with no bound at all).
-    options = {
-        **s3_storage_options,
-        "config_kwargs": {
-            "read_timeout": 1,
-            "connect_timeout": 1,
-            "retries": {"mode": "standard", "max_attempts": 0},
-        },
-    }
+    options = impatient(s3_storage_options)
     url = _published(packed, s3_bucket, options)
     where = Location.of(url, options)
     s3_faults.trickle(url, 0.2, times="always", ranged=True)
