@@ -15,8 +15,12 @@ It is the one place that:
 - reads an untrusted JSON document (:meth:`Location.read_json`): bounded in bytes and in
   nesting depth, one request on a remote store, non-blocking and regular files only on a local
   disk, one error type (:class:`DocumentError`) naming the document;
+- bounds every call to a remote store in time as a whole (:meth:`Location.read_timeout`: the
+  client's own attempts plus the bytes at :data:`h5forge.store_errors.MIN_READ_RATE`), and
+  copies (:meth:`Location.download`) or hashes (:meth:`Location.sha256`) a remote file in
+  ``CHUNK``-byte ranged reads so bounded (:meth:`Location.read_range`);
 - writes atomically (:meth:`Location.put`: temp name, fsync and rename on a local disk, one
-  upload elsewhere) and hashes (:meth:`Location.sha256`: streamed, ``CHUNK`` bytes a read).
+  upload elsewhere).
 
 The bound of each kind of document h5forge reads is defined here, once (``MAX_*_BYTES``).
 """
@@ -47,6 +51,7 @@ from h5forge.files import NONBLOCK, create_exclusive, fsync_dir, sha256_fd
 from h5forge.locks import flock
 from h5forge.redact import canonical_url, redact_url
 from h5forge.s3_session import share_models
+from h5forge.store_errors import MIN_READ_RATE, store_failures
 
 __all__ = [
     "CHUNK",
@@ -59,7 +64,6 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_SIDECAR_BYTES",
     "MAX_POINTER_BYTES",
-    "MIN_READ_RATE",
     "PreconditionError",
     "S3_RETRIES",
     "SIDECAR_SUFFIX",
@@ -98,11 +102,6 @@ SIDECAR_SUFFIX = ".manifest.json"
 #: inside s3fs's 5 tries of a throttled or dropped request (docs/remote.md, "Throttling ...").
 S3_RETRIES: Mapping[str, Any] = MappingProxyType({"mode": "standard", "max_attempts": 3})
 _S3_PROTOCOLS = ("s3", "s3a")  # S3 and S3-compatible stores (that implement If-Match)
-
-#: The slowest a remote store may send what h5forge asked for, in bytes per second of one call,
-#: beyond the time its client's own attempts may take (:meth:`Location.read_timeout`): an answer
-#: trickled a byte at a time within each read timeout is cut off, never waited on for good.
-MIN_READ_RATE = 128 << 10
 #: The longest one call of an asyncio filesystem other than S3 may take before its bytes are
 #: counted (aiohttp's own total bound for one request, which ``http(s)://`` reads use).
 _OTHER_CLIENT_SECONDS = 300.0
@@ -428,8 +427,6 @@ class Location:
         Raises:
             StoreError: the store kept failing, or answered too slowly.
         """
-        from h5forge.store_errors import store_failures  # it explains failures by Location
-
         of = "" if path is None else f" of {path}"
         with store_failures(self, f"bytes {start}-{end - 1}{of}"):
             limit = self.read_timeout(end - start)

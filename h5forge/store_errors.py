@@ -19,12 +19,21 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from h5forge.errors import StoreError
-from h5forge.location import MIN_READ_RATE, Location
 
-__all__ = ["explain", "store_failures"]
+if TYPE_CHECKING:
+    from h5forge.location import Location
+
+__all__ = ["MIN_READ_RATE", "explain", "store_failures"]
+
+#: The slowest a remote store may send what h5forge asked for, in bytes per second of one call,
+#: beyond the time its client's own attempts may take
+#: (:meth:`h5forge.location.Location.read_timeout`): an answer trickled a byte at a time within
+#: each read timeout is cut off, and is a store failure ("sent its answer too slowly").
+MIN_READ_RATE = 128 << 10
+
 
 # Client error classes (by name, anywhere in an error's class hierarchy or cause chain).
 _DROPPED = frozenset(

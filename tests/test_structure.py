@@ -39,6 +39,9 @@ BUILDS_ON: dict[str, tuple[str, ...]] = {"h5forge.scale": ("h5forge.pack",)}
 MAX_LINES = 500
 #: Modules longer than ``MAX_LINES``, each with why it is still one idea.
 LONG_MODULES: dict[str, str] = {
+    "h5forge.location": "the library's one I/O seam: a URL and its options resolved once, "
+    "printed redacted, and every way bytes cross it (bounded documents, reads bounded in time "
+    "and bytes, downloads, hashes, atomic writes); a second module would be a second door",
     "h5forge.read.fill": "one cache entry while the reader's fetches fill it: its block "
     "records, what is served from it, and its completion (fetch, hash, seal; beside a worker's "
     "batches) or discard, all one state on one folder under one lock",
