@@ -402,16 +402,19 @@ class Location:
                 try:
                     block = self.read_range(start, end, path=path)
                 except OSError as e:
-                    if e.errno != errno.EINVAL or start < size:  # 416 but where bytes are due
+                    if e.errno != errno.EINVAL:
                         raise
-                    block = b""  # nothing at ``start``: an empty file's one read
+                    block = b""  # 416, nothing at ``start``: right for an empty file alone
+                    cause: OSError | None = e
+                else:
+                    cause = None
                 if len(block) != want:
                     how = "more" if len(block) > want else "fewer"
                     raise IntegrityError(
                         f"{self}: the store has {how} bytes in {name} than the {size} it "
                         "lists (or its manifest records): it changed during the copy, or the "
                         "store answers wrong; nothing was kept — copy it again"
-                    )
+                    ) from cause
                 out.write(block)
                 digest.update(block)
                 if advance is not None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from h5forge.documents import MAX_JSON_DEPTH, DocumentError
+from h5forge.errors import IntegrityError
 from h5forge.location import Location
 
 _SECRET = "do-not-print-me-7c1"
@@ -188,6 +189,27 @@ def test_put_and_sha256_on_loopback_s3(
         where.sidecar.read_json(limit=100, what="test document")
     back = pickle.loads(pickle.dumps(where))
     assert back.sha256() == where.sha256()
+
+
+@pytest.mark.parametrize(
+    ("told", "how"), [(None, None), (1010, "fewer"), (990, "more"), (0, "more")]
+)
+def test_a_download_takes_exactly_the_bytes_it_is_told_or_refuses(
+    s3_bucket: str, s3_storage_options: dict[str, Any], tmp_path: Path, told: int | None, how: str
+) -> None:
+    # A rewrite copies a shard by the size its manifest records; the store may hold another.
+    data = os.urandom(1000)
+    where = Location.of(f"s3://{s3_bucket}/a.bin", s3_storage_options)
+    where.put(data=data)
+    local = tmp_path / "a.bin"
+    fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    if how is None:
+        assert where.download(fd, size=told) == hashlib.sha256(data).hexdigest()
+        assert local.read_bytes() == data
+        return
+    with pytest.raises(IntegrityError, match=f"the store has {how} bytes in .* than the {told}"):
+        where.download(fd, size=told)
+    assert len(local.read_bytes()) <= min(told, len(data))  # never a byte past what was told
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
