@@ -113,7 +113,10 @@ def fetch(
     Raises:
         ChecksumError: the archive's sha256 differs from ``sha256`` (both digests named).
         UnsafeArchiveError: an archive member or prefix object is unsafe or over a cap; the
-            download is over ``max_bytes``.
+            download is over ``max_bytes``; a bucket object holds more or fewer bytes than
+            its listing says.
+        StoreError: a bucket kept failing a read after its client's retries, or sent an
+            answer too slowly (:meth:`~h5forge.location.Location.read_timeout`).
         DownloadRefusedError: an HTTP redirect the downloader does not follow (out of
             http(s), or more than :data:`~h5forge.fetch.connect.MAX_REDIRECTS`), or an HTTP
             answer retrying cannot change; the message names the URL (and the hop).
