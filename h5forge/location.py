@@ -57,6 +57,7 @@ __all__ = [
     "CHUNK",
     "MAX_ASSET_LIST_BYTES",
     "MAX_CACHE_RECORD_BYTES",
+    "LISTED_ENTRY_BYTES",
     "MAX_COCO_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_LINEAGE_BYTES",
@@ -105,6 +106,9 @@ _S3_PROTOCOLS = ("s3", "s3a")  # S3 and S3-compatible stores (that implement If-
 #: The longest one call of an asyncio filesystem other than S3 may take before its bytes are
 #: counted (aiohttp's own total bound for one request, which ``http(s)://`` reads use).
 _OTHER_CLIENT_SECONDS = 300.0
+#: Bytes of one object's entry in a listing's answer, at most (S3's XML: key, size, ETag, time,
+#: class): what a listing of N objects may take is bounded as a read of N entries.
+LISTED_ENTRY_BYTES = 1024
 # Protocols whose filesystem is never the local disk (``is_local`` needs no filesystem built).
 _REMOTE_PROTOCOLS = frozenset({*_S3_PROTOCOLS, "gs", "gcs", "http", "https", "az", "abfs", "abfss"})
 
@@ -421,6 +425,15 @@ class Location:
                     advance(len(block))
                 start = end
         return digest.hexdigest()
+
+    def ask(self, what: str, method: str, *args: Any, listed: int = 0, **kwargs: Any) -> Any:
+        """``fs.<method>(*args, **kwargs)``, a question to the store (``info``, ``isdir``, a
+        listing: ``find``), bounded in time as a read of ``listed`` objects' entries
+        (:data:`LISTED_ENTRY_BYTES` each) would be, a failure raised as the
+        :class:`~h5forge.errors.StoreError` that names ``what`` was asked."""
+        with store_failures(self, what):
+            limit = self.read_timeout(listed * LISTED_ENTRY_BYTES)
+            return getattr(self.fs, method)(*args, **kwargs, **limit)
 
     def read_range(self, start: int, end: int, *, path: str | None = None) -> bytes:
         """Bytes ``start`` to ``end - 1`` of the remote file here (or of ``path`` on the same

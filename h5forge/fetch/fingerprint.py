@@ -90,12 +90,12 @@ def source_fingerprint(
         return _http(source.url, shown, source.options)
     if source.is_local:
         return _local(source.path, shown, max_files)
-    fs, path = source.fs, source.path
-    if fs.isdir(path):
-        return _prefix(fs, path, shown, max_files)
-    if not fs.isfile(path):
+    path = source.path
+    if source.ask("what it is", "isdir", path, listed=max_files):  # s3fs lists the prefix
+        return _prefix(source, path, shown, max_files)
+    if not source.ask("what it is", "isfile", path):
         raise FileNotFoundError(f"nothing at {shown!r}: no such folder, prefix or archive")
-    token = _object_token(fs.info(path))
+    token = _object_token(source.ask("its identity", "info", path))
     return None if token is None else _made("object", {"": token})
 
 
@@ -162,11 +162,12 @@ def _local(root: str, shown: str, max_files: int) -> SourceFingerprint | None:
     return _made("folder", files)
 
 
-def _prefix(fs: Any, path: str, shown: str, max_files: int) -> SourceFingerprint | None:
+def _prefix(source: Location, path: str, shown: str, max_files: int) -> SourceFingerprint | None:
     base = path.rstrip("/")
     files: dict[str, str] = {}
     # The same listing fetch's copy_prefix makes (one paginated LIST of the prefix).
-    for key, info in fs.find(base, detail=True).items():
+    listing = source.ask("its listing", "find", base, detail=True, listed=max_files)
+    for key, info in listing.items():
         rel = key[len(base) + 1 :] if key.startswith(base + "/") else None
         token = _object_token(info)
         if not rel or token is None:

@@ -41,7 +41,7 @@ def stream_object(
     Its listed size is read, at most ``max_bytes``; ``part`` is created exclusively, never
     through a link.
     """
-    listed = where.fs.size(where.path, **where.read_timeout(0))
+    listed = where.ask("the size", "size", where.path)
     if listed is None:
         raise OSError(f"{shown} lists no size; h5forge copies an object by its listed size")
     if listed > max_bytes:
@@ -73,7 +73,7 @@ def copy_prefix(
     progress: bool,
 ) -> None:
     base = where.path.rstrip("/")
-    found = where.fs.find(base, detail=True)
+    found = where.ask("its listing", "find", base, detail=True, listed=max_members)
     with exclusive(target):  # writers of ``target`` take turns; leftovers of dead ones go
         check_dest(target)
         staging = new_staging(target)

@@ -157,8 +157,9 @@ def fetch(
         blob, digest, hit = cached_download(cache, url, expected, shown, get)
         return _unpack(blob, target, shown, digest, hit, caps)
     where = Location.of(url, options)
-    fs, path = where.fs, where.path
-    if fs.isdir(path):
+    path = where.path
+    # s3fs's isdir lists the prefix (pages of it): bounded as the listing of max_members is
+    if where.ask("what it is", "isdir", path, listed=max_members):
         if expected:
             raise ValueError(f"sha256 was given but {shown!r} is a folder; pass sha256=None")
         if where.is_local:
@@ -167,7 +168,7 @@ def fetch(
             )
         copy_prefix(where, target, shown, max_members, max_bytes, workers, progress)
         return FetchResult(root=single_root(target), source_url=shown, sha256="", cached=False)
-    if not fs.isfile(path):
+    if not where.ask("what it is", "isfile", path):
         raise FileNotFoundError(f"nothing at {shown!r}: no such folder, prefix or archive")
     if where.is_local:  # already local: hash and extract it where it is
         digest = where.sha256()

@@ -340,7 +340,7 @@ def test_s3_prefix_with_an_empty_object_and_a_large_one_copied_whole(
         assert (tmp_path / "d" / name).read_bytes() == data
 
 
-@pytest.mark.parametrize("what", ["archive", "prefix"])
+@pytest.mark.parametrize("what", ["archive", "prefix", "listing"])
 def test_an_s3_answer_trickled_a_byte_at_a_time_ends_in_a_store_error_nothing_kept(
     s3_bucket: str,
     s3_storage_options: dict[str, Any],
@@ -359,11 +359,19 @@ def test_an_s3_answer_trickled_a_byte_at_a_time_ends_in_a_store_error_nothing_ke
     else:
         _put_tree(fs, f"{s3_bucket}/sets/v1", GOOD_FILES)
         url, slow = f"s3://{s3_bucket}/sets/v1/", f"s3://{s3_bucket}/sets/v1/data/cat/b.jpg"
+    if what == "listing":  # the bucket's LIST answers: a listing is bounded by max_members
+        slow = f"s3://{s3_bucket}"
     s3_faults.trickle(slow, 0.2, times="always", method="GET")
-    bound = Location.of(slow, options).read_timeout(len(archive))["timeout"]
+    bound = Location.of(slow, options).read_timeout(len(archive) + 10 * 1024)["timeout"]
     started = time.monotonic()
     with pytest.raises(StoreError, match="the store sent its answer too slowly"):
-        fetch(url, tmp_path / "dest", storage_options=options, cache_dir=tmp_path / "cache")
+        fetch(
+            url,
+            tmp_path / "dest",
+            storage_options=options,
+            cache_dir=tmp_path / "cache",
+            max_members=10,
+        )
     assert time.monotonic() - started < bound + 10
     assert {kind for *_, kind in s3_faults.injected} == {"trickle"}
     assert not (tmp_path / "dest").exists()
