@@ -45,6 +45,9 @@ LONG_MODULES: dict[str, str] = {
     "h5forge.read.fill": "one cache entry while the reader's fetches fill it: its block "
     "records, what is served from it, and its completion (fetch, hash, seal; beside a worker's "
     "batches) or discard, all one state on one folder under one lock",
+    "h5forge.asset.coalesce": "one remote reader's plan for a batch: which bytes come from "
+    "blocks kept in memory, the local store, another process's fetch (its claim) or the server, "
+    "and its fetch ahead, sharing the reader's kept blocks under one process budget",
     "h5forge.read.targets": "the reader's view of target columns, read as one: what target= "
     "selects, how one process reads those columns and checks their values, how they collate",
     "h5forge.options": "every pack option defined once: what an option is and how a value is "

@@ -18,7 +18,11 @@ With a ``store`` (:class:`h5forge.read.block_cache.BlockStore`: blocks kept on l
 blocks the store holds serve their ranges like kept ones, and every block a request touches
 is fetched whole and stored, while a batch's blocks fit ``keep_bytes`` (a uniform shuffle
 over a large asset touches a block per sample: those batches read exactly what they need and
-store only the blocks they read half of).
+store only the blocks they read half of). A block to store is claimed first
+(:class:`h5forge.read.block_cache.BlockClaims`): one another process is fetching (another
+worker, whose batch shares it) is not asked for again but read from the store once it is kept,
+after this batch's own requests; a fetch ahead keeps its blocks and releases their claims as
+they arrive, on its own thread.
 
 Adjacent whole blocks are fetched in one request of up to :data:`BLOCK_RUN_BYTES` and split
 into blocks as they arrive. All requests of a batch go out at once (fsspec ``cat_ranges``:
@@ -34,7 +38,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -116,6 +120,17 @@ class BlockSource(Protocol):
 
     def has(self, k: int) -> bool:
         """Whether block ``k`` is kept (cheap: no read; :meth:`get` still checks it)."""
+
+    def claim(self, k: int) -> bool:
+        """Whether this process should fetch block ``k`` now (False: another one is fetching
+        it, and :meth:`wait` gives it once kept; :class:`h5forge.read.block_cache.BlockClaims`)."""
+
+    def release(self, k: int) -> None:
+        """This process's claim on block ``k`` dropped (kept, or its fetch failed)."""
+
+    def wait(self, sizes: Mapping[int, int]) -> dict[int, bytes]:
+        """The blocks of ``sizes`` (block -> size) that others claimed, once kept (bounded in
+        time); those missing from the result are the caller's to fetch."""
 
 
 def coalesce(
@@ -245,9 +260,9 @@ class RemoteRanges:
         self._token = next(_TOKENS)  # this reader's blocks in its budget's order
         self.store = store
         self._budget = _PROCESS if store is None else _PROCESS_STORED
-        # Blocks being fetched ahead: block number -> (future of the fetch, index of its run's
-        # span, the run's first block).
-        self._pending: dict[int, tuple[Future[list[Any]], int, int]] = {}
+        # Blocks being fetched ahead: block number -> the fetch's future (its blocks, each one's
+        # bytes or None when its request failed, and whether it opened a request).
+        self._pending: dict[int, Future[dict[int, tuple[bytes | None, bool]]]] = {}
         self._ahead: ThreadPoolExecutor | None = None
 
     @property
@@ -279,40 +294,67 @@ class RemoteRanges:
             if self.store is not None and self.store.has(k):
                 continue
             want.append(k)
-        want = want[: max(1, self.keep_bytes // B)]
+        want = [k for k in want[: max(1, self.keep_bytes // B)] if self._claim(k)]
         if not want:
             return
         if self._ahead is None:
             self._ahead = ThreadPoolExecutor(1, thread_name_prefix="h5forge-prefetch")
-        runs = self._block_runs(want)
-        spans = [self._run_span(run) for run in runs]
-        future = self._ahead.submit(self._fetch, [a for a, _ in spans], [b for _, b in spans])
-        for i, run in enumerate(runs):
-            for k in run:
-                self._pending[k] = (future, i, run[0])
+        future = self._ahead.submit(self._fetch_ahead, self._block_runs(want))
+        for k in want:
+            self._pending[k] = future
+
+    def _fetch_ahead(self, runs: list[list[int]]) -> dict[int, tuple[bytes | None, bool]]:
+        """The fetch of :meth:`prefetch`, on its thread: each block's bytes (None when its
+        request failed), kept in the store and its claim released as soon as it arrives (a
+        worker waiting for the block must not wait for this reader's next batch)."""
+        out: dict[int, tuple[bytes | None, bool]] = {}
+        try:
+            spans = [self._run_span(run) for run in runs]
+            blobs = self._fetch([a for a, _ in spans], [b for _, b in spans])
+            for run, blob in zip(runs, blobs, strict=True):
+                for k in run:
+                    piece = self._block_of(blob, run[0], k)
+                    out[k] = (piece, k == run[0])
+                    if piece is not None and self.store is not None:
+                        self.store.put(k, piece)
+        finally:
+            if self.store is not None:  # kept, or left to whoever needs them
+                for run in runs:
+                    for k in run:
+                        self.store.release(k)
+        return out
 
     def _harvest(self, wait: Sequence[int]) -> dict[int, bytes]:
-        """Prefetched blocks whose fetch is done (and those in ``wait``, waited for): kept and
-        stored; returns the ones of ``wait`` that arrived."""
+        """Prefetched blocks whose fetch is done (and those in ``wait``, waited for): kept;
+        returns the ones of ``wait`` that arrived."""
         got: dict[int, bytes] = {}
-        for k in [k for k, (f, _, _) in self._pending.items() if f.done() or k in wait]:
-            future, i, first = self._pending.pop(k)
+        for k in [k for k, f in self._pending.items() if f.done() or k in wait]:
             try:
-                run = future.result()[i]
+                blob, first = self._pending.pop(k).result()[k]
             except Exception:  # forgotten: read() fetches it (and raises what it must)
                 continue
-            blob = self._block_of(run, first, k)
             if blob is None:
                 continue
-            self.stats.requests += k == first  # one request for the run's blocks
+            self.stats.requests += first  # one request for the run's blocks
             self.stats.bytes += len(blob)
+            self.stats.stored_puts += self.store is not None
             self._keep(k, blob)
-            if self.store is not None:
-                self.store.put(k, blob)
-                self.stats.stored_puts += 1
             if k in wait:
                 got[k] = blob
         return got
+
+    def _claim(self, k: int) -> bool:
+        """Whether this reader fetches block ``k`` to keep in its store: no store, or the
+        store's claim on it made here (another process is not fetching it, and it is still
+        not kept)."""
+        if self.store is None:
+            return True
+        if not self.store.claim(k):
+            return False
+        if self.store.has(k):  # kept just before the claim: read from the store
+            self.store.release(k)
+            return False
+        return True
 
     def read(self, starts: list[int], ends: list[int]) -> list[list[memoryview]]:
         """The bytes of each sorted, non-overlapping run ``[starts[i], ends[i])``, as the views
@@ -340,7 +382,8 @@ class RemoteRanges:
         touched -= kept.keys() | local.keys()
         # With a store, whole blocks while the batch's fit what a reader keeps.
         every = self.store is not None and len(touched) * B <= self.keep_bytes
-        whole: set[int] = set()
+        whole: set[int] = set()  # fetched here, whole, and kept
+        others: set[int] = set()  # being fetched by another process: waited for in the store
         segments: list[tuple[int, int]] = []
         for s, e in plan:
             if self.keep_bytes < B:  # nothing could be kept: read exactly what is asked
@@ -348,13 +391,15 @@ class RemoteRanges:
                 continue
             for k in range(s // B, (e - 1) // B + 1):
                 lo, hi = k * B, min((k + 1) * B, self._size)
-                if k in touched and (every or 2 * (min(e, hi) - max(s, lo)) >= hi - lo):
-                    whole.add(k)
-            # What whole or kept blocks leave of the request (its head and tail).
+                if k in whole or k in others or k not in touched:
+                    continue
+                if every or 2 * (min(e, hi) - max(s, lo)) >= hi - lo:
+                    (whole if self._claim(k) else others).add(k)
+            # What whole, kept or awaited blocks leave of the request (its head and tail).
             seg = s
             for k in range(s // B, (e - 1) // B + 1):
                 lo, hi = max(s, k * B), min(e, (k + 1) * B)
-                if k in whole or k in kept or k in local:
+                if k in whole or k in others or k in kept or k in local:
                     if seg < lo:
                         segments.append((seg, lo))
                     seg = hi
@@ -365,34 +410,67 @@ class RemoteRanges:
         fetched: list[tuple[int, int, bytes]] = [
             (k * B, k * B + len(blob), blob) for k, blob in local.items()
         ]
-        if spans:
-            blobs = self._fetch([a for a, _ in spans], [b for _, b in spans])
-            for (a, b), blob in zip(spans, blobs, strict=True):
-                if isinstance(blob, BaseException):
-                    raise blob
-                if len(blob) != b - a:
-                    self._short(a, b - a, len(blob))
-                self.stats.requests += 1
-                self.stats.bytes += len(blob)
-                fetched.append((a, b, blob))
-            wanted = sum(ends[i] - starts[i] for i in miss)
-            self.stats.over_read += sum(b - a for a, b in spans) - wanted
-        out = [self._assemble(a, b, fetched, kept) for a, b in runs]
-        # Kept after assembling, so an eviction cannot drop a block this batch needs; the
-        # runs of whole blocks are the first ``len(block_runs)`` spans, in block order.
-        got = fetched[len(local) :]
-        for run, (_, _, blob) in zip(block_runs, got, strict=False):
-            for k in run:
-                piece = self._block_of(blob, run[0], k)
-                assert piece is not None  # its length was checked above
-                self._keep(k, piece)
-                if self.store is not None:
-                    self.store.put(k, piece)
-        for k, blob in local.items():
+        waited: dict[int, bytes] = {}
+        late: list[list[int]] = []  # awaited blocks that did not come: fetched here after all
+        try:
+            fetched += self._get(spans)
+            if others:
+                assert self.store is not None
+                waited = self.store.wait({k: self._span(k)[1] - k * B for k in sorted(others)})
+                self.stats.stored_hits += len(waited)
+                fetched += [(k * B, k * B + len(blob), blob) for k, blob in waited.items()]
+                late = self._block_runs(sorted(others - waited.keys()))
+                fetched += self._get([self._run_span(run) for run in late])
+            sent = spans + [self._run_span(run) for run in late]
+            if sent:  # bytes fetched beyond the wanted ones they hold
+                self.stats.over_read += sum(b - a for a, b in sent) - sum(
+                    max(0, min(ends[i], hi) - max(starts[i], lo)) for i in miss for lo, hi in sent
+                )
+            out = [self._assemble(a, b, fetched, kept) for a, b in runs]
+            # Kept after assembling, so an eviction cannot drop a block this batch needs: the
+            # runs of whole blocks are the first ``len(block_runs)`` spans fetched, in block
+            # order; the late ones the last.
+            got = fetched[len(local) :]
+            mine = list(zip(block_runs, got, strict=False)) + list(
+                zip(late, got[len(got) - len(late) :], strict=True)
+            )
+            for run, (_, _, blob) in mine:
+                for k in run:
+                    piece = self._block_of(blob, run[0], k)
+                    assert piece is not None  # its length was checked above
+                    self._keep(k, piece)
+                    if self.store is not None:
+                        self.store.put(k, piece)
+        finally:
+            if self.store is not None:
+                for k in whole:
+                    self.store.release(k)
+        for k, blob in (local | waited).items():
             self._keep(k, blob)
         if self.store is not None:
             self.store.complete(self._fetch)
         return out
+
+    def _get(self, spans: list[tuple[int, int]]) -> list[tuple[int, int, bytes]]:
+        """``spans`` fetched at once (one request each), checked and counted, as
+        ``(start, end, bytes)``; raises what a failed request raised."""
+        if not spans:
+            return []
+        out = []
+        blobs = self._fetch([a for a, _ in spans], [b for _, b in spans])
+        for (a, b), blob in zip(spans, blobs, strict=True):
+            if isinstance(blob, BaseException):
+                raise blob
+            if len(blob) != b - a:
+                self._short(a, b - a, len(blob))
+            self.stats.requests += 1
+            self.stats.bytes += len(blob)
+            out.append((a, b, blob))
+        return out
+
+    def _span(self, k: int) -> tuple[int, int]:
+        """Block ``k``'s bytes in the file (the last block is clipped to its size)."""
+        return k * self.block_bytes, min((k + 1) * self.block_bytes, self._size)
 
     def _block_runs(self, ks: list[int]) -> list[list[int]]:
         """Sorted block numbers grouped into runs of adjacent blocks, each at most
@@ -407,7 +485,7 @@ class RemoteRanges:
         return runs
 
     def _run_span(self, run: list[int]) -> tuple[int, int]:
-        return run[0] * self.block_bytes, min((run[-1] + 1) * self.block_bytes, self._size)
+        return self._span(run[0])[0], self._span(run[-1])[1]
 
     def _block_of(self, blob: Any, first: int, k: int) -> bytes | None:
         """Block ``k``'s bytes out of the fetched run that starts at block ``first`` (the run's

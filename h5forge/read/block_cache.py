@@ -14,7 +14,8 @@ job) reads the blocks it fetched before from disk:
   the cache or not) against ``/digests`` besides.
 - **Safe to share**: every block is written under a fresh exclusive temp name and renamed into
   place, opened without following links; concurrent workers and jobs may write one block
-  twice, never a torn one.
+  twice, never a torn one; a block that several want at once is fetched by the first to
+  claim it (:class:`BlockClaims`), the others wait for it to be kept.
 - **Bounded**: blocks count against the cache's ``limit_bytes`` with every other entry; when a
   process has added a tenth of the limit since it last looked, the least recently used blocks
   (file mtime, refreshed on every hit) are removed until the cache fits the limit again.
@@ -27,6 +28,8 @@ import hashlib
 import logging
 import os
 import stat
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from h5forge.files import (
@@ -40,7 +43,15 @@ from h5forge.files import (
 )
 from h5forge.locks import folder_lock, lock_file
 
-__all__ = ["BLOCKS_KIND", "ENTRY_KIND", "BlockStore", "entry_bytes", "evict_cache"]
+__all__ = [
+    "BLOCKS_KIND",
+    "CLAIM_SECONDS",
+    "ENTRY_KIND",
+    "BlockClaims",
+    "BlockStore",
+    "entry_bytes",
+    "evict_cache",
+]
 
 log = logging.getLogger("h5forge.read.block_cache")
 
@@ -49,6 +60,15 @@ BLOCKS_KIND = "read-cache-blocks"
 ENTRY_KIND = "read-cache"
 _SUFFIX = ".blk"
 _DIGEST = 32
+_CLAIM = ".want"
+#: What a claim file holds: the tag that names it h5forge's, and the claiming process.
+_CLAIM_TAG = b"h5forge-block-claim/1 pid="
+#: How long a claim on a block holds off other processes. A 2 MiB block takes ~25-300 ms to
+#: fetch (20 ms per request, a busy machine); a claim older than this is its maker's that died
+#: or stalled: the block is fetched by whoever needs it.
+CLAIM_SECONDS = 5.0
+_CLAIM_MAX = 64  # bytes: a claim file is its tag and a pid
+_POLL = 0.002  # seconds between looks at a block being fetched by another process
 
 
 def entry_bytes(path: str) -> int:
@@ -61,8 +81,150 @@ def entry_bytes(path: str) -> int:
     return total
 
 
+class BlockClaims:
+    """Who fetches a block that several processes want at once.
+
+    Two DataLoader workers whose batches share a block (the block at the boundary of two
+    sample blocks of a block shuffle, read by the two workers' batches at about the same
+    time), or two jobs reading one asset, would each fetch it from the server. Before it
+    fetches a block to keep, a reader claims it (:meth:`claim`): the first process to create
+    the block's claim file (``NNNNNNNNNN.want`` in the store's folder, created exclusively, never
+    through a link) fetches it, and releases the claim once the block is kept or the fetch
+    failed (:meth:`release`). Another reader that needs the block meanwhile gets it from the
+    store when it arrives (:meth:`wait`), and fetches it itself only when the claim ends without
+    the block or is older than :data:`CLAIM_SECONDS` (its maker died or stalled).
+
+    A store that uses this provides ``has``, ``get``, :meth:`_folder` and :meth:`_claimable`.
+    Claims are only a saving: whatever a claim says, a block is served only when the store
+    holds it intact.
+    """
+
+    def _folder(self) -> str:
+        """The store's folder, where its blocks' claims are made."""
+        raise NotImplementedError
+
+    def has(self, k: int) -> bool:
+        raise NotImplementedError
+
+    def get(self, k: int, size: int) -> bytes | None:
+        raise NotImplementedError
+
+    def _claimable(self) -> bool:
+        """Whether this store keeps blocks now (its folder made and ours): else every process
+        fetches what it needs, unclaimed."""
+        raise NotImplementedError
+
+    def _claim_path(self, k: int) -> str:
+        return os.path.join(self._folder(), f"{k:010d}{_CLAIM}")
+
+    def _claims(self) -> set[int]:
+        """The claims this process made and holds (a forked or spawned worker holds none of
+        its parent's)."""
+        held: tuple[int, set[int]] | None = getattr(self, "_claims_held", None)
+        if held is None or held[0] != os.getpid():
+            held = (os.getpid(), set())
+            self._claims_held = held
+        return held[1]
+
+    def claim(self, k: int) -> bool:
+        """Whether this process should fetch block ``k``: True when it claimed it, or when no
+        claim can be made (the store keeps nothing now) or the one found is stale; False when
+        another process is fetching it now (:meth:`wait` gives it once kept)."""
+        mine = self._claims()
+        if k in mine:
+            return True
+        if not self._claimable():
+            return True
+        try:
+            fd = os.open(
+                self._claim_path(k),
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC,
+                0o600,
+            )
+        except FileExistsError:
+            return self._claim_deadline(k) is None
+        except OSError:
+            return True  # no claim can be made here: fetched unclaimed
+        try:
+            os.write(fd, _CLAIM_TAG + str(os.getpid()).encode())
+        except OSError:
+            pass  # an empty claim still holds; its age ends it
+        finally:
+            os.close(fd)
+        mine.add(k)
+        return True
+
+    def release(self, k: int) -> None:
+        """Drop this process's claim on block ``k`` (kept, or its fetch failed); a block not
+        claimed here is left alone."""
+        mine = self._claims()
+        if k in mine:
+            mine.discard(k)
+            with contextlib.suppress(OSError):
+                os.unlink(self._claim_path(k))
+
+    def _claim_deadline(self, k: int) -> float | None:
+        """When another process's live claim on block ``k`` goes stale (epoch seconds), or None
+        when there is none: no claim file, one older than :data:`CLAIM_SECONDS`, one dated in
+        the future, or not a small regular file."""
+        try:
+            st = os.lstat(self._claim_path(k))
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _CLAIM_MAX:
+            return None
+        now = time.time()
+        return (
+            st.st_mtime + CLAIM_SECONDS
+            if st.st_mtime - 1 <= now < st.st_mtime + CLAIM_SECONDS
+            else None
+        )
+
+    def wait(self, sizes: Mapping[int, int]) -> dict[int, bytes]:
+        """The blocks of ``sizes`` (block -> its size) that other processes claimed, once the
+        store holds them intact. Returns as soon as each block is kept, or its claim ended
+        without it (the fetch failed) or went stale, and after :data:`CLAIM_SECONDS` at most
+        whatever the claims say: the caller fetches the blocks missing from the result itself.
+        Blocks this process claimed are not waited for."""
+        out: dict[int, bytes] = {}
+        left = {k: n for k, n in sizes.items() if k not in self._claims()}
+        stop = time.monotonic() + CLAIM_SECONDS
+        while left:
+            for k, n in list(left.items()):
+                # Kept first, then the claim: its maker keeps the block before it releases it
+                # (a claim gone with the block kept is read below, not fetched again).
+                if self.has(k) or self._claim_deadline(k) is None:
+                    blob = self.get(k, n)
+                    if blob is not None:
+                        out[k] = blob
+                    del left[k]
+            if not left or time.monotonic() >= stop:
+                break
+            time.sleep(_POLL)
+        return out
+
+    def _drop_claims(self) -> None:
+        """Remove the claim files left in the store's folder (the store is whole now, or being
+        removed): only those that hold h5forge's claim tag."""
+        with contextlib.suppress(OSError), os.scandir(self._folder()) as it:
+            for e in it:
+                if not e.name.endswith(_CLAIM) or not e.is_file(follow_symlinks=False):
+                    continue
+                try:
+                    fd = os.open(e.path, os.O_RDONLY | NOFOLLOW | NONBLOCK | CLOEXEC)
+                except OSError:
+                    continue
+                try:
+                    tagged = os.read(fd, _CLAIM_MAX).startswith(_CLAIM_TAG)
+                finally:
+                    os.close(fd)
+                if tagged:
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.path)
+
+
 @dataclass
-class BlockStore:
+class BlockStore(BlockClaims):
     """The blocks of one remote asset under ``root`` (see the module docstring).
 
     Args:
@@ -147,6 +309,16 @@ class BlockStore:
     def has(self, k: int) -> bool:
         """Whether block ``k``'s file exists (:meth:`get` checks it)."""
         return os.path.lexists(self._path(k))
+
+    def _folder(self) -> str:
+        return self.entry
+
+    def _claimable(self) -> bool:
+        try:
+            self._ensure()
+        except (OSError, ValueError):
+            return False
+        return True
 
     def _ensure(self) -> None:
         if self._ready:

@@ -36,7 +36,10 @@ address):
   of its own, beside the worker's next batches (:meth:`FillStore.complete`).
 
 Blocks are written by any worker of any job on the machine at once: distinct blocks land in
-distinct byte ranges of one file, and a block written twice holds the same bytes. A full disk,
+distinct byte ranges of one file, and a block written twice holds the same bytes. A block that
+two of them want at the same moment is fetched by one: the first to claim it (``NNNNNNNNNN.want``,
+:class:`h5forge.read.block_cache.BlockClaims`); the other reads it from the entry once kept (two
+workers' batches share the block at the boundary of their sample blocks). A full disk,
 an entry evicted meanwhile, or a cache that cannot be written stops filling with a warning; the
 read goes on from the server.
 """
@@ -73,7 +76,7 @@ from h5forge.files import (
 )
 from h5forge.location import MAX_CACHE_RECORD_BYTES
 from h5forge.locks import lock_file
-from h5forge.read.block_cache import evict_cache
+from h5forge.read.block_cache import BlockClaims, evict_cache
 
 __all__ = [
     "BESIDE_BYTES",
@@ -147,6 +150,8 @@ def _checksum(data: bytes) -> bytes:
 #: Orders the adoption of a sealed copy by a reader and by its finishing thread (one
 #: descriptor each store, none leaked).
 _ADOPTING = threading.Lock()
+#: ... and the opening of a fill file, by a reader and the threads that fetch ahead and finish.
+_OPENING = threading.Lock()
 
 
 #: Files up to this size are finished beside the worker's batches. A larger one's hash could
@@ -198,7 +203,7 @@ def _fsync_quietly(fd: int) -> None:
 
 
 @dataclass
-class FillStore:
+class FillStore(BlockClaims):
     """The blocks of one remote file kept in its cache entry (see the module docstring).
 
     Args:
@@ -314,6 +319,13 @@ class FillStore:
     def has(self, k: int) -> bool:
         """Whether block ``k`` is kept (its record exists, or the file is whole)."""
         return self._local is not None or os.path.lexists(self._have(k))
+
+    def _folder(self) -> str:
+        return self.entry
+
+    def _claimable(self) -> bool:
+        """Blocks are claimed while the entry fills (made here when missing, as by a put)."""
+        return not self._off and self.local_fd() is None and self._open_fill(create=True)
 
     def put(self, k: int, blob: bytes) -> None:
         """Keep block ``k`` as fetched; never raises for the disk: filling just stops."""
@@ -497,6 +509,7 @@ class FillStore:
         for k in range(self.blocks):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._have(k))
+        self._drop_claims()
         log.info("%s is complete in the cache (%d bytes, sha256 checked)", self.url, self.size)
         self.local_fd()
 
@@ -522,6 +535,10 @@ class FillStore:
         """``fill.h5`` open in this process (made, entry and room first, when ``create``)."""
         if self._fd is not None:
             return True
+        with _OPENING:  # the reader, its fetch ahead and its finishing thread: one descriptor
+            return self._fd is not None or self._open_fill_now(create=create)
+
+    def _open_fill_now(self, *, create: bool) -> bool:
         path = os.path.join(self.entry, _FILL)
         flags = os.O_RDWR | NOFOLLOW | NONBLOCK | CLOEXEC
         try:
