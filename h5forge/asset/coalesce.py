@@ -109,7 +109,7 @@ class BlockSource(Protocol):
 
     def get(self, k: int, size: int) -> bytes | None: ...
 
-    def put(self, k: int, blob: bytes) -> None: ...
+    def put(self, k: int, blob: bytes | memoryview) -> None: ...
 
     def complete(self, fetch: Fetch) -> None:
         """Called after each read of a batch: a store may finish itself (fetching what is
@@ -260,9 +260,9 @@ class RemoteRanges:
         self._token = next(_TOKENS)  # this reader's blocks in its budget's order
         self.store = store
         self._budget = _PROCESS if store is None else _PROCESS_STORED
-        # Blocks being fetched ahead: block number -> the fetch's future (its blocks, each one's
-        # bytes or None when its request failed, and whether it opened a request).
-        self._pending: dict[int, Future[dict[int, tuple[bytes | None, bool]]]] = {}
+        # Blocks being fetched ahead: block number -> the fetch's future (of each block's run
+        # as fetched, and the run's first block).
+        self._pending: dict[int, Future[dict[int, tuple[Any, int]]]] = {}
         self._ahead: ThreadPoolExecutor | None = None
 
     @property
@@ -303,18 +303,20 @@ class RemoteRanges:
         for k in want:
             self._pending[k] = future
 
-    def _fetch_ahead(self, runs: list[list[int]]) -> dict[int, tuple[bytes | None, bool]]:
-        """The fetch of :meth:`prefetch`, on its thread: each block's bytes (None when its
-        request failed), kept in the store and its claim released as soon as it arrives (a
-        worker waiting for the block must not wait for this reader's next batch)."""
-        out: dict[int, tuple[bytes | None, bool]] = {}
+    def _fetch_ahead(self, runs: list[list[int]]) -> dict[int, tuple[Any, int]]:
+        """The fetch of :meth:`prefetch`, on its thread: each block's run as fetched (its bytes,
+        or the exception its request raised) and the run's first block. Each block is kept in
+        the store and its claim released as soon as it arrives (a worker waiting for the block
+        must not wait for this reader's next batch); written from views of the run, so that
+        this thread allocates nothing that its own malloc arena would keep."""
+        out: dict[int, tuple[Any, int]] = {}
         try:
             spans = [self._run_span(run) for run in runs]
             blobs = self._fetch([a for a, _ in spans], [b for _, b in spans])
             for run, blob in zip(runs, blobs, strict=True):
                 for k in run:
-                    piece = self._block_of(blob, run[0], k)
-                    out[k] = (piece, k == run[0])
+                    out[k] = (blob, run[0])
+                    piece = self._block_view(blob, run[0], k)
                     if piece is not None and self.store is not None:
                         self.store.put(k, piece)
         finally:
@@ -330,12 +332,13 @@ class RemoteRanges:
         got: dict[int, bytes] = {}
         for k in [k for k, f in self._pending.items() if f.done() or k in wait]:
             try:
-                blob, first = self._pending.pop(k).result()[k]
+                run, first = self._pending.pop(k).result()[k]
             except Exception:  # forgotten: read() fetches it (and raises what it must)
                 continue
+            blob = self._block_of(run, first, k)
             if blob is None:
                 continue
-            self.stats.requests += first  # one request for the run's blocks
+            self.stats.requests += k == first  # one request for the run's blocks
             self.stats.bytes += len(blob)
             self.stats.stored_puts += self.store is not None
             self._keep(k, blob)
@@ -490,13 +493,18 @@ class RemoteRanges:
     def _block_of(self, blob: Any, first: int, k: int) -> bytes | None:
         """Block ``k``'s bytes out of the fetched run that starts at block ``first`` (the run's
         own object when it is that one block); None when the run failed or came back short."""
+        view = self._block_view(blob, first, k)
+        return None if view is None else bytes(view)
+
+    def _block_view(self, blob: Any, first: int, k: int) -> bytes | memoryview | None:
+        """:meth:`_block_of` without a copy: the run itself, or a view of it."""
         B = self.block_bytes
         lo, hi = (k - first) * B, min((k + 1) * B, self._size) - first * B
         if isinstance(blob, BaseException) or len(blob) < hi:
             return None
         if lo == 0 and len(blob) == hi:
-            return bytes(blob)
-        return bytes(memoryview(blob)[lo:hi])
+            return blob
+        return memoryview(blob)[lo:hi]
 
     def _from_store(self, runs: list[tuple[int, int]], kept: dict[int, bytes]) -> dict[int, bytes]:
         """The blocks of ``runs`` that are not ``kept`` in memory but in the store."""

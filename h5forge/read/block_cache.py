@@ -281,7 +281,7 @@ class BlockStore(BlockClaims):
         self.hits += 1
         return blob
 
-    def put(self, k: int, blob: bytes) -> None:
+    def put(self, k: int, blob: bytes | memoryview) -> None:
         """Keep block ``k`` (as fetched from the server); never raises for a full disk or a
         cache that cannot be written: the read goes on uncached."""
         if len(blob) > self.block_bytes:
@@ -290,7 +290,7 @@ class BlockStore(BlockClaims):
             return
         try:
             self._ensure()
-            replace_file(self._path(k), blob + hashlib.sha256(blob).digest(), 0o600)
+            replace_file(self._path(k), b"".join((blob, hashlib.sha256(blob).digest())), 0o600)
         except (OSError, ValueError) as e:
             log.warning("cannot keep block %d of %s in the cache: %s", k, self.entry, e)
             return

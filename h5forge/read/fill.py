@@ -142,7 +142,7 @@ def room_for(folder: str, nbytes: int) -> bool:
     return free - nbytes >= min(1 << 30, total // 20)
 
 
-def _checksum(data: bytes) -> bytes:
+def _checksum(data: bytes | memoryview) -> bytes:
     """A block record's content: ``data``'s CRC-32, 4 bytes big-endian."""
     return zlib.crc32(data).to_bytes(_DIGEST, "big")
 
@@ -327,7 +327,7 @@ class FillStore(BlockClaims):
         """Blocks are claimed while the entry fills (made here when missing, as by a put)."""
         return not self._off and self.local_fd() is None and self._open_fill(create=True)
 
-    def put(self, k: int, blob: bytes) -> None:
+    def put(self, k: int, blob: bytes | memoryview) -> None:
         """Keep block ``k`` as fetched; never raises for the disk: filling just stops."""
         if self._off or self.local_fd() is not None:
             return
