@@ -314,6 +314,8 @@ class BlockStore(BlockClaims):
         return self.entry
 
     def _claimable(self) -> bool:
+        if self.block_bytes + _DIGEST > self.limit_bytes:
+            return False  # no block is kept (put): none is claimed, no folder made
         try:
             self._ensure()
         except (OSError, ValueError):
