@@ -308,7 +308,7 @@ def check_destination(
         check_not_in_source(source, url)
     path = local_path(url)
     if path is None:
-        if not overwrite and dest.fs.exists(dest.path):
+        if not overwrite and dest.ask("whether it exists", "exists", dest.path):
             raise DestinationExistsError(str(dest))
         return
     target = path.resolve()

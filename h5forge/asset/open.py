@@ -326,8 +326,7 @@ def _open(where: Location, size: int | None = None) -> Opened:
         try:
             info: dict[str, Any] = {"size": size}
             if size is None:
-                with store_failures(where, "the size"):
-                    info = fs.info(path, **where.read_timeout(0))
+                info = where.ask("the size", "info", path)
         except FileNotFoundError:
             raise FileNotFoundError(f"no file at {url}") from None
         if info.get("type", "file") != "file":

@@ -71,8 +71,7 @@ class RangeReader:
                 os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
         else:
             if size is None:
-                with store_failures(where, "the size"):
-                    size = int(self._fs.size(self._path, **where.read_timeout(0)))
+                size = int(where.ask("the size", "size", self._path))
             self.remote = RemoteRanges(
                 self._cat_ranges,
                 size,

@@ -37,6 +37,8 @@ from h5forge.publish.manifest import (
 from h5forge.publish.sidecar import SIDECAR_SUFFIX, load_sidecar
 from h5forge.publish.versions import (
     KEY_HEX,
+    MAX_SHARD_FILES,
+    MAX_VERSIONS,
     asset_base,
     asset_lock,
     check_tree,
@@ -63,9 +65,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MAX_VERSIONS = 10_000  # entries under BASE/v/ read at most; more is not an asset we keep
-#: Entries under ``BASE/shards/`` listed at most (kept versions of up to 200,000 shards each).
-MAX_SHARD_FILES = 2_000_000
 _KEY = re.compile(rf"[0-9a-f]{{{KEY_HEX}}}")  # fullmatch: no "...\n"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHARD_FILE = re.compile(r"([0-9a-f]{64})\.h5")
@@ -121,7 +120,7 @@ def scan_versions(asset: Location) -> VersionScan:
     fs, vpath = versions.fs, versions.path
     fs.invalidate_cache(vpath)
     try:
-        entries = fs.ls(vpath, detail=True)
+        entries = versions.ask("its listing", "ls", vpath, detail=True, listed=MAX_VERSIONS)
     except (FileNotFoundError, NotADirectoryError):
         entries = []
     if len(entries) > MAX_VERSIONS:
@@ -341,7 +340,7 @@ def apply_retention(
         folder = f"{vpath}/{v.version}"
         file = f"{folder}/{name}.h5"
         if v.kind == "sharded":
-            paths = _beside_manifest(fs, folder, name)
+            paths = _beside_manifest(folder_of_versions.join(v.version), name)
         else:
             paths = [file + SIDECAR_SUFFIX, file + PREVIEW_SUFFIX, file + SOURCES_SUFFIX, file]
         for path in paths:
@@ -358,13 +357,15 @@ def apply_retention(
     return removed
 
 
-def _beside_manifest(fs: Any, folder: str, name: str) -> list[str]:
+def _beside_manifest(version: Location, name: str) -> list[str]:
     """What a sharded version's folder holds, manifest first (the version is gone once it is):
     the files named ``NAME.*`` (its sources map, its preview), never anything else."""
+    folder = version.path
     manifest = f"{folder}/{name}{MANIFEST_SUFFIX}"
-    fs.invalidate_cache(folder)
+    version.fs.invalidate_cache(folder)
     try:
-        entries = fs.ls(folder, detail=True)[:MAX_VERSIONS]
+        entries = version.ask("its listing", "ls", folder, detail=True, listed=MAX_VERSIONS)
+        entries = entries[:MAX_VERSIONS]
     except (FileNotFoundError, NotADirectoryError):
         entries = []
     beside = sorted(
@@ -428,7 +429,7 @@ def _sweep(root: Location, referenced: set[str], min_age_s: float, now: dt.datet
     fs = shards.fs
     fs.invalidate_cache(shards.path)
     try:
-        entries = fs.ls(shards.path, detail=True)
+        entries = shards.ask("its listing", "ls", shards.path, detail=True, listed=MAX_SHARD_FILES)
     except (FileNotFoundError, NotADirectoryError):
         return []
     if len(entries) > MAX_SHARD_FILES:
@@ -453,7 +454,7 @@ def _sweep(root: Location, referenced: set[str], min_age_s: float, now: dt.datet
         path = f"{shards.path}/{fname}"
         fs.invalidate_cache(path)
         try:
-            if not old(fs.info(path)):
+            if not old(shards.ask("its details", "info", path)):
                 continue  # uploaded again since the listing
             fs.rm_file(path)
         except FileNotFoundError:

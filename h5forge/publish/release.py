@@ -183,7 +183,7 @@ def _unpublished(version: Location) -> bool:
     """The version at ``version`` has no sidecar yet (what goes beside it may still be written)."""
     sidecar = version.sidecar
     sidecar.fs.invalidate_cache(sidecar.path)
-    return not sidecar.fs.exists(sidecar.path)
+    return not sidecar.ask("whether it exists", "exists", sidecar.path)
 
 
 def _metadata(local: str) -> dict[str, str]:

@@ -52,6 +52,7 @@ from h5forge.publish.shard_release import upload_shard
 from h5forge.publish.sharded import COMPACT_BELOW, texts
 from h5forge.publish.versions import (
     KEY_HEX,
+    MAX_VERSIONS,
     asset_base,
     check_tree,
     guard_pointer,
@@ -93,14 +94,14 @@ def _versions(asset: Location) -> list[tuple[str, VersionManifest]]:
     folder = home.join("v")
     folder.fs.invalidate_cache(folder.path)
     try:
-        listed = folder.fs.ls(folder.path, detail=False)
+        listed = folder.ask("its listing", "ls", folder.path, detail=False, listed=MAX_VERSIONS)
         keys = sorted(posixpath.basename(p.rstrip("/")) for p in listed)
     except FileNotFoundError:
         return []
     found = []
     for key in keys:
         where = home.join("v", key, name + MANIFEST_SUFFIX)
-        if len(key) != KEY_HEX or not where.fs.exists(where.path):
+        if len(key) != KEY_HEX or not where.ask("whether it exists", "exists", where.path):
             continue  # a single-file version, or not h5forge's
         check_tree(home, "v", key, name + MANIFEST_SUFFIX)
         data = where.read_bytes(limit=MAX_MANIFEST_BYTES, what="version manifest")
@@ -238,14 +239,14 @@ def _remove_unlisted(
     for sha in gone_versions:
         folder = home.join("v", sha[:KEY_HEX])
         check_tree(home, "v", sha[:KEY_HEX])
-        for path in folder.fs.ls(folder.path, detail=False):
+        for path in folder.ask("its listing", "ls", folder.path, detail=False, listed=16):
             folder.fs.rm_file(path)
         if folder.is_local:
             os.rmdir(folder.path)
     for sha in set(old) - keep_shards:
         check_tree(home, *shard_key(sha).split("/"))
         shard = home.join(*shard_key(sha).split("/"))
-        if shard.fs.exists(shard.path):
+        if shard.ask("whether it exists", "exists", shard.path):
             shard.fs.rm_file(shard.path)
 
 
@@ -348,10 +349,10 @@ def _refuse_single_files(asset: Location, wanted: frozenset[str]) -> None:
     home = asset.with_url(base)
     name = posixpath.basename(base)
     folder = home.join("v")
-    for path in folder.fs.ls(folder.path, detail=False):
+    for path in folder.ask("its listing", "ls", folder.path, detail=False, listed=MAX_VERSIONS):
         key = posixpath.basename(path.rstrip("/"))
         file = home.join("v", key, f"{name}.h5")
-        if len(key) != KEY_HEX or not file.fs.exists(file.path):
+        if len(key) != KEY_HEX or not file.ask("whether it exists", "exists", file.path):
             continue
         check_tree(home, "v", key, f"{name}.h5")
         with open_h5(file) as h5:

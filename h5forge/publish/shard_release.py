@@ -44,6 +44,7 @@ from h5forge.publish.sharded import (
 )
 from h5forge.publish.versions import (
     KEY_HEX,
+    MAX_SHARD_FILES,
     asset_base,
     check_tree,
     guard_pointer,
@@ -254,7 +255,7 @@ def _check_in_store(
     folder = home.join("shards")
     folder.fs.invalidate_cache(folder.path)
     try:
-        listed = folder.fs.ls(folder.path, detail=True)
+        listed = folder.ask("its listing", "ls", folder.path, detail=True, listed=MAX_SHARD_FILES)
     except FileNotFoundError:
         listed = []
     found = {posixpath.basename(str(i["name"]).rstrip("/")): i.get("size") for i in listed}

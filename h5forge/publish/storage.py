@@ -114,7 +114,7 @@ def publish(
             return settled
     else:
         sidecar = dest.sidecar
-        if sidecar.fs.exists(sidecar.path):
+        if sidecar.ask("whether it exists", "exists", sidecar.path):
             # First: a reader must never pair the old sidecar with a new file.
             sidecar.fs.rm_file(sidecar.path)
         dest.put(local=local)
@@ -151,14 +151,15 @@ def _settled(dest: Location, asset: _Asset, *, overwrite: bool) -> PublishResult
     fs, path = dest.fs, dest.path
     old = load_sidecar(dest.sidecar)
     fs.invalidate_cache(path)
-    if not fs.exists(path):
+    if not dest.ask("whether it exists", "exists", path):
         return None
-    if old and old["sha256"] == asset.sha and old["bytes"] == asset.size == fs.size(path):
+    size = dest.ask("its size", "size", path)
+    if old and old["sha256"] == asset.sha and old["bytes"] == asset.size == size:
         log.info("%s already published with sha256 %s; nothing to do", dest, asset.sha)
         return asset.result(dest, unchanged=True)
     if overwrite:
         return None
-    if old is None and fs.size(path) == asset.size and dest.sha256() == asset.sha:
+    if old is None and size == asset.size and dest.sha256() == asset.sha:
         # Same bytes without a sidecar: an interrupted publish. Just commit it.
         dest.sidecar.put(data=asset.sidecar())
         return asset.result(dest, unchanged=False)
@@ -263,7 +264,7 @@ def read_back(where: Location, sha: str, size: int) -> None:
     """Compare the size and streamed sha256 of the file at ``where`` with the local file's."""
     fs, path = where.fs, where.path
     fs.invalidate_cache(path)
-    found_size = fs.size(path)
+    found_size = where.ask("its size", "size", path)
     found_sha = where.sha256() if found_size == size else "(not read: size differs)"
     if found_size != size or found_sha != sha:
         fs.rm_file(path)

@@ -42,6 +42,8 @@ from h5forge.redact import redact_url
 __all__ = [
     "Guard",
     "KINDS",
+    "MAX_SHARD_FILES",
+    "MAX_VERSIONS",
     "POINTER_FORMAT",
     "POINTER_SUFFIX",
     "Pointer",
@@ -68,6 +70,9 @@ _SHARDED_POINTER_VERSION = 2  # a sharded version's pointer (kind "sharded")
 #: What a pointer's ``kind`` may be: a version that is one file, or a manifest of shards.
 KINDS = ("file", "sharded")
 KEY_HEX = 16  # hex digits of the sha256 in a version's key: 64 bits, no collision in practice
+MAX_VERSIONS = 10_000  # entries under BASE/v/ read at most; more is not an asset we keep
+#: Entries under ``BASE/shards/`` listed at most (kept versions of up to 200,000 shards each).
+MAX_SHARD_FILES = 2_000_000
 # fullmatch everywhere: ``$`` would also match before a trailing newline ("...\n").
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PREFIX = re.compile(r"[0-9a-f]{16,64}")
@@ -327,7 +332,7 @@ def resolve_version(asset: Location, version: str) -> tuple[str, str]:
         found = version_url(url, version, kind)
         check_version_tree(asset, version, kind)
         file = asset.with_url(found)
-        if file.fs.exists(file.path):
+        if file.ask("whether it exists", "exists", file.path):
             return found, version
     raise FileNotFoundError(f"no version {version} of {redact_url(asset_base(url))}")
 

@@ -281,19 +281,17 @@ class FileCache:
     def _check(self, where: Location, sha256: str, expected: int | None = None) -> Pinned | None:
         """:meth:`local_copy` asking the server: the object's identity, its sidecar (a shard's
         ``expected`` size and ``sha256`` are its manifest entry's: no sidecar asked)."""
-        fs, path, shown = where.fs, where.path, str(where)
+        path, shown = where.path, str(where)
         if expected is None:
             with ThreadPoolExecutor(1) as pool:  # the two requests overlap: one latency, not two
-                head = pool.submit(fs.info, path, **where.read_timeout(0))
+                head = pool.submit(where.ask, "the size", "info", path)
                 with store_failures(where.sidecar, "its sidecar"):
                     sidecar = load_sidecar(where.sidecar)
-                with store_failures(where, "the size"):
-                    info = head.result()
+                info = head.result()
             source = _SIDECAR
             stale = "the asset is being republished or its sidecar is stale — retry once it is done"
         else:
-            with store_failures(where, "the size"):
-                info = fs.info(path, **where.read_timeout(0))
+            info = where.ask("the size", "info", path)
             sidecar, source = {"sha256": sha256, "bytes": expected}, _MANIFEST
             stale = _why(source)
         if info.get("type") == "directory":  # a prefix, as a sharded asset's base is: no file

@@ -195,7 +195,7 @@ def resolve_asset(where: Location, version: str | None) -> tuple[str, str]:
     """
     if version is not None:
         return pin_version(where, version)
-    if where.fs.isfile(where.path):
+    if where.ask("what it is", "isfile", where.path):
         return where.url, ""
     return latest_instead(where, FileNotFoundError(f"no file at {where.url}"))
 

@@ -193,7 +193,10 @@ def find_done_parts(
         fs, path = part.fs, part.path
         fs.invalidate_cache(path)
         try:
-            if fs.size(path) != sidecar["bytes"] or part.sha256() != sidecar["sha256"]:
+            if (
+                part.ask("its size", "size", path) != sidecar["bytes"]
+                or part.sha256() != sidecar["sha256"]
+            ):
                 continue
         except FileNotFoundError:
             continue

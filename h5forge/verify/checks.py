@@ -65,7 +65,7 @@ def _verify(
         raise ValueError(f"sample_fraction={sample_fraction} must be in (0, 1]")
     t0 = time.perf_counter()
     url = where.url
-    file_size = int(where.fs.size(where.path))
+    file_size = int(where.ask("its size", "size", where.path))
     fails: list[str] = []
     with open_h5(where) as h5:
         idx = load_index(h5, where=url, require_sealed=require_sealed)
@@ -239,7 +239,7 @@ def _identity(where: Location) -> tuple[object, ...]:
         st = os.stat(path)
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     fs.invalidate_cache(path)
-    info = fs.info(path)
+    info = where.ask("its details", "info", path)
     return tuple(
         str(info.get(k))
         for k in ("size", "ETag", "etag", "LastModified", "mtime", "generation", "VersionId")

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,10 @@ import fsspec
 import pytest
 
 from h5forge.asset.open import open_h5
-from h5forge.errors import BusyError, ChecksumError, UnsafePathError
-from h5forge.location import Location
+from h5forge.errors import BusyError, ChecksumError, StoreError, UnsafePathError
+from h5forge.location import LISTED_ENTRY_BYTES, Location
 from h5forge.pack.writer import PackResult
+from h5forge.publish import history
 from h5forge.publish.history import apply_retention, list_versions, scan_versions
 from h5forge.publish.release import publish_version
 from h5forge.publish.sidecar import read_sidecar, sidecar_url
@@ -35,6 +37,7 @@ from h5forge.publish.versions import (
     version_key,
     version_url,
 )
+from tests.fixtures.s3_faults import S3Faults, impatient
 
 
 @dataclass
@@ -549,3 +552,27 @@ def test_a_version_file_that_is_a_link_is_refused(tmp_path: Path) -> None:
     for version in ("latest", first.version):
         with pytest.raises(UnsafePathError, match="a symbolic link, inside the asset"):
             resolve_version(Location(a), version)
+
+
+def test_a_listing_trickled_a_byte_at_a_time_ends_in_a_store_error(
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    s3_faults: S3Faults,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bucket's LIST answers come a byte every 0.2 s, each within the client's read timeout:
+    listing the versions (as retention and ``h5forge versions`` do) ends in a StoreError once
+    the bound of a listing of MAX_VERSIONS entries has passed, never a hang. (MAX_VERSIONS is
+    cut to 10 here: at 10,000 the bound is ~90 s with this client.)"""
+    url = f"s3://{s3_bucket}/assets/set"
+    publish_version(_blob(tmp_path, "a"), Location(url, s3_storage_options))
+    monkeypatch.setattr(history, "MAX_VERSIONS", 10)
+    options = impatient(s3_storage_options)
+    s3_faults.trickle(f"s3://{s3_bucket}", 0.2, times="always", method="GET")
+    bound = Location.of(url, options).read_timeout(10 * LISTED_ENTRY_BYTES)["timeout"]
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="the store sent its answer too slowly"):
+        list_versions(Location(url, options))
+    assert time.monotonic() - started < bound + 10
+    assert {kind for *_, kind in s3_faults.injected} == {"trickle"}
