@@ -29,7 +29,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from h5forge.files import (
@@ -202,6 +202,17 @@ class BlockClaims:
                 break
             time.sleep(_POLL)
         return out
+
+    def settle(self, ks: Iterable[int]) -> None:
+        """Wait until no live claim on blocks ``ks`` remains (this process's own among them:
+        its fetch ahead), or :data:`CLAIM_SECONDS` passed: the readers fetching them have kept
+        what they fetched, and none of them writes a block later."""
+        left, stop = list(ks), time.monotonic() + CLAIM_SECONDS
+        while True:
+            left = [k for k in left if not self.has(k) and self._claim_deadline(k) is not None]
+            if not left or time.monotonic() >= stop:
+                return
+            time.sleep(_POLL)
 
     def _drop_claims(self) -> None:
         """Remove the claim files left in the store's folder (the store is whole now, or being

@@ -414,7 +414,7 @@ class FillStore(BlockClaims):
                 # The kept blocks before the first missing one are hashed while the missing
                 # ones are fetched and kept on a helper thread; the rest once they are in.
                 with ThreadPoolExecutor(1, thread_name_prefix="h5forge-cache-fill") as pool:
-                    filling = pool.submit(self._fill, fetch, missing) if missing else None
+                    filling = pool.submit(self._fill_missing, fetch, missing) if missing else None
                     hashed = hash_fd(self._fd, digest, 0, first)
                     if filling is not None and not filling.result():
                         return  # a fetch failed, or filling stopped: the next batch tries again
@@ -452,6 +452,26 @@ class FillStore(BlockClaims):
                 digest.update(blob)
             self.put(k, blob)
         return not self._off
+
+    def _fill_missing(
+        self, fetch: Callable[[list[int], list[int]], list[Any]], missing: list[int]
+    ) -> bool:
+        """The completion's fetch of the blocks no batch kept. Those a reader is fetching now
+        (another process, or this one's fetch ahead) are waited for, not fetched again: so no
+        reader's write of a block lands after the seal (it would change the sealed copy's
+        times, and every process would then find the copy changed since it was checked). The
+        rest are claimed, fetched and kept; False as :meth:`_fill`."""
+        self.settle(missing)
+        left = [k for k in missing if not os.path.lexists(self._have(k))]
+        mine = [k for k in left if self.claim(k)]
+        if len(mine) < len(left):  # claimed by another reader just now
+            self.settle(set(left) - set(mine))
+            mine = [k for k in left if not os.path.lexists(self._have(k))]
+        try:
+            return self._fill(fetch, mine) if mine else not self._off
+        finally:
+            for k in mine:
+                self.release(k)
 
     def _span(self, k: int) -> tuple[int, int]:
         return k * self.block_bytes, min((k + 1) * self.block_bytes, self.size)

@@ -117,11 +117,13 @@ def test_cli_diff_refuses_a_bad_call(
 
 
 def _non_canonical(key: str) -> list[object]:
-    """Forms of ``key`` (a real 16-hex version key) and of ``latest`` that only look alike."""
+    """Forms of ``key`` (a real 16-hex version key) and of ``latest`` that only look alike.
+    (A key of digits alone is its own upper case: its upper-case form is one with a letter.)"""
+    upper = key.upper() if key.upper() != key else "A" + key[1:]
     return [
         key + "\n",
         " " + key,
-        key.upper(),
+        upper,
         key + "0" * 49,  # 65 digits
         key[:15],
         "LATEST",

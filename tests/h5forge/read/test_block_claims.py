@@ -181,10 +181,15 @@ def test_a_forked_process_holds_none_of_its_parents_claims(tmp_path: Path) -> No
     assert got == {2: BLOB}
 
 
-def test_the_seal_removes_the_claims_left_and_only_those(tmp_path: Path) -> None:
-    """A reader killed mid-fetch leaves its claim; once the entry is whole it goes with the
-    block records. A file of another's at a claim's name stays."""
+def test_the_seal_removes_the_claims_left_and_only_those(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader killed mid-fetch leaves its claim: the completion waits CLAIM_SECONDS for it,
+    then fetches the block itself; once the entry is whole the claim goes with the block
+    records. A file of another's at a claim's name stays."""
     import hashlib
+
+    monkeypatch.setattr(block_cache, "CLAIM_SECONDS", 0.5)
 
     data = bytes(i % 251 for i in range(SIZE))
     a = FillStore(
@@ -214,6 +219,47 @@ def test_the_seal_removes_the_claims_left_and_only_those(tmp_path: Path) -> None
     assert (tmp_path / "entry" / "asset.h5").read_bytes() == data
     assert not Path(dead._claim_path(4)).exists()
     assert other.read_bytes() == b"not a claim"
+
+
+def test_the_completion_waits_for_a_block_another_reader_is_fetching(tmp_path: Path) -> None:
+    """The last missing block is being fetched by another reader when the entry completes: the
+    completion waits for it to be kept instead of fetching it again, so its write never lands
+    in the sealed copy."""
+    import hashlib
+
+    data = bytes(i % 253 for i in range(SIZE))
+    a = FillStore(
+        str(tmp_path / "entry"),
+        ENTRY_KIND,
+        hashlib.sha256(data).hexdigest(),
+        SIZE,
+        "s3://b/f.h5",
+        1 << 30,
+        block_bytes=BLOCK,
+    )
+    b = _fill_store(tmp_path)
+    for k in range(4):
+        a.put(k, data[k * BLOCK : (k + 1) * BLOCK])
+    assert b.claim(4)
+
+    def other_reader() -> None:
+        time.sleep(0.3)
+        b.put(4, data[4 * BLOCK :])
+        b.release(4)
+
+    thread = threading.Thread(target=other_reader)
+    thread.start()
+    spans: list[tuple[int, int]] = []
+
+    def fetch(starts: list[int], ends: list[int]) -> list[Any]:
+        spans.extend(zip(starts, ends, strict=True))
+        return [data[s:e] for s, e in zip(starts, ends, strict=True)]
+
+    a.complete(fetch)
+    thread.join(10)
+    assert spans == []
+    assert (tmp_path / "entry" / "asset.h5").read_bytes() == data
+    assert a.local_fd() is not None
 
 
 # --- two DataLoader workers over S3 ----------------------------------------------------------
