@@ -7,6 +7,7 @@ DataLoader workers from moto's S3 on loopback, requests counted at the server.
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import threading
@@ -38,10 +39,28 @@ BLOCK = 1024
 BLOB = bytes(range(256)) * 4  # block 2's bytes
 
 
-def _fill_store(root: Path) -> FillStore:
+def _fill_store(root: Path, data: bytes = b"") -> FillStore:
+    """The filling entry of a file of SIZE bytes (``data``, when its sha256 matters)."""
+    sha256 = hashlib.sha256(data).hexdigest() if data else "0" * 64
     return FillStore(
-        str(root / "entry"), ENTRY_KIND, "0" * 64, SIZE, "s3://b/f.h5", 1 << 30, block_bytes=BLOCK
+        str(root / "entry"), ENTRY_KIND, sha256, SIZE, "s3://b/f.h5", 1 << 30, block_bytes=BLOCK
     )
+
+
+def _four_blocks_kept(root: Path, seed: int) -> tuple[FillStore, bytes, list[tuple[int, int]], Any]:
+    """A filling entry holding every block but the last (4), the file's bytes, and a fetch
+    from those bytes that logs the spans it is asked for."""
+    data = bytes(i % seed for i in range(SIZE))
+    store = _fill_store(root, data)
+    for k in range(4):
+        store.put(k, data[k * BLOCK : (k + 1) * BLOCK])
+    spans: list[tuple[int, int]] = []
+
+    def fetch(starts: list[int], ends: list[int]) -> list[Any]:
+        spans.extend(zip(starts, ends, strict=True))
+        return [data[s:e] for s, e in zip(starts, ends, strict=True)]
+
+    return store, data, spans, fetch
 
 
 def _block_store(root: Path) -> BlockStore:
@@ -187,33 +206,12 @@ def test_the_seal_removes_the_claims_left_and_only_those(
     """A reader killed mid-fetch leaves its claim: the completion waits CLAIM_SECONDS for it,
     then fetches the block itself; once the entry is whole the claim goes with the block
     records. A file of another's at a claim's name stays."""
-    import hashlib
-
     monkeypatch.setattr(block_cache, "CLAIM_SECONDS", 0.5)
-
-    data = bytes(i % 251 for i in range(SIZE))
-    a = FillStore(
-        str(tmp_path / "entry"),
-        ENTRY_KIND,
-        hashlib.sha256(data).hexdigest(),
-        SIZE,
-        "s3://b/f.h5",
-        1 << 30,
-        block_bytes=BLOCK,
-    )
     dead = _fill_store(tmp_path)
     assert dead.claim(4)  # never released
+    a, data, spans, fetch = _four_blocks_kept(tmp_path, 251)
     other = Path(a._claim_path(3))
-    other.parent.mkdir(exist_ok=True)
     other.write_bytes(b"not a claim")
-    for k in range(4):
-        a.put(k, data[k * BLOCK : (k + 1) * BLOCK])
-    spans: list[tuple[int, int]] = []
-
-    def fetch(starts: list[int], ends: list[int]) -> list[Any]:
-        spans.extend(zip(starts, ends, strict=True))
-        return [data[s:e] for s, e in zip(starts, ends, strict=True)]
-
     a.complete(fetch)
     assert spans == [(4 * BLOCK, SIZE)], "the completion fetches the block the claim held"
     assert (tmp_path / "entry" / "asset.h5").read_bytes() == data
@@ -225,21 +223,8 @@ def test_the_completion_waits_for_a_block_another_reader_is_fetching(tmp_path: P
     """The last missing block is being fetched by another reader when the entry completes: the
     completion waits for it to be kept instead of fetching it again, so its write never lands
     in the sealed copy."""
-    import hashlib
-
-    data = bytes(i % 253 for i in range(SIZE))
-    a = FillStore(
-        str(tmp_path / "entry"),
-        ENTRY_KIND,
-        hashlib.sha256(data).hexdigest(),
-        SIZE,
-        "s3://b/f.h5",
-        1 << 30,
-        block_bytes=BLOCK,
-    )
+    a, data, spans, fetch = _four_blocks_kept(tmp_path, 253)
     b = _fill_store(tmp_path)
-    for k in range(4):
-        a.put(k, data[k * BLOCK : (k + 1) * BLOCK])
     assert b.claim(4)
 
     def other_reader() -> None:
@@ -249,12 +234,6 @@ def test_the_completion_waits_for_a_block_another_reader_is_fetching(tmp_path: P
 
     thread = threading.Thread(target=other_reader)
     thread.start()
-    spans: list[tuple[int, int]] = []
-
-    def fetch(starts: list[int], ends: list[int]) -> list[Any]:
-        spans.extend(zip(starts, ends, strict=True))
-        return [data[s:e] for s, e in zip(starts, ends, strict=True)]
-
     a.complete(fetch)
     thread.join(10)
     assert spans == []
