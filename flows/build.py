@@ -23,6 +23,7 @@ Two choices are made once, before the stages run, and the flow body never branch
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -67,7 +68,7 @@ from h5forge.tasks.publish import (
 from h5forge.tasks.report import render_report, write_report
 from h5forge.tasks.smoke_load import smoke_load_file
 from h5forge.tasks.verify import verify_file
-from h5forge.workdir import work_dir
+from h5forge.workdir import remove_dead_runs, work_dir
 
 if TYPE_CHECKING:
     from h5forge.flows.dask_stage import DaskPacked
@@ -384,6 +385,10 @@ def build_dataset(config: BuildConfig, cache_dir: str | None = None) -> BuildSum
     # Source and destination with the block's storage options (one set for both): Locations,
     # passed whole to the stages; the options never become a parameter of their own.
     source, dest = Location(config.source, options), Location(config.destination, options)
+    # A killed run's work folder goes first, also when this run is refused or finds its
+    # version already published (then it never opens a work folder of its own).
+    with contextlib.suppress(OSError):
+        remove_dead_runs()
     # Before any work, so a forgotten overwrite, a read-only or full destination, or one
     # inside the source costs a second, not a whole build.
     check_destination(

@@ -20,7 +20,7 @@ from pathlib import Path
 from h5forge.files import is_ours, mark, remove_marked, same_file
 from h5forge.locks import flock, open_folder
 
-__all__ = ["WORK_MARK", "WORK_PREFIX", "remove_if_dead", "work_dir"]
+__all__ = ["WORK_MARK", "WORK_PREFIX", "remove_dead_runs", "remove_if_dead", "work_dir"]
 
 WORK_PREFIX = "h5forge-build-"
 WORK_MARK = "build-work"  # the kind in the marker h5forge writes into its work folders
@@ -30,9 +30,7 @@ WORK_MARK = "build-work"  # the kind in the marker h5forge writes into its work 
 def work_dir() -> Iterator[Path]:
     """This run's private scratch folder in TMPDIR, marked as h5forge's and locked (flock)
     while the run lives; removed on exit. Dead runs' folders are removed first."""
-    root = Path(tempfile.gettempdir())
-    for old in root.glob(f"{WORK_PREFIX}*"):
-        remove_if_dead(old)
+    remove_dead_runs()
     work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX))  # a new name, mode 0o700
     fd = open_folder(work, follow=False)
     try:
@@ -44,6 +42,14 @@ def work_dir() -> Iterator[Path]:
             shutil.rmtree(work, ignore_errors=True)
     finally:
         os.close(fd)
+
+
+def remove_dead_runs() -> None:
+    """Remove the work folders that dead runs left in TMPDIR (:func:`remove_if_dead`): every
+    run does this first, a run refused before it packs too (a killed build's folder holds a
+    file as large as its dataset)."""
+    for old in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*"):
+        remove_if_dead(old)
 
 
 def remove_if_dead(old: Path) -> None:

@@ -14,6 +14,7 @@ imports overlap the command's own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Mapping
@@ -86,6 +87,12 @@ def check_paths(source: str, dest: str, *, replace: bool, local_only: bool = Fal
         check_url,
         local_path,
     )
+    from h5forge.workdir import remove_dead_runs
+
+    # A killed run's work folder (a file as large as its dataset) goes now, also when this run
+    # is refused below (its destination exists, say) and never packs.
+    with contextlib.suppress(OSError):
+        remove_dead_runs()
 
     try:
         check_source(source)

@@ -273,7 +273,13 @@ def _pooled_with(
                         task = pool.submit(
                             _process_chunk, next_start, paths[next_start:stop], part, spec
                         )
-                except BrokenProcessPool as e:  # a worker died before this submit
+                except (BrokenProcessPool, OSError) as e:  # a worker died before this submit
+                    # CPython 3.11 marks the pool broken and closes its call queue's reader
+                    # without the lock a submit holds: a submit that passed the check and
+                    # starts a worker on demand then pickles the closed queue and raises
+                    # OSError('handle is closed') (seen once in CI, a worker killed).
+                    if isinstance(e, OSError) and not getattr(pool, "_broken", False):
+                        raise
                     first = pending[0][:2] if pending else (next_start, stop)
                     raise _died(paths, *first, ctx) from e
                 pending.append((next_start, stop, task))

@@ -5,6 +5,7 @@ Dead and live runs are real processes holding (or having held) the folder's lock
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -91,3 +92,33 @@ def test_only_dead_runs_marked_work_folders_are_removed(tmpdir_root: Path, tmp_p
         live.stdin.close()
         live.wait(timeout=30)
     assert not live_dir.exists()
+
+
+@pytest.mark.slow  # a process imports Prefect, then the CLI starts
+def test_a_run_refused_before_it_packs_still_removes_a_dead_runs_folder(
+    tmpdir_root: Path, tmp_path: Path
+) -> None:
+    """A build killed late leaves its work folder (the packed file, as large as the dataset);
+    the same command run again is refused (its destination now exists) before it packs, and
+    removes the folder all the same."""
+    dead, dead_dir = _run(tmpdir_root)
+    dead.send_signal(signal.SIGKILL)
+    dead.wait()
+    assert dead.stdin is not None
+    dead.stdin.close()
+    assert (dead_dir / "x.h5.partial").is_file()
+    source, dest = tmp_path / "src", tmp_path / "out.h5"
+    (source / "a").mkdir(parents=True)
+    dest.write_bytes(b"published before")
+    refused = subprocess.run(
+        [sys.executable, "-m", "h5forge.cli", "pack", str(source), str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(tmpdir_root)},
+        check=False,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "already exists" in refused.stderr
+    assert not dead_dir.exists()
+    assert dest.read_bytes() == b"published before"
