@@ -432,7 +432,6 @@ ALONE: dict[str, str] = {
     "h5forge.verify.targets": (
         "every target column's digests and value rules: one check of verify"
     ),
-    "h5forge.workdir": ("a run's work folder, swept when its owner died (with locks.py)"),
 }
 
 
