@@ -10,6 +10,7 @@ carries no marker and stays, and removal never follows a link.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from h5forge.files import is_ours, mark, remove_marked, same_file
+from h5forge.files import MARKER_NAME, is_ours, mark, remove_marked, same_file
 from h5forge.locks import flock, open_folder
 
 __all__ = ["WORK_MARK", "WORK_PREFIX", "remove_dead_runs", "remove_if_dead", "work_dir"]
@@ -39,9 +40,25 @@ def work_dir() -> Iterator[Path]:
         try:
             yield work
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            _remove_own(work)
     finally:
         os.close(fd)
+
+
+def _remove_own(work: Path) -> None:
+    """Remove this run's folder, its marker last: a run killed in the middle leaves a marked
+    folder, which the next run removes (with the marker gone first, what is left would look
+    like the user's folder and stay: the packed file, as large as the dataset)."""
+    with contextlib.suppress(OSError), os.scandir(work) as entries:
+        for entry in entries:
+            if entry.name == MARKER_NAME:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def remove_dead_runs() -> None:
